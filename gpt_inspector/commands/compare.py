@@ -38,22 +38,22 @@ def add_arguments(p):
 
 def _check(args) -> None:
     """Refuse bad settings before the (slow) model load."""
-    from ..core.beams import _early_stopping, _int_arg
+    from ..core import validate
     from ..core.errors import InspectorError
 
     if (args.max_length is None) == (args.max_new_tokens is None):
         raise InspectorError("give exactly one of --max-length or --max-new-tokens")
-    _int_arg("--num-beams", args.num_beams, 1)
-    _int_arg("--num-return-sequences", args.num_return_sequences, 1)
+    validate.integer("--num-beams", args.num_beams, 1)
+    validate.integer("--num-return-sequences", args.num_return_sequences, 1)
     if args.num_return_sequences > args.num_beams:
         raise InspectorError(
             f"--num-return-sequences ({args.num_return_sequences}) cannot exceed --num-beams ({args.num_beams})"
         )
     if args.max_new_tokens is not None:
-        _int_arg("--max-new-tokens", args.max_new_tokens, 1)
+        validate.integer("--max-new-tokens", args.max_new_tokens, 1)
     if args.max_length is not None:
-        _int_arg("--max-length", args.max_length, 1)
-    _early_stopping(args.early_stopping)
+        validate.integer("--max-length", args.max_length, 1)
+    validate.early_stopping(args.early_stopping)
     if not args.sample:
         given = [n for n in ("temperature", "top_k", "top_p") if getattr(args, n) is not None]
         if given:
@@ -61,14 +61,15 @@ def _check(args) -> None:
 
 
 def run(args) -> int:
-    from ..core.beams import _early_stopping, compare
+    from ..core import validate
+    from ..core.beams import compare
 
     _check(args)
     lm = common.load(args)
     out = compare(
         lm, args.prompt, max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
         num_return_sequences=args.num_return_sequences, length_penalty=args.length_penalty,
-        early_stopping=_early_stopping(args.early_stopping), sample=args.sample,
+        early_stopping=validate.early_stopping(args.early_stopping), sample=args.sample,
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed,
     )  # fmt: skip

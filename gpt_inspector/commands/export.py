@@ -43,7 +43,7 @@ def add_arguments(p):
 
 def _check(args) -> None:
     from ..core.errors import InspectorError
-    from ..core.session import _check_count
+    from ..core import validate
     from ..export import check_format, check_scale
 
     check_format(args.out)
@@ -59,7 +59,7 @@ def _check(args) -> None:
     else:
         if args.prompt is None or args.steps is None:
             raise InspectorError("give --trace FILE, or --prompt and --steps to run a model now")
-        _check_count(args.steps)
+        validate.count(args.steps)
     if args.layer == "all":
         if args.head not in (None, "all"):
             raise InspectorError("--layer all draws every head of every layer; drop --head")

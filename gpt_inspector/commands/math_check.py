@@ -28,7 +28,7 @@ def add_arguments(p):
 
 def _source(args):
     from ..core.errors import InspectorError
-    from ..core.session import _check_count
+    from ..core import validate
 
     if args.trace is not None and args.prompt is not None:
         raise InspectorError("give either --trace FILE or --prompt (with --model), not both")
@@ -38,7 +38,7 @@ def _source(args):
         return load_trace(args.trace)
     if args.prompt is None:
         raise InspectorError("nothing to check: give --trace FILE or --model M --prompt P --steps N")
-    _check_count(args.steps)
+    validate.count(args.steps)
     s = common.session(args)
     s.run(args.steps)
     return s

@@ -43,9 +43,9 @@ def parse_layers(text: str) -> list[int]:
 
 def run(args) -> int:
     from ..core.probe import probe_session
-    from ..core.session import _check_count
+    from ..core import validate
 
-    _check_count(args.steps)
+    validate.count(args.steps)
     layers = parse_layers(args.layers)
     s = common.session(args)
     s.run(args.steps)

@@ -22,9 +22,9 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..core.errors import InspectorError
-    from ..core.session import _check_count
+    from ..core import validate
 
-    _check_count(args.steps)
+    validate.count(args.steps)
     if not str(args.out).endswith(".safetensors"):
         raise InspectorError(f"--out must end in .safetensors, got {args.out}")
     s = common.session(args)

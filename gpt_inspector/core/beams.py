@@ -40,7 +40,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import decoding
+from . import decoding, validate
 from .capture import Recorder, allowed_matrix, derive
 from .errors import InspectorError
 from .models import LoadedModel
@@ -317,49 +317,14 @@ class BeamView(ModelShape):
 # the search
 
 
-def _prompt_ids(lm: LoadedModel, prompt, prompt_ids) -> list[int]:
-    # the same rules as Session, so greedy, beams and sample start from the same tokens
-    if prompt_ids is None:
-        if not isinstance(prompt, str):
-            raise InspectorError("prompt must be text")
-        ids = list(lm.tokenizer(prompt)["input_ids"]) if prompt else []
-    else:
-        try:
-            ids = [int(i) for i in prompt_ids]
-        except (TypeError, ValueError):
-            raise InspectorError("prompt token ids must be integers") from None
-        if any(i < 0 or i >= lm.vocab_size for i in ids):
-            raise InspectorError(f"prompt token ids must be in [0, {lm.vocab_size})")
-    if not ids:
-        if lm.bos_token_id is None:
-            raise InspectorError("empty prompt and this tokenizer has no BOS token to start from; type a prompt")
-        ids = [lm.bos_token_id]
-    return ids
-
-
-def _int_arg(name: str, v, low: int) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < low:
-        raise InspectorError(f"{name} must be an integer >= {low}, got {v!r}")
-    return int(v)
-
-
-def _early_stopping(v) -> bool | str:
-    if isinstance(v, (bool, np.bool_)):
-        return bool(v)
-    if isinstance(v, str) and v.strip().lower() in ("true", "false", "never"):
-        s = v.strip().lower()
-        return {"true": True, "false": False}.get(s, "never")
-    raise InspectorError(f"early_stopping must be True, False or 'never', got {v!r}")
-
-
 def resolve_max_length(prompt_length: int, context_length: int, max_length, max_new_tokens) -> int:
     """The total length (prompt included) generation may reach, from exactly one of the two limits."""
     if (max_length is None) == (max_new_tokens is None):
         raise InspectorError("give exactly one of max_length or max_new_tokens")
     if max_new_tokens is not None:
-        total = prompt_length + _int_arg("max_new_tokens", max_new_tokens, 1)
+        total = prompt_length + validate.integer("max_new_tokens", max_new_tokens, 1)
     else:
-        total = _int_arg("max_length", max_length, 1)
+        total = validate.integer("max_length", max_length, 1)
         if total <= prompt_length:
             raise InspectorError(
                 f"max_length {total} leaves no room to generate: the prompt is {prompt_length} tokens; "
@@ -397,8 +362,8 @@ class BeamSearch:
         pad_token_id=_DEFAULT,
     ):
         self.lm = lm
-        self.num_beams = _int_arg("num_beams", num_beams, 1)
-        self.num_return_sequences = _int_arg("num_return_sequences", num_return_sequences, 1)
+        self.num_beams = validate.integer("num_beams", num_beams, 1)
+        self.num_return_sequences = validate.integer("num_return_sequences", num_return_sequences, 1)
         if self.num_return_sequences > self.num_beams:
             raise InspectorError(
                 f"num_return_sequences ({self.num_return_sequences}) cannot exceed num_beams ({self.num_beams})"
@@ -410,8 +375,8 @@ class BeamSearch:
         if not math.isfinite(lp):
             raise InspectorError(f"length_penalty must be finite, got {length_penalty!r}")
         self.length_penalty = lp
-        self.early_stopping = _early_stopping(early_stopping)
-        self.prompt_ids = _prompt_ids(lm, prompt, prompt_ids)
+        self.early_stopping = validate.early_stopping(early_stopping)
+        self.prompt_ids = validate.prompt_ids(lm, prompt, prompt_ids)
         self.prompt = prompt if prompt_ids is None else lm.tokenizer.decode(self.prompt_ids)
         self.max_length = resolve_max_length(len(self.prompt_ids), lm.context_length, max_length, max_new_tokens)
 
@@ -733,7 +698,7 @@ class BeamSearch:
     def steps(self, max_steps: int | None = None) -> Iterator[BeamStep]:
         """Step until the search is done or ``max_steps``; front ends may stop iterating any time."""
         if max_steps is not None:
-            _int_arg("steps", max_steps, 1)
+            validate.integer("steps", max_steps, 1)
         n = 0
         while not self.done and (max_steps is None or n < max_steps):
             yield self.step()
@@ -923,8 +888,7 @@ def compare(
         decoding.validate(temperature, top_k, top_p)
         if float(temperature) <= 0:
             raise InspectorError("sampling needs a temperature > 0")
-    if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
-        raise InspectorError(f"seed must be an integer, got {seed!r}")
+    seed = validate.seed(seed)
     p = len(search.prompt_ids)
     new_tokens = search.max_length - p
 

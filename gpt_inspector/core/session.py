@@ -10,7 +10,7 @@ import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import decoding
+from . import decoding, validate
 from .capture import MaskEdit, Recorder, _CompiledEdits, allowed_matrix, allowed_rows, derive
 from .errors import InspectorError, StepFailed, check_index
 from .models import LoadedModel
@@ -168,22 +168,9 @@ class Session(ModelShape):
     ):
         self.lm = model
         self.decoding = decoding.Decoding(float(temperature), top_k, top_p)
-        if not isinstance(seed, int) or isinstance(seed, bool):
-            raise InspectorError(f"seed must be an integer, got {seed!r}")
-        self.seed = seed
+        self.seed = validate.seed(seed)
         self.prompt = prompt if prompt_ids is None else model.tokenizer.decode(prompt_ids)
-        if prompt_ids is None:
-            if not isinstance(prompt, str):
-                raise InspectorError("prompt must be text")
-            ids = list(model.tokenizer(prompt)["input_ids"]) if prompt else []
-        else:
-            ids = [int(i) for i in prompt_ids]
-            if any(i < 0 or i >= model.vocab_size for i in ids):
-                raise InspectorError(f"prompt token ids must be in [0, {model.vocab_size})")
-        if not ids:
-            if model.bos_token_id is None:
-                raise InspectorError("empty prompt and this tokenizer has no BOS token to start from; type a prompt")
-            ids = [model.bos_token_id]
+        ids = validate.prompt_ids(model, prompt, prompt_ids)
         if len(ids) >= model.context_length:
             raise InspectorError(
                 f"prompt is {len(ids)} tokens; the model's context is {model.context_length}, "
@@ -311,14 +298,14 @@ class Session(ModelShape):
     def steps(self, max_steps: int | None = None) -> Iterator[Step]:
         """Step until EOS, the context limit or ``max_steps``; front ends may stop iterating any time."""
         if max_steps is not None:
-            _check_count(max_steps)
+            validate.count(max_steps)
         n = 0
         while not self.finished and (max_steps is None or n < max_steps):
             yield self.step()
             n += 1
 
     def run(self, n: int) -> list[Step]:
-        _check_count(n)
+        validate.count(n)
         return list(self.steps(n))
 
     def step_back(self) -> Step:
@@ -646,11 +633,6 @@ class Session(ModelShape):
                 raise
             raise InspectorError(f"malformed session recipe: {type(e).__name__}: {e}") from None
         return s
-
-
-def _check_count(n) -> None:
-    if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 1:
-        raise InspectorError(f"steps must be an integer >= 1, got {n!r}")
 
 
 def _np(t: torch.Tensor) -> np.ndarray:
