@@ -41,10 +41,12 @@ import torch
 from transformers import DynamicCache
 
 from . import decoding, validate
-from .capture import Recorder, allowed_matrix, derive
-from .errors import InspectorError
+from .capture import Recorder
+from .errors import InspectorError, check_index
 from .models import LoadedModel
-from .session import KINDS, TOP_N, ModelShape, Session, Step, TopEntry, _np, forward_with_rollback
+from .session import Session, forward_with_rollback
+from .source import ModelShape, RunSource
+from .step import Step, top_entries
 from .tokens import token_label
 
 _NEG = -1.0e9  # HF's "impossible" score; the same constant, so rounding is the same
@@ -185,20 +187,22 @@ class _Rows:
         self.q, self.out, self.k, self.v = q, out, k, v
 
 
-class BeamView(ModelShape):
-    """One beam (running or finished) with the accessors of a Session, read-only.
+class BeamView(ModelShape, RunSource):
+    """One beam (running or finished) as a read-only run source: every Session accessor.
 
     A view is a snapshot: it keeps showing the beam as it was when the view was made.
     """
+
+    read_only = True
 
     def __init__(self, search: BeamSearch, rows: _Rows | None, length: int, tokens: list[int], node: int, label: str):
         self._search = search
         self.lm: LoadedModel = search.lm
         self._rows = rows
-        self._length = length
+        self._length = length if rows is not None else 0
         self.tokens: list[int] = list(tokens)
         self.node = node
-        self.label = label
+        self.name = label
         self.prompt = search.prompt
         self.prompt_ids = list(search.prompt_ids)
         self.decoding = decoding.Decoding(0.0)
@@ -206,24 +210,17 @@ class BeamView(ModelShape):
         self.mask_edits: list = []
         self._scaling = list(search.recorder.scaling)
         self._softcap = list(search.recorder.softcap)
-        self._mask_rows = search.recorder.mask_rows
+        self._mask_rows_of = search.recorder.mask_rows
+        self._edits = None
         self._steps: list[Step] | None = None
+
+    @property
+    def source_name(self) -> str:
+        return f"{self.name} of a beam search"
 
     @property
     def cache_length(self) -> int:
         return self._length
-
-    @property
-    def text(self) -> str:
-        return self.lm.tokenizer.decode(self.tokens)
-
-    @property
-    def generated_text(self) -> str:
-        return self.lm.tokenizer.decode(self.tokens[len(self.prompt_ids) :])
-
-    @property
-    def processed_tokens(self) -> list[int]:
-        return self.tokens[: self._length]
 
     @property
     def steps_done(self) -> list[Step]:
@@ -232,74 +229,25 @@ class BeamView(ModelShape):
         return self._steps
 
     @property
-    def n_steps(self) -> int:
-        return len(self.steps_done)
-
-    @property
-    def current(self) -> Step | None:
-        steps = self.steps_done
-        return steps[-1] if steps else None
-
-    @property
     def finished(self) -> str | None:
         cur = self.current
         return cur.finish_reason if cur else None
 
-    def token_labels(self, ids=None) -> list[str]:
-        return [token_label(self.lm.tokenizer, i) for i in (self.tokens if ids is None else ids)]
+    # run-source primitives
+    def _queries(self, layer: int) -> torch.Tensor:
+        return self._rows.q[layer]
 
-    _check_layer = Session._check_layer
-    _check_head = Session._check_head
+    def _keys(self, layer: int) -> torch.Tensor:
+        return self._rows.k[layer]
 
-    def _require_positions(self) -> int:
-        if self._rows is None or self._length == 0:
-            raise InspectorError("nothing processed yet: run a step first")
-        return self._length
+    def _values(self, layer: int) -> torch.Tensor:
+        return self._rows.v[layer]
 
-    def qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """q (H, T, d), k (H_kv, T, d), v (H_kv, T, d) as float32 numpy arrays."""
-        layer = self._check_layer(layer)
-        self._require_positions()
-        r = self._rows
-        return _np(r.q[layer]), _np(r.k[layer]), _np(r.v[layer])
+    def _head_outputs(self, layer: int) -> torch.Tensor:
+        return self._rows.out[layer]
 
-    def attention_output(self, layer: int) -> np.ndarray:
-        layer = self._check_layer(layer)
-        self._require_positions()
-        return _np(self._rows.out[layer])
-
-    def _allowed(self, layer: int, head: int, t: int) -> torch.Tensor:
-        return allowed_matrix(self._mask_rows[layer], t)
-
-    def allowed(self, layer: int, head: int) -> np.ndarray:
-        layer, head = self._check_layer(layer), self._check_head(head)
-        return self._allowed(layer, head, self._require_positions()).numpy()
-
-    def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
-        """(T, T) float32 over this beam's processed positions; kind: raw, scores, masked_scores or probs."""
-        layer, head = self._check_layer(layer), self._check_head(head)
-        if kind not in KINDS:
-            raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
-        t = self._require_positions()
-        q = self._rows.q[layer][head]  # (T, d)
-        k = self._rows.k[layer][self.lm.kv_head_of(head)]  # (T, d)
-        return derive(q, k, self._scaling[layer], self._softcap[layer], self._allowed(layer, head, t), kind).numpy()
-
-    def scaling(self, layer: int) -> float:
-        return float(self._scaling[self._check_layer(layer)])
-
-    def softcap(self, layer: int) -> float | None:
-        cap = self._softcap[self._check_layer(layer)]
-        return None if cap is None else float(cap)
-
-    def kv_cache_bytes(self, layer: int | None = None) -> int:
-        """Bytes this beam's rows of the KV cache hold (one layer, or all)."""
-        if self._rows is None:
-            return 0
-        layers = range(self.lm.n_layers) if layer is None else [self._check_layer(layer)]
-        return sum(
-            (self._rows.k[i].numel() + self._rows.v[i].numel()) * self._rows.k[i].element_size() for i in layers
-        )
+    def _mask_rows(self, layer: int) -> dict:
+        return self._mask_rows_of[layer]
 
     def record_bytes(self) -> int:
         if self._rows is None:
@@ -307,10 +255,10 @@ class BeamView(ModelShape):
         r = self._rows
         return sum(t.numel() * t.element_size() for t in (*r.q, *r.out))
 
-    def save_trace(self, path):
+    def save_trace(self, path, derived: bool = False):
         from .trace import save_trace
 
-        return save_trace(self, path)
+        return save_trace(self, path, derived=derived)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -473,7 +421,7 @@ class BeamSearch:
 
     def kv_cache_bytes(self, layer: int | None = None) -> int:
         """Bytes the model's KV cache holds now, every beam together."""
-        layers = self.cache.layers if layer is None else [self.cache.layers[Session._check_layer(self, layer)]]
+        layers = self.cache.layers if layer is None else [self.cache.layers[check_index(layer, self.lm.n_layers, "layer")]]
         total = 0
         for cl in layers:
             if getattr(cl, "is_initialized", False) and cl.keys is not None:
@@ -764,14 +712,13 @@ class BeamSearch:
         for n in self._path(node):
             logits = self.steps_done[n.step].logits[n.parent_beam]  # (V,)
             probs = torch.softmax(logits, dim=-1)
-            vals, idx = torch.topk(probs, min(TOP_N, probs.shape[0]))
-            top = [TopEntry(int(i), token_label(tok, int(i)), float(v), float(logits[i])) for v, i in zip(vals, idx)]
+            top = top_entries(probs, logits, lambda i: token_label(tok, i))
             reason = None
             if n.stopped:
                 reason = "eos" if n.token_id in self.eos_token_ids else "length"
             steps.append(
                 Step(n.step, p - 1 + n.step, int(n.token_id), tok.decode([int(n.token_id)]), logits, probs, top,
-                     decoding.entropy(probs), False, 0.0, reason)
+                     decoding.entropy(probs), False, 0.0, reason, label=token_label(tok, int(n.token_id)))
             )  # fmt: skip
         return steps
 

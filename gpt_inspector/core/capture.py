@@ -13,14 +13,15 @@ What is kept per layer (CPU, grown in chunks):
 - K and V: on the CPU they are read straight from the model's KV cache (zero copy, the real
   thing); on an accelerator a CPU mirror is filled with asynchronous copies;
 - the base mask only where it deviates from plain causal (sliding windows, padding).
-Score and probability matrices are derived on demand; nothing T x T is stored per head.
+Score and probability matrices are derived on demand by ``core.attention``; nothing T x T is
+stored per head.
 """
 
 from __future__ import annotations
 
 import contextlib
 import contextvars
-import math
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 
 import torch
@@ -28,6 +29,7 @@ import torch.nn.functional as F
 from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from . import attention as eq
 from .errors import InspectorError
 
 ATTN_NAME = "gpt_inspector"
@@ -101,6 +103,18 @@ class _CompiledEdits:
         block = torch.zeros(n_heads, tq, tk, dtype=torch.bool)  # (H, Tq, Tk)
         block[h[sel], i[sel] - q0, j[sel]] = True
         return block
+
+
+def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, _CompiledEdits]:
+    """Blocked edits expanded to concrete (layer, head, query, key) cells, and compiled for capture."""
+    cells = set()
+    for e in edits:
+        if not e.blocked:
+            continue
+        layers = range(n_layers) if e.layer is None else [e.layer]
+        heads = range(n_heads) if e.head is None else [e.head]
+        cells.update((layer, h, e.query, e.key) for layer in layers for h in heads)
+    return cells, _CompiledEdits.build(cells, n_layers)
 
 
 class _Buffer:
@@ -254,24 +268,10 @@ def allowed_rows(
     return allowed
 
 
-def allowed_matrix(
-    mask_rows: dict[int, torch.Tensor], t: int, edits: _CompiledEdits | None = None, layer: int = 0, head: int = 0
-) -> torch.Tensor:
-    """(T, T) bool for one head over every processed position."""
-    return allowed_rows(mask_rows, t, 0, t, edits, layer, head)
-
-
 def _allowed(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     return mask > torch.finfo(mask.dtype).min / 2
-
-
-def _repeat_kv(x: torch.Tensor, n_rep: int) -> torch.Tensor:
-    # (B, Hkv, T, d) -> (B, Hkv*n_rep, T, d); query head h reads KV head h // n_rep
-    if n_rep == 1:
-        return x
-    return x.repeat_interleave(n_rep, dim=1)
 
 
 def inspector_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
@@ -285,12 +285,11 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     equation instead.
     """
     b, n_heads, tq, d = query.shape  # (B, H, Tq, d)
-    n_kv = key.shape[1]  # key, value: (B, Hkv, Tk, d)
-    tk = key.shape[2]
+    tk = key.shape[2]  # key, value: (B, Hkv, Tk, d)
     if scaling is None:
         scaling = d**-0.5
-    k = _repeat_kv(key, n_heads // n_kv)  # (B, H, Tk, d)
-    v = _repeat_kv(value, n_heads // n_kv)  # (B, H, Tk, d)
+    k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
+    v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)
     mask = None if attention_mask is None else attention_mask[:, :, :, :tk]  # (B, 1, Tq, Tk) additive
     rec = _ACTIVE.get()
     layer = getattr(module, "layer_idx", None)
@@ -305,8 +304,7 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)  # (B, H, Tq, d)
         probs = None
     else:
-        scores = torch.matmul(query, k.transpose(-1, -2)) * scaling  # (B, H, Tq, Tk)
-        scores = torch.tanh(scores / softcap) * softcap
+        scores = eq.scores(query, k, scaling, softcap)  # (B, H, Tq, Tk)
         if mask is not None:
             scores = scores + mask
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)  # (B, H, Tq, Tk)
@@ -326,32 +324,3 @@ def _causal_additive(tq: int, tk: int, dtype, device) -> torch.Tensor:
 AttentionInterface.register(ATTN_NAME, inspector_attention)
 AttentionMaskInterface.register(ATTN_NAME, eager_mask)
 
-
-def derive(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    scaling: float,
-    softcap: float | None,
-    allowed: torch.Tensor,
-    kind: str,
-) -> torch.Tensor:
-    """The attention equation for one head, from recorded q and K.
-
-    q: (T, d), k: (T, d), allowed: (T, T) bool. Returns (T, T) float32.
-    """
-    q = q.float()
-    k = k.float()
-    raw = q @ k.T  # (T, T)
-    if kind == "raw":
-        return raw
-    scores = raw * scaling
-    if softcap is not None:
-        scores = torch.tanh(scores / softcap) * softcap
-    if kind == "scores":
-        return scores
-    masked = scores.masked_fill(~allowed, -math.inf)  # (T, T), -inf where masked
-    if kind == "masked_scores":
-        return masked
-    if kind == "probs":
-        return torch.softmax(masked, dim=-1)
-    raise InspectorError(f"unknown kind {kind!r}; use raw, scores, masked_scores or probs")

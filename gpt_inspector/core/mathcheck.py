@@ -160,11 +160,7 @@ def _num(x: float) -> float | None:
 
 
 def _dtype_name(source) -> str:
-    lm = getattr(source, "lm", None)
-    if lm is not None:
-        return str(lm.dtype).removeprefix("torch.")
-    meta = getattr(source, "meta", None) or {}
-    return str(meta.get("shape", {}).get("cache_dtype", "float32"))
+    return source.cache_dtype
 
 
 def _softcap(source, layer: int) -> float | None:
@@ -187,8 +183,7 @@ def _positions(source) -> int:
 
 
 def _kv_map(source) -> np.ndarray:
-    group = source.n_heads // source.n_kv_heads
-    return np.arange(source.n_heads) // group  # (H,) query head -> KV head
+    return np.array([source.kv_head_of(h) for h in range(source.n_heads)])  # (H,) query head -> KV head
 
 
 def _tolerance(source, v_heads: np.ndarray, tolerance: float | None) -> np.ndarray:

@@ -11,59 +11,14 @@ import torch
 from transformers import DynamicCache
 
 from . import decoding, validate
-from .capture import MaskEdit, Recorder, _CompiledEdits, allowed_matrix, allowed_rows, derive
-from .errors import InspectorError, StepFailed, check_index
+from .attention import KINDS
+from .capture import MaskEdit, Recorder, compile_edits
+from .errors import InspectorError, StepFailed
 from .models import LoadedModel
-from .tokens import token_label
+from .source import ModelShape, RunSource
+from .step import TOP_N, Step, TopEntry
 
-KINDS = ("raw", "scores", "masked_scores", "probs")
 RECIPE_FORMAT = "gpt-inspector-recipe/1"
-TOP_N = 10
-
-
-@dataclass
-class TopEntry:
-    token_id: int
-    text: str
-    prob: float
-    logit: float
-
-
-@dataclass
-class Step:
-    """What one step computed and chose.
-
-    ``position`` is the query position whose logits gave the token; the chosen token itself is
-    not in the cache yet (it is fed by the next step).
-    """
-
-    index: int
-    position: int
-    token_id: int
-    token_text: str
-    logits: torch.Tensor  # (V,) float32, raw model output
-    probs: torch.Tensor  # (V,) float32 after temperature / top-k / top-p
-    top: list[TopEntry]
-    entropy: float
-    forced: bool = False
-    time_s: float = 0.0
-    finish_reason: str | None = None
-    rng_state: torch.Tensor | None = field(default=None, repr=False)
-
-    @property
-    def prob(self) -> float:
-        return float(self.probs[self.token_id])
-
-    def same_as(self, other: Step) -> bool:
-        return (
-            self.index == other.index
-            and self.position == other.position
-            and self.token_id == other.token_id
-            and torch.equal(self.logits, other.logits)
-            and torch.equal(self.probs, other.probs)
-            and self.entropy == other.entropy
-            and self.finish_reason == other.finish_reason
-        )
 
 
 @dataclass
@@ -123,37 +78,14 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
         raise StepFailed(msg, oom_remedy if oom else remedy) from e
 
 
-class ModelShape:
-    """The names a Session, a beam and a Trace share, so views can show any of them (needs ``self.lm``)."""
-
-    lm: LoadedModel
-
-    @property
-    def n_layers(self) -> int:
-        return self.lm.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.lm.n_heads
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.lm.n_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.lm.head_dim
-
-    @property
-    def model_name(self) -> str:
-        return self.lm.name
-
-
-class Session(ModelShape):
+class Session(ModelShape, RunSource):
     """Step a loaded model through generation, recording every attention quantity.
 
-    ``Session(model, prompt, temperature=0.0, top_k=None, top_p=None, seed=0)``.
+    ``Session(model, prompt, temperature=0.0, top_k=None, top_p=None, seed=0)``. The read
+    accessors (``attention``, ``qkv``, ...) come from ``RunSource``; this class keeps the state.
     """
+
+    read_only = False
 
     def __init__(
         self,
@@ -203,32 +135,8 @@ class Session(ModelShape):
 
     # ------------------------------------------------------------------ state
     @property
-    def n_steps(self) -> int:
-        return len(self.steps_done)
-
-    @property
-    def current(self) -> Step | None:
-        return self.steps_done[-1] if self.steps_done else None
-
-    @property
     def cache_length(self) -> int:
         return self.cache.get_seq_length()
-
-    @property
-    def text(self) -> str:
-        return self.lm.tokenizer.decode(self.tokens)
-
-    @property
-    def generated_text(self) -> str:
-        return self.lm.tokenizer.decode(self.tokens[len(self.prompt_ids) :])
-
-    @property
-    def processed_tokens(self) -> list[int]:
-        """Tokens whose K/V are in the cache (all but the last chosen one)."""
-        return self.tokens[: self.cache_length]
-
-    def token_labels(self, ids: Iterable[int] | None = None) -> list[str]:
-        return [token_label(self.lm.tokenizer, i) for i in (self.tokens if ids is None else ids)]
 
     @property
     def mask_edits(self) -> list[MaskEdit]:
@@ -261,14 +169,7 @@ class Session(ModelShape):
         return s
 
     def _refresh(self, s: Step) -> None:
-        """Recompute what depends on the decoding settings and the chosen token."""
-        s.probs = decoding.distribution(s.logits, self.decoding)
-        s.entropy = decoding.entropy(s.probs)
-        k = min(TOP_N, s.probs.shape[0])
-        vals, idx = torch.topk(s.probs, k)
-        tok = self.lm.tokenizer
-        s.top = [TopEntry(int(i), token_label(tok, int(i)), float(v), float(s.logits[i])) for v, i in zip(vals, idx)]
-        s.token_text = tok.decode([s.token_id])
+        s.refresh(self.decoding, self.label, lambda i: self.lm.tokenizer.decode([i]))
         s.finish_reason = self._finish_reason(s)
 
     def _finish_reason(self, s: Step) -> str | None:
@@ -391,21 +292,13 @@ class Session(ModelShape):
         return self.set_decoding(top_p=p, redecide=redecide)
 
     # ------------------------------------------------------------------ mask editing
-    def _expand(self, blocked: dict[tuple, MaskEdit]) -> set[tuple[int, int, int, int]]:
-        cells = set()
-        for e in blocked.values():
-            layers = range(self.lm.n_layers) if e.layer is None else [e.layer]
-            heads = range(self.lm.n_heads) if e.head is None else [e.head]
-            cells.update((l, h, e.query, e.key) for l in layers for h in heads)
-        return cells
-
     def _validate_edit(self, e: MaskEdit) -> None:
         if not isinstance(e, MaskEdit):
             raise InspectorError(f"mask edits must be MaskEdit values, got {e!r}")
         if e.layer is not None:
-            self._check_layer(e.layer)
+            self.check_layer(e.layer)
         if e.head is not None:
-            self._check_head(e.head)
+            self.check_head(e.head)
         if not (0 <= e.query < self.lm.context_length) or not (0 <= e.key < self.lm.context_length):
             raise InspectorError(f"mask edit positions must be in [0, {self.lm.context_length}), got {e.query}->{e.key}")
         if e.key > e.query:
@@ -428,7 +321,7 @@ class Session(ModelShape):
                 blocked[e.scope()] = e
             else:
                 blocked.pop(e.scope(), None)
-        new_cells = self._expand(blocked)
+        new_cells, compiled = compile_edits(blocked.values(), self.lm.n_layers, self.lm.n_heads)
         rows: dict[tuple[int, int, int], int] = {}
         for l, h, i, _ in new_cells:
             rows[(l, h, i)] = rows.get((l, h, i), 0) + 1
@@ -437,10 +330,10 @@ class Session(ModelShape):
                 raise InspectorError(
                     f"that would mask every key of query {i} in layer {l} head {h}; softmax needs at least one key"
                 )
-        changed = new_cells ^ self._expand(self._blocked)
+        changed = new_cells ^ compile_edits(self._blocked.values(), self.lm.n_layers, self.lm.n_heads)[0]
         prev_blocked, prev_edits = self._blocked, self.recorder.edits
         self._blocked = blocked
-        self.recorder.edits = _CompiledEdits.build(new_cells, self.lm.n_layers)
+        self.recorder.edits = compiled
         try:
             report = self._recompute_from(min((c[2] for c in changed), default=None), prev_edits)
         except StepFailed:
@@ -456,7 +349,7 @@ class Session(ModelShape):
     def clear_mask_edits(self) -> MaskEditReport:
         return self.set_mask_edits([])
 
-    def _recompute_from(self, earliest: int | None, prev_edits: _CompiledEdits) -> MaskEditReport:
+    def _recompute_from(self, earliest: int | None, prev_edits) -> MaskEditReport:
         end = self.cache_length
         cur = self.current
         before = cur.probs.clone() if cur else None
@@ -478,112 +371,52 @@ class Session(ModelShape):
         after = cur.probs.clone() if cur else None
         return MaskEditReport(earliest, end - earliest, before, after)
 
-    # ------------------------------------------------------------------ accessors
-    def _check_layer(self, layer: int) -> int:
-        return check_index(layer, self.lm.n_layers, "layer")
-
-    def _check_head(self, head: int) -> int:
-        return check_index(head, self.lm.n_heads, "head")
-
+    # ------------------------------------------------------------------ run-source primitives
     def _kv(self, layer: int, which: str) -> torch.Tensor:
         t = self.cache_length
         if self.recorder.mirror_kv:
             buf = (self.recorder.k if which == "k" else self.recorder.v)[layer]
             return buf.view(t)[0]  # (Hkv, T, d)
         cl = self.cache.layers[layer]
-        return (cl.keys if which == "k" else cl.values)[0, :, :t]  # (Hkv, T, d)
+        return (cl.keys if which == "k" else cl.values)[0, :, :t]  # (Hkv, T, d), the real cache
 
-    def _require_positions(self) -> int:
-        t = self.cache_length
-        if t == 0:
-            raise InspectorError("nothing processed yet: run a step first")
-        return t
+    def _queries(self, layer: int) -> torch.Tensor:
+        return self.recorder.q[layer].view(self.cache_length)[0]  # (H, T, d)
 
-    # zero-copy views for front ends that must stay fast at long contexts; read them on the thread
-    # that steps the session, and only until its next change
-    def queries(self, layer: int) -> torch.Tensor:
-        """The recorded q of every processed position, (H, T, d), a view (do not modify)."""
-        layer = self._check_layer(layer)
-        return self.recorder.q[layer].view(self._require_positions())[0]
-
-    def keys(self, layer: int) -> torch.Tensor:
-        """The cached keys, (H_kv, T, d), a view of the real KV cache (do not modify)."""
-        layer = self._check_layer(layer)
-        self._require_positions()
+    def _keys(self, layer: int) -> torch.Tensor:
         return self._kv(layer, "k")
 
-    def values(self, layer: int) -> torch.Tensor:
-        """The cached values, (H_kv, T, d), a view of the real KV cache (do not modify)."""
-        layer = self._check_layer(layer)
-        self._require_positions()
+    def _values(self, layer: int) -> torch.Tensor:
         return self._kv(layer, "v")
 
-    def allowed_rows(self, layer: int, p0: int, p1: int) -> torch.Tensor:
-        """(H, p1 - p0, T) bool: the keys query rows p0..p1 could attend to, for every head."""
-        layer = self._check_layer(layer)
-        t = self._require_positions()
-        if not 0 <= p0 <= p1 <= t:
-            raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
-        return allowed_rows(self.recorder.mask_rows[layer], t, p0, p1, self.recorder.edits, layer, None, self.lm.n_heads)
+    def _head_outputs(self, layer: int) -> torch.Tensor:
+        return self.recorder.out[layer].view(self.cache_length)[0]  # (H, T, d)
 
-    def qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        """q (H, T, d), k (H_kv, T, d), v (H_kv, T, d) as float32 numpy arrays."""
-        layer = self._check_layer(layer)
-        t = self._require_positions()
-        q = self.recorder.q[layer].view(t)[0]  # (H, T, d)
-        return _np(q), _np(self._kv(layer, "k")), _np(self._kv(layer, "v"))
+    def _mask_rows(self, layer: int) -> dict:
+        return self.recorder.mask_rows[layer]
 
-    def attention_output(self, layer: int) -> np.ndarray:
-        """The attention output the model computed, per head: (H, T, d), before the output projection."""
-        layer = self._check_layer(layer)
-        t = self._require_positions()
-        return _np(self.recorder.out[layer].view(t)[0])
+    @property
+    def _edits(self):
+        return self.recorder.edits
 
-    def allowed(self, layer: int, head: int) -> np.ndarray:
-        """(T, T) bool: keys each query could attend to (the model's own mask and the edits in force)."""
-        layer, head = self._check_layer(layer), self._check_head(head)
-        return self._allowed(layer, head, self._require_positions()).numpy()
+    @property
+    def _scaling(self) -> list:
+        return self.recorder.scaling
 
-    def _allowed(self, layer: int, head: int, t: int) -> torch.Tensor:
-        return allowed_matrix(self.recorder.mask_rows[layer], t, self.recorder.edits, layer, head)
-
-    def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
-        """(T, T) float32 over all processed positions; kind: raw, scores, masked_scores or probs."""
-        layer, head = self._check_layer(layer), self._check_head(head)
-        if kind not in KINDS:
-            raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
-        t = self._require_positions()
-        q = self.recorder.q[layer].view(t)[0, head]  # (T, d)
-        k = self._kv(layer, "k")[self.lm.kv_head_of(head)]  # (T, d)
-        m = derive(q, k, self.recorder.scaling[layer], self.recorder.softcap[layer], self._allowed(layer, head, t), kind)
-        return m.numpy()
-
-    def scaling(self, layer: int) -> float:
-        return float(self.recorder.scaling[self._check_layer(layer)])
-
-    def softcap(self, layer: int) -> float | None:
-        """The layer's attention-logit soft-cap (tanh(x / cap) * cap), or None."""
-        cap = self.recorder.softcap[self._check_layer(layer)]
-        return None if cap is None else float(cap)
-
-    def kv_cache_bytes(self, layer: int | None = None) -> int:
-        """Bytes the model's KV cache holds now (one layer, or all)."""
-        layers = self.cache.layers if layer is None else [self.cache.layers[self._check_layer(layer)]]
-        total = 0
-        for cl in layers:
-            if getattr(cl, "is_initialized", False) and cl.keys is not None:
-                total += cl.keys.numel() * cl.keys.element_size() + cl.values.numel() * cl.values.element_size()
-        return total
+    @property
+    def _softcap(self) -> list:
+        return self.recorder.softcap
 
     def record_bytes(self) -> int:
         """Bytes our own records hold beyond the cache (q, attention outputs, KV mirror on GPUs)."""
         return self.recorder.nbytes()
 
     # ------------------------------------------------------------------ persistence
-    def save_trace(self, path) -> None:
+    def save_trace(self, path, derived: bool = False):
+        """Write the run to a trace file (see docs/trace-format.md); ``derived`` adds the matrices."""
         from .trace import save_trace
 
-        return save_trace(self, path)
+        return save_trace(self, path, derived=derived)
 
     def recipe(self) -> dict:
         """Everything needed to replay this session exactly (JSON-safe).
@@ -635,8 +468,4 @@ class Session(ModelShape):
         return s
 
 
-def _np(t: torch.Tensor) -> np.ndarray:
-    return t.detach().to(torch.float32).numpy().copy()
-
-
-__all__ = ["Session", "Step", "TopEntry", "MaskEdit", "MaskEditReport", "KINDS"]
+__all__ = ["Session", "Step", "TopEntry", "MaskEdit", "MaskEditReport", "KINDS", "TOP_N"]

@@ -1,7 +1,14 @@
-"""Trace files: safetensors tensors + JSON metadata (format ``gpt-inspector-trace/1``), never pickle.
+"""Trace files: safetensors tensors + JSON metadata, never pickle (docs/trace-format.md).
 
-See docs/trace-format.md. ``load_trace`` validates everything it reads: a corrupt or foreign file
-raises ``InspectorError`` and nothing else.
+Format v2 (``gpt-inspector-trace/2``) stores a run's primitives: per layer q, K, V and the head
+outputs, the model's own mask rows where they are not plain causal, plus the edits, scaling and
+soft-caps, the tokens, each step's logits and top-k candidates with their token text. Every
+matrix is derived on load by the one equation (``core.attention``), exactly as for a live
+session. ``save_trace(..., derived=True)`` also writes the matrices for readers with plain numpy.
+Version 1 files (matrices stored) still open.
+
+``load_trace`` checks every name, dtype and shape in the header against the metadata before it
+reads a tensor: a corrupt or foreign file raises ``InspectorError`` and nothing else.
 """
 
 from __future__ import annotations
@@ -9,65 +16,84 @@ from __future__ import annotations
 import json
 import math
 import os
-from dataclasses import dataclass
 from pathlib import Path
 
 import numpy as np
+import torch
 
-from .errors import InspectorError, check_index
+from . import decoding
+from .attention import STAGES
+from .capture import MaskEdit, compile_edits
+from .errors import InspectorError
+from .source import RunSource
+from .step import TOP_N, Step, top_entries
 
-FORMAT = "gpt-inspector-trace/1"
-KINDS = ("raw", "scores", "masked_scores", "probs")
+FORMAT = "gpt-inspector-trace/2"
+FORMAT_V1 = "gpt-inspector-trace/1"
+KINDS = STAGES
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+_MAX_JSON = 64 << 20  # bytes of one metadata value; larger is not a trace we wrote
 
 
-def save_trace(session, path: str | os.PathLike) -> Path:
-    """Write everything the session processed, matrices included, to ``path`` (.safetensors)."""
+def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False) -> Path:
+    """Write everything ``source`` processed to ``path`` (.safetensors); see docs/trace-format.md."""
     from safetensors.numpy import save_file
 
-    t = session.cache_length
-    if t == 0:
-        raise InspectorError("nothing to save: run a step first")
-    lm = session.lm
-    tensors: dict[str, np.ndarray] = {"tokens": np.asarray(session.tokens, dtype=np.int64)}
-    for layer in range(lm.n_layers):
-        q, k, v = session.qkv(layer)
-        tensors[f"layers.{layer}.q"] = q  # (H, T, d)
-        tensors[f"layers.{layer}.k"] = k  # (H_kv, T, d)
-        tensors[f"layers.{layer}.v"] = v  # (H_kv, T, d)
-        tensors[f"layers.{layer}.attn_out"] = session.attention_output(layer)  # (H, T, d)
-        for kind in ("scores", "masked_scores", "probs"):
-            tensors[f"layers.{layer}.{kind}"] = np.stack(
-                [session.attention(layer, h, kind) for h in range(lm.n_heads)]
-            )  # (H, T, T)
-    logits = [s.logits.numpy() for s in session.steps_done]
-    tensors["step_logits"] = np.stack(logits).astype(np.float32)  # (n_steps, V)
-    steps = [
-        {"index": s.index, "position": s.position, "token_id": s.token_id, "forced": s.forced, "finish_reason": s.finish_reason}
-        for s in session.steps_done
-    ]
-    meta = {
-        "format": FORMAT,
-        "model": lm.name,
-        "prompt": session.prompt,
-        "prompt_length": str(len(session.prompt_ids)),
-        "decoding": json.dumps(session.decoding.to_json()),
-        "mask_edits": json.dumps([e.to_json() for e in session.mask_edits]),
-        "seed": str(session.seed),
-        "text": session.text,
-        "token_labels": json.dumps(session.token_labels()),
-        "steps": json.dumps(steps),
-        "scaling": json.dumps([session.scaling(layer) for layer in range(lm.n_layers)]),
-        "softcap": json.dumps([session.softcap(layer) for layer in range(lm.n_layers)]),
-        "shape": json.dumps(
-            {"n_layers": lm.n_layers, "n_heads": lm.n_heads, "n_kv_heads": lm.n_kv_heads, "head_dim": lm.head_dim,
-             "context_length": lm.context_length, "vocab_size": lm.vocab_size,
-             "cache_dtype": str(lm.dtype).removeprefix("torch.")}
-        ),
-        "finished": session.finished or "",
-    }  # fmt: skip
     path = Path(path)
     if path.suffix != ".safetensors":
         raise InspectorError(f"trace files end in .safetensors, got {path.name}")
+    t = source.cache_length
+    if t == 0:
+        raise InspectorError("nothing to save: run a step first")
+    L = source.n_layers
+    tensors: dict[str, np.ndarray] = {"tokens": np.asarray(source.tokens, dtype=np.int64)}
+    for layer in range(L):
+        q, k, v = source.qkv(layer)
+        tensors[f"layers.{layer}.q"] = q  # (H, T, d)
+        tensors[f"layers.{layer}.k"] = k  # (H_kv, T, d)
+        tensors[f"layers.{layer}.v"] = v  # (H_kv, T, d)
+        tensors[f"layers.{layer}.attn_out"] = source.attention_output(layer)  # (H, T, d)
+        rows = source._mask_rows(layer)
+        if rows:
+            pos = sorted(p for p in rows if p < t)
+            m = np.zeros((len(pos), t), dtype=bool)  # keys past a row's own forward are future keys
+            for i, p in enumerate(pos):
+                r = rows[p].numpy()
+                m[i, : min(len(r), t)] = r[:t]
+            tensors[f"layers.{layer}.mask_positions"] = np.asarray(pos, dtype=np.int64)  # (n,)
+            tensors[f"layers.{layer}.mask_rows"] = m  # (n, T) bool
+        if derived:
+            for kind in ("scores", "masked_scores", "probs"):
+                tensors[f"layers.{layer}.{kind}"] = source.attention_rows(layer, 0, t, kind).numpy()  # (H, T, T)
+    steps = source.steps_done
+    if steps:
+        tensors["step_logits"] = np.stack([s.logits.float().numpy() for s in steps])  # (n_steps, V)
+    step_meta = [
+        {"index": s.index, "position": s.position, "token_id": s.token_id, "forced": s.forced,
+         "finish_reason": s.finish_reason, "top": [[e.token_id, e.label] for e in s.top]}
+        for s in steps
+    ]  # fmt: skip
+    meta = {
+        "format": FORMAT,
+        "model": source.model_name,
+        "prompt": source.prompt,
+        "prompt_length": str(source.prompt_length),
+        "decoding": json.dumps(source.decoding.to_json()),
+        "mask_edits": json.dumps([e.to_json() for e in source.mask_edits]),
+        "seed": str(source.seed),
+        "text": source.text,
+        "token_labels": json.dumps(source.token_labels()),
+        "steps": json.dumps(step_meta),
+        "scaling": json.dumps([source.scaling(layer) for layer in range(L)]),
+        "softcap": json.dumps([source.softcap(layer) for layer in range(L)]),
+        "shape": json.dumps(
+            {"n_layers": L, "n_heads": source.n_heads, "n_kv_heads": source.n_kv_heads, "head_dim": source.head_dim,
+             "context_length": source.context_length, "vocab_size": source.vocab_size,
+             "cache_dtype": source.cache_dtype}
+        ),
+        "finished": source.finished or "",
+        "derived": "1" if derived else "0",
+    }  # fmt: skip
     try:
         save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=meta)
     except OSError as e:
@@ -75,24 +101,14 @@ def save_trace(session, path: str | os.PathLike) -> Path:
     return path
 
 
-@dataclass
-class TraceStep:
-    index: int
-    position: int
-    token_id: int
-    forced: bool
-    finish_reason: str | None
-    logits: np.ndarray  # (V,)
+class Trace(RunSource):
+    """A saved run, read-only, with every accessor of a live Session; no model needed."""
 
+    read_only = True
 
-class Trace:
-    """A saved session, read-only, with the Session's accessors; no model needed."""
-
-    def __init__(self, path: Path, tensors: dict[str, np.ndarray], meta: dict):
+    def __init__(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict):
         self.path = path
         self._t = tensors
-        for a in tensors.values():
-            a.setflags(write=False)
         self.meta = meta
         shape = meta["shape"]
         self.n_layers: int = shape["n_layers"]
@@ -101,78 +117,83 @@ class Trace:
         self.head_dim: int = shape["head_dim"]
         self.context_length: int = shape["context_length"]
         self.vocab_size: int = shape["vocab_size"]
+        self.cache_dtype: str = shape.get("cache_dtype", "float32") if shape.get("cache_dtype") in _ITEMSIZE else "float32"
         self.model_name: str = meta["model"]
         self.prompt: str = meta["prompt"]
-        self.decoding: dict = meta["decoding"]
-        self.mask_edits: list[dict] = meta["mask_edits"]
         self.seed: int = meta["seed"]
         self.text: str = meta["text"]
         self.tokens: list[int] = tensors["tokens"].tolist()
-        self.prompt_length: int = meta["prompt_length"]
+        self.prompt_ids: list[int] = self.tokens[: meta["prompt_length"]]
         self.finished: str | None = meta["finished"] or None
-        self._labels: list[str] = meta["token_labels"]
+        self.mask_edits: list[MaskEdit] = [MaskEdit.from_json(e) for e in meta["mask_edits"]]
+        try:
+            d = meta["decoding"]
+            self.decoding = decoding.Decoding(d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"))
+        except (InspectorError, AttributeError, TypeError):  # settings from a newer version: show the raw distribution
+            self.decoding = decoding.Decoding()
         self._scaling: list[float] = meta["scaling"]
         self._softcap: list[float | None] = meta["softcap"]
-        logits = tensors["step_logits"]
-        self.steps_done = [
-            TraceStep(s["index"], s["position"], s["token_id"], s["forced"], s.get("finish_reason"), logits[i])
-            for i, s in enumerate(meta["steps"])
-        ]
+        self._edits = compile_edits(self.mask_edits, self.n_layers, self.n_heads)[1] if self.mask_edits else None
+        self._rows = [self._layer_mask_rows(layer) for layer in range(self.n_layers)]
+        self._labels = dict(zip(self.tokens, meta["token_labels"]))
+        for s in meta["steps"]:
+            for tid, lab in s.get("top", ()):
+                self._labels.setdefault(tid, lab)
+        self.steps_done = [self._step(i, s) for i, s in enumerate(meta["steps"])]
+
+    def _layer_mask_rows(self, layer: int) -> dict[int, torch.Tensor]:
+        pos = self._t.get(f"layers.{layer}.mask_positions")
+        if pos is None:
+            return {}
+        rows = self._t[f"layers.{layer}.mask_rows"]
+        return {int(p): rows[i] for i, p in enumerate(pos.tolist())}
+
+    def _step(self, i: int, s: dict) -> Step:
+        logits = self._t["step_logits"][i].float()  # (V,)
+        st = Step(s["index"], s["position"], s["token_id"], "", logits, logits, [], 0.0, s["forced"], 0.0,
+                  s.get("finish_reason"))  # fmt: skip
+        st.refresh(self.decoding, self.label, self.label)
+        st.top = st.top[:TOP_N]
+        return st
+
+    def label(self, token_id: int) -> str:
+        """The token's readable text, for every token of the run and every stored candidate."""
+        return self._labels.get(int(token_id), f"#{int(token_id)}")
+
+    @property
+    def source_name(self) -> str:
+        return str(self.path)
 
     @property
     def cache_length(self) -> int:
         return self._t["layers.0.q"].shape[1]
 
     @property
-    def n_steps(self) -> int:
-        return len(self.steps_done)
+    def kv_itemsize(self) -> int:
+        return _ITEMSIZE[self.cache_dtype]
 
     @property
     def step_logits(self) -> np.ndarray:
-        return self._t["step_logits"]
+        return self._t["step_logits"].numpy()
 
-    def token_labels(self) -> list[str]:
-        return list(self._labels)
+    # run-source primitives
+    def _queries(self, layer: int) -> torch.Tensor:
+        return self._t[f"layers.{layer}.q"]
 
-    def _layer(self, layer) -> int:
-        return check_index(layer, self.n_layers, "layer")
+    def _keys(self, layer: int) -> torch.Tensor:
+        return self._t[f"layers.{layer}.k"]
 
-    def _head(self, head) -> int:
-        return check_index(head, self.n_heads, "head")
+    def _values(self, layer: int) -> torch.Tensor:
+        return self._t[f"layers.{layer}.v"]
 
-    def qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-        layer = self._layer(layer)
-        return tuple(self._t[f"layers.{layer}.{n}"] for n in "qkv")  # type: ignore[return-value]
+    def _head_outputs(self, layer: int) -> torch.Tensor:
+        return self._t[f"layers.{layer}.attn_out"]
 
-    def attention_output(self, layer: int) -> np.ndarray:
-        return self._t[f"layers.{self._layer(layer)}.attn_out"]
-
-    def scaling(self, layer: int) -> float:
-        return self._scaling[self._layer(layer)]
-
-    def softcap(self, layer: int) -> float | None:
-        return self._softcap[self._layer(layer)]
-
-    def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
-        layer, head = self._layer(layer), self._head(head)
-        if kind not in KINDS:
-            raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
-        if kind == "raw":
-            # from q and K, as the live session does: exact even for soft-capped models
-            q, k, _ = self.qkv(layer)
-            return q[head] @ k[head // (self.n_heads // self.n_kv_heads)].T  # (T, T)
-        return self._t[f"layers.{layer}.{kind}"][head]
-
-    def allowed(self, layer: int, head: int) -> np.ndarray:
-        return np.isfinite(self.attention(layer, head, "masked_scores"))
-
-    def kv_cache_bytes(self, layer: int | None = None) -> int:
-        """Bytes the model's cache held, at the dtype the model ran in."""
-        item = {"float32": 4, "float16": 2, "bfloat16": 2}.get(self.meta["shape"].get("cache_dtype", "float32"), 4)
-        layers = range(self.n_layers) if layer is None else [self._layer(layer)]
-        return sum(self._t[f"layers.{i}.k"].size * 2 * item for i in layers)
+    def _mask_rows(self, layer: int) -> dict[int, torch.Tensor]:
+        return self._rows[layer]
 
 
+# ------------------------------------------------------------------------------------------ loading
 def load_trace(path: str | os.PathLike) -> Trace:
     """Open a trace file; anything malformed raises InspectorError with a one-line reason."""
     from safetensors import safe_open
@@ -180,25 +201,49 @@ def load_trace(path: str | os.PathLike) -> Trace:
     path = Path(path)
     if not path.is_file():
         raise InspectorError(f"no trace file at {path}")
+    name = path.name
     try:
-        with safe_open(str(path), framework="np") as f:
+        with safe_open(str(path), framework="pt") as f:
             raw_meta = f.metadata() or {}
-            if raw_meta.get("format") != FORMAT:
-                raise InspectorError(f"{path.name} is not a gpt-inspector trace (format {raw_meta.get('format')!r})")
-            tensors = {k: f.get_tensor(k) for k in f.keys()}
+            fmt = raw_meta.get("format")
+            if fmt not in (FORMAT, FORMAT_V1):
+                raise InspectorError(f"{name} is not a gpt-inspector trace (format {fmt!r})")
+            header = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
+            meta, expect = _validate_header(name, header, raw_meta, v1=fmt == FORMAT_V1)
+            # only what the format needs is read; v1's stored matrices are derived again instead
+            tensors = {k: f.get_tensor(k) for k in expect}
+            if fmt == FORMAT_V1:
+                _v1_mask_rows(tensors, f, meta)
     except InspectorError:
         raise
     except Exception as e:  # safetensors raises several types for truncated or garbled files
-        raise InspectorError(f"{path.name} is not a readable trace file: {str(e).splitlines()[0] if str(e) else type(e).__name__}") from None
-    return Trace(path, tensors, _validate(path.name, tensors, raw_meta))
+        first = str(e).splitlines()[0] if str(e) else type(e).__name__
+        raise InspectorError(f"{name} is not a readable trace file: {first}") from None
+    _validate_values(name, tensors, meta)
+    return Trace(path, tensors, meta)
+
+
+def _v1_mask_rows(tensors: dict, f, meta: dict) -> None:
+    """v1 stored matrices; the model's own mask is where any head's masked score is finite."""
+    for layer in range(meta["shape"]["n_layers"]):
+        allowed = torch.isfinite(f.get_tensor(f"layers.{layer}.masked_scores")).any(dim=0)  # (T, T)
+        t = allowed.shape[0]
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        pos = torch.nonzero((allowed != causal).any(dim=1)).flatten()
+        if len(pos):
+            tensors[f"layers.{layer}.mask_positions"] = pos.to(torch.int64)
+            tensors[f"layers.{layer}.mask_rows"] = allowed[pos]
 
 
 def _json(name: str, meta: dict, key: str, typ):
+    raw = meta.get(key)
+    if raw is None:
+        raise InspectorError(f"{name}: metadata {key!r} is missing")
+    if len(raw) > _MAX_JSON:
+        raise InspectorError(f"{name}: metadata {key!r} is implausibly large")
     try:
-        val = json.loads(meta[key])
-    except KeyError:
-        raise InspectorError(f"{name}: metadata {key!r} is missing") from None
-    except (TypeError, ValueError):
+        val = json.loads(raw)
+    except (TypeError, ValueError, RecursionError):
         raise InspectorError(f"{name}: metadata {key!r} is not valid JSON") from None
     if not isinstance(val, typ):
         raise InspectorError(f"{name}: metadata {key!r} has the wrong type")
@@ -208,13 +253,20 @@ def _json(name: str, meta: dict, key: str, typ):
 def _int(name: str, meta: dict, key: str) -> int:
     try:
         return int(meta[key])
-    except (KeyError, ValueError):
+    except (KeyError, ValueError, TypeError):
         raise InspectorError(f"{name}: metadata {key!r} is missing or not an integer") from None
 
 
-def _validate(name: str, t: dict[str, np.ndarray], meta: dict) -> dict:
-    """Check every shape and field against every other; return parsed metadata."""
-    out: dict = {"format": FORMAT}
+def _positive(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0
+
+
+def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict, dict]:
+    """Check the metadata and every tensor's name, dtype and shape, reading no tensor data.
+
+    Returns the parsed metadata and the tensors to read, name -> (shape, dtype).
+    """
+    out: dict = {"format": meta.get("format")}
     for key in ("model", "prompt", "text"):
         if not isinstance(meta.get(key), str):
             raise InspectorError(f"{name}: metadata {key!r} is missing")
@@ -229,70 +281,117 @@ def _validate(name: str, t: dict[str, np.ndarray], meta: dict) -> dict:
             raise InspectorError(f"{name}: shape field {key!r} is missing or not a positive integer")
     if shape["n_heads"] % shape["n_kv_heads"]:
         raise InspectorError(f"{name}: {shape['n_heads']} heads do not split over {shape['n_kv_heads']} KV heads")
+    L, H, Hkv, d, V = (shape[k] for k in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size"))
+    if L > 4096 or H > 4096 or d > 65536 or V > 1 << 24:
+        raise InspectorError(f"{name}: implausible shape {shape}")
     out["shape"] = shape
     out["decoding"] = _json(name, meta, "decoding", dict)
-    out["mask_edits"] = _json(name, meta, "mask_edits", list)
+    edits = [MaskEdit.from_json(e) if isinstance(e, dict) else _bad(name, "mask_edits")
+             for e in _json(name, meta, "mask_edits", list)]  # fmt: skip
+    for e in edits:
+        if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
+            raise InspectorError(f"{name}: mask edit {e.to_json()} is outside the model's layers or heads")
+    out["mask_edits"] = [e.to_json() for e in edits]
     labels = _json(name, meta, "token_labels", list)
     steps = _json(name, meta, "steps", list)
     scaling = _json(name, meta, "scaling", list)
-    L, H, Hkv, d, V = (shape[k] for k in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size"))
-    if L > 4096 or H > 4096:
-        raise InspectorError(f"{name}: implausible shape {shape}")
-    tokens = t.get("tokens")
-    if tokens is None or tokens.dtype != np.int64 or tokens.ndim != 1 or tokens.size == 0:
-        raise InspectorError(f"{name}: 'tokens' must be a non-empty int64 vector")
-    if tokens.min() < 0 or tokens.max() >= V:
-        raise InspectorError(f"{name}: token ids outside the vocabulary")
-    n_tok = tokens.size
-    if len(labels) != n_tok or not all(isinstance(x, str) for x in labels):
-        raise InspectorError(f"{name}: token_labels do not match the tokens")
-    if len(scaling) != L or not all(isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0 for x in scaling):
+    if len(scaling) != L or not all(_positive(x) for x in scaling):
         raise InspectorError(f"{name}: scaling must hold one positive number per layer")
-    q0 = t.get("layers.0.q")
-    if q0 is None or q0.ndim != 3:
+    softcap = _json(name, meta, "softcap", list) if "softcap" in meta else [None] * L
+    if len(softcap) != L or not all(x is None or _positive(x) for x in softcap):
+        raise InspectorError(f"{name}: softcap must hold one positive number or null per layer")
+
+    tok = header.get("tokens")
+    if tok is None or tok[1] != "I64" or len(tok[0]) != 1 or tok[0][0] == 0:
+        raise InspectorError(f"{name}: 'tokens' must be a non-empty int64 vector")
+    n_tok = tok[0][0]
+    q0 = header.get("layers.0.q")
+    if q0 is None or len(q0[0]) != 3:
         raise InspectorError(f"{name}: missing 'layers.0.q'")
-    T = q0.shape[1]
+    T = q0[0][1]
     if not 1 <= T <= n_tok:
         raise InspectorError(f"{name}: {T} processed positions but {n_tok} tokens")
-    expect = {}
-    for layer in range(L):
-        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, d)), ("attn_out", (H, T, d)),
-                     ("scores", (H, T, T)), ("masked_scores", (H, T, T)), ("probs", (H, T, T))):  # fmt: skip
-            expect[f"layers.{layer}.{n}"] = s
     n_steps = len(steps)
-    expect["step_logits"] = (n_steps, V)
-    for key, s in expect.items():
-        a = t.get(key)
-        if a is None:
-            raise InspectorError(f"{name}: tensor {key!r} is missing")
-        if a.shape != s:
-            raise InspectorError(f"{name}: tensor {key!r} has shape {a.shape}, expected {s}")
-        if a.dtype != np.float32:
-            raise InspectorError(f"{name}: tensor {key!r} is {a.dtype}, expected float32")
-    extra = set(t) - set(expect) - {"tokens"}
-    if extra:
-        raise InspectorError(f"{name}: unexpected tensors {sorted(extra)[:3]}")
     if n_tok != out["prompt_length"] + n_steps:
         raise InspectorError(f"{name}: {n_tok} tokens but prompt {out['prompt_length']} + {n_steps} steps")
+    if len(labels) != n_tok or not all(isinstance(x, str) for x in labels):
+        raise InspectorError(f"{name}: token_labels do not match the tokens")
+
+    need: dict[str, tuple[tuple, str]] = {"tokens": ((n_tok,), "I64")}
+    optional: dict[str, tuple[tuple, str]] = {}
+    derived = {k: (H, T, T) for k in ("scores", "masked_scores", "probs")}
+    for layer in range(L):
+        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, d)), ("attn_out", (H, T, d))):
+            need[f"layers.{layer}.{n}"] = (s, "F32")
+        for n, s in derived.items():
+            (need if v1 else optional)[f"layers.{layer}.{n}"] = (s, "F32")
+        rows = header.get(f"layers.{layer}.mask_positions")
+        if rows is not None and not v1:
+            n = rows[0][0] if len(rows[0]) == 1 else -1
+            if n < 0 or n > T:
+                raise InspectorError(f"{name}: tensor 'layers.{layer}.mask_positions' has shape {rows[0]}")
+            need[f"layers.{layer}.mask_positions"] = ((n,), "I64")
+            need[f"layers.{layer}.mask_rows"] = ((n, T), "BOOL")
+    if n_steps or v1:
+        need["step_logits"] = ((n_steps, V), "F32")
+    for key, (s, dt) in need.items():
+        got = header.get(key)
+        if got is None:
+            raise InspectorError(f"{name}: tensor {key!r} is missing")
+        if got[0] != s:
+            raise InspectorError(f"{name}: tensor {key!r} has shape {got[0]}, expected {s}")
+        if got[1] != dt:
+            raise InspectorError(f"{name}: tensor {key!r} is {got[1]}, expected {dt}")
+    for key, (s, dt) in optional.items():
+        got = header.get(key)
+        if got is not None and got != (s, dt):
+            raise InspectorError(f"{name}: tensor {key!r} has shape {got[0]} {got[1]}, expected {s} {dt}")
+    extra = set(header) - set(need) - set(optional)
+    if extra:
+        raise InspectorError(f"{name}: unexpected tensors {sorted(extra)[:3]}")
     for i, s in enumerate(steps):
         ok = (
             isinstance(s, dict)
             and s.get("index") == i
             and isinstance(s.get("position"), int)
+            and not isinstance(s.get("position"), bool)
             and isinstance(s.get("token_id"), int)
             and 0 <= s["token_id"] < V
             and isinstance(s.get("forced"), bool)
             and (s.get("finish_reason") is None or isinstance(s.get("finish_reason"), str))
+            and _top_ok(s.get("top", []), V)
         )
         if not ok:
             raise InspectorError(f"{name}: step {i} metadata is malformed")
-    # optional: traces written before soft-caps were recorded have none
-    softcap = _json(name, meta, "softcap", list) if "softcap" in meta else [None] * L
-    if len(softcap) != L or not all(
-        x is None or (isinstance(x, (int, float)) and not isinstance(x, bool) and math.isfinite(x) and x > 0)
-        for x in softcap
-    ):
-        raise InspectorError(f"{name}: softcap must hold one positive number or null per layer")
     out.update(token_labels=labels, steps=steps, scaling=[float(x) for x in scaling],
                softcap=[None if x is None else float(x) for x in softcap])  # fmt: skip
-    return out
+    # v1 kept only the matrices' shapes; its masked_scores are read for the mask, not kept
+    to_read = {k: v for k, v in need.items() if not (v1 and k.rsplit(".", 1)[-1] in derived)}
+    return out, to_read
+
+
+def _top_ok(top, V: int) -> bool:
+    return isinstance(top, list) and all(
+        isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and not isinstance(e[0], bool)
+        and 0 <= e[0] < V and isinstance(e[1], str)
+        for e in top
+    )  # fmt: skip
+
+
+def _bad(name: str, key: str):
+    raise InspectorError(f"{name}: metadata {key!r} is malformed")
+
+
+def _validate_values(name: str, t: dict[str, torch.Tensor], meta: dict) -> None:
+    V = meta["shape"]["vocab_size"]
+    tokens = t["tokens"]
+    if int(tokens.min()) < 0 or int(tokens.max()) >= V:
+        raise InspectorError(f"{name}: token ids outside the vocabulary")
+    T = t["layers.0.q"].shape[1]
+    for layer in range(meta["shape"]["n_layers"]):
+        pos = t.get(f"layers.{layer}.mask_positions")
+        if pos is not None and len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= T or len(set(pos.tolist())) != len(pos)):
+            raise InspectorError(f"{name}: layer {layer} mask rows name positions outside [0, {T})")
+        rows = t.get(f"layers.{layer}.mask_rows")
+        if rows is not None and len(rows) and not bool(rows.any(dim=1).all()):
+            raise InspectorError(f"{name}: layer {layer} has a mask row that allows no key")

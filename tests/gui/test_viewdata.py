@@ -13,10 +13,11 @@ def _check(vm, snap, max_bins):
     """Compare with thumbnails computed from scratch at the same bin size (bins never shrink)."""
     full = Thumbnails(vm.L, vm.H, max_bins)
     full.size = vm.thumbs.size
-    full.add_rows(vm.src.rows, 0, vm.src.T)
+    src = vm.obj
+    full.add_rows(lambda layer, p0, p1: src.attention_rows(layer, p0, p1).numpy(), 0, src.cache_length)
     np.testing.assert_allclose(snap.thumbs, full.image(), atol=1e-6)
     if vm.thumbs.size == 1:
-        np.testing.assert_allclose(snap.thumbs, full_thumbnails(vm.src, vm.L, vm.H, max_bins).image(), atol=1e-6)
+        np.testing.assert_allclose(snap.thumbs, full_thumbnails(src, max_bins).image(), atol=1e-6)
 
 
 @pytest.mark.parametrize("family", ["gpt2", "qwen2"])

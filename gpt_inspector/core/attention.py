@@ -1,0 +1,77 @@
+"""The attention equation, written once, batched over heads.
+
+    raw           = q · kᵀ
+    scores        = raw × scaling, then tanh(x / cap) × cap where the model soft-caps
+    masked_scores = scores, −inf where the query may not attend to the key
+    probs         = softmax(masked_scores) along the keys
+
+Every reader of a run (sessions, beams, traces, views, figures, the CLI) derives its matrices
+here, and the capture path computes its written-out (soft-capped) attention with ``scores``, so
+there is one place for this arithmetic to be right. ``mathcheck`` keeps its own float64 copy on
+purpose: it is the independent check.
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+
+from .errors import InspectorError
+
+# the stage vocabulary, one name per stage for the API, the CLI, the window and exports
+STAGES = ("raw", "scores", "masked_scores", "probs")
+KINDS = STAGES  # the API's historical name
+STAGE_TITLES = {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
+
+
+def check_stage(kind: str) -> str:
+    if kind not in STAGES:
+        raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(STAGES)}")
+    return kind
+
+
+def kv_group(n_heads: int, n_kv_heads: int) -> int:
+    """Query heads per KV head (1 for multi-head attention)."""
+    return n_heads // n_kv_heads
+
+
+def kv_head_of(head: int, n_heads: int, n_kv_heads: int) -> int:
+    """The KV head that query head ``head`` reads (grouped-query attention: consecutive groups)."""
+    return head // kv_group(n_heads, n_kv_heads)
+
+
+def expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
+    """(..., Hkv, T, d) -> (..., H, T, d): query head h reads KV head h // (H / Hkv)."""
+    n_rep = n_heads // x.shape[-3]
+    return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=-3)
+
+
+def scores(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None) -> torch.Tensor:
+    """q (..., n, d), k (..., T, d) -> (..., n, T): scaled, soft-capped, unmasked scores."""
+    s = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (..., n, T)
+    if softcap is not None:
+        s = torch.tanh(s / softcap) * softcap
+    return s
+
+
+def equation(
+    q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None, allowed: torch.Tensor, kind: str
+) -> torch.Tensor:
+    """One stage of the attention equation in float32.
+
+    q: (..., n, d) queries; k: (..., T, d) keys, already mapped to the query heads; allowed:
+    (..., n, T) bool. Returns (..., n, T) float32.
+    """
+    q, k = q.float(), k.float()
+    if kind == "raw":
+        return torch.matmul(q, k.transpose(-1, -2))  # (..., n, T)
+    s = scores(q, k, scaling, softcap)  # (..., n, T)
+    if kind == "scores":
+        return s
+    masked = s.masked_fill(~allowed, -math.inf)  # (..., n, T)
+    if kind == "masked_scores":
+        return masked
+    if kind == "probs":
+        return torch.softmax(masked, dim=-1)
+    return check_stage(kind)
