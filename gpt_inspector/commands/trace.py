@@ -17,19 +17,29 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, required=True)
     common.add_decoding_args(p)
     p.add_argument("--out", required=True, help="FILE.safetensors")
+    p.add_argument("--derived", action="store_true",
+                   help="also store the score and probability matrices (H x T x T per layer) for plain-numpy readers")
     p.add_argument("--json", action="store_true", help="print tokens, text and each step's top-5 as JSON")
 
 
 def run(args) -> int:
-    from ..core.errors import InspectorError
+    from pathlib import Path
+
     from ..core import validate
+    from ..core.errors import InspectorError
 
     validate.count(args.steps)
-    if not str(args.out).endswith(".safetensors"):
+    out = Path(args.out)
+    if out.suffix != ".safetensors":
         raise InspectorError(f"--out must end in .safetensors, got {args.out}")
+    # check the destination before the model runs, so a typo costs nothing
+    if out.is_dir():
+        raise InspectorError(f"--out {args.out} is a folder; name a file ending in .safetensors")
+    if not out.resolve().parent.is_dir():
+        raise InspectorError(f"--out: the folder {out.resolve().parent} does not exist")
     s = common.session(args)
     steps = s.run(args.steps)
-    path = s.save_trace(args.out) or args.out
+    path = s.save_trace(out, derived=args.derived)
     if args.json:
         out = {
             "model": s.lm.name,
@@ -40,7 +50,7 @@ def run(args) -> int:
             "steps": [
                 {"index": st.index, "token_id": st.token_id, "text": st.token_text, "prob": st.prob,
                  "entropy": st.entropy,
-                 "top5": [{"token_id": e.token_id, "text": e.text, "prob": e.prob} for e in st.top[:5]]}
+                 "top5": [{"token_id": e.token_id, "text": e.label, "prob": e.prob} for e in st.top[:5]]}
                 for st in steps
             ],  # fmt: skip
             "trace": str(path),

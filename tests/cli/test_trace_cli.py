@@ -32,17 +32,40 @@ BAD = [
     ["trace", "--prompt", "x", "--steps", "2", "--out", "o.txt"],
     ["trace", "--prompt", "x", "--steps", "two", "--out", "o.safetensors"],
     ["trace", "--prompt", "x", "--steps", "2", "--out", "o.safetensors", "--device", "tpu"],
+    ["trace", "--prompt", "x", "--steps", "2", "--out", "missing/o.safetensors"],
+    ["trace", "--prompt", "x", "--steps", "2", "--out", "dir.safetensors"],
 ]
 
 
 @pytest.mark.parametrize("argv", BAD)
 def test_bad_input_exits_2_with_one_line(argv, tiny_dir, tmp_path, capsys):
-    argv = [a if a not in ("o.safetensors", "o.txt") else str(tmp_path / a) for a in argv]
+    (tmp_path / "dir.safetensors").mkdir()
+    argv = [a if not a.endswith((".safetensors", ".txt")) else str(tmp_path / a) for a in argv]
     with pytest.raises(SystemExit) as e:
         raise SystemExit(main(argv + ["--model", str(tiny_dir["gpt2"])]))
     assert e.value.code == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err and "error" in err
+    assert not (tmp_path / "missing").exists()
+
+
+def test_out_is_checked_before_the_model_runs(tiny_dir, tmp_path, monkeypatch, capsys):
+    import gpt_inspector.commands.common as common
+
+    monkeypatch.setattr(common, "session", lambda *a, **k: pytest.fail("the model ran before --out was checked"))
+    assert main(["trace", "--model", str(tiny_dir["gpt2"]), "--prompt", "x", "--steps", "2",
+                 "--out", str(tmp_path / "nope" / "t.safetensors")]) == 2  # fmt: skip
+    assert "does not exist" in capsys.readouterr().err
+
+
+def test_derived_flag_writes_the_matrices(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "d.safetensors"
+    assert main(["trace", "--model", str(tiny_dir["gpt2"]), "--device", "cpu", "--prompt", "She eats",
+                 "--steps", "2", "--out", str(out), "--derived"]) == 0  # fmt: skip
+    from safetensors import safe_open
+
+    with safe_open(str(out), framework="np") as f:
+        assert "layers.0.probs" in f.keys() and f.metadata()["derived"] == "1"
 
 
 def test_unknown_model_offline_subprocess(tmp_path):
