@@ -11,10 +11,22 @@ import torch
 from . import capture
 from .errors import InspectorError
 
-# The embedded demo model (a tiny GPT-2 trained here); GPT_INSPECTOR_DEMO_MODEL overrides it.
-DEMO_MODEL = os.environ.get(
-    "GPT_INSPECTOR_DEMO_MODEL", str(Path(__file__).resolve().parents[2] / "resources" / "demo-gpt2")
-)
+
+
+def _demo_model() -> str:
+    """The embedded demo model (a tiny GPT-2 trained here); GPT_INSPECTOR_DEMO_MODEL overrides it.
+
+    An installed package (wheel, ``pip install .``) carries it as ``gpt_inspector/demo_model``;
+    a source checkout and an editable install read the repository's ``resources/demo-gpt2``.
+    """
+    pkg = Path(__file__).resolve().parents[1]
+    for folder in (pkg / "demo_model", pkg.parent / "resources" / "demo-gpt2"):
+        if (folder / "config.json").is_file():
+            return str(folder)
+    return str(pkg / "demo_model")  # missing: load_model says so in one line
+
+
+DEMO_MODEL = os.environ.get("GPT_INSPECTOR_DEMO_MODEL") or _demo_model()
 
 _DTYPES = {
     "float32": torch.float32, "fp32": torch.float32, "float": torch.float32,
