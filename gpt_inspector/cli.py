@@ -6,12 +6,12 @@ Errors a user can fix print one line on stderr and exit with status 2, never a t
 from __future__ import annotations
 
 import argparse
-import importlib
-import importlib.util
 import sys
 
-# sub-command modules under gpt_inspector.commands, in help order; absent ones are skipped
-COMMANDS = ("trace", "compare", "export", "probe_cache", "math_check")
+from .commands import compare, export, math_check, probe_cache, trace
+
+# sub-commands in help order; each module imports the engine only when its command runs
+COMMANDS = (trace, compare, export, probe_cache, math_check)
 
 
 class _Parser(argparse.ArgumentParser):
@@ -22,23 +22,21 @@ class _Parser(argparse.ArgumentParser):
 def build_parser() -> argparse.ArgumentParser:
     from .commands import common
 
-    p = _Parser(prog="gpt-inspector", description="Step-through debugger for GPT-style language models.")
+    p = _Parser(
+        prog="gpt-inspector",
+        description="Step-through debugger for GPT-style language models. With no COMMAND it opens the "
+        "window (on the embedded demo model unless --model is given); the commands work headless.",
+    )
     p.add_argument("--version", action="version", version=f"gpt-inspector {_version()}")
     common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="prompt to start the window with")
     p.add_argument("--steps", type=int, default=None, help="with --screenshot: steps to run first")
     p.add_argument("--screenshot", default=None, help="open the window, run --steps, save a PNG of it and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
-    modules = {}
-    for name in COMMANDS:
-        mod_name = f"{__package__}.commands.{name}"
-        if importlib.util.find_spec(mod_name) is None:
-            continue
-        mod = importlib.import_module(mod_name)
+    for mod in COMMANDS:
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(sp)
         sp.set_defaults(_run=mod.run)
-        modules[mod.NAME] = mod
     return p
 
 
