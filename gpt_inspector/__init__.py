@@ -19,18 +19,12 @@ from .core import (
     load_trace,
     save_trace,
 )
+from .core.compare import Comparison, compare
 
 __version__ = "0.1.0"
 
 
-def compare(*args, **kwargs):
-    """Greedy, beam search and a seeded sample on one prompt (see ``gpt_inspector.core.beams``)."""
-    from .core.beams import compare as _compare
-
-    return _compare(*args, **kwargs)
-
-
 __all__ = [
-    "DEMO_MODEL", "InspectorError", "LoadedModel", "MaskEdit", "Session", "Step", "StepFailed", "Trace",
+    "Comparison", "DEMO_MODEL", "InspectorError", "LoadedModel", "MaskEdit", "Session", "Step", "StepFailed", "Trace",
     "compare", "load_model", "load_trace", "save_trace",
 ]  # fmt: skip
