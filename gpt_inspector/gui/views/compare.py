@@ -10,7 +10,7 @@ from __future__ import annotations
 import math
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QPoint, QRect, QRectF, QSize, Qt, Signal
+from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPainterPath, QPen
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -25,7 +25,6 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
-    QLayout,
     QPushButton,
     QSpinBox,
     QSplitter,
@@ -34,6 +33,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from .common import FlowLayout
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -58,67 +59,6 @@ _BACKGROUND = QColor("#1b1e24")
 _DX, _DY = 96.0, 30.0  # tree spacing: per step, per leaf
 _NODE_W, _NODE_H = 78.0, 22.0
 _MIN_SCALE = 0.75  # below this node labels drop under ~9 px: scroll instead of shrinking further
-
-
-class FlowLayout(QLayout):
-    """Items left to right, wrapping onto a new line when the width runs out (Qt's flow layout
-    example): one line in a wide bottom dock, three or four in a ~430 px side dock."""
-
-    def __init__(self, parent: QWidget | None = None, spacing: int = 6):
-        super().__init__(parent)
-        self._items = []
-        self._gap = spacing
-
-    def addItem(self, item) -> None:  # noqa: N802 (Qt)
-        self._items.append(item)
-
-    def count(self) -> int:
-        return len(self._items)
-
-    def itemAt(self, i: int):  # noqa: N802 (Qt)
-        return self._items[i] if 0 <= i < len(self._items) else None
-
-    def takeAt(self, i: int):  # noqa: N802 (Qt)
-        return self._items.pop(i) if 0 <= i < len(self._items) else None
-
-    def expandingDirections(self) -> Qt.Orientation:  # noqa: N802 (Qt)
-        return Qt.Orientation(0)
-
-    def hasHeightForWidth(self) -> bool:  # noqa: N802 (Qt)
-        return True
-
-    def heightForWidth(self, width: int) -> int:  # noqa: N802 (Qt)
-        return self._arrange(QRect(0, 0, width, 0), move=False)
-
-    def setGeometry(self, rect: QRect) -> None:  # noqa: N802 (Qt)
-        super().setGeometry(rect)
-        self._arrange(rect, move=True)
-
-    def sizeHint(self) -> QSize:  # noqa: N802 (Qt)
-        return self.minimumSize()
-
-    def minimumSize(self) -> QSize:  # noqa: N802 (Qt)
-        size = QSize()
-        for item in self._items:  # the widest item alone on a line
-            size = size.expandedTo(item.minimumSize())
-        m = self.contentsMargins()
-        return size + QSize(m.left() + m.right(), m.top() + m.bottom())
-
-    def _arrange(self, rect: QRect, move: bool) -> int:
-        m = self.contentsMargins()
-        area = rect.adjusted(m.left(), m.top(), -m.right(), -m.bottom())
-        x, y, line = area.x(), area.y(), 0
-        for item in self._items:
-            if item.isEmpty():  # a hidden widget takes no room
-                continue
-            hint = item.sizeHint()
-            if x + hint.width() > area.right() + 1 and line > 0:
-                x, y, line = area.x(), y + line + self._gap, 0
-            if move:
-                item.setGeometry(QRect(QPoint(x, y), hint))
-            x += hint.width() + self._gap
-            line = max(line, hint.height())
-        return y + line - rect.y() + m.bottom()
 
 
 def _group(*widgets: QWidget) -> QWidget:
