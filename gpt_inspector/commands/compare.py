@@ -62,18 +62,19 @@ def _check(args) -> None:
 
 def run(args) -> int:
     from ..core import validate
-    from ..core.beams import compare
+    from ..core.compare import compare
 
     _check(args)
     lm = common.load(args)
-    out = compare(
+    result = compare(
         lm, args.prompt, max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
         num_return_sequences=args.num_return_sequences, length_penalty=args.length_penalty,
         early_stopping=validate.early_stopping(args.early_stopping), sample=args.sample,
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed,
     )  # fmt: skip
-    for w in out.get("warnings", []):
+    out = result.to_json()
+    for w in result.warnings:
         print(f"gpt-inspector: warning: {w}", file=sys.stderr)
     if args.json:
         json.dump(out, sys.stdout, ensure_ascii=False)

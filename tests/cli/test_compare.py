@@ -42,6 +42,12 @@ def test_json_structure(tiny_dir, capsys):
         ref = hf.generate(x, attention_mask=torch.ones_like(x), max_new_tokens=5, num_beams=3, num_return_sequences=2,
                           do_sample=False, output_scores=True, return_dict_in_generate=True)  # fmt: skip
     assert [b["token_ids"] for b in d["beams"]] == ref.sequences.tolist()
+    # --json is Comparison.to_json(), nothing added or dropped on the way
+    from gpt_inspector import compare, load_model
+
+    again = compare(load_model(folder, device="cpu"), "She eats an apple", max_new_tokens=5, num_beams=3,
+                    num_return_sequences=2, sample=True, temperature=1.3, seed=4)  # fmt: skip
+    assert d == json.loads(json.dumps(again.to_json()))
 
 
 def test_text_is_side_by_side(tiny_dir, capsys):

@@ -12,7 +12,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from gpt_inspector import InspectorError
-from gpt_inspector.core.beams import BeamSearch, compare, first_difference
+from gpt_inspector.core.beams import BeamSearch, first_difference
+from gpt_inspector.core.compare import Comparison, compare
 
 REPO = Path(__file__).resolve().parents[2]
 DEMO = REPO / "resources" / "demo-gpt2"
@@ -292,27 +293,80 @@ def test_compare_greedy_beams_and_sample(tiny_lm, hf_model):
     ids = list(lm.tokenizer(prompt)["input_ids"])
     kw = dict(max_new_tokens=6, num_beams=3, num_return_sequences=2, sample=True, temperature=1.5, seed=3)
     out = compare(lm, prompt, **kw)
+    assert isinstance(out, Comparison)
     greedy_ref = _generate(hf, ids, max_new_tokens=6, num_beams=1)
-    assert out["greedy"]["token_ids"] == greedy_ref.sequences[0].tolist()
+    assert out.greedy["token_ids"] == greedy_ref.sequences[0].tolist()
     beam_ref = _generate(hf, ids, max_new_tokens=6, num_beams=3, num_return_sequences=2)
-    assert [b["token_ids"] for b in out["beams"]] == beam_ref.sequences.tolist()
-    np.testing.assert_allclose([b["score"] for b in out["beams"]], beam_ref.sequences_scores.numpy(), atol=1e-4)
-    g = out["greedy"]["token_ids"]
-    for entry in [*out["beams"], out["sampled"]]:
+    assert [b["token_ids"] for b in out.beams] == beam_ref.sequences.tolist()
+    np.testing.assert_allclose([b["score"] for b in out.beams], beam_ref.sequences_scores.numpy(), atol=1e-4)
+    g = out.greedy["token_ids"]
+    for entry in [*out.beams, out.sampled]:
         assert entry["token_ids"][: len(ids)] == ids
         unpadded = entry["token_ids"][: entry.get("length", len(entry["token_ids"]))]
         assert entry["diverges_at"] == first_difference(unpadded, g)
         assert all(0.0 <= p <= 1.0 for p in entry["probs"])
         assert len(entry["probs"]) == len(entry["tokens"])
-    assert len(out["greedy"]["probs"]) == len(g) - len(ids)
-    assert out["sampled"]["seed"] == 3
+    assert len(out.greedy["probs"]) == len(g) - len(ids)
+    assert out.sampled["seed"] == 3
     again = compare(lm, prompt, **kw)
-    assert again["sampled"]["token_ids"] == out["sampled"]["token_ids"]  # seeded
-    assert "sampled" not in compare(lm, prompt, max_new_tokens=2)
-    assert out["beam_tree"][0]["parent"] is None
+    assert again.sampled["token_ids"] == out.sampled["token_ids"]  # seeded
+    assert compare(lm, prompt, max_new_tokens=2).sampled is None
+    assert out.beam_tree[0]["parent"] is None
+    # each returned beam opens as a view of exactly that sequence
+    for r, b in enumerate(out.beams):
+        view = out.beam_view(r)
+        assert view.tokens == b["token_ids"][: b["length"]]
+    with pytest.raises(InspectorError):
+        out.beam_view(2)  # only two returned
+
+
+# what compare() returned as a dict before it returned a Comparison: the CLI's --json keys
+_JSON_KEYS = ["model", "prompt", "prompt_ids", "prompt_length", "max_length", "settings", "greedy", "beams"]
+_SETTINGS_KEYS = {"num_beams", "num_return_sequences", "length_penalty", "early_stopping", "eos_token_ids",
+                  "pad_token_id"}  # fmt: skip
+
+
+def test_comparison_to_json_keeps_the_old_dict(tiny_lm):
+    import dataclasses
+    import inspect
     import json
 
-    json.dumps(out)  # JSON-ready as it is
+    lm = tiny_lm("llama")
+    plain = compare(lm, "One two", max_new_tokens=3, num_beams=2, num_return_sequences=2)
+    d = plain.to_json()
+    assert list(d) == [*_JSON_KEYS, "beam_tree"]  # no sampled, no warnings: absent, not null
+    assert set(d["settings"]) == _SETTINGS_KEYS
+    assert set(d["greedy"]) == {"token_ids", "text", "tokens", "probs", "finish_reason"}
+    assert all(set(b) == {"token_ids", "text", "score", "tokens", "probs", "length", "diverges_at"} for b in d["beams"])
+    assert json.loads(json.dumps(d)) == d  # JSON-ready as it is, nothing lost on the way
+    d["beams"].clear()
+    assert len(plain.beams) == 2  # to_json hands out a copy
+
+    sampled = compare(lm, "One two", max_new_tokens=3, num_beams=2, sample=True, seed=5).to_json()
+    assert list(sampled) == [*_JSON_KEYS, "sampled", "beam_tree"]
+    assert set(sampled["sampled"]) == {"token_ids", "text", "tokens", "probs", "finish_reason", "diverges_at", "seed",
+                                       "temperature", "top_k", "top_p"}  # fmt: skip
+    assert json.loads(json.dumps(sampled)) == sampled
+
+    # the search is there to inspect beams, not data: out of repr, JSON and equality
+    assert "search" not in d and "BeamSearch" not in repr(plain)
+    assert {f.name for f in dataclasses.fields(Comparison)} == {*_JSON_KEYS, "sampled", "beam_tree", "warnings",
+                                                                "search"}  # fmt: skip
+    with pytest.raises(dataclasses.FrozenInstanceError):
+        plain.beams = []  # type: ignore[misc]
+    assert "return_search" not in inspect.signature(compare).parameters
+    import gpt_inspector
+
+    assert gpt_inspector.compare is compare
+
+
+def test_comparison_warns_about_unmirrored_processors(tiny_lm, monkeypatch):
+    lm = tiny_lm("gpt2")
+    monkeypatch.setattr(lm.model.generation_config, "repetition_penalty", 1.3)
+    out = compare(lm, "One two", max_new_tokens=2, num_beams=2)
+    assert out.warnings and "repetition_penalty" in out.warnings[0]
+    d = out.to_json()
+    assert list(d) == [*_JSON_KEYS, "warnings", "beam_tree"] and d["warnings"] == out.warnings
 
 
 def test_first_difference():

@@ -1,4 +1,4 @@
-"""The comparison panel renders a compare() result offscreen; it never runs the model itself."""
+"""The comparison panel renders a Comparison offscreen; it never runs the model itself."""
 
 from __future__ import annotations
 
@@ -7,7 +7,8 @@ import torch
 
 pytest.importorskip("pytestqt")
 
-from gpt_inspector.core.beams import compare  # noqa: E402
+from gpt_inspector.core.beams import BeamView  # noqa: E402
+from gpt_inspector.core.compare import Comparison, compare  # noqa: E402
 from gpt_inspector.gui.views.compare import AFTER, PARTS, SAME, ComparePanel, create_panel  # noqa: E402
 
 
@@ -33,15 +34,15 @@ def test_panel_shows_outputs_diff_probs_and_tree(qtbot, result):
     t = panel.table
     assert panel.row_names == ["greedy", "beam 1", "beam 2", "sample"]
     assert t.rowCount() == 4
-    assert t.columnCount() == max(len(r["tokens"]) for r in [result["greedy"], *result["beams"], result["sampled"]])
-    p = result["prompt_length"]
+    assert t.columnCount() == max(len(r["tokens"]) for r in [result.greedy, *result.beams, result.sampled])
+    p = result.prompt_length
     assert t.horizontalHeaderItem(0).text() == str(p)
     # cells: token label and its probability
-    g = result["greedy"]
+    g = result.greedy
     assert t.item(0, 0).text() == f"{g['tokens'][0]}\n{g['probs'][0]:.2f}"
     assert all(panel.cell_state(0, c) == SAME for c in range(len(g["tokens"])))
     # where each output parts from greedy is marked, once
-    for row, out in enumerate([*result["beams"], result["sampled"]], start=1):
+    for row, out in enumerate([*result.beams, result.sampled], start=1):
         states = [panel.cell_state(row, c) for c in range(len(out["tokens"]))]
         div = out["diverges_at"]
         if div is None or div - p >= len(out["tokens"]):
@@ -49,12 +50,13 @@ def test_panel_shows_outputs_diff_probs_and_tree(qtbot, result):
         else:
             assert states.index(PARTS) == div - p and states.count(PARTS) == 1
             assert all(s == SAME for s in states[: div - p])
-    assert result["sampled"]["diverges_at"] is not None  # T=1.5 on a random net: the sample wanders off
-    assert AFTER in [panel.cell_state(3, c) for c in range(len(result["sampled"]["tokens"]))] or (
-        result["sampled"]["diverges_at"] - p == len(result["sampled"]["tokens"]) - 1
+    sampled = result.sampled
+    assert sampled["diverges_at"] is not None  # T=1.5 on a random net: the sample wanders off
+    assert AFTER in [panel.cell_state(3, c) for c in range(len(sampled["tokens"]))] or (
+        sampled["diverges_at"] - p == len(sampled["tokens"]) - 1
     )
     # the tree: one item per node, pruned ones grey, the returned paths marked
-    tree = result["beam_tree"]
+    tree = result.beam_tree
     items = panel.tree.node_items
     assert set(items) == {n["id"] for n in tree}
     assert {items[n["id"]].data(0) for n in tree} == {n["status"] for n in tree}
@@ -81,14 +83,18 @@ def test_tree_layout_keeps_children_in_rank_order():
 
 
 class _FakeWindow:
-    """Stands in for MainWindow: records the job instead of running it on a worker thread."""
+    """Stands in for MainWindow: records the jobs and shown sources instead of using a worker thread."""
 
     def __init__(self):
         self.jobs = []
+        self.shown = []
 
     def run_in_worker(self, fn, callback=None):
         self.jobs.append((fn, callback))
         return len(self.jobs)
+
+    def show_source(self, obj):
+        self.shown.append(obj)
 
 
 def test_create_panel_runs_through_the_worker(qtbot, tiny_lm, result):
@@ -112,9 +118,17 @@ def test_create_panel_runs_through_the_worker(qtbot, tiny_lm, result):
         out = fn(_Session())
     finally:
         torch.set_num_threads(n)
-    assert out["prompt_ids"] == [5, 6, 7] and len(out["beams"]) == 2 and out["settings"]["num_beams"] == 3
+    assert isinstance(out, Comparison)
+    assert out.prompt_ids == [5, 6, 7] and len(out.beams) == 2 and out.settings["num_beams"] == 3
     callback(out, None)
     assert panel.run_button.isEnabled() and panel.table.rowCount() == 3
+    # Inspect beam hands that beam to the window: no file, no second window
+    assert panel.inspect_button.isEnabled() and panel.inspect_pick.count() == 2
+    panel.inspect_pick.setCurrentIndex(1)
+    panel.inspect_button.click()
+    assert len(win.shown) == 1 and isinstance(win.shown[0], BeamView)
+    assert win.shown[0].tokens == out.beams[1]["token_ids"][: out.beams[1]["length"]]
+    assert len(win.jobs) == 1  # nothing ran on the worker for it
     with pytest.raises(Exception, match="live model"):
         fn(object())  # a trace has no model
     callback(None, ValueError("no model loaded"))
@@ -132,17 +146,75 @@ def test_docked_in_the_window_and_fed_by_its_worker(qtbot, make_window):
     panel.new_tokens.setValue(3)
     panel.run_button.click()
     qtbot.waitUntil(lambda: panel.result is not None, timeout=20000)
-    assert panel.table.rowCount() == 3 and panel.result["settings"]["num_beams"] == 2
+    assert panel.table.rowCount() == 3 and panel.result.settings["num_beams"] == 2
     assert panel.run_button.isEnabled()
 
 
-def test_a_beam_opens_in_a_read_only_window_with_every_view(qtbot, make_window, wait_idle, tiny_lm, hf_eager):
-    """Inspect beam 2: a second window shows that beam's tokens and attention; the live session stays."""
-    import numpy as np
-    import torch
+def test_controls_fit_a_narrow_dock(qtbot, result):
+    """Docked at ~430 px the controls wrap onto rows and the Compare button stays on screen."""
+    panel = ComparePanel()
+    qtbot.addWidget(panel)
+    assert panel.minimumSizeHint().width() <= 430
+    panel.resize(430, 520)
+    panel.show()
+    qtbot.waitExposed(panel)
+    for w in (panel.run_button, panel.seed, panel.early, panel.inspect_button):
+        assert w.isVisible()
+        r = w.geometry().translated(w.parentWidget().mapTo(panel, w.parentWidget().rect().topLeft()))
+        assert panel.rect().contains(r), (w, r)
+    assert panel.run_button.y() > panel.beams.mapTo(panel, panel.beams.rect().topLeft()).y()  # wrapped
+    panel.show_result(result)  # results do not widen it either
+    assert panel.minimumSizeHint().width() <= 430 and panel.width() == 430
+    # a wide bottom dock keeps them on one line, leaving the height to the table and tree
+    panel.resize(1400, 520)
+    qtbot.wait(20)
+    tops = {w.mapTo(panel, w.rect().topLeft()).y() for w in (panel.beams, panel.seed, panel.run_button)}
+    assert max(tops) - min(tops) < panel.run_button.height()
 
+
+def test_tree_is_fitted_and_legible_after_a_comparison(qtbot, result):
+    from gpt_inspector.gui.views.compare import _MIN_SCALE
+
+    panel = ComparePanel()
+    qtbot.addWidget(panel)
+    panel.resize(1200, 700)
+    panel.show()
+    qtbot.waitExposed(panel)
+    panel.show_result(result)
+    tree = panel.tree
+    vp = tree.viewport().rect()
+    # fitted to the tree's final size: as large as fits, never shrunk below legible, never magnified
+    scene = tree.sceneRect()
+    want = max(_MIN_SCALE, min(1.0, vp.width() / scene.width(), vp.height() / scene.height()))
+    assert tree.zoom == pytest.approx(want, rel=1e-3)
+    label = next(iter(tree.node_items.values())).childItems()[0]
+    assert label.boundingRect().height() * tree.zoom >= 8  # pixels on screen
+    # the best beam's path is in view
+    best = [i for n, i in tree.node_items.items() if result.beam_tree[n]["returned"] == 0]
+    shown = tree.mapToScene(vp).boundingRect()
+    assert any(shown.contains(i.sceneBoundingRect().center()) for i in best)
+    # the dock growing refits; a user's zoom is left alone
+    panel.resize(1200, 1000)
+    qtbot.wait(20)
+    vp = tree.viewport().rect()
+    want = max(_MIN_SCALE, min(1.0, vp.width() / scene.width(), vp.height() / scene.height()))
+    assert tree.zoom == pytest.approx(want, rel=1e-3)
+    tree.scale(2, 2)
+    tree._auto_fit = False  # what a wheel turn does
+    panel.resize(1200, 700)
+    qtbot.wait(20)
+    assert tree.zoom == pytest.approx(2 * want, rel=1e-3)
+
+
+def test_inspect_beam_shows_the_beam_in_the_main_window(qtbot, make_window, wait_idle, hf_eager, monkeypatch):
+    """Inspect beam 2: the main window shows that beam read-only, with its attention."""
+    import numpy as np
+    from PySide6.QtWidgets import QApplication, QMessageBox
+
+    for name in ("warning", "critical"):  # a modal dialog would hang an offscreen test: record instead
+        monkeypatch.setattr(QMessageBox, name, lambda *a, **k: None)
     win = make_window("llama", "She eats an apple")
-    before = wait_idle(win)
+    wait_idle(win)
     panel = win.findChildren(ComparePanel)[0]
     panel.beams.setValue(3)
     panel.returns.setValue(2)
@@ -152,19 +224,16 @@ def test_a_beam_opens_in_a_read_only_window_with_every_view(qtbot, make_window, 
     assert panel.inspect_button.isEnabled() and panel.inspect_pick.count() == 2
     panel.inspect_pick.setCurrentIndex(1)
     panel.inspect_button.click()
-    qtbot.waitUntil(lambda: len(getattr(win, "beam_windows", [])) == 1, timeout=20000)
-    other = win.beam_windows[0]
-    qtbot.addWidget(other)
-    try:
-        snap = wait_idle(other)
-        beam = panel.result["beams"][1]
-        assert snap.read_only and list(snap.token_ids) == beam["token_ids"][: beam["length"]]
-        # the beam's attention is what HF eager computes for that sequence
-        with torch.no_grad():
-            ref = hf_eager("llama")(torch.tensor([list(snap.token_ids[: snap.T])]), output_attentions=True).attentions
-        sel = snap.selection
-        np.testing.assert_allclose(np.nan_to_num(snap.matrix), ref[sel.layer][0, sel.head].numpy(), atol=1e-5)
-        # the main window still holds the live session
-        assert wait_idle(win).labels == before.labels and not wait_idle(win).read_only
-    finally:
-        other.worker.stop()
+    beam = panel.result.beams[1]
+    tokens = beam["token_ids"][: beam["length"]]
+    snap = wait_idle(win)
+    assert not win.errors, win.errors
+    assert list(snap.token_ids) == tokens
+    assert snap.read_only and win.read_only
+    # no second window: the main window itself shows the beam
+    assert [w for w in QApplication.topLevelWidgets() if isinstance(w, type(win)) and w.isVisible()] == [win]
+    # the beam's attention is what HF eager computes for that sequence
+    with torch.no_grad():
+        ref = hf_eager("llama")(torch.tensor([list(snap.token_ids[: snap.T])]), output_attentions=True).attentions
+    sel = snap.selection
+    np.testing.assert_allclose(np.nan_to_num(snap.matrix), ref[sel.layer][0, sel.head].numpy(), atol=1e-5)

@@ -1,15 +1,14 @@
 """Decoding comparison panel: greedy, beam search and a seeded sample side by side, and the beam tree.
 
-Display only. The comparison (``gpt_inspector.core.beams.compare``) runs on the worker thread;
-``create_panel`` wires the Compare button to ``window.run_in_worker`` and hands the result dict
-to ``ComparePanel.show_result``.
+Display only. The comparison (``gpt_inspector.core.compare.compare``) runs on the worker thread;
+``create_panel`` wires the Compare button to ``window.run_in_worker`` and hands the ``Comparison``
+to ``ComparePanel.show_result``; "Inspect beam" shows the chosen beam in the main window, read-only.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import math
+from typing import TYPE_CHECKING
 
 from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPainterPath, QPen
@@ -35,6 +34,11 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .common import FlowLayout
+
+if TYPE_CHECKING:
+    from ...core.compare import Comparison
+
 PANEL_TITLE = "Compare decoding"
 PANEL_AREA = "bottom"
 
@@ -54,6 +58,18 @@ _BACKGROUND = QColor("#1b1e24")
 
 _DX, _DY = 96.0, 30.0  # tree spacing: per step, per leaf
 _NODE_W, _NODE_H = 78.0, 22.0
+_MIN_SCALE = 0.75  # below this node labels drop under ~9 px: scroll instead of shrinking further
+
+
+def _group(*widgets: QWidget) -> QWidget:
+    """Widgets that wrap as one (a label with its field)."""
+    box = QWidget()
+    lay = QHBoxLayout(box)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.setSpacing(3)
+    for w in widgets:
+        lay.addWidget(w)
+    return box
 
 
 def _elide(s: str, n: int) -> str:
@@ -68,7 +84,8 @@ class BeamTreeView(QGraphicsView):
     """The search as a tree: nodes are tokens, edges carry the cumulative score.
 
     Pruned branches are grey and dashed, finished hypotheses green, the returned sequences' paths
-    outlined in amber. Wheel zooms.
+    outlined in amber. Wheel zooms. A new tree is fitted to the view (never below a legible
+    scale) and refitted as the view resizes, until the user zooms or drags.
     """
 
     node_clicked = Signal(int)
@@ -82,16 +99,52 @@ class BeamTreeView(QGraphicsView):
         self.setBackgroundBrush(QBrush(_BACKGROUND))  # the plots' dark background, in any Qt theme
         self.node_items: dict[int, QGraphicsPathItem] = {}
         self.edge_items: dict[int, QGraphicsPathItem] = {}  # keyed by the child node
+        self._focus: tuple[float, float] | None = None  # scene point to keep in view when it cannot all fit
+        self._auto_fit = False
 
     @property
     def scene_(self) -> QGraphicsScene:
         return self._scene
 
     def wheelEvent(self, ev):  # noqa: N802 (Qt)
+        self._auto_fit = False
         f = 1.15 if ev.angleDelta().y() > 0 else 1 / 1.15
         self.scale(f, f)
 
+    def resizeEvent(self, ev):  # noqa: N802 (Qt)
+        super().resizeEvent(ev)
+        # the panel is laid out (splitter, dock, tab) after the tree is drawn: fit to the final size
+        if self._auto_fit:
+            self.fit()
+
+    def showEvent(self, ev):  # noqa: N802 (Qt)
+        super().showEvent(ev)
+        if self._auto_fit:
+            self.fit()
+
+    def fit(self) -> None:
+        """Scale the tree to the view, between a legible minimum and 1:1; centre on the best path if it overflows."""
+        rect = self._scene.sceneRect()
+        vp = self.viewport().rect()
+        if not self.node_items or rect.isEmpty() or vp.width() < 2 or vp.height() < 2:
+            return
+        f = min(vp.width() / rect.width(), vp.height() / rect.height())
+        f = max(_MIN_SCALE, min(1.0, f))
+        self.resetTransform()
+        self.scale(f, f)
+        fits = rect.width() * f <= vp.width() and rect.height() * f <= vp.height()
+        if fits or self._focus is None:
+            self.centerOn(rect.center())
+        else:
+            self.centerOn(*self._focus)
+
+    @property
+    def zoom(self) -> float:
+        return self.transform().m11()
+
     def clear(self) -> None:
+        self._focus = None
+        self._auto_fit = False
         self._scene.clear()
         self.node_items.clear()
         self.edge_items.clear()
@@ -165,16 +218,12 @@ class BeamTreeView(QGraphicsView):
             x, y = pos[n["id"]]
             self._add_node(n, x, y, by_id)
         self._scene.setSceneRect(self._scene.itemsBoundingRect().adjusted(-20, -20, 20, 20))
-        self.resetTransform()
-        self.fitInView(self._scene.sceneRect(), Qt.AspectRatioMode.KeepAspectRatio)
-        if self.transform().m11() < 0.35 or self.transform().m11() > 1.0:
-            # a long search would shrink to nothing: keep it legible and let the user scroll
-            self.resetTransform()
-            best = [n for n in nodes if n.get("returned") == 0]
-            best = best or [n for n in nodes if n["status"] != "pruned"] or nodes
-            best.sort(key=lambda n: n["step"])
-            x, y = pos[best[len(best) // 2]["id"]]
-            self.centerOn(x, y)
+        best = [n for n in nodes if n.get("returned") == 0]
+        best = best or [n for n in nodes if n["status"] != "pruned"] or nodes
+        best.sort(key=lambda n: n["step"])
+        self._focus = pos[best[len(best) // 2]["id"]]
+        self._auto_fit = True
+        self.fit()
 
     def _add_node(self, n: dict, x: float, y: float, by_id: dict) -> None:
         status = n["status"]
@@ -233,6 +282,7 @@ class BeamTreeView(QGraphicsView):
         return "\n".join(lines)
 
     def mousePressEvent(self, ev):  # noqa: N802 (Qt)
+        self._auto_fit = False  # a click may start a drag: leave the view where the user puts it
         item = self.itemAt(ev.position().toPoint())
         while item is not None and item.data(1) is None:
             item = item.parentItem()
@@ -244,17 +294,18 @@ class BeamTreeView(QGraphicsView):
 class ComparePanel(QWidget):
     """Greedy, beams 1..R and the seeded sample side by side; where they part from greedy highlighted.
 
-    ``show_result(result)`` takes what ``gpt_inspector.core.beams.compare`` returns (its
-    ``beam_tree`` included). ``compare_requested(settings)`` asks the owner to run a comparison
-    with the settings in the controls; this panel never runs the model.
+    ``show_result(result)`` takes the ``Comparison`` that ``gpt_inspector.core.compare.compare``
+    returns. ``compare_requested(settings)`` asks the owner to run a comparison with the settings in
+    the controls; ``inspect_requested(r)`` asks it to show returned beam ``r``. This panel never
+    runs the model.
     """
 
     compare_requested = Signal(dict)
-    inspect_requested = Signal(int)  # returned sequence r: show it in a read-only window of its own
+    inspect_requested = Signal(int)  # returned sequence r: show it in the main window, read-only
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.result: dict | None = None
+        self.result: Comparison | None = None
         self.row_names: list[str] = []
 
         self.beams = QSpinBox(minimum=1, maximum=32, value=2, toolTip="num_beams")
@@ -276,17 +327,12 @@ class ComparePanel(QWidget):
         self.temperature.setEnabled(False)
         self.seed.setEnabled(False)
 
-        controls = QHBoxLayout()
+        # one long row would need ~1,400 px and the panel often docks at ~430: let the controls wrap
+        controls = FlowLayout(spacing=8)
         for label, w in (("beams", self.beams), ("return", self.returns), ("new tokens", self.new_tokens),
                          ("length penalty", self.length_penalty), ("early stopping", self.early)):  # fmt: skip
-            controls.addWidget(QLabel(label))
-            controls.addWidget(w)
-        controls.addWidget(self.sample)
-        controls.addWidget(QLabel("T"))
-        controls.addWidget(self.temperature)
-        controls.addWidget(QLabel("seed"))
-        controls.addWidget(self.seed)
-        controls.addStretch(1)
+            controls.addWidget(_group(QLabel(label), w))
+        controls.addWidget(_group(self.sample, QLabel("T"), self.temperature, QLabel("seed"), self.seed))
         controls.addWidget(self.run_button)
 
         self.summary = QLabel("Compare greedy decoding, beam search and a seeded sample on the session's prompt.")
@@ -319,6 +365,7 @@ class ComparePanel(QWidget):
             "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)"
         )
         legend.setTextFormat(Qt.TextFormat.RichText)
+        legend.setWordWrap(True)  # one line of it is ~700 px, wider than the dock
         bl.addWidget(legend)
         bl.addWidget(self.tree, 1)
         split.addWidget(bottom)
@@ -326,20 +373,19 @@ class ComparePanel(QWidget):
         split.setStretchFactor(1, 2)
 
         self.inspect_pick = QComboBox(toolTip="a returned beam")
-        self.inspect_button = QPushButton("Inspect beam…")
-        self.inspect_button.setToolTip("Open this beam's attention, Q/K/V and KV cache in a read-only window")
+        self.inspect_button = QPushButton("Inspect beam")
+        self.inspect_button.setToolTip(
+            "Show this beam's attention, Q/K/V and KV cache in the main window, read-only "
+            "(the live session is replaced; run Compare or load a prompt to go on)"
+        )
         self.inspect_button.clicked.connect(lambda: self.inspect_requested.emit(self.inspect_pick.currentIndex()))
         self.inspect_pick.setEnabled(False)
         self.inspect_button.setEnabled(False)
-        inspect_row = QHBoxLayout()
-        inspect_row.addStretch(1)
-        inspect_row.addWidget(self.inspect_pick)
-        inspect_row.addWidget(self.inspect_button)
+        controls.addWidget(_group(self.inspect_pick, self.inspect_button))
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.addLayout(controls)
-        lay.addLayout(inspect_row)
         lay.addWidget(split, 1)
 
     # ------------------------------------------------------------------ requests
@@ -370,26 +416,27 @@ class ComparePanel(QWidget):
         self.summary.setText(f"<span style='color:#ff6b6b'>{_html(message)}</span>")
 
     # ------------------------------------------------------------------ results
-    def _outputs(self, result: dict) -> list[tuple[str, dict]]:
-        rows = [("greedy", result["greedy"])]
-        rows += [(f"beam {i + 1}", b) for i, b in enumerate(result.get("beams", []))]
-        if result.get("sampled"):
-            rows.append(("sample", result["sampled"]))
+    @staticmethod
+    def _outputs(result: Comparison) -> list[tuple[str, dict]]:
+        rows: list[tuple[str, dict]] = [("greedy", dict(result.greedy))]
+        rows += [(f"beam {i + 1}", dict(b)) for i, b in enumerate(result.beams)]
+        if result.sampled is not None:
+            rows.append(("sample", dict(result.sampled)))
         return rows
 
-    def show_result(self, result: dict) -> None:
+    def show_result(self, result: Comparison) -> None:
         self.set_busy(False)
         self.result = result
         self.inspect_pick.clear()
-        self.inspect_pick.addItems([f"beam {r + 1}  ({b['score']:.3f})" for r, b in enumerate(result.get("beams", []))])
-        can = bool(result.get("beams")) and result.get("_inspectable", False)
+        self.inspect_pick.addItems([f"beam {r + 1}  ({b['score']:.3f})" for r, b in enumerate(result.beams)])
+        can = bool(result.beams)
         self.inspect_pick.setEnabled(can)
         self.inspect_button.setEnabled(can)
-        p = int(result["prompt_length"])
+        p = int(result.prompt_length)
         rows = self._outputs(result)
         self.row_names = [name for name, _ in rows]
         n_cols = max((len(r.get("tokens", [])) for _, r in rows), default=0)
-        greedy_ids = result["greedy"]["token_ids"]
+        greedy_ids = result.greedy["token_ids"]
         t = self.table
         t.clear()
         t.setRowCount(len(rows))
@@ -427,7 +474,7 @@ class ComparePanel(QWidget):
                 t.setItem(r, i, item)
         t.setVerticalHeaderLabels(headers)
         self.summary.setText(self._summary_html(result, rows))
-        self.tree.show_tree(result.get("beam_tree", []))
+        self.tree.show_tree(result.beam_tree)
         # the table needs only its rows; give the rest to the tree
         t.resizeRowsToContents()
         want = t.horizontalHeader().height() + sum(t.rowHeight(r) for r in range(t.rowCount())) + 6
@@ -435,17 +482,18 @@ class ComparePanel(QWidget):
         total = sum(self.split.sizes()) or self.height()
         if total > want:
             self.split.setSizes([want, total - want])
+        self.tree.fit()  # the splitter just gave the tree its size
 
     def cell_state(self, row: int, col: int) -> str | None:
         item = self.table.item(row, col)
         return None if item is None else item.data(Qt.ItemDataRole.UserRole)
 
     @staticmethod
-    def _summary_html(result: dict, rows) -> str:
-        s = result.get("settings", {})
+    def _summary_html(result: Comparison, rows) -> str:
+        s = result.settings
         head = (
-            f"<b>{_html(result.get('prompt', ''))!s}</b> — {s.get('num_beams', '?')} beams, "
-            f"length_penalty {s.get('length_penalty', '?')}, early_stopping {s.get('early_stopping', '?')}"
+            f"<b>{_html(result.prompt)!s}</b> — {s['num_beams']} beams, "
+            f"length_penalty {s['length_penalty']}, early_stopping {s['early_stopping']}"
         )
         lines = [head]
         for name, out in rows:
@@ -455,7 +503,7 @@ class ComparePanel(QWidget):
                 note = " (same as greedy)" if div is None else f" (parts from greedy at token {div})"
             score = "" if out.get("score") is None else f" score {out['score']:.3f}"
             lines.append(f"<b>{name}</b>{score}{note}: {_html(out.get('text', ''))}")
-        for w in result.get("warnings", []):
+        for w in result.warnings:
             lines.append(f"<span style='color:#ffb84f'>{_html(w)}</span>")
         return "<br>".join(lines)
 
@@ -464,49 +512,25 @@ def _html(s: str) -> str:
     return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "↵")
 
 
-def _compare_job(settings: dict, keep: dict):
-    """What the worker runs: a comparison on the live session's prompt (never on the GUI thread).
-
-    The search is kept in ``keep`` (read only by later worker jobs) so a beam can be inspected.
-    """
+def _compare_job(settings: dict):
+    """What the worker runs: a comparison on the shown source's prompt (never on the GUI thread)."""
 
     def job(source):
-        from ...core.beams import compare
+        from ...core.compare import compare
         from ...core.errors import InspectorError
 
         lm = getattr(source, "lm", None)
         if lm is None:
             raise InspectorError("load a model first: comparing decodings needs a live model, not a trace")
-        out, keep["search"] = compare(lm, prompt_ids=list(source.prompt_ids), return_search=True, **settings)
-        out["_inspectable"] = True
-        return out
-
-    return job
-
-
-def _beam_trace_job(keep: dict, r: int):
-    """Worker job: write returned beam ``r`` as a trace file and return its path."""
-
-    def job(_source):
-        import tempfile
-        from pathlib import Path
-
-        from ...core.errors import InspectorError
-
-        search = keep.get("search")
-        if search is None:
-            raise InspectorError("run a comparison first")
-        folder = Path(tempfile.mkdtemp(prefix="gpt-inspector-beam-"))
-        return search.result_view(r).save_trace(folder / f"beam-{r + 1}.safetensors")
+        return compare(lm, prompt_ids=list(source.prompt_ids), **settings)
 
     return job
 
 
 def create_panel(window) -> ComparePanel:
-    """Dock hook for the main window: the buttons run their work through ``window.run_in_worker``."""
+    """Dock hook for the main window: Compare runs through ``window.run_in_worker``, Inspect beam
+    hands the beam to ``window.show_source``."""
     panel = ComparePanel()
-    keep: dict = {}
-    window.beam_windows = []  # read-only windows of inspected beams, kept alive here
 
     def done(result, error) -> None:
         if error is not None:
@@ -516,29 +540,16 @@ def create_panel(window) -> ComparePanel:
 
     def request(settings: dict) -> None:
         panel.set_busy(True, "Comparing…")
-        if window.run_in_worker(_compare_job(settings, keep), done) is None:
+        if window.run_in_worker(_compare_job(settings), done) is None:
             panel.set_busy(False, "The window is busy; try again in a moment.")
-
-    def opened(path, error) -> None:
-        if error is not None:
-            panel.show_error(str(error).splitlines()[0] if str(error) else type(error).__name__)
-            return
-        from ..main_window import MainWindow
-
-        w = MainWindow(restore_layout=False)
-        w.persist_layout = False
-        w.worker.autosave = False  # a beam is no session to restore
-        w.setWindowTitle(f"gpt-inspector: {Path(path).stem} (read-only)")
-        w.resize(window.size())
-        w.show()
-        w.show_source(str(path))
-        window.beam_windows.append(w)
 
     def inspect(r: int) -> None:
-        if r < 0:
+        result = panel.result
+        if result is None or not 0 <= r < len(result.beams):
             return
-        if window.run_in_worker(_beam_trace_job(keep, r), opened) is None:
-            panel.set_busy(False, "The window is busy; try again in a moment.")
+        # the search is finished and nothing changes it any more, so a view of it can be made
+        # here and handed to the worker, which owns whatever the window shows
+        window.show_source(result.beam_view(r))
 
     panel.compare_requested.connect(request)
     panel.inspect_requested.connect(inspect)

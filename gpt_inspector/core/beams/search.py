@@ -34,20 +34,21 @@ from __future__ import annotations
 import math
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 from transformers import DynamicCache
 
-from . import decoding, validate
-from .capture import Recorder
-from .errors import InspectorError, check_index
-from .models import LoadedModel
-from .session import Session, forward_with_rollback
-from .source import ModelShape, RunSource
-from .step import Step, top_entries
-from .tokens import token_label
+from .. import decoding, validate
+from ..capture import Recorder
+from ..errors import InspectorError, check_index
+from ..models import LoadedModel
+from ..session import Session, forward_with_rollback
+from ..step import Step, top_entries
+from ..tokens import token_label
+from . import tree as beam_tree
+from .tree import BeamNode, BeamResult, BeamStep, Hypothesis
+from .view import BeamView, _Rows
 
 _NEG = -1.0e9  # HF's "impossible" score; the same constant, so rounding is the same
 _DEFAULT = object()
@@ -71,194 +72,6 @@ _PROCESSOR_FIELDS = {
     "guidance_scale": lambda v: v is not None and v != 1,
     "renormalize_logits": lambda v: v is True,
 }
-
-
-# ---------------------------------------------------------------------------------------------
-# what a step shows
-
-
-@dataclass
-class BeamNode:
-    """One token in the beam tree: a continuation some beam proposed at some step.
-
-    ``fate`` is what happened at its own step: ``beam`` (kept as running beam ``beam``),
-    ``finished`` (stopped and entered the finished hypotheses), ``dropped`` (stopped but did not
-    enter them), ``pruned`` (not among the kept continuations). ``status`` is where it stands now:
-    ``alive`` (on the path of a running beam or a kept hypothesis), ``finished`` (the last token
-    of a kept hypothesis) or ``pruned``.
-    """
-
-    id: int
-    parent: int | None
-    step: int  # -1 for the prompt (the root)
-    token_id: int | None
-    text: str
-    logprob: float  # log p(token | its beam), 0 for the root
-    score: float  # cumulative log-probability of the beam after this token
-    rank: int = 0  # place among the step's kept continuations (0 = best)
-    parent_beam: int | None = None  # running beam (row) it extends
-    stopped: bool = False  # hit an EOS token or max_length
-    normalized: float | None = None  # length-normalised score, for stopped ones
-    fate: str = "pruned"
-    beam: int | None = None  # the running beam it became, if kept
-    status: str = "pruned"
-    returned: int | None = None  # rank among the returned sequences whose path runs through it
-
-    @property
-    def prob(self) -> float:
-        return math.exp(self.logprob)
-
-    def to_json(self) -> dict:
-        d = {
-            "id": self.id, "parent": self.parent, "step": self.step, "token_id": self.token_id, "text": self.text,
-            "logprob": _finite(self.logprob), "score": _finite(self.score), "rank": self.rank,
-            "parent_beam": self.parent_beam, "stopped": self.stopped, "normalized": _finite(self.normalized),
-            "fate": self.fate, "beam": self.beam, "status": self.status, "returned": self.returned,
-        }  # fmt: skip
-        return d
-
-
-@dataclass
-class Hypothesis:
-    """A finished sequence kept by the search (EOS or max_length reached)."""
-
-    node: int  # its last token in the tree
-    token_ids: list[int]  # prompt included, no padding
-    score: float  # length-normalised, what generate returns as sequences_scores
-    sum_logprobs: float
-    step: int  # the step it finished at
-
-    @property
-    def generated_length(self) -> int:
-        return self.step + 1
-
-
-@dataclass
-class BeamStep:
-    """What one step of the search did."""
-
-    index: int
-    length: int  # sequence length (prompt included) before the step
-    candidates: list[BeamNode]  # the K kept continuations, best first
-    beams: list[int]  # node id of each running beam after the step
-    beam_scores: list[float]  # their cumulative log-probabilities
-    finished: list[Hypothesis]  # the kept hypotheses after the step, best first
-    done: bool
-    time_s: float = 0.0
-    logits: torch.Tensor | None = field(default=None, repr=False)  # (num_beams, V) float32 CPU, row = parent beam
-    parent_scores: list[float] = field(default_factory=list)  # running beams' scores before the step
-
-    @property
-    def survivors(self) -> list[BeamNode]:
-        return [c for c in self.candidates if c.fate == "beam"]
-
-    def top_for_beam(self, beam: int, n: int = 5) -> list[tuple[int, float, float]]:
-        """Beam ``beam``'s own best ``n`` next tokens: (token id, log-prob, cumulative log-prob)."""
-        lp = torch.log_softmax(self.logits[beam], dim=-1)  # (V,)
-        vals, idx = torch.topk(lp, min(n, lp.shape[0]))
-        base = self.parent_scores[beam]
-        return [(int(i), float(v), base + float(v)) for v, i in zip(vals, idx)]
-
-
-@dataclass
-class BeamResult:
-    """What ``generate(..., return_dict_in_generate=True, output_scores=True)`` returns, as lists."""
-
-    sequences: list[list[int]]  # prompt included, padded to a common length as generate pads
-    sequences_scores: list[float]
-    lengths: list[int]  # unpadded lengths
-    hypotheses: list[Hypothesis]
-
-
-def _finite(x: float | None) -> float | None:
-    if x is None or not math.isfinite(x):
-        return None
-    return float(x)
-
-
-# ---------------------------------------------------------------------------------------------
-# one beam, seen like a Session
-
-
-class _Rows:
-    """One beam's records: per layer q, out (H, T, d), k, v (H_kv, T, d)."""
-
-    def __init__(self, q, out, k, v):
-        self.q, self.out, self.k, self.v = q, out, k, v
-
-
-class BeamView(ModelShape, RunSource):
-    """One beam (running or finished) as a read-only run source: every Session accessor.
-
-    A view is a snapshot: it keeps showing the beam as it was when the view was made.
-    """
-
-    read_only = True
-
-    def __init__(self, search: BeamSearch, rows: _Rows | None, length: int, tokens: list[int], node: int, label: str):
-        self._search = search
-        self.lm: LoadedModel = search.lm
-        self._rows = rows
-        self._length = length if rows is not None else 0
-        self.tokens: list[int] = list(tokens)
-        self.node = node
-        self.name = label
-        self.prompt = search.prompt
-        self.prompt_ids = list(search.prompt_ids)
-        self.decoding = decoding.Decoding(0.0)
-        self.seed = 0
-        self.mask_edits: list = []
-        self._scaling = list(search.recorder.scaling)
-        self._softcap = list(search.recorder.softcap)
-        self._mask_rows_of = search.recorder.mask_rows
-        self._edits = None
-        self._steps: list[Step] | None = None
-
-    @property
-    def source_name(self) -> str:
-        return f"{self.name} of a beam search"
-
-    @property
-    def cache_length(self) -> int:
-        return self._length
-
-    @property
-    def steps_done(self) -> list[Step]:
-        if self._steps is None:
-            self._steps = self._search._path_steps(self.node)
-        return self._steps
-
-    @property
-    def finished(self) -> str | None:
-        cur = self.current
-        return cur.finish_reason if cur else None
-
-    # run-source primitives
-    def _queries(self, layer: int) -> torch.Tensor:
-        return self._rows.q[layer]
-
-    def _keys(self, layer: int) -> torch.Tensor:
-        return self._rows.k[layer]
-
-    def _values(self, layer: int) -> torch.Tensor:
-        return self._rows.v[layer]
-
-    def _head_outputs(self, layer: int) -> torch.Tensor:
-        return self._rows.out[layer]
-
-    def _mask_rows(self, layer: int) -> dict:
-        return self._mask_rows_of[layer]
-
-    def record_bytes(self) -> int:
-        if self._rows is None:
-            return 0
-        r = self._rows
-        return sum(t.numel() * t.element_size() for t in (*r.q, *r.out))
-
-    def save_trace(self, path, derived: bool = False):
-        from .trace import save_trace
-
-        return save_trace(self, path, derived=derived)
 
 
 # ---------------------------------------------------------------------------------------------
@@ -697,12 +510,7 @@ class BeamSearch:
         return self.hypothesis_view(r)
 
     def _path(self, node: int) -> list[BeamNode]:
-        out = []
-        n: int | None = node
-        while n is not None and n != 0:
-            out.append(self.nodes[n])
-            n = self.nodes[n].parent
-        return out[::-1]
+        return beam_tree.path(self.nodes, node)
 
     def _path_steps(self, node: int) -> list[Step]:
         """Session-style steps along the path to ``node`` (what each beam saw when it chose)."""
@@ -724,33 +532,12 @@ class BeamSearch:
 
     # ------------------------------------------------------------------ the tree
     def _refresh_status(self) -> None:
-        for n in self.nodes:
-            n.status, n.returned = "pruned", None
-        self.nodes[0].status = "alive"
-
-        def mark(node: int, end_status: str, returned: int | None = None) -> None:
-            first = True
-            n: int | None = node
-            while n is not None:
-                nd = self.nodes[n]
-                if first:
-                    if nd.status != "finished":
-                        nd.status = end_status
-                elif nd.status == "pruned":
-                    nd.status = "alive"
-                if returned is not None and (nd.returned is None or returned < nd.returned):
-                    nd.returned = returned
-                first = False
-                n = nd.parent
-
-        if not self.done:
-            for i, node in enumerate(self._row_nodes):
-                if node != 0:
-                    mark(node, "alive")
-        for j, node in enumerate(self._slot_nodes):
-            if node is not None and bool(self._is_sent_finished[0, j]):
-                ret = j if self.done and j < self.num_return_sequences else None
-                mark(node, "finished", ret)
+        kept = [
+            node if node is not None and bool(self._is_sent_finished[0, j]) else None
+            for j, node in enumerate(self._slot_nodes)
+        ]
+        running = [] if self.done else self._row_nodes
+        beam_tree.refresh_status(self.nodes, running, kept, self.num_return_sequences if self.done else 0)
 
     def tree(self) -> list[BeamNode]:
         """Every token any beam proposed and kept among the K best, as nodes (0 = the prompt)."""
@@ -772,126 +559,3 @@ def _gather_beams(tensor: torch.Tensor, beam_indices: torch.Tensor) -> torch.Ten
         beam_indices = beam_indices.unsqueeze(-1)
     return torch.take_along_dim(input=tensor, indices=beam_indices, dim=1)
 
-
-# ---------------------------------------------------------------------------------------------
-# greedy vs beams vs a sample
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a prefix); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
-def _session_output(s: Session, greedy_ids: list[int] | None) -> dict:
-    tok = s.lm.tokenizer
-    gen = s.tokens[len(s.prompt_ids) :]
-    out = {
-        "token_ids": list(s.tokens),
-        "text": s.text,
-        "tokens": [token_label(tok, t) for t in gen],
-        "probs": [float(st.prob) for st in s.steps_done],
-        "finish_reason": s.finished,
-    }
-    if greedy_ids is not None:
-        out["diverges_at"] = first_difference(s.tokens, greedy_ids)
-    return out
-
-
-def compare(
-    lm: LoadedModel,
-    prompt: str = "",
-    max_length: int | None = None,
-    max_new_tokens: int | None = None,
-    num_beams: int = 2,
-    num_return_sequences: int = 1,
-    length_penalty: float = 1.0,
-    early_stopping: bool | str = False,
-    sample: bool = False,
-    temperature: float = 1.0,
-    top_k: int | None = None,
-    top_p: float | None = None,
-    seed: int = 0,
-    *,
-    prompt_ids: list[int] | None = None,
-    progress: Callable[[str, int], None] | None = None,
-    return_search: bool = False,
-) -> dict | tuple[dict, BeamSearch]:
-    """Greedy decoding, beam search and (with ``sample``) a seeded sample on one prompt.
-
-    Returns a JSON-ready dict: ``greedy``, ``beams`` (the returned sequences, best first),
-    ``sampled`` (only with ``sample``), each with ``token_ids`` (prompt included, as generate
-    returns them), ``text``, per-token ``probs`` of the generated tokens and ``diverges_at`` (the
-    first token index where it differs from greedy, None if identical); plus ``beam_tree`` (every
-    node of the search) and the settings. ``progress(what, step)`` is called as work advances.
-    """
-    search = BeamSearch(
-        lm, prompt, num_beams, num_return_sequences, max_length, max_new_tokens, length_penalty, early_stopping,
-        prompt_ids=prompt_ids,
-    )  # fmt: skip
-    if sample:
-        decoding.validate(temperature, top_k, top_p)
-        if float(temperature) <= 0:
-            raise InspectorError("sampling needs a temperature > 0")
-    seed = validate.seed(seed)
-    p = len(search.prompt_ids)
-    new_tokens = search.max_length - p
-
-    greedy = Session(lm, prompt_ids=search.prompt_ids, temperature=0.0)
-    for st in greedy.steps(new_tokens):
-        if progress:
-            progress("greedy", st.index)
-    greedy_ids = list(greedy.tokens)
-
-    for st in search.steps():
-        if progress:
-            progress("beams", st.index)
-    res = search.result()
-    tok = lm.tokenizer
-    beams = []
-    for r, (seq, score, hyp) in enumerate(zip(res.sequences, res.sequences_scores, res.hypotheses)):
-        path = search._path(hyp.node)
-        beams.append({
-            "token_ids": seq,
-            "text": tok.decode(hyp.token_ids),
-            "score": float(score),
-            "tokens": [n.text for n in path],
-            "probs": [n.prob for n in path],
-            "length": len(hyp.token_ids),
-            "diverges_at": first_difference(hyp.token_ids, greedy_ids),
-        })  # fmt: skip
-
-    out = {
-        "model": lm.name,
-        "prompt": search.prompt,
-        "prompt_ids": list(search.prompt_ids),
-        "prompt_length": p,
-        "max_length": search.max_length,
-        "settings": {
-            "num_beams": search.num_beams, "num_return_sequences": search.num_return_sequences,
-            "length_penalty": search.length_penalty, "early_stopping": search.early_stopping,
-            "eos_token_ids": list(search.eos_token_ids), "pad_token_id": search.pad_token_id,
-        },  # fmt: skip
-        "greedy": _session_output(greedy, None),
-        "beams": beams,
-    }
-    if search.unmirrored:
-        out["warnings"] = [
-            "the model's generation_config sets " + ", ".join(search.unmirrored)
-            + "; generate() would apply them, this comparison does not"
-        ]  # fmt: skip
-    if sample:
-        s = Session(lm, prompt_ids=search.prompt_ids, temperature=temperature, top_k=top_k, top_p=top_p, seed=int(seed))
-        for st in s.steps(new_tokens):
-            if progress:
-                progress("sample", st.index)
-        out["sampled"] = _session_output(s, greedy_ids)
-        out["sampled"].update({"seed": int(seed), "temperature": float(temperature), "top_k": top_k, "top_p": top_p})
-    out["beam_tree"] = search.tree_json()
-    # front ends that inspect beams get the search too (it is not JSON)
-    return (out, search) if return_search else out
-
-
-__all__ = ["BeamSearch", "BeamView", "BeamNode", "BeamStep", "BeamResult", "Hypothesis", "compare", "first_difference"]

@@ -1,0 +1,163 @@
+"""The beam tree's data: nodes (every kept continuation), hypotheses, steps, results, and where
+each node stands now (alive, finished, pruned) given the running beams and kept hypotheses.
+
+Plain data, no model: the search (``search.py``) fills it, views and front ends read it.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import torch
+
+# ---------------------------------------------------------------------------------------------
+# what a step shows
+
+
+@dataclass
+class BeamNode:
+    """One token in the beam tree: a continuation some beam proposed at some step.
+
+    ``fate`` is what happened at its own step: ``beam`` (kept as running beam ``beam``),
+    ``finished`` (stopped and entered the finished hypotheses), ``dropped`` (stopped but did not
+    enter them), ``pruned`` (not among the kept continuations). ``status`` is where it stands now:
+    ``alive`` (on the path of a running beam or a kept hypothesis), ``finished`` (the last token
+    of a kept hypothesis) or ``pruned``.
+    """
+
+    id: int
+    parent: int | None
+    step: int  # -1 for the prompt (the root)
+    token_id: int | None
+    text: str
+    logprob: float  # log p(token | its beam), 0 for the root
+    score: float  # cumulative log-probability of the beam after this token
+    rank: int = 0  # place among the step's kept continuations (0 = best)
+    parent_beam: int | None = None  # running beam (row) it extends
+    stopped: bool = False  # hit an EOS token or max_length
+    normalized: float | None = None  # length-normalised score, for stopped ones
+    fate: str = "pruned"
+    beam: int | None = None  # the running beam it became, if kept
+    status: str = "pruned"
+    returned: int | None = None  # rank among the returned sequences whose path runs through it
+
+    @property
+    def prob(self) -> float:
+        return math.exp(self.logprob)
+
+    def to_json(self) -> dict:
+        d = {
+            "id": self.id, "parent": self.parent, "step": self.step, "token_id": self.token_id, "text": self.text,
+            "logprob": _finite(self.logprob), "score": _finite(self.score), "rank": self.rank,
+            "parent_beam": self.parent_beam, "stopped": self.stopped, "normalized": _finite(self.normalized),
+            "fate": self.fate, "beam": self.beam, "status": self.status, "returned": self.returned,
+        }  # fmt: skip
+        return d
+
+
+@dataclass
+class Hypothesis:
+    """A finished sequence kept by the search (EOS or max_length reached)."""
+
+    node: int  # its last token in the tree
+    token_ids: list[int]  # prompt included, no padding
+    score: float  # length-normalised, what generate returns as sequences_scores
+    sum_logprobs: float
+    step: int  # the step it finished at
+
+    @property
+    def generated_length(self) -> int:
+        return self.step + 1
+
+
+@dataclass
+class BeamStep:
+    """What one step of the search did."""
+
+    index: int
+    length: int  # sequence length (prompt included) before the step
+    candidates: list[BeamNode]  # the K kept continuations, best first
+    beams: list[int]  # node id of each running beam after the step
+    beam_scores: list[float]  # their cumulative log-probabilities
+    finished: list[Hypothesis]  # the kept hypotheses after the step, best first
+    done: bool
+    time_s: float = 0.0
+    logits: torch.Tensor | None = field(default=None, repr=False)  # (num_beams, V) float32 CPU, row = parent beam
+    parent_scores: list[float] = field(default_factory=list)  # running beams' scores before the step
+
+    @property
+    def survivors(self) -> list[BeamNode]:
+        return [c for c in self.candidates if c.fate == "beam"]
+
+    def top_for_beam(self, beam: int, n: int = 5) -> list[tuple[int, float, float]]:
+        """Beam ``beam``'s own best ``n`` next tokens: (token id, log-prob, cumulative log-prob)."""
+        lp = torch.log_softmax(self.logits[beam], dim=-1)  # (V,)
+        vals, idx = torch.topk(lp, min(n, lp.shape[0]))
+        base = self.parent_scores[beam]
+        return [(int(i), float(v), base + float(v)) for v, i in zip(vals, idx)]
+
+
+@dataclass
+class BeamResult:
+    """What ``generate(..., return_dict_in_generate=True, output_scores=True)`` returns, as lists."""
+
+    sequences: list[list[int]]  # prompt included, padded to a common length as generate pads
+    sequences_scores: list[float]
+    lengths: list[int]  # unpadded lengths
+    hypotheses: list[Hypothesis]
+
+
+def _finite(x: float | None) -> float | None:
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+
+# ---------------------------------------------------------------------------------------------
+# where nodes stand
+
+
+def path(nodes: list[BeamNode], node: int) -> list[BeamNode]:
+    """The generated tokens leading to ``node``, first to last (the root, the prompt, left out)."""
+    out = []
+    n: int | None = node
+    while n is not None and n != 0:
+        out.append(nodes[n])
+        n = nodes[n].parent
+    return out[::-1]
+
+
+def refresh_status(nodes: list[BeamNode], running: list[int], kept: list[int | None], n_returned: int) -> None:
+    """Recompute every node's ``status`` and ``returned`` from scratch.
+
+    ``running``: the last node of each running beam (empty once the search is done);
+    ``kept``: the last node of each hypothesis slot, best first, None for a slot holding no
+    finished hypothesis; the first ``n_returned`` slots are the returned sequences (0 until done).
+    """
+    for n in nodes:
+        n.status, n.returned = "pruned", None
+    nodes[0].status = "alive"
+
+    def mark(node: int, end_status: str, returned: int | None = None) -> None:
+        first = True
+        n: int | None = node
+        while n is not None:
+            nd = nodes[n]
+            if first:
+                if nd.status != "finished":
+                    nd.status = end_status
+            elif nd.status == "pruned":
+                nd.status = "alive"
+            if returned is not None and (nd.returned is None or returned < nd.returned):
+                nd.returned = returned
+            first = False
+            n = nd.parent
+
+    for node in running:
+        if node != 0:
+            mark(node, "alive")
+    for j, node in enumerate(kept):
+        if node is not None:
+            mark(node, "finished", j if j < n_returned else None)

@@ -1,0 +1,96 @@
+"""One beam (running or finished) as a read-only run source: every accessor of a Session."""
+
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import torch
+
+from .. import decoding
+from ..models import LoadedModel
+from ..source import ModelShape, RunSource
+from ..step import Step
+
+if TYPE_CHECKING:
+    from .search import BeamSearch
+
+
+class _Rows:
+    """One beam's records: per layer q, out (H, T, d), k, v (H_kv, T, d)."""
+
+    def __init__(self, q, out, k, v):
+        self.q, self.out, self.k, self.v = q, out, k, v
+
+
+class BeamView(ModelShape, RunSource):
+    """One beam (running or finished) as a read-only run source: every Session accessor.
+
+    A view is a snapshot: it keeps showing the beam as it was when the view was made.
+    """
+
+    read_only = True
+
+    def __init__(self, search: BeamSearch, rows: _Rows | None, length: int, tokens: list[int], node: int, label: str):
+        self._search = search
+        self.lm: LoadedModel = search.lm
+        self._rows = rows
+        self._length = length if rows is not None else 0
+        self.tokens: list[int] = list(tokens)
+        self.node = node
+        self.name = label
+        self.prompt = search.prompt
+        self.prompt_ids = list(search.prompt_ids)
+        self.decoding = decoding.Decoding(0.0)
+        self.seed = 0
+        self.mask_edits: list = []
+        self._scaling = list(search.recorder.scaling)
+        self._softcap = list(search.recorder.softcap)
+        self._mask_rows_of = search.recorder.mask_rows
+        self._edits = None
+        self._steps: list[Step] | None = None
+
+    @property
+    def source_name(self) -> str:
+        return f"{self.name} of a beam search"
+
+    @property
+    def cache_length(self) -> int:
+        return self._length
+
+    @property
+    def steps_done(self) -> list[Step]:
+        if self._steps is None:
+            self._steps = self._search._path_steps(self.node)
+        return self._steps
+
+    @property
+    def finished(self) -> str | None:
+        cur = self.current
+        return cur.finish_reason if cur else None
+
+    # run-source primitives
+    def _queries(self, layer: int) -> torch.Tensor:
+        return self._rows.q[layer]
+
+    def _keys(self, layer: int) -> torch.Tensor:
+        return self._rows.k[layer]
+
+    def _values(self, layer: int) -> torch.Tensor:
+        return self._rows.v[layer]
+
+    def _head_outputs(self, layer: int) -> torch.Tensor:
+        return self._rows.out[layer]
+
+    def _mask_rows(self, layer: int) -> dict:
+        return self._mask_rows_of[layer]
+
+    def record_bytes(self) -> int:
+        if self._rows is None:
+            return 0
+        r = self._rows
+        return sum(t.numel() * t.element_size() for t in (*r.q, *r.out))
+
+    def save_trace(self, path, derived: bool = False):
+        from ..trace import save_trace
+
+        return save_trace(self, path, derived=derived)

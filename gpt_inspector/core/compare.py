@@ -1,0 +1,223 @@
+"""Greedy decoding vs beam search vs a seeded sample on one prompt.
+
+``compare()`` runs the three and returns a ``Comparison``: typed fields for front ends, the
+finished ``BeamSearch`` behind them (so any returned beam can be inspected), and ``to_json()``
+for the CLI and scripts.
+"""
+
+from __future__ import annotations
+
+import copy
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import TypedDict
+
+from . import decoding, validate
+from .beams import BeamSearch, BeamView
+from .beams import tree as beam_tree
+from .errors import InspectorError
+from .models import LoadedModel
+from .session import Session
+from .tokens import token_label
+
+
+class Decoded(TypedDict, total=False):
+    """One decoded output (greedy or the sample). ``diverges_at`` is absent for greedy itself;
+    the sample adds ``seed``, ``temperature``, ``top_k`` and ``top_p``."""
+
+    token_ids: list[int]  # prompt included
+    text: str
+    tokens: list[str]  # labels of the generated tokens
+    probs: list[float]  # each generated token's probability under its own distribution
+    finish_reason: str | None
+    diverges_at: int | None
+    seed: int
+    temperature: float
+    top_k: int | None
+    top_p: float | None
+
+
+class BeamOutput(TypedDict):
+    """One returned beam, as generate returns it (``token_ids`` padded to the longest returned)."""
+
+    token_ids: list[int]
+    text: str
+    score: float  # generate's sequences_scores
+    tokens: list[str]
+    probs: list[float]
+    length: int  # unpadded length, prompt included
+    diverges_at: int | None
+
+
+class Settings(TypedDict):
+    num_beams: int
+    num_return_sequences: int
+    length_penalty: float
+    early_stopping: bool | str
+    eos_token_ids: list[int]
+    pad_token_id: int | None
+
+
+@dataclass(frozen=True)
+class Comparison:
+    """What ``compare()`` found. Frozen: fields cannot be reassigned (their lists are not copied)."""
+
+    model: str
+    prompt: str
+    prompt_ids: list[int]
+    prompt_length: int
+    max_length: int  # prompt included
+    settings: Settings
+    greedy: Decoded
+    beams: list[BeamOutput]  # best first
+    sampled: Decoded | None  # None unless compare(..., sample=True)
+    beam_tree: list[dict]  # BeamNode.to_json() of every node, 0 = the prompt
+    warnings: list[str]
+    # the finished search, for inspecting beams; not data, so out of JSON, repr and equality
+    search: BeamSearch = field(repr=False, compare=False)
+
+    def beam_view(self, r: int) -> BeamView:
+        """Returned sequence ``r`` (0 = best) with a Session's read-only accessors."""
+        return self.search.result_view(r)
+
+    def to_json(self) -> dict:
+        """A JSON-ready dict (``sampled`` and ``warnings`` only when present); a copy, safe to change."""
+        out = {
+            "model": self.model,
+            "prompt": self.prompt,
+            "prompt_ids": self.prompt_ids,
+            "prompt_length": self.prompt_length,
+            "max_length": self.max_length,
+            "settings": self.settings,
+            "greedy": self.greedy,
+            "beams": self.beams,
+        }
+        # the key order the CLI has always printed
+        if self.warnings:
+            out["warnings"] = self.warnings
+        if self.sampled is not None:
+            out["sampled"] = self.sampled
+        out["beam_tree"] = self.beam_tree
+        return copy.deepcopy(out)
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a prefix); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
+
+
+def _session_output(s: Session, greedy_ids: list[int] | None) -> Decoded:
+    tok = s.lm.tokenizer
+    gen = s.tokens[len(s.prompt_ids) :]
+    out: Decoded = {
+        "token_ids": list(s.tokens),
+        "text": s.text,
+        "tokens": [token_label(tok, t) for t in gen],
+        "probs": [float(st.prob) for st in s.steps_done],
+        "finish_reason": s.finished,
+    }
+    if greedy_ids is not None:
+        out["diverges_at"] = first_difference(s.tokens, greedy_ids)
+    return out
+
+
+def compare(
+    lm: LoadedModel,
+    prompt: str = "",
+    max_length: int | None = None,
+    max_new_tokens: int | None = None,
+    num_beams: int = 2,
+    num_return_sequences: int = 1,
+    length_penalty: float = 1.0,
+    early_stopping: bool | str = False,
+    sample: bool = False,
+    temperature: float = 1.0,
+    top_k: int | None = None,
+    top_p: float | None = None,
+    seed: int = 0,
+    *,
+    prompt_ids: list[int] | None = None,
+    progress: Callable[[str, int], None] | None = None,
+) -> Comparison:
+    """Greedy decoding, beam search and (with ``sample``) a seeded sample on one prompt.
+
+    Every output has ``token_ids`` (prompt included, as generate returns them), ``text``,
+    per-token ``probs`` of the generated tokens and, except greedy, ``diverges_at`` (the first
+    token index where it differs from greedy, None if identical). ``progress(what, step)`` is
+    called as work advances (``what``: greedy, beams, sample).
+    """
+    search = BeamSearch(
+        lm, prompt, num_beams, num_return_sequences, max_length, max_new_tokens, length_penalty, early_stopping,
+        prompt_ids=prompt_ids,
+    )  # fmt: skip
+    if sample:
+        decoding.validate(temperature, top_k, top_p)
+        if float(temperature) <= 0:
+            raise InspectorError("sampling needs a temperature > 0")
+    seed = validate.seed(seed)
+    p = len(search.prompt_ids)
+    new_tokens = search.max_length - p
+
+    greedy = Session(lm, prompt_ids=search.prompt_ids, temperature=0.0)
+    for st in greedy.steps(new_tokens):
+        if progress:
+            progress("greedy", st.index)
+    greedy_ids = list(greedy.tokens)
+
+    for st in search.steps():
+        if progress:
+            progress("beams", st.index)
+    res = search.result()
+    tok = lm.tokenizer
+    beams: list[BeamOutput] = []
+    for seq, score, hyp in zip(res.sequences, res.sequences_scores, res.hypotheses):
+        path = beam_tree.path(search.nodes, hyp.node)
+        beams.append({
+            "token_ids": seq,
+            "text": tok.decode(hyp.token_ids),
+            "score": float(score),
+            "tokens": [n.text for n in path],
+            "probs": [n.prob for n in path],
+            "length": len(hyp.token_ids),
+            "diverges_at": first_difference(hyp.token_ids, greedy_ids),
+        })  # fmt: skip
+
+    warnings = []
+    if search.unmirrored:
+        warnings.append(
+            "the model's generation_config sets " + ", ".join(search.unmirrored)
+            + "; generate() would apply them, this comparison does not"
+        )  # fmt: skip
+    sampled: Decoded | None = None
+    if sample:
+        s = Session(lm, prompt_ids=search.prompt_ids, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        for st in s.steps(new_tokens):
+            if progress:
+                progress("sample", st.index)
+        sampled = _session_output(s, greedy_ids)
+        sampled.update({"seed": seed, "temperature": float(temperature), "top_k": top_k, "top_p": top_p})
+
+    return Comparison(
+        model=lm.name,
+        prompt=search.prompt,
+        prompt_ids=list(search.prompt_ids),
+        prompt_length=p,
+        max_length=search.max_length,
+        settings={
+            "num_beams": search.num_beams, "num_return_sequences": search.num_return_sequences,
+            "length_penalty": search.length_penalty, "early_stopping": search.early_stopping,
+            "eos_token_ids": list(search.eos_token_ids), "pad_token_id": search.pad_token_id,
+        },  # fmt: skip
+        greedy=_session_output(greedy, None),
+        beams=beams,
+        sampled=sampled,
+        beam_tree=search.tree_json(),
+        warnings=warnings,
+        search=search,
+    )
+
+
+__all__ = ["BeamOutput", "Comparison", "Decoded", "Settings", "compare", "first_difference"]
