@@ -16,6 +16,7 @@ from dataclasses import replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
 
+from ..core.breakpoints import Breakpoints
 from .commands import (  # re-exported: callers build commands from here
     COMMANDS,
     Call,
@@ -38,7 +39,7 @@ from .commands import (  # re-exported: callers build commands from here
     SessionSpec,
 )
 from .viewdata import Selection, Snapshot
-from .worker import Breakpoints, Worker
+from .worker import Worker
 
 __all__ = ["COMMANDS", "Controller", "ModelSpec", "SessionSpec", *(c.__name__ for c in COMMANDS)]
 
