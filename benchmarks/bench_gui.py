@@ -55,7 +55,7 @@ def main() -> int:
     args = ap.parse_args()
 
     import numpy as np
-    from PySide6.QtCore import QEventLoop, QObject
+    from PySide6.QtCore import QEventLoop
     from PySide6.QtWidgets import QApplication
 
     from gpt_inspector import Session, load_model
@@ -82,17 +82,14 @@ def main() -> int:
             done, built, applied = win.apply_log[-1]
             rows.append((snap.T, built - done, win._t_received - done, applied - done, t - done))
 
-    received = win._take_snapshot
+    ctl = win.controller
+    received = ctl.take_snapshot
 
-    class Stamp(QObject):  # a QObject in the GUI thread, so the worker's signal is queued to it
-        def take(self):
-            win._t_received = time.perf_counter()
-            received()
+    def take():  # the controller's snapshot_ready slot looks take_snapshot up at call time
+        win._t_received = time.perf_counter()
+        received()
 
-    stamp = Stamp()
-    win.worker.snapshot_ready.disconnect(received)
-    win.worker.snapshot_ready.connect(stamp.take)
-    win._take_snapshot = stamp.take
+    ctl.take_snapshot = take
     win.snapshot_changed.connect(painted)
 
     def wait():

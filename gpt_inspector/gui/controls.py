@@ -20,8 +20,9 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..core.breakpoints import Breakpoints
 from . import settings as _settings
-from .worker import Breakpoints, ModelSpec, SessionSpec
+from .commands import ModelSpec, SessionSpec
 
 DEMO_LABEL = "Demo model (built in)"
 RECENT_MODELS = "recent/models"

@@ -1,9 +1,10 @@
 """The thread that owns the model and the session; the GUI only talks to it through signals.
 
-Commands arrive as one queued signal ``(serial, name, kwargs)`` and run in order on the worker
-thread. After each change the worker builds a :class:`~.viewdata.Snapshot` (owned numpy arrays)
-and leaves it in a one-slot mailbox: if the GUI is slower than the worker, intermediate
-snapshots are dropped instead of piling up in the event queue.
+Commands (see :mod:`.commands`) arrive as one queued signal ``(serial, command)`` and run in order
+on the worker thread, each by the handler its type maps to in ``HANDLERS``. After each change the
+worker builds a :class:`~.viewdata.Snapshot` (owned numpy arrays) and leaves it in a one-slot
+mailbox: if the GUI is slower than the worker, intermediate snapshots are dropped instead of
+piling up in the event queue.
 
 Two things bypass the queue on purpose, because a long run occupies it: ``cancel()`` (a flag
 the run checks between steps) and ``set_selection()`` (read at the next snapshot).
@@ -15,56 +16,30 @@ import json
 import threading
 import time
 import traceback
-from dataclasses import dataclass
 
 from PySide6.QtCore import QObject, QThread, Signal, Slot
 
-from ..core.capture import MaskEdit
+from ..core.breakpoints import Breakpoints, finish, run_until
+from ..core.editing import restart_starts_new_session, toggle_cells
 from ..core.errors import InspectorError, StepFailed
 from . import autosave
+from . import commands as C
+from .commands import ModelSpec, SessionSpec
 from .viewdata import Selection, Snapshot, ViewModel
+
+__all__ = ["HANDLERS", "Breakpoints", "ModelSpec", "SessionSpec", "Worker"]
 
 PUBLISH_INTERVAL = 0.08  # seconds between snapshots during a run: the eye needs no more
 
-
-@dataclass(frozen=True)
-class Breakpoints:
-    """Conditions checked after every step of a run; ``None`` disables a condition."""
-
-    token_text: str | None = None  # the chosen token's text contains this
-    prob_below: float | None = None
-    entropy_above: float | None = None
-
-    def check(self, step) -> str | None:
-        if self.token_text and self.token_text in step.token_text:
-            return f"token {step.token_text!r} matches {self.token_text!r}"
-        if self.prob_below is not None and step.prob < self.prob_below:
-            return f"p={step.prob:.3f} < {self.prob_below:g}"
-        if self.entropy_above is not None and step.entropy > self.entropy_above:
-            return f"entropy {step.entropy:.3f} > {self.entropy_above:g}"
-        return None
-
-    @property
-    def active(self) -> bool:
-        return bool(self.token_text) or self.prob_below is not None or self.entropy_above is not None
+HANDLERS: dict[type, object] = {}  # command type -> Worker method(self, serial, command)
 
 
-@dataclass(frozen=True)
-class ModelSpec:
-    model: str | None = None  # None: the demo model
-    device: str = "auto"
-    dtype: str | None = None
-    allow_pickle: bool = False
-    trust_remote_code: bool = False
+def handles(command_type: type):
+    def register(fn):
+        HANDLERS[command_type] = fn
+        return fn
 
-
-@dataclass(frozen=True)
-class SessionSpec:
-    prompt: str = ""
-    temperature: float = 0.0
-    top_k: int | None = None
-    top_p: float | None = None
-    seed: int = 0
+    return register
 
 
 class Worker(QObject):
@@ -76,7 +51,7 @@ class Worker(QObject):
     stopped = Signal(str)  # why a run ended
     done = Signal(int)  # serial of a finished command
     called = Signal(int, object, object)  # serial, result, exception (run_in_worker)
-    _command = Signal(int, str, object)
+    _command = Signal(int, object)
 
     def __init__(self):
         super().__init__()
@@ -112,11 +87,13 @@ class Worker(QObject):
             self._thread.wait()
             self._thread = None
 
-    def post(self, name: str, **kwargs) -> int:
+    def post(self, command) -> int:
+        if type(command) not in HANDLERS:
+            raise TypeError(f"not a worker command: {command!r}")
         with self._lock:
             self._serial += 1
             serial = self._serial
-        self._command.emit(serial, name, kwargs)
+        self._command.emit(serial, command)
         return serial
 
     def cancel(self) -> None:
@@ -134,11 +111,11 @@ class Worker(QObject):
         return snap
 
     # ------------------------------------------------------------------ worker thread
-    @Slot(int, str, object)
-    def _dispatch(self, serial: int, name: str, kwargs: dict) -> None:
+    @Slot(int, object)
+    def _dispatch(self, serial: int, command) -> None:
         self.thread_idents.add(threading.get_ident())
         try:
-            getattr(self, f"_do_{name}")(serial, **kwargs)
+            HANDLERS[type(command)](self, serial, command)
         except InspectorError as e:
             self.error.emit("Cannot do that", str(e), "user")
             self._publish_safely()
@@ -229,10 +206,13 @@ class Worker(QObject):
             "context_length": lm.context_length,
         }
 
+
     # -- commands ----------------------------------------------------------------------------
-    def _do_load(self, serial, model: ModelSpec, session: SessionSpec) -> None:
+    @handles(C.Load)
+    def _do_load(self, serial, cmd: C.Load) -> None:
         from ..core import Session, load_model
 
+        model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
         lm = load_model(model.model, device=model.device, dtype=model.dtype,
                         allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code)  # fmt: skip
@@ -241,10 +221,12 @@ class Worker(QObject):
         self.loaded.emit(self._describe())
         self._show(sess)
 
-    def _do_restore(self, serial, recipe: dict) -> None:
+    @handles(C.Restore)
+    def _do_restore(self, serial, cmd: C.Restore) -> None:
         """Load the recipe's model and replay it; pickle and remote code stay off on restore."""
         from ..core import Session, load_model
 
+        recipe = cmd.recipe
         load = recipe.get("load") or {}
         spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False)
         self.busy.emit(f"Restoring the last session on {spec.model}…")
@@ -257,141 +239,123 @@ class Worker(QObject):
         self.spec = SessionSpec(sess.prompt, d.temperature, d.top_k, d.top_p, sess.seed)
         self._show(sess)
 
-    def _do_new_session(self, serial, session: SessionSpec, keep_edits: bool = True) -> None:
+    @handles(C.NewSession)
+    def _do_new_session(self, serial, cmd: C.NewSession) -> None:
         from ..core import Session
 
         if self.lm is None:
             raise InspectorError("no model loaded: choose a model and press Load")
+        session = cmd.session
         old = self.obj if isinstance(self.obj, Session) else None
         sess = Session(self.lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
-        if keep_edits and old is not None and old.mask_edits:
+        if cmd.keep_edits and old is not None and old.mask_edits:
             sess.set_mask_edits(old.mask_edits)
         self.spec = session
         self._show(sess)
 
-    def _do_restart(self, serial, session: SessionSpec | None = None) -> None:
+    @handles(C.Restart)
+    def _do_restart(self, serial, cmd: C.Restart) -> None:
         s = self._session()
-        if session is not None and (session.prompt != s.prompt or session.seed != s.seed):
-            return self._do_new_session(serial, session)
+        if restart_starts_new_session(s, cmd.session):
+            return self._do_new_session(serial, C.NewSession(cmd.session))
         s.restart()
-        if session is not None:
-            s.set_decoding(session.temperature, session.top_k, session.top_p)
+        if cmd.session is not None:
+            d = cmd.session
+            s.set_decoding(d.temperature, d.top_k, d.top_p)
         self._publish()
 
-    def _do_step(self, serial) -> None:
+    @handles(C.Step)
+    def _do_step(self, serial, cmd: C.Step) -> None:
         s = self._session()
         self.busy.emit("Stepping…")
         s.step()
         self._publish()
 
-    def _do_step_back(self, serial) -> None:
+    @handles(C.StepBack)
+    def _do_step_back(self, serial, cmd: C.StepBack) -> None:
         self._session().step_back()
         self._publish()
 
-    def _do_run(self, serial, max_steps: int | None = None, target: int | None = None,
-                breakpoints: Breakpoints | None = None) -> None:  # fmt: skip
+    @handles(C.Run)
+    def _do_run(self, serial, cmd: C.Run) -> None:
         s = self._session()
-        if target is not None:
-            while s.n_steps > target and not self._cancelled(serial):
-                s.step_back()
-            count = max(0, target - s.n_steps)
-        else:
-            count = max_steps if max_steps is not None else s.lm.context_length
-        reason = None
-        done_n = 0
-        last = time.perf_counter()
+        run = run_until(s, max_steps=cmd.max_steps, target=cmd.target, breakpoints=cmd.breakpoints,
+                        cancelled=lambda: self._cancelled(serial))  # fmt: skip
+        last = [time.perf_counter(), 0]
+
+        def each(p) -> None:
+            last[1] = p.done
+            self.progress.emit(p.done, p.planned)
+            if time.perf_counter() - last[0] >= PUBLISH_INTERVAL and p.done < p.planned:
+                self._publish()
+                last[0] = time.perf_counter()
+
         self.busy.emit("Running…")
-        self.progress.emit(0, count)
+        reason = None
         try:
-            while done_n < count:
-                if self._cancelled(serial):
-                    reason = "paused"
-                    break
-                if s.finished:
-                    break
-                st = s.step()
-                done_n += 1
-                self.progress.emit(done_n, count)
-                hit = breakpoints.check(st) if breakpoints is not None else None
-                if hit:
-                    reason = f"breakpoint at step {st.index}: {hit}"
-                    break
-                if time.perf_counter() - last >= PUBLISH_INTERVAL and done_n < count:
-                    self._publish()
-                    last = time.perf_counter()
+            reason = finish(run, each).reason
         finally:
-            if reason is None:
-                if s.finished:
-                    reason = {"eos": "end of text (EOS)", "context": "context is full"}.get(s.finished, s.finished)
-                elif target is not None:
-                    reason = f"reached step {s.n_steps}"
-                else:
-                    reason = f"ran {done_n} steps"
+            if reason is None:  # the error itself is reported by _dispatch
+                reason = f"stopped by an error after {last[1]} steps"
             self._publish()
             self.stopped.emit(reason)
 
-    def _do_set_decoding(self, serial, temperature, top_k, top_p, redecide: bool = False) -> None:
+    @handles(C.SetDecoding)
+    def _do_set_decoding(self, serial, cmd: C.SetDecoding) -> None:
         s = self._session()
-        s.set_decoding(temperature=temperature, top_k=top_k, top_p=top_p, redecide=redecide)
+        s.set_decoding(temperature=cmd.temperature, top_k=cmd.top_k, top_p=cmd.top_p, redecide=cmd.redecide)
         self._publish()
 
-    def _do_force_token(self, serial, token_id: int) -> None:
-        self._session().force_token(token_id)
+    @handles(C.ForceToken)
+    def _do_force_token(self, serial, cmd: C.ForceToken) -> None:
+        self._session().force_token(cmd.token_id)
         self._publish()
 
-    def _do_edit_cells(self, serial, cells, layer: int, head: int, scope: str, block: bool | None = None) -> None:
-        """Toggle blocks on (query, key) cells; ``scope``: "head", "layer" or "all"."""
+    @handles(C.EditCells)
+    def _do_edit_cells(self, serial, cmd: C.EditCells) -> None:
         s = self._session()
-        lay = None if scope == "all" else layer
-        hd = head if scope == "head" else None
-        cells = [(int(q), int(k)) for q, k in cells if k <= q]  # the causal mask already hides k > q
-        if not cells:
+        old = list(s.mask_edits)
+        edits = toggle_cells(old, cmd.cells, cmd.layer, cmd.head, cmd.scope, cmd.block)
+        if edits == old:
             return
-        edits = list(s.mask_edits)
-        present = {e.scope() for e in edits}
-        if block is None:
-            q, k = cells[0]
-            block = (lay, hd, q, k) not in present
-        if block:
-            edits += [MaskEdit(q, k, lay, hd, True) for q, k in cells if (lay, hd, q, k) not in present]
-        else:
-            drop = {(lay, hd, q, k) for q, k in cells}
-            edits = [e for e in edits if e.scope() not in drop]
         self.busy.emit("Recomputing with the edited mask…")
         s.set_mask_edits(edits)
         self._publish()
 
-    def _do_set_mask_edits(self, serial, edits) -> None:
+    @handles(C.SetMaskEdits)
+    def _do_set_mask_edits(self, serial, cmd: C.SetMaskEdits) -> None:
         self.busy.emit("Recomputing with the edited mask…")
-        self._session().set_mask_edits(list(edits))
+        self._session().set_mask_edits(list(cmd.edits))
         self._publish()
 
-    def _do_refresh(self, serial) -> None:
+    @handles(C.Refresh)
+    def _do_refresh(self, serial, cmd: C.Refresh) -> None:
         self._publish()
 
-    def _do_sync(self, serial) -> None:
-        pass
-
-    def _do_save_trace(self, serial, path: str) -> None:
+    @handles(C.SaveTrace)
+    def _do_save_trace(self, serial, cmd: C.SaveTrace) -> None:
         self.busy.emit("Saving trace…")
-        self._session().save_trace(path)
+        self._session().save_trace(cmd.path)
 
-    def _do_open_trace(self, serial, path: str) -> None:
+    @handles(C.OpenTrace)
+    def _do_open_trace(self, serial, cmd: C.OpenTrace) -> None:
         from ..core import load_trace
 
         self.busy.emit("Opening trace…")
-        self._show(load_trace(path))
+        self._show(load_trace(cmd.path))
 
-    def _do_show(self, serial, obj) -> None:
-        lm = getattr(obj, "lm", None)
+    @handles(C.Show)
+    def _do_show(self, serial, cmd: C.Show) -> None:
+        lm = getattr(cmd.obj, "lm", None)
         if lm is not None:
             self.lm = lm
             self.loaded.emit(self._describe())
-        self._show(obj)
+        self._show(cmd.obj)
 
-    def _do_call(self, serial, fn) -> None:
+    @handles(C.Call)
+    def _do_call(self, serial, cmd: C.Call) -> None:
         try:
-            result, exc = fn(self.obj), None
+            result, exc = cmd.fn(self.obj), None
         except Exception as e:  # handed back to the caller's callback
             result, exc = None, e
         self.called.emit(serial, result, exc)

@@ -19,7 +19,7 @@ def wait_idle(qtbot):
 
     def wait(win, timeout=20000):
         qtbot.waitUntil(lambda: not win.busy, timeout=timeout)
-        win._take_snapshot()
+        win.controller.take_snapshot()
         return win.snapshot
 
     return wait

@@ -5,6 +5,7 @@ from __future__ import annotations
 from PySide6.QtWidgets import QMessageBox
 
 from gpt_inspector.gui import autosave
+from gpt_inspector.gui.controller import ForceToken, Load, NewSession, OpenTrace, SaveTrace, SetDecoding, SetMaskEdits
 
 
 def _capture_dialogs(monkeypatch):
@@ -25,7 +26,7 @@ def test_every_change_is_autosaved_and_restores_the_same_tokens(make_window, wai
     first = autosave.read()
     assert [op["op"] for op in first["ops"]] == ["step", "step"]
     win.run(3)
-    win.post("set_decoding", temperature=0.4, top_k=None, top_p=None, redecide=True)
+    win.post(SetDecoding(0.4, None, None, redecide=True))
     snap = wait_idle(win)
     saved = autosave.read()
     assert [op["op"] for op in saved["ops"]] == ["step"] * 5 + ["decoding"]
@@ -153,22 +154,21 @@ def _bad_window_inputs(tmp_path):
 
     corrupt = tmp_path / "corrupt.safetensors"
     corrupt.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
+    hi = SessionSpec("hi", 0.0, None, None, 0)
     return [
-        ("force_token", dict(token_id=10**9), "token id"),
-        ("set_decoding", dict(temperature=-1.0, top_k=None, top_p=None), "temperature"),
-        ("set_decoding", dict(temperature=float("nan"), top_k=None, top_p=None), "temperature"),
-        ("set_decoding", dict(temperature=1.0, top_k=0, top_p=None), "top_k"),
-        ("set_decoding", dict(temperature=1.0, top_k=None, top_p=1.5), "top_p"),
-        ("set_mask_edits", dict(edits=[MaskEdit(1, 4)]), "future"),
-        ("set_mask_edits", dict(edits=[MaskEdit(2, j) for j in range(3)]), "every key"),
-        ("new_session", dict(session=SessionSpec("word " * 80, 0.0, None, None, 0)), "context"),
-        ("open_trace", dict(path=str(corrupt)), "not a readable trace"),
-        ("open_trace", dict(path=str(tmp_path / "missing.safetensors")), "no trace file"),
-        ("save_trace", dict(path=str(tmp_path / "trace.txt")), ".safetensors"),
-        ("load", dict(model=ModelSpec("nobody/nothing-here", "cpu"), session=SessionSpec("hi", 0.0, None, None, 0)),
-         "not in the local cache"),
-        ("load", dict(model=ModelSpec(str(tmp_path), "cpu"), session=SessionSpec("hi", 0.0, None, None, 0)),
-         "not a model folder"),
+        (ForceToken(10**9), "token id"),
+        (SetDecoding(-1.0), "temperature"),
+        (SetDecoding(float("nan")), "temperature"),
+        (SetDecoding(1.0, top_k=0), "top_k"),
+        (SetDecoding(1.0, top_p=1.5), "top_p"),
+        (SetMaskEdits((MaskEdit(1, 4),)), "future"),
+        (SetMaskEdits(tuple(MaskEdit(2, j) for j in range(3))), "every key"),
+        (NewSession(SessionSpec("word " * 80, 0.0, None, None, 0)), "context"),
+        (OpenTrace(str(corrupt)), "not a readable trace"),
+        (OpenTrace(str(tmp_path / "missing.safetensors")), "no trace file"),
+        (SaveTrace(str(tmp_path / "trace.txt")), ".safetensors"),
+        (Load(ModelSpec("nobody/nothing-here", "cpu"), hi), "not in the local cache"),
+        (Load(ModelSpec(str(tmp_path), "cpu"), hi), "not a model folder"),
     ]  # fmt: skip
 
 
@@ -177,12 +177,12 @@ def test_bad_inputs_in_the_window_give_one_dialog_each_and_the_session_goes_on(m
     win = make_window("gpt2")
     win.run(2)
     good = wait_idle(win)
-    for name, kwargs, word in _bad_window_inputs(tmp_path):
+    for command, word in _bad_window_inputs(tmp_path):
         n = len(shown)
-        win.post(name, **kwargs)
+        win.post(command)
         snap = wait_idle(win)
-        assert len(shown) == n + 1, (name, kwargs)
-        assert word in shown[-1][1], (name, shown[-1])
-        assert snap.labels == good.labels and not snap.read_only, name
+        assert len(shown) == n + 1, command
+        assert word in shown[-1][1], (command, shown[-1])
+        assert snap.labels == good.labels and not snap.read_only, command
     win.step()
     assert wait_idle(win).n_steps == 3

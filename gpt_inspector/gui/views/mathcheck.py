@@ -1,6 +1,7 @@
 """Math check panel: the attention output recomputed by hand next to the model's own.
 
-Display only; ``check``/``check_all`` run in a worker and hand their results over.
+``MathCheckPanel`` only displays; ``create_panel(window)`` wires its two buttons (and the Tools
+menu) to run ``check``/``check_all`` on the window's worker thread and hand the results over.
 """
 
 from __future__ import annotations
@@ -9,12 +10,14 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
+    QHBoxLayout,
     QHeaderView,
     QLabel,
+    QPushButton,
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
@@ -22,6 +25,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+PANEL_TITLE = "Math check"
+PANEL_AREA = "right"
 _RECOMPUTED = (66, 133, 244)
 _MODEL = (244, 160, 0)
 _BAD = QColor(218, 54, 51, 90)
@@ -30,8 +35,17 @@ _BAD = QColor(218, 54, 51, 90)
 class MathCheckPanel(QWidget):
     """Recomputed vs model vector (bars and table), max |diff|, the formula; optional all-heads grid."""
 
+    check_requested = Signal()  # the selected head, at the selected query position
+    check_all_requested = Signal()
+
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
+        self.check_button = QPushButton("Check selected head")
+        self.check_button.setToolTip("Recompute softmax(qKᵀ·s)·V by hand for the selected head and compare")
+        self.check_button.clicked.connect(self.check_requested)
+        self.check_all_button = QPushButton("Check every head")
+        self.check_all_button.setToolTip("The same for every layer and head, at every query position")
+        self.check_all_button.clicked.connect(self.check_all_requested)
         self.check = None
         self.report = None
         self.formula = QLabel("")
@@ -61,13 +75,22 @@ class MathCheckPanel(QWidget):
         split.addWidget(self.plot)
         split.addWidget(self.table)
         split.addWidget(self.heads)
+        buttons = QHBoxLayout()
+        buttons.addWidget(self.check_button)
+        buttons.addWidget(self.check_all_button)
+        buttons.addStretch(1)
         lay = QVBoxLayout(self)
+        lay.addLayout(buttons)
         lay.addWidget(self.formula)
         lay.addWidget(self.verdict)
         lay.addWidget(split, 1)
         self._set_formula(None)
 
     # ------------------------------------------------------------------ public
+    def set_busy(self, busy: bool) -> None:
+        self.check_button.setEnabled(not busy)
+        self.check_all_button.setEnabled(not busy)
+
     def show_result(self, check) -> None:
         """Show one ``MathCheck`` (None clears the vector view)."""
         self.check = check
@@ -142,6 +165,50 @@ class MathCheckPanel(QWidget):
             f"<b>{base}</b> &nbsp; scaling = {check.scaling:.6g}{cap}; mask: the model's own plus mask edits; "
             f"q from head {check.head}, K and V from KV head {check.kv_head}"
         )
+
+
+def create_panel(window) -> MathCheckPanel:
+    """Dock hook for the main window: the buttons and Tools ▸ Check run on its worker thread."""
+    panel = MathCheckPanel()
+
+    def finished(show):
+        def done(result, error) -> None:
+            panel.set_busy(False)
+            if error is not None:
+                from ...core.errors import InspectorError
+
+                kind = "user" if isinstance(error, InspectorError) else "internal"
+                window.show_error("Math check failed", str(error), kind)
+                return
+            show(result)
+            window.raise_panel(panel)
+
+        return done
+
+    def submit(job, show) -> None:
+        panel.set_busy(True)
+        if window.run_in_worker(job, finished(show)) is None:  # held back while an export reads
+            panel.set_busy(False)
+
+    def one() -> None:
+        from ...core.mathcheck import check
+
+        sel, snap = window.selection, window.snapshot
+        pos = None if sel.query is None or snap is None else snap.query
+        submit(lambda src: check(src, sel.layer, sel.head, pos), panel.show_result)
+
+    def every() -> None:
+        from ...core.mathcheck import check_all
+
+        submit(lambda src: check_all(src), panel.show_report)
+
+    panel.check_requested.connect(one)
+    panel.check_all_requested.connect(every)
+    act = window.acts.action
+    window.tools_menu.addAction(act("Check the math of the selected head", one, "Ctrl+M",
+                                    "Recompute softmax(qKᵀ·s)·V by hand and compare with the model"))  # fmt: skip
+    window.tools_menu.addAction(act("Check the math of every head", every))
+    return panel
 
 
 def _table(columns) -> QTableWidget:

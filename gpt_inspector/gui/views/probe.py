@@ -1,11 +1,13 @@
 """Cache privacy panel: what an attacker reads back from the KV cache, row by row.
 
-Display only; the probe runs in a worker and hands a ``ProbeResult`` to ``show_result``.
+``ProbePanel`` only displays; ``create_panel(window)`` wires its Probe button (and a Tools-menu
+entry) to run the probe on the window's worker thread and hand the ``ProbeResult`` to
+``show_result``.
 """
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt
+from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -13,12 +15,17 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QHeaderView,
     QLabel,
+    QListWidget,
+    QListWidgetItem,
+    QPushButton,
     QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+PANEL_TITLE = "Cache probe"
+PANEL_AREA = "right"
 COLUMNS = ("pos", "true token", "recovered", "distance", "margin", "")
 _OK = QColor(46, 160, 67, 60)
 _BAD = QColor(218, 54, 51, 70)
@@ -30,11 +37,25 @@ EXPLAIN = (
 
 
 class ProbePanel(QWidget):
-    """Table of cached positions: true token (if known), recovered token, distance, margin, ✓/✗."""
+    """Table of cached positions: true token (if known), recovered token, distance, margin, ✓/✗.
+
+    Above it the run controls: the layers to probe (one per model layer, from the snapshot) and
+    a Probe button that emits ``probe_requested(layers)``.
+    """
+
+    probe_requested = Signal(object)  # list of layer indices
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
+        self.layers = QListWidget()
+        self.layers.setToolTip("the layers to probe; layer 0 needs no model run past the embeddings")
+        self.layers.setMaximumHeight(90)
+        self.layers.itemChanged.connect(lambda _item: self._enable())
+        self.probe_button = QPushButton("Probe")
+        self.probe_button.clicked.connect(lambda: self.probe_requested.emit(self.chosen_layers()))
+        self._live = False
+        self._busy = False
         self.title = QLabel("<b>Cache privacy probe</b>")
         self.layer_box = QComboBox()
         self.layer_box.setToolTip("probed layer")
@@ -65,14 +86,44 @@ class ProbePanel(QWidget):
         top.addStretch(1)
         top.addWidget(QLabel("layer"))
         top.addWidget(self.layer_box)
+        run = QHBoxLayout()
+        run.addWidget(self.layers, 1)
+        run.addWidget(self.probe_button, 0, Qt.AlignTop)
         lay = QVBoxLayout(self)
         lay.addLayout(top)
         lay.addWidget(explain)
+        lay.addLayout(run)
         lay.addWidget(self.summary)
         lay.addWidget(self.text)
         lay.addWidget(self.table, 1)
 
+        self._enable()
+
     # ------------------------------------------------------------------ public
+    def set_snapshot(self, snap) -> None:
+        """One checkable row per layer of the model shown; a trace has no model to probe with."""
+        if self.layers.count() != snap.n_layers:
+            checked = set(self.chosen_layers()) or {0}
+            self.layers.blockSignals(True)
+            self.layers.clear()
+            for i in range(snap.n_layers):
+                item = QListWidgetItem(f"layer {i}")
+                item.setData(Qt.UserRole, i)
+                item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
+                item.setCheckState(Qt.Checked if i in checked else Qt.Unchecked)
+                self.layers.addItem(item)
+            self.layers.blockSignals(False)
+        self._live = not snap.read_only
+        self._enable()
+
+    def chosen_layers(self) -> list[int]:
+        return [self.layers.item(r).data(Qt.UserRole) for r in range(self.layers.count())
+                if self.layers.item(r).checkState() == Qt.Checked]  # fmt: skip
+
+    def set_busy(self, busy: bool) -> None:
+        self._busy = busy
+        self._enable()
+
     def show_result(self, result) -> None:
         """Show a ``ProbeResult`` (None clears the panel)."""
         self.result = result
@@ -89,6 +140,11 @@ class ProbePanel(QWidget):
         self.show_result(None)
 
     # ------------------------------------------------------------------ internals
+    def _enable(self) -> None:
+        self.probe_button.setEnabled(self._live and not self._busy and bool(self.chosen_layers()))
+        self.probe_button.setToolTip("Read the prompt back from the cached keys and values of the checked layers"
+                                     if self._live else "The probe needs a live session: load a model")  # fmt: skip
+
     def _show_layer(self, index: int) -> None:
         r = self.result
         if r is None or not r.layers:
@@ -130,3 +186,41 @@ class ProbePanel(QWidget):
                     item.setToolTip(tip)
                 item.setBackground(brush)
                 self.table.setItem(row, col, item)
+
+
+def create_panel(window) -> ProbePanel:
+    """Dock hook for the main window: the Probe button and Tools ▸ Probe run on its worker thread."""
+    panel = ProbePanel()
+
+    def done(result, error) -> None:
+        panel.set_busy(False)
+        if error is not None:
+            from ...core.errors import InspectorError
+
+            kind = "user" if isinstance(error, InspectorError) else "internal"
+            window.show_error("Cache probe failed", str(error), kind)
+            return
+        panel.show_result(result)
+        window.raise_panel(panel)
+
+    def request(layers) -> None:
+        layers = list(layers) or [0]
+
+        def job(src):
+            from ...core.errors import InspectorError
+            from ...core.probe import probe_session
+
+            if not hasattr(src, "lm"):
+                raise InspectorError("the cache probe needs a live session: load a model (a trace has no model)")
+            return probe_session(src, layers=layers)
+
+        panel.set_busy(True)
+        if window.run_in_worker(job, done) is None:  # held back while an export reads the session
+            panel.set_busy(False)
+
+    panel.probe_requested.connect(request)
+    window.snapshot_changed.connect(panel.set_snapshot)
+    window.tools_menu.addAction(window.acts.action(
+        "Probe the KV cache (checked layers)", lambda: request(panel.chosen_layers()), None,
+        "Read the prompt back from the cached keys and values"))  # fmt: skip
+    return panel

@@ -1,0 +1,145 @@
+"""The window's QActions: menus, toolbar and keyboard shortcuts, and when each may be used.
+
+Every action calls a method without arguments: ``QAction.triggered`` carries ``checked``, and a
+slot with an optional first parameter would receive it (that once made Run run 0 steps).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+from PySide6.QtCore import QObject, Qt
+from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtWidgets import QFileDialog, QInputDialog, QToolBar
+
+from . import settings as _settings
+from .viewdata import KINDS
+
+RECENT_TRACES = "recent/traces"
+
+
+class WindowActions(QObject):
+    """Builds the menus and the toolbar of ``window`` (a MainWindow) and keeps them enabled right."""
+
+    def __init__(self, window):
+        super().__init__(window)
+        self.win = w = window
+        ctl = w.controller
+        A = self.action
+        self.step = A("Step", w.step, "F10", "Run one step: feed one token, choose the next")
+        self.run = A("Run", w.run, "F5", "Run until EOS, max steps or a breakpoint")
+        self.pause = A("Pause", w.pause, "Esc", "Stop a run after the current step")
+        self.back = A("Step back", w.step_back, "Shift+F10", "Undo the last step exactly")
+        self.restart = A("Restart", w.restart, "Ctrl+Shift+F5", "Back to the prompt (a changed prompt or seed starts a new session)")
+        self.run_to = A("Run to step…", self.ask_run_to, "Ctrl+F10", "Step forward or back to step N")
+        self.redecide = A("Re-decide token", w.redecide, "Ctrl+D", "Choose the current token again at the current settings")
+        self.open = A("Open trace…", self.open_trace_dialog, QKeySequence.StandardKey.Open, "Open a saved trace (read-only)")
+        self.save = A("Save trace…", self.save_trace_dialog, QKeySequence.StandardKey.Save, "Save the session as a trace file")
+        self.export = A("Export view…", w.export_view, "Ctrl+E", "Export the selected head's matrix")
+        self.export_grid = A("Export grid…", w.export_grid, "Ctrl+Shift+E", "Export every head's pattern")
+        self.load = A("Load model…", w.load_from_controls, "Ctrl+L", "Load the model chosen in the Session panel")
+        self.quit = A("Quit", w.close, QKeySequence.StandardKey.Quit)
+        self.reset_layout = A("Reset layout", w.reset_layout, None, "Put every panel back where it started")
+        sel = lambda: ctl.selection  # noqa: E731 -- read when the key is pressed, not now
+        self.prev_layer = A("Previous layer", lambda: ctl.select(layer=sel().layer - 1), "PgUp")
+        self.next_layer = A("Next layer", lambda: ctl.select(layer=sel().layer + 1), "PgDown")
+        self.prev_head = A("Previous head", lambda: ctl.select(head=sel().head - 1), "[")
+        self.next_head = A("Next head", lambda: ctl.select(head=sel().head + 1), "]")
+        self.follow = A("Follow the newest position", lambda: ctl.select_query(None), "End")
+        self.stages = [A(f"Stage: {k}", lambda k=k: ctl.select(kind=k), f"Ctrl+{i + 1}") for i, k in enumerate(KINDS)]
+        debug = (self.step, self.run, self.pause, self.back, self.restart, self.run_to)
+
+        mb = w.menuBar()
+        m = mb.addMenu("&File")
+        m.addAction(self.load)
+        m.addSeparator()
+        m.addAction(self.open)
+        self.recent_menu = m.addMenu("Recent traces")
+        self.recent_menu.aboutToShow.connect(self._fill_recent_traces)
+        m.addAction(self.save)
+        m.addSeparator()
+        m.addAction(self.export)
+        m.addAction(self.export_grid)
+        m.addSeparator()
+        m.addAction(self.quit)
+        m = mb.addMenu("&Debug")
+        m.addActions(debug)
+        m.addSeparator()
+        m.addAction(self.redecide)
+        m = mb.addMenu("&Select")
+        m.addActions([self.prev_layer, self.next_layer, self.prev_head, self.next_head, self.follow])
+        m.addSeparator()
+        m.addActions(self.stages)
+        self.tools_menu = mb.addMenu("&Tools")
+        self.view_menu = mb.addMenu("&View")
+        for d in w.docks.values():
+            self.view_menu.addAction(d.toggleViewAction())
+        self.view_menu.addSeparator()
+        self.view_menu.addAction(self.reset_layout)
+
+        tb = QToolBar("Debug")
+        tb.setObjectName("toolbar_debug")
+        tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
+        tb.addActions(debug)
+        tb.addSeparator()
+        tb.addAction(self.redecide)
+        tb.addSeparator()
+        tb.addActions([self.open, self.save, self.export])
+        w.addToolBar(Qt.ToolBarArea.TopToolBarArea, tb)
+        self.toolbar = tb
+        ctl.state_changed.connect(self.update)
+        self.update()
+
+    def action(self, text: str, slot: Callable[[], object], shortcut=None, tip: str = "") -> QAction:
+        """A window-wide action calling ``slot()``; panels use this for their Tools-menu entries."""
+        a = QAction(text, self.win)
+        if shortcut is not None:
+            a.setShortcut(QKeySequence(shortcut))
+            a.setShortcutContext(Qt.ShortcutContext.WindowShortcut)
+            self.win.addAction(a)  # the shortcut works even with the menu bar hidden
+        if tip:
+            a.setStatusTip(tip)
+            a.setToolTip(f"{tip} ({QKeySequence(shortcut).toString()})" if shortcut else tip)
+        a.triggered.connect(lambda _checked=False: slot())
+        return a
+
+    def update(self) -> None:
+        ctl = self.win.controller
+        idle_live = ctl.live and not ctl.running
+        stepped = ctl.n_steps > 0
+        for a in (self.restart, self.run_to):
+            a.setEnabled(idle_live)
+        for a in (self.back, self.redecide):  # both need a step to undo or re-decide
+            a.setEnabled(idle_live and stepped)
+        for a in (self.step, self.run):  # after EOS: step back, force a token or restart
+            a.setEnabled(idle_live and not ctl.finished)
+        self.pause.setEnabled(ctl.running)
+        self.save.setEnabled(ctl.live)
+        self.export.setEnabled(ctl.has_source)
+        self.export_grid.setEnabled(ctl.has_source)
+
+    # ------------------------------------------------------------------ dialogs behind actions
+    def ask_run_to(self) -> None:
+        cur = self.win.controller.n_steps
+        n, ok = QInputDialog.getInt(self.win, "Run to step", "Step or step back until this many steps are done:",
+                                    cur + 10, 0, 10**6)  # fmt: skip
+        if ok:
+            self.win.run_to(n)
+
+    def open_trace_dialog(self) -> None:
+        path, _ = QFileDialog.getOpenFileName(self.win, "Open trace", "", "Traces (*.safetensors);;All files (*)")
+        if path:
+            self.win.open_trace(path)
+
+    def save_trace_dialog(self) -> None:
+        path, _ = QFileDialog.getSaveFileName(self.win, "Save trace", "trace.safetensors", "Traces (*.safetensors)")
+        if path:
+            self.win.save_trace(path)
+
+    def _fill_recent_traces(self) -> None:
+        self.recent_menu.clear()
+        items = _settings.recent(RECENT_TRACES)
+        for p in items:
+            self.recent_menu.addAction(p, lambda p=p: self.win.open_trace(p))
+        if not items:
+            self.recent_menu.addAction("(none)").setEnabled(False)

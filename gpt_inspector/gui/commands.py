@@ -1,0 +1,149 @@
+"""What the window can ask of the worker: one frozen dataclass per command.
+
+The worker dispatches on the command's type through a table, so a misspelt or unhandled
+command fails when it is posted (a TypeError on the caller's thread, caught by the tests), not
+as a dialog at run time. Qt-free on purpose: the commands are plain data.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+from ..core.breakpoints import Breakpoints
+from ..core.capture import MaskEdit
+
+
+@dataclass(frozen=True)
+class ModelSpec:
+    model: str | None = None  # None: the demo model
+    device: str = "auto"
+    dtype: str | None = None
+    allow_pickle: bool = False
+    trust_remote_code: bool = False
+
+
+@dataclass(frozen=True)
+class SessionSpec:
+    prompt: str = ""
+    temperature: float = 0.0
+    top_k: int | None = None
+    top_p: float | None = None
+    seed: int = 0
+
+
+def _no_bool(owner: str, **values) -> None:
+    # QAction.triggered(bool) once leaked checked=False into Run(max_steps) and ran 0 steps
+    for name, v in values.items():
+        if isinstance(v, bool):
+            raise TypeError(f"{owner}.{name} must be an int or None, got {v!r}")
+
+
+@dataclass(frozen=True)
+class Load:
+    model: ModelSpec
+    session: SessionSpec
+
+
+@dataclass(frozen=True)
+class Restore:
+    recipe: dict
+
+
+@dataclass(frozen=True)
+class NewSession:
+    session: SessionSpec
+    keep_edits: bool = True
+
+
+@dataclass(frozen=True)
+class Restart:
+    session: SessionSpec | None = None  # a changed prompt or seed starts a new session
+
+
+@dataclass(frozen=True)
+class Step:
+    pass
+
+
+@dataclass(frozen=True)
+class StepBack:
+    pass
+
+
+@dataclass(frozen=True)
+class Run:
+    """Step up to ``max_steps`` (None: until the context is full), or to step ``target``."""
+
+    max_steps: int | None = None
+    breakpoints: Breakpoints | None = None
+    target: int | None = None
+
+    def __post_init__(self):
+        _no_bool("Run", max_steps=self.max_steps, target=self.target)
+
+
+@dataclass(frozen=True)
+class SetDecoding:
+    temperature: float
+    top_k: int | None = None
+    top_p: float | None = None
+    redecide: bool = False
+
+
+@dataclass(frozen=True)
+class ForceToken:
+    token_id: int
+
+    def __post_init__(self):
+        _no_bool("ForceToken", token_id=self.token_id)
+
+
+@dataclass(frozen=True)
+class EditCells:
+    """Toggle blocks on (query, key) cells of ``layer``/``head``; ``scope``: head, layer or all."""
+
+    cells: tuple[tuple[int, int], ...]
+    layer: int
+    head: int
+    scope: str = "head"
+    block: bool | None = None
+
+
+@dataclass(frozen=True)
+class SetMaskEdits:
+    edits: tuple[MaskEdit, ...]
+
+
+@dataclass(frozen=True)
+class Refresh:
+    """Publish a snapshot again (the selection changed)."""
+
+
+@dataclass(frozen=True)
+class SaveTrace:
+    path: str
+
+
+@dataclass(frozen=True)
+class OpenTrace:
+    path: str
+
+
+@dataclass(frozen=True)
+class Show:
+    """Show a Session or Trace built elsewhere; a Session belongs to the worker afterwards."""
+
+    obj: Any
+
+
+@dataclass(frozen=True)
+class Call:
+    """Run ``fn(session_or_trace)`` on the worker thread; the result comes back by ``called``."""
+
+    fn: Callable[[Any], Any]
+
+
+COMMANDS = (Load, Restore, NewSession, Restart, Step, StepBack, Run, SetDecoding, ForceToken, EditCells,
+            SetMaskEdits, Refresh, SaveTrace, OpenTrace, Show, Call)  # fmt: skip

@@ -1,0 +1,272 @@
+"""The one place that knows what the debugger is doing: the selection, the snapshot shown, what runs.
+
+Menus, shortcuts, buttons and panels all go through a :class:`Controller`; it turns their
+requests into typed commands (:mod:`.commands`) for the worker thread and turns the worker's
+signals back into state the views read. It owns the only copy of the selection.
+
+Threading rule: the session lives in the worker thread. The controller only posts commands and
+takes Snapshots. The one exception, the window handing the live session to an export dialog,
+happens while ``reading`` is set: commands posted meanwhile are held back until it is cleared
+(see ``release_held``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+from PySide6.QtCore import QObject, QTimer, Signal
+
+from ..core.breakpoints import Breakpoints
+from .commands import (  # re-exported: callers build commands from here
+    COMMANDS,
+    Call,
+    EditCells,
+    ForceToken,
+    Load,
+    NewSession,
+    OpenTrace,
+    Refresh,
+    Restart,
+    Restore,
+    Run,
+    SaveTrace,
+    SetDecoding,
+    SetMaskEdits,
+    Show,
+    Step,
+    StepBack,
+    ModelSpec,
+    SessionSpec,
+)
+from .viewdata import Selection, Snapshot
+from .worker import Worker
+
+__all__ = ["COMMANDS", "Controller", "ModelSpec", "SessionSpec", *(c.__name__ for c in COMMANDS)]
+
+
+class Controller(QObject):
+    snapshot_changed = Signal(object)  # Snapshot, after it became ``self.snapshot``
+    selection_changed = Signal(int, int, int)  # layer, head, query (-1: follow the newest)
+    state_changed = Signal()  # busy, running, source or step changed: what may be done now
+    busy_text = Signal(str)  # what the worker does now; "" when a command is over
+    progress = Signal(int, int)  # steps done, planned
+    stopped = Signal(str)  # why a run ended
+    done = Signal(int)  # serial of a finished command
+    loaded = Signal(object)  # dict describing the model
+    error = Signal(str, str, str)  # title, message, kind: "user" | "model" | "internal"
+
+    def __init__(self, parent: QObject | None = None):
+        super().__init__(parent)
+        self.selection = Selection()
+        self.snapshot: Snapshot | None = None
+        self.read_only = False
+        self.has_source = False
+        self.last_stop_reason: str | None = None
+        self.pending: set[int] = set()
+        self.runs: set[int] = set()
+        self.reading = False  # the GUI thread reads the session: hold commands back
+        self.held: list = []
+        self._refresh_serial: int | None = None
+        self._refresh_sel: Selection | None = None
+        self._callbacks: dict[int, object] = {}
+        self._idle_waiters: list = []
+
+        self.worker = w = Worker()
+        w.start()
+        # bound methods, not lambdas: PySide calls a lambda on the emitting (worker) thread
+        w.snapshot_ready.connect(self._snapshot_ready)
+        w.error.connect(self.error)
+        w.busy.connect(self.busy_text)
+        w.progress.connect(self.progress)
+        w.loaded.connect(self._loaded)
+        w.stopped.connect(self._stopped)
+        w.done.connect(self._done)
+        w.called.connect(self._called)
+
+    # ------------------------------------------------------------------ state
+    @property
+    def busy(self) -> bool:
+        return bool(self.pending)
+
+    @property
+    def running(self) -> bool:
+        return bool(self.runs)
+
+    @property
+    def live(self) -> bool:
+        """A session (not a read-only trace) is shown."""
+        return self.has_source and not self.read_only
+
+    @property
+    def finished(self) -> bool:
+        return bool(self.snapshot is not None and self.snapshot.finished)
+
+    @property
+    def n_steps(self) -> int:
+        return self.snapshot.n_steps if self.snapshot is not None else 0
+
+    # ------------------------------------------------------------------ posting
+    def post(self, command) -> int | None:
+        """Queue a command for the worker; None if it is held back while the session is read."""
+        if self.reading:
+            self.held.append(command)
+            return None
+        serial = self.worker.post(command)
+        self.pending.add(serial)
+        if isinstance(command, Run):
+            self.runs.add(serial)
+        self.state_changed.emit()
+        return serial
+
+    def release_held(self) -> None:
+        held, self.held = self.held, []
+        for command in held:
+            self.post(command)
+
+    def run_in_worker(self, fn, callback=None) -> int | None:
+        """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one."""
+        serial = self.post(Call(fn))
+        if serial is not None and callback is not None:
+            self._callbacks[serial] = callback
+        return serial
+
+    def when_idle(self, callback) -> None:
+        """Call ``callback()`` once every posted command has finished and its snapshot is shown."""
+        if not self.pending:
+            self.take_snapshot()
+            QTimer.singleShot(0, callback)
+        else:
+            self._idle_waiters.append(callback)
+
+    # ------------------------------------------------------------------ commands
+    def load(self, model: ModelSpec, session: SessionSpec) -> int | None:
+        return self.post(Load(model, session))
+
+    def restore(self, recipe: dict) -> int | None:
+        return self.post(Restore(recipe))
+
+    def new_session(self, session: SessionSpec) -> int | None:
+        return self.post(NewSession(session))
+
+    def restart(self, session: SessionSpec | None = None) -> int | None:
+        return self.post(Restart(session))
+
+    def step(self) -> int | None:
+        return self.post(Step())
+
+    def step_back(self) -> int | None:
+        return self.post(StepBack())
+
+    def run(self, max_steps: int | None, breakpoints: Breakpoints | None = None) -> int | None:
+        return self.post(Run(max_steps=max_steps, breakpoints=breakpoints))
+
+    def run_to(self, target: int, breakpoints: Breakpoints | None = None) -> int | None:
+        return self.post(Run(target=int(target), breakpoints=breakpoints))
+
+    def pause(self) -> bool:
+        """Stop every run posted so far after its current step; True if one was running."""
+        self.worker.cancel()
+        return self.running
+
+    def set_decoding(self, temperature: float, top_k: int | None, top_p: float | None, redecide: bool = False):
+        return self.post(SetDecoding(temperature, top_k, top_p, redecide))
+
+    def force_token(self, token_id: int) -> int | None:
+        return self.post(ForceToken(int(token_id)))
+
+    def edit_cells(self, cells, scope: str = "head", block: bool | None = None) -> int | None:
+        """Toggle blocks on (query, key) cells of the selected head, its layer or every layer."""
+        sel = self.selection
+        cells = tuple((int(q), int(k)) for q, k in cells)
+        return self.post(EditCells(cells, sel.layer, sel.head, scope, block))
+
+    def set_mask_edits(self, edits) -> int | None:
+        return self.post(SetMaskEdits(tuple(edits)))
+
+    def open_trace(self, path: str) -> int | None:
+        return self.post(OpenTrace(str(path)))
+
+    def save_trace(self, path: str) -> int | None:
+        return self.post(SaveTrace(str(path)))
+
+    def show(self, obj) -> int | None:
+        return self.post(Show(obj))
+
+    # ------------------------------------------------------------------ selection
+    def select(self, layer: int | None = None, head: int | None = None, kind: str | None = None) -> None:
+        """Change the selection; layer and head are clamped to the model's."""
+        s = self.selection
+        snap = self.snapshot
+        L = snap.n_layers if snap else 1 << 30
+        H = snap.n_heads if snap else 1 << 30
+        self.set_selection(replace(
+            s,
+            layer=s.layer if layer is None else min(max(layer, 0), L - 1),
+            head=s.head if head is None else min(max(head, 0), H - 1),
+            kind=s.kind if kind is None else kind,
+        ))  # fmt: skip
+
+    def select_query(self, pos: int | None) -> None:
+        snap = self.snapshot
+        if pos is not None and snap is not None and pos >= snap.T - 1:
+            pos = None  # the newest position: follow the run from now on
+        self.set_selection(replace(self.selection, query=pos))
+
+    def set_selection(self, sel: Selection) -> None:
+        if sel == self.selection:
+            return
+        self.selection = sel
+        self.worker.set_selection(sel)
+        self.selection_changed.emit(sel.layer, sel.head, -1 if sel.query is None else sel.query)
+        if self._refresh_serial is None and self.has_source:
+            self._refresh_sel = sel
+            self._refresh_serial = self.post(Refresh())
+
+    # ------------------------------------------------------------------ from the worker
+    def _snapshot_ready(self) -> None:
+        self.take_snapshot()  # looked up at call time, so a benchmark can wrap it
+
+    def take_snapshot(self) -> None:
+        snap = self.worker.take()
+        if snap is None:
+            return
+        self.snapshot = snap
+        self.has_source = True
+        self.read_only = snap.read_only
+        self.snapshot_changed.emit(snap)
+        self.state_changed.emit()
+
+    def _stopped(self, reason: str) -> None:
+        self.last_stop_reason = reason
+        self.stopped.emit(reason)
+
+    def _loaded(self, info: dict) -> None:
+        if self.selection.layer >= info["n_layers"] or self.selection.head >= info["n_heads"]:
+            self.set_selection(Selection(kind=self.selection.kind))
+        self.loaded.emit(info)
+
+    def _done(self, serial: int) -> None:
+        self.pending.discard(serial)
+        self.runs.discard(serial)
+        if serial == self._refresh_serial:
+            self._refresh_serial = None
+            if self._refresh_sel != self.selection:  # changed while that refresh ran
+                self._refresh_sel = self.selection
+                self._refresh_serial = self.post(Refresh())
+        self.done.emit(serial)
+        self.state_changed.emit()
+        if not self.pending:
+            self.take_snapshot()
+            waiters, self._idle_waiters = self._idle_waiters, []
+            for cb in waiters:
+                cb()
+
+    def _called(self, serial: int, result, error) -> None:
+        cb = self._callbacks.pop(serial, None)
+        if cb is not None:
+            cb(result, error)
+        elif error is not None:
+            self.error.emit("Panel error", str(error), "internal")
+
+    def stop(self) -> None:
+        self.worker.stop()

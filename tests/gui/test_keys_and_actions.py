@@ -1,0 +1,202 @@
+"""The window driven the way a user drives it: keys, toolbar buttons, menu actions, panel buttons.
+
+Every test presses keys on the shown, active window (or clicks a widget) and then reads what is
+on screen: the status bar, the panels, the snapshot the views show.
+"""
+
+from __future__ import annotations
+
+import time
+
+import pytest
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QInputDialog, QLineEdit, QMessageBox, QPlainTextEdit, QTextEdit
+
+from gpt_inspector.gui import commands
+from gpt_inspector.gui.worker import HANDLERS
+
+
+@pytest.fixture
+def shown(make_window, qtbot):
+    """A window on a fresh session, shown, active and exposed, as after start."""
+
+    def make(**kw):
+        win = make_window(**kw)
+        win.activateWindow()
+        qtbot.waitExposed(win)
+        qtbot.waitUntil(win.isActiveWindow, timeout=3000)
+        return win
+
+    return make
+
+
+@pytest.fixture
+def no_dialogs(monkeypatch):
+    shown = []
+    for name in ("warning", "critical", "information"):
+        monkeypatch.setattr(QMessageBox, name, lambda parent, title, text, *a, **k: shown.append((title, text)))
+    return shown
+
+
+def _press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):
+    """A key press as the keyboard delivers it: to the widget with the focus."""
+    qtbot.keyClick(QApplication.focusWidget() or win, key, modifier)
+
+
+def _step_text(win) -> str:
+    return win.st_step.text()
+
+
+def test_f10_steps_and_shift_f10_steps_back(shown, wait_idle, qtbot, no_dialogs):
+    win = shown()
+    assert _step_text(win) == "step 0"
+    assert not win.acts.back.isEnabled()  # nothing to undo at step 0
+    for n in (1, 2):
+        _press(qtbot, win, Qt.Key.Key_F10)
+        wait_idle(win)
+        assert _step_text(win) == f"step {n}"
+    assert win.acts.back.isEnabled()
+    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
+    snap = wait_idle(win)
+    assert _step_text(win) == "step 1" and snap.n_steps == 1
+    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
+    wait_idle(win)
+    assert _step_text(win) == "step 0" and not win.acts.back.isEnabled()
+    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # disabled: nothing happens
+    assert wait_idle(win).n_steps == 0 and not no_dialogs and not win.errors
+
+
+def test_f5_toolbar_run_and_debug_run_each_run_the_max_steps_count(shown, wait_idle, qtbot, no_dialogs):
+    win = shown()
+    win.session_panel.max_steps.setValue(3)
+    _press(qtbot, win, Qt.Key.Key_F5)
+    wait_idle(win)
+    assert _step_text(win) == "step 3"
+    assert win.statusBar().currentMessage() == "Run stopped: ran 3 steps"
+    button = win.acts.toolbar.widgetForAction(win.acts.run)
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    wait_idle(win)
+    assert _step_text(win) == "step 6"
+    debug_menu = next(a.menu() for a in win.menuBar().actions() if a.text() == "&Debug")
+    assert win.acts.run in debug_menu.actions()
+    win.acts.run.trigger()  # Debug ▸ Run
+    wait_idle(win)
+    assert _step_text(win) == "step 9" and not no_dialogs
+
+
+def _slow_steps(session):
+    orig = session.step
+
+    def step():
+        time.sleep(0.05)
+        st = orig()
+        if st.finish_reason == "eos":  # keep going: the run must still be going when Esc comes
+            st = session.force_token(5)
+        return st
+
+    session.step = step
+
+
+def test_esc_pauses_a_run(shown, wait_idle, qtbot, no_dialogs):
+    win = shown()
+    win.run_in_worker(_slow_steps)
+    wait_idle(win)
+    win.session_panel.max_steps.setValue(40)
+    _press(qtbot, win, Qt.Key.Key_F5)
+    qtbot.waitUntil(lambda: win.st_progress.value() >= 3, timeout=10000)
+    assert win.st_busy.text().startswith("running:") and win.acts.pause.isEnabled()
+    assert not win.acts.step.isEnabled()
+    _press(qtbot, win, Qt.Key.Key_Escape)
+    snap = wait_idle(win)
+    assert win.statusBar().currentMessage() == "Run stopped: paused"
+    assert 3 <= snap.n_steps < 40 and _step_text(win) == f"step {snap.n_steps}"
+    assert not win.acts.pause.isEnabled() and win.acts.step.isEnabled() and not no_dialogs
+
+
+def test_head_and_layer_keys_work_right_after_start(shown, wait_idle, qtbot):
+    win = shown()
+    focus = QApplication.focusWidget()
+    assert focus is not None and not isinstance(focus, (QLineEdit, QAbstractSpinBox, QPlainTextEdit, QTextEdit))
+    model_text = win.session_panel.model.currentText()
+    _press(qtbot, win, Qt.Key.Key_BracketRight)
+    snap = wait_idle(win)
+    assert snap.selection.head == 1 and win.overview.isVisible()
+    assert win.session_panel.model.currentText() == model_text  # nothing typed into the Model box
+    _press(qtbot, win, Qt.Key.Key_PageDown)
+    assert wait_idle(win).selection.layer == 1
+    _press(qtbot, win, Qt.Key.Key_BracketLeft)
+    _press(qtbot, win, Qt.Key.Key_PageUp)
+    snap = wait_idle(win)
+    assert (snap.selection.layer, snap.selection.head) == (0, 0)
+    _press(qtbot, win, Qt.Key.Key_F10)
+    wait_idle(win)
+    assert "layer 0 · head 0" in win.score_matrix.title.text()
+
+
+def test_a_breakpoint_stops_a_run(shown, wait_idle, qtbot):
+    win = shown()
+    bp = win.breakpoints_panel
+    qtbot.mouseClick(bp.on_prob, Qt.MouseButton.LeftButton)
+    assert bp.on_prob.isChecked()
+    bp.prob.setValue(1.0)  # every token is below p = 1: stop after the first step
+    _press(qtbot, win, Qt.Key.Key_F5)
+    wait_idle(win)
+    assert _step_text(win) == "step 1"
+    assert win.statusBar().currentMessage().startswith("Run stopped: breakpoint at step 0: p=")
+
+
+def test_run_to_step_goes_forward_and_back(shown, wait_idle, qtbot, monkeypatch):
+    win = shown()
+    answers = iter([(5, True), (2, True), (9, False)])
+    asked = []
+
+    def get_int(parent, title, label, value, *a, **k):  # the dialog Ctrl+F10 opens, answered
+        asked.append(value)
+        return next(answers)
+
+    monkeypatch.setattr(QInputDialog, "getInt", get_int)
+    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)
+    wait_idle(win)
+    assert _step_text(win) == "step 5" and win.statusBar().currentMessage() == "Run stopped: reached step 5"
+    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)
+    wait_idle(win)
+    assert _step_text(win) == "step 2"
+    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)  # cancelled: stays
+    assert wait_idle(win).n_steps == 2
+    assert asked == [10, 15, 12]  # the dialog proposes ten steps past the current one
+
+
+def test_probe_and_math_check_panels_run_from_their_own_buttons(shown, wait_idle, qtbot, tiny_lm, no_dialogs):
+    win = shown()
+    probe = win.probe_panel
+    n_layers = tiny_lm("gpt2").n_layers
+    assert probe.layers.count() == n_layers and probe.chosen_layers() == [0]
+    assert probe.probe_button.isEnabled()
+    _press(qtbot, win, Qt.Key.Key_F10)
+    wait_idle(win)
+    probe.layers.item(n_layers - 1).setCheckState(Qt.CheckState.Checked)
+    qtbot.mouseClick(probe.probe_button, Qt.MouseButton.LeftButton)
+    wait_idle(win)
+    assert probe.result is not None and [lp.layer for lp in probe.result.layers] == [0, n_layers - 1]
+    assert probe.table.rowCount() == win.snapshot.T and "recovered" in probe.summary.text()
+
+    math = win.mathcheck_panel
+    _press(qtbot, win, Qt.Key.Key_BracketRight)
+    wait_idle(win)
+    qtbot.mouseClick(math.check_button, Qt.MouseButton.LeftButton)
+    wait_idle(win)
+    assert "layer 0, head 1" in math.verdict.text() and "✓ match" in math.verdict.text()
+    qtbot.mouseClick(math.check_all_button, Qt.MouseButton.LeftButton)
+    wait_idle(win)
+    assert not math.heads.isHidden() and math.heads.rowCount() == n_layers
+    assert not no_dialogs and not win.errors
+
+
+def test_every_command_has_a_handler_and_anything_else_is_refused_when_posted(make_window, no_dialogs):
+    assert set(HANDLERS) == set(commands.COMMANDS)
+    win = make_window()
+    with pytest.raises(TypeError, match="not a worker command"):
+        win.controller.post(("step", {}))  # the old string protocol
+    with pytest.raises(TypeError, match="max_steps"):
+        commands.Run(max_steps=False)  # QAction's checked flag must never become a step count
+    assert not win.busy and not no_dialogs
