@@ -1,9 +1,7 @@
 """The debugger window: docks, actions, status bar, and the wiring between views and the worker.
 
 Threading rule: the session lives in the worker thread. This window only posts commands and
-applies Snapshots. The one exception, handing the live session to an export dialog, happens
-only while no command is queued or running, and commands posted meanwhile are held back until
-the dialog closes (see ``_read_source``).
+applies Snapshots; exports build their figures on the worker too (``run_in_worker``).
 
 Extension points for other panels (comparison, probes, math checks):
 - ``add_panel(title, widget, area)`` docks a widget (its layout is saved like the others);
@@ -83,8 +81,6 @@ class MainWindow(QMainWindow):
         self.apply_log: list[tuple[float, float, float]] = []  # (model done, built, applied) per snapshot
         self._pending: set[int] = set()
         self._runs: set[int] = set()
-        self._held: list[tuple[str, dict]] = []
-        self._reading = False
         self._refresh_serial: int | None = None
         self._refresh_sel: Selection | None = None
         self._callbacks: dict[int, object] = {}
@@ -439,9 +435,6 @@ class MainWindow(QMainWindow):
         return bool(self._runs)
 
     def post(self, name: str, **kwargs) -> int | None:
-        if self._reading:  # the GUI thread is reading the session: hold the change back
-            self._held.append((name, kwargs))
-            return None
         serial = self.worker.post(name, **kwargs)
         self._pending.add(serial)
         if name == "run":
@@ -712,13 +705,8 @@ class MainWindow(QMainWindow):
         self.act_export_grid.setEnabled(self.has_source)
 
     # ================================================================== export
-    def _read_source(self):
-        """The session/trace, only when the worker has nothing queued or running (else None)."""
-        if self._pending or self.worker.obj is None:
-            return None
-        return self.worker.obj
-
     def _export(self, fn_name: str, *args) -> None:
+        """Hand the export to the dialog module, which builds the figure on the worker thread."""
         try:
             mod = importlib.import_module(f"{__package__}.export_dialog")
         except ModuleNotFoundError as e:
@@ -726,22 +714,11 @@ class MainWindow(QMainWindow):
                 raise
             QMessageBox.information(self, "Export", "Export is not available in this build yet.")
             return
-        src = self._read_source()
-        if src is None:
-            QMessageBox.information(self, "Export", "The model is busy: pause or let the run finish, then export.")
+        if not self.has_source:
+            QMessageBox.information(self, "Export", "Nothing to export yet: load a model or open a trace.")
             return
-        self._reading = True
-        try:
-            getattr(mod, fn_name)(self, src, *args)
-        except Exception as e:
-            from ..core.errors import InspectorError
-
-            self.show_error("Export failed", str(e), "user" if isinstance(e, InspectorError) else "internal")
-        finally:
-            self._reading = False
-            held, self._held = self._held, []
-            for name, kw in held:
-                self.post(name, **kw)
+        # queued behind any running steps: the figure shows the session as they leave it
+        getattr(mod, fn_name)(self, *args)
 
     def export_view(self, layer: int | None = None, head: int | None = None, kind: str | None = None) -> None:
         s = self.selection
