@@ -189,6 +189,41 @@ def _ticks(labels: Sequence[str], extent_in: float, fontsize: float, numbered: b
     return pos, text
 
 
+def _nice_step(raw: float) -> tuple[float, int, bool]:
+    """The smallest 1, 2, 2.5 or 5 x 10^e step >= raw, the decimals its multiples need, and if it is 2.5 x 10^e."""
+    e = math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if m * 10.0**e >= raw * (1 - 1e-9):
+            break
+    if m == 10.0:
+        m, e = 1.0, e + 1
+    return m * 10.0**e, max(0, -e + (1 if m == 2.5 else 0)), m == 2.5
+
+
+def ticks(vmin: float, vmax: float, n: int = 5) -> list[tuple[float, str]]:
+    """About ``n`` (never fewer than 3) round values inside [vmin, vmax], labelled with just enough decimals."""
+    span = vmax - vmin
+    if not span > 0:
+        return [(vmin, f"{vmin:.4g}")]
+    raw = span / max(1, n - 1)
+    while True:
+        step, decimals, quarter = _nice_step(raw)
+        first, last = math.ceil(vmin / step - 1e-9), math.floor(vmax / step + 1e-9)
+        if last - first + 1 >= 3:
+            break
+        raw = step / 2.1  # the next finer round step
+    top = max(abs(vmin), abs(vmax))
+    compact = top >= 1e5 or decimals > 4
+    # significant digits that still tell neighbouring ticks apart
+    sig = max(1, math.floor(math.log10(top)) - math.floor(math.log10(step) + 1e-9) + 1 + quarter)
+    out = []
+    for k in range(first, last + 1):
+        v = k * step
+        v = 0.0 if abs(v) < step * 1e-9 else v
+        out.append((v, f"{v:.{sig}g}" if compact else f"{v:.{decimals}f}"))
+    return out
+
+
 # ---------------------------------------------------------------------- values
 def pool_max(values: np.ndarray, masked: np.ndarray, kr: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
     """Block maximum over ``kr`` x ``kc`` cells, ignoring masked ones; a block is masked if all are.
@@ -309,13 +344,25 @@ def _set_ticks(ax, axis: str, labels, extent_in: float, fontsize: float, numbere
 
 
 def _colorbar(fig, x_in: float, y_in: float, h_in: float, norm, cmap, label: str, masked: bool):
-    from matplotlib.cm import ScalarMappable
-
+    # drawn by hand with fixed ticks: fig.colorbar costs most of a small figure's time, which
+    # matters when a script exports thousands
     cax = _add_axes(fig, x_in, y_in, 0.14, h_in)
-    cb = fig.colorbar(ScalarMappable(norm=norm, cmap=cmap), cax=cax)
-    cb.outline.set_linewidth(0.6)
-    cb.ax.tick_params(labelsize=8, length=2, width=0.5)
-    cb.set_label(label, fontsize=8, color=_DIM)
+    lo, hi = norm.vmin, norm.vmax
+    cax.imshow(np.linspace(lo, hi, 256).reshape(256, 1), cmap=cmap, norm=norm, aspect="auto", origin="lower",
+               interpolation="nearest", extent=(0.0, 1.0, lo, hi))  # fmt: skip
+    cax.set_xlim(0.0, 1.0)
+    cax.set_ylim(lo, hi)
+    cax.set_xticks([])
+    cax.yaxis.tick_right()
+    cax.yaxis.set_label_position("right")
+    pos, text = zip(*ticks(lo, hi))
+    cax.set_yticks(pos, text, fontsize=8)
+    cax.tick_params(length=2, width=0.5, pad=2, colors=_TEXT)
+    for s in cax.spines.values():
+        s.set_linewidth(0.6)
+        s.set_color("#909090")
+    if label:
+        cax.set_ylabel(label, fontsize=8, color=_DIM)
     if masked:
         patch = Patch(facecolor=MASKED_COLOR, edgecolor=HATCH_COLOR, hatch=HATCH, linewidth=0.6,
                       label="masked (not attended)")  # fmt: skip
@@ -592,12 +639,20 @@ def save(fig: Figure, path, dpi: float | None = None) -> Path:
 
 
 def close(fig: Figure) -> None:
-    """Drop what a figure holds (artists, the renderer's buffer) now rather than at garbage collection."""
+    """Let go of a figure's big buffers now (the Agg canvas, the drawn arrays) rather than at garbage collection.
+
+    Without pyplot nothing else holds a figure, so dropping the last reference frees the rest;
+    ``fig.clear()`` would cost more than the figure took to draw (it rebuilds every axis).
+    """
     with _LOCK:
-        fig.clear()
         canvas = fig.canvas
         if isinstance(canvas, FigureCanvasAgg) and hasattr(canvas, "renderer"):
             del canvas.renderer
+        for ax in fig.axes:
+            for im in ax.images:
+                im.set_data(np.zeros((1, 1)))
+        if isinstance(fig, HeatmapFigure):
+            fig.panel_values = []
 
 
 def cell_center(fig: HeatmapFigure, row: int, col: int, dpi: float | None = None, panel: int = 0) -> tuple[float, float]:

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "figures"))
-from known import KnownSource  # noqa: E402
+from known_source import KnownSource  # noqa: E402
 
 from gpt_inspector import figures  # noqa: E402
 
