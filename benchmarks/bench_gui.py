@@ -67,6 +67,9 @@ def main() -> int:
     print(f"model: {lm.describe()}")
     ids = np.random.default_rng(0).integers(0, 320, args.prompt).tolist()
 
+    from gpt_inspector.gui import _pyside_fix
+
+    _pyside_fix.install()
     app = QApplication.instance() or QApplication([])
     apply_theme(app)
     win = MainWindow(restore_layout=False)

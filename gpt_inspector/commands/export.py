@@ -1,16 +1,15 @@
-"""`gpt-inspector export`: attention heatmaps to PNG or SVG, from a trace file or a fresh run."""
+"""`gpt-inspector export`: attention heatmaps to PNG, SVG or PDF, from a trace file or a fresh run."""
 
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from pathlib import Path
 
 from . import common
 
 NAME = "export"
-HELP = "render attention heatmaps (one head, a layer's heads or the whole model) to PNG or SVG"
+HELP = "render attention heatmaps (one head, a layer's heads or the whole model) to PNG, SVG or PDF"
 EXPORT_KINDS = ("probs", "masked_scores", "scores", "raw")
 
 
@@ -36,9 +35,9 @@ def add_arguments(p):
                       help="head index, or 'all' for every head of --layer in one image")  # fmt: skip
     what.add_argument("--kind", choices=EXPORT_KINDS, default="probs",
                       help="probs (default), masked_scores, scores (before the mask) or raw")  # fmt: skip
-    p.add_argument("--out", required=True, help="PATH.png or PATH.svg")
+    p.add_argument("--out", required=True, help="PATH.png, PATH.svg or PATH.pdf")
     p.add_argument("--scale", type=float, default=None,
-                   help="PNG pixels per unit (default 2 for one head, 1 for grids); ignored for SVG")  # fmt: skip
+                   help="PNG pixels per unit, 1 = 100 dpi (default 2 for one head, 1 for grids); ignored for SVG and PDF")  # fmt: skip
 
 
 def _check(args) -> None:
@@ -77,9 +76,7 @@ def _check_range(args, source) -> None:
 
 
 def run(args) -> int:
-    # headless by definition: never open a connection to a display for this
-    os.environ.setdefault("QT_QPA_PLATFORM", "offscreen")
-    from .. import export
+    from .. import export  # matplotlib without Qt: needs no display
 
     _check(args)
     if args.trace is not None:

@@ -2,8 +2,7 @@
 
 The GUI thread never runs the model: ``worker.Worker`` owns the session in a QThread and hands
 the views immutable ``viewdata.Snapshot`` values. Start it with ``gpt_inspector.gui.app.run``.
+
+Importing this package changes nothing. Whoever starts Qt (``app.run``, the test suite, a
+benchmark) calls ``gpt_inspector.gui._pyside_fix.install()`` first.
 """
-
-from ._pyside_fix import install as _install_pyside_fix
-
-_install_pyside_fix()

@@ -34,7 +34,11 @@ def _leaks() -> bool:
 
 
 def install() -> bool:
-    """Protect the singletons if this PySide6 leaks them; returns whether it was needed."""
+    """Protect the singletons if this PySide6 leaks them; returns whether this call applied the fix.
+
+    Every entry point that starts Qt calls it (``gui.app.run``, the GUI tests' conftest); calling
+    it again does nothing.
+    """
     global _done
     if _done or sys.version_info >= (3, 12) or sys.implementation.name != "cpython":
         return False

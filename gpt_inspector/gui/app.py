@@ -54,6 +54,10 @@ def run(args) -> int:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
+    from . import _pyside_fix
+
+    _pyside_fix.install()  # before the first signal: the bug it guards against counts from the start
+
     from .controls import DEFAULT_PROMPT
     from .main_window import MainWindow
     from .views.common import apply_theme

@@ -5,9 +5,8 @@ requests into typed commands (:mod:`.commands`) for the worker thread and turns 
 signals back into state the views read. It owns the only copy of the selection.
 
 Threading rule: the session lives in the worker thread. The controller only posts commands and
-takes Snapshots. The one exception, the window handing the live session to an export dialog,
-happens while ``reading`` is set: commands posted meanwhile are held back until it is cleared
-(see ``release_held``).
+takes Snapshots; exports build their figures on the worker too (``run_in_worker``), so the GUI
+thread never reads the live session.
 """
 
 from __future__ import annotations
@@ -64,8 +63,6 @@ class Controller(QObject):
         self.last_stop_reason: str | None = None
         self.pending: set[int] = set()
         self.runs: set[int] = set()
-        self.reading = False  # the GUI thread reads the session: hold commands back
-        self.held: list = []
         self._refresh_serial: int | None = None
         self._refresh_sel: Selection | None = None
         self._callbacks: dict[int, object] = {}
@@ -107,21 +104,13 @@ class Controller(QObject):
 
     # ------------------------------------------------------------------ posting
     def post(self, command) -> int | None:
-        """Queue a command for the worker; None if it is held back while the session is read."""
-        if self.reading:
-            self.held.append(command)
-            return None
+        """Queue a command for the worker; returns its serial."""
         serial = self.worker.post(command)
         self.pending.add(serial)
         if isinstance(command, Run):
             self.runs.add(serial)
         self.state_changed.emit()
         return serial
-
-    def release_held(self) -> None:
-        held, self.held = self.held, []
-        for command in held:
-            self.post(command)
 
     def run_in_worker(self, fn, callback=None) -> int | None:
         """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one."""

@@ -1,8 +1,11 @@
-"""File > Export…: save the attention heatmap on screen (or a grid of heads) as PNG or SVG.
+"""File > Export…: save the attention heatmap on screen (or a grid of heads) as PNG, SVG or PDF.
 
-``export_view(parent, source, layer, head, kind)`` and ``export_grid(parent, source, layer_or_None,
-kind)`` ask for a file and a PNG scale, render with ``gpt_inspector.export`` and report errors in a
-message box. Both return the written path, or None when cancelled or failed.
+The figure is a matplotlib figure from ``gpt_inspector.figures``. For attention it is built on the
+worker thread, which owns the session: ``export_view(window, layer, head, kind)`` and
+``export_grid(window, layer_or_None, kind)`` post the job through ``window.run_in_worker`` and open
+the dialog (a preview, the file, the PNG scale) when the figure comes back, so this thread never
+reads the live session. ``export_matrix`` draws a matrix the window already holds (a snapshot's
+K or V cache) right here. Errors are reported in a message box.
 """
 
 from __future__ import annotations
@@ -10,6 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from PySide6.QtCore import Qt
+from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (
     QApplication,
     QComboBox,
@@ -23,28 +27,43 @@ from PySide6.QtWidgets import (
     QLineEdit,
     QMessageBox,
     QPushButton,
+    QScrollArea,
     QVBoxLayout,
     QWidget,
 )
 
-from .. import export
+from .. import figures
 from ..core.errors import InspectorError, StepFailed
 
-FILTERS = {".png": "PNG image (*.png)", ".svg": "SVG image (*.svg)"}
+FILTERS = {".png": "PNG image (*.png)", ".svg": "SVG image (*.svg)", ".pdf": "PDF document (*.pdf)"}
+PREVIEW_DPI = 100.0
 
 # the folder of the last export, so a series of exports lands together (this process only)
 _last_dir: Path | None = None
 
 
 class ExportDialog(QDialog):
-    """Path, format and PNG scale for one figure; shows the resulting image size."""
+    """A preview of one figure, and where and how to save it; shows the resulting image size."""
 
-    def __init__(self, parent: QWidget | None, figure: export.Figure, default_name: str, scale: float, what: str):
+    def __init__(self, parent: QWidget | None, figure, default_name: str, scale: float, what: str,
+                 preview: bytes | None = None):  # fmt: skip
         super().__init__(parent)
         self.figure = figure
         self.setWindowTitle("Export image")
-        self.setMinimumWidth(480)
+        self.setMinimumWidth(520)
         self._browsed: str | None = None
+
+        if preview is None:
+            preview = figures.to_bytes(figure, "png", PREVIEW_DPI)
+        pixmap = QPixmap()
+        pixmap.loadFromData(preview, "PNG")
+        self.preview = QLabel()
+        self.preview.setPixmap(pixmap)
+        self.preview.setAlignment(Qt.AlignmentFlag.AlignCenter)
+        scroll = QScrollArea()
+        scroll.setWidget(self.preview)
+        scroll.setWidgetResizable(True)
+        scroll.setMinimumSize(min(pixmap.width() + 24, 760), min(pixmap.height() + 24, 520))
 
         self.path_edit = QLineEdit(str((_last_dir or Path.home()) / default_name))
         browse = QPushButton("Browse…")
@@ -56,13 +75,14 @@ class ExportDialog(QDialog):
         self.format_box = QComboBox()
         self.format_box.addItem("PNG (bitmap)", ".png")
         self.format_box.addItem("SVG (vector)", ".svg")
+        self.format_box.addItem("PDF (vector)", ".pdf")
         self.scale_spin = QDoubleSpinBox()
         self.scale_spin.setRange(0.5, 8.0)
         self.scale_spin.setSingleStep(0.5)
         self.scale_spin.setDecimals(2)
         self.scale_spin.setSuffix(" ×")
         self.scale_spin.setValue(scale)
-        self.scale_spin.setToolTip("PNG pixels per unit: 2 suits high-DPI screens and print")
+        self.scale_spin.setToolTip("PNG pixels per unit: 1 is 100 dpi; 2 suits high-DPI screens and print")
         self.size_label = QLabel()
 
         form = QFormLayout()
@@ -75,6 +95,7 @@ class ExportDialog(QDialog):
         buttons.rejected.connect(self.reject)
         layout = QVBoxLayout(self)
         layout.addWidget(QLabel(what))
+        layout.addWidget(scroll, 1)
         layout.addLayout(form)
         layout.addWidget(buttons)
 
@@ -94,6 +115,9 @@ class ExportDialog(QDialog):
 
     def scale(self) -> float:
         return self.scale_spin.value()
+
+    def dpi(self) -> float:
+        return self.scale() * figures.DPI
 
     def set_path(self, path) -> None:
         self.path_edit.setText(str(path))
@@ -127,15 +151,16 @@ class ExportDialog(QDialog):
         png = self.suffix() == ".png"
         self.scale_spin.setEnabled(png)
         if png:
-            w, h = self.figure.pixel_size(self.scale())
+            w, h = figures.pixel_size(self.figure, self.dpi())
             self.size_label.setText(f"{w} × {h} pixels")
         else:
-            self.size_label.setText(f"{self.figure.width} × {self.figure.height} (vector, scales freely)")
+            w, h = self.figure.get_size_inches()
+            self.size_label.setText(f"{w:.1f} × {h:.1f} in (vector, scales freely)")
 
     def accept(self) -> None:
         p = self.path()
         if p.suffix.lower() not in FILTERS:
-            QMessageBox.warning(self, "Export image", f"Save as .png or .svg, not {p.suffix}.")
+            QMessageBox.warning(self, "Export image", f"Save as .png, .svg or .pdf, not {p.suffix}.")
             return
         if p.exists() and str(p) != self._browsed:
             answer = QMessageBox.question(self, "Export image", f"{p.name} exists. Replace it?")
@@ -144,62 +169,105 @@ class ExportDialog(QDialog):
         super().accept()
 
 
-def _run(parent, build, default_name: str, scale: float, what: str) -> Path | None:
+def _show(parent, figure, default_name: str, scale: float, what: str, preview: bytes | None = None) -> Path | None:
+    """Ask where to save ``figure`` and write it there; the written path, or None."""
     global _last_dir
     try:
-        figure = build()
-    except (InspectorError, StepFailed) as e:
+        dialog = ExportDialog(parent, figure, default_name, scale, what, preview)
+    except InspectorError as e:
         QMessageBox.warning(parent, "Export image", str(e))
         return None
-    dialog = ExportDialog(parent, figure, default_name, scale, what)
     if dialog.exec() != QDialog.DialogCode.Accepted:
         return None
-    path = dialog.path()
+    path, dpi = dialog.path(), dialog.dpi()
     QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
     try:
-        written = figure.save(path, dialog.scale())
-    except (InspectorError, StepFailed) as e:
+        written = figures.save(figure, path, dpi)
+    except InspectorError as e:
         QApplication.restoreOverrideCursor()
         QMessageBox.warning(parent, "Export image", str(e))
         return None
     except MemoryError:
         QApplication.restoreOverrideCursor()
-        QMessageBox.warning(parent, "Export image", "Not enough memory for this image; lower the scale or use SVG.")
+        QMessageBox.warning(parent, "Export image", "Not enough memory for this image; lower the scale or use SVG or PDF.")
         return None
     QApplication.restoreOverrideCursor()
     _last_dir = written.parent
     return written
 
 
-def export_view(parent, source, layer: int, head: int, kind: str) -> Path | None:
-    """Export one head's heatmap: the dialog, then ``render_heatmap``'s figure."""
-    return _run(
-        parent,
-        lambda: export.heatmap_figure(source, layer, head, kind),
+def _in_worker(window, build, default_name: str, scale: float, what: str, on_done=None) -> int | None:
+    """Build (and preview) the figure on the worker thread, then open the dialog on this one.
+
+    ``build(source)`` runs where the session lives; ``on_done(path_or_None)`` follows the dialog.
+    Returns the worker call's serial (None if the window held it back).
+    """
+
+    def job(source):
+        if source is None:
+            raise InspectorError("nothing to export yet: load a model or open a trace")
+        fig = build(source)
+        try:
+            # rendered here too: a whole-model grid takes a while, and this thread is not the GUI's
+            return fig, figures.to_bytes(fig, "png", PREVIEW_DPI)
+        except BaseException:
+            figures.close(fig)
+            raise
+
+    def done(result, error) -> None:
+        path = None
+        if error is not None:
+            if isinstance(error, (InspectorError, StepFailed)):
+                QMessageBox.warning(window, "Export image", str(error))
+            elif hasattr(window, "show_error"):
+                window.show_error("Export failed", str(error), "internal")
+            else:
+                QMessageBox.warning(window, "Export image", str(error))
+        else:
+            fig, preview = result
+            try:
+                path = _show(window, fig, default_name, scale, what, preview)
+            finally:
+                figures.close(fig)
+        if on_done is not None:
+            on_done(path)
+
+    return window.run_in_worker(job, done)
+
+
+def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> int | None:
+    """Export one head's matrix at stage ``kind``; the figure is built on ``window``'s worker."""
+    scale = 2.0
+    return _in_worker(
+        window,
+        lambda source: figures.head_figure(source, layer, head, kind, dpi=scale * figures.DPI),
         f"attention-L{layer}-H{head}-{kind}.png",
-        2.0,
-        f"Layer {layer}, head {head}, {kind}",
+        scale,
+        f"Layer {layer}, head {head}, {figures.STAGES.get(kind, kind)}",
+        on_done,
     )
 
 
-def export_grid(parent, source, layer: int | None, kind: str) -> Path | None:
+def export_grid(window, layer: int | None, kind: str, *, on_done=None) -> int | None:
     """Export every head of ``layer``, or with None every layer x head, as one image."""
     name = f"attention-L{layer}-all-heads-{kind}.png" if layer is not None else f"attention-all-layers-{kind}.png"
-    what = f"Layer {layer}, all heads, {kind}" if layer is not None else f"All layers x heads, {kind}"
-    return _run(parent, lambda: export.grid_figure(source, layer, kind), name, 1.0, what)
+    stage = figures.STAGES.get(kind, kind)
+    what = f"Layer {layer}, all heads, {stage}" if layer is not None else f"All layers × heads, {stage}"
+    return _in_worker(window, lambda source: figures.grid_figure(source, layer, kind), name, 1.0, what, on_done)
 
 
 def export_matrix(parent, matrix, row_labels, title: str, default_name: str, *, subtitle: str | None = None,
                   row_title: str = "position", col_title: str = "dimension") -> Path | None:  # fmt: skip
-    """Export any 2-D matrix the window shows (the K or V cache of a layer, say)."""
-    return _run(
-        parent,
-        lambda: export.matrix_figure(matrix, row_labels, None, None, title, subtitle=subtitle,
-                                     row_title=row_title, col_title=col_title),  # fmt: skip
-        default_name,
-        2.0,
-        title,
-    )
+    """Export a 2-D matrix the window already holds (the K or V cache of a layer, say)."""
+    try:
+        fig = figures.matrix_figure(matrix, row_labels, None, title, subtitle or "", col_title, row_title=row_title)
+    except InspectorError as e:
+        QMessageBox.warning(parent, "Export image", str(e))
+        return None
+    try:
+        return _show(parent, fig, default_name, 2.0, title)
+    finally:
+        figures.close(fig)
 
 
 __all__ = ["ExportDialog", "export_grid", "export_matrix", "export_view"]

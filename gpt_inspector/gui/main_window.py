@@ -4,6 +4,7 @@ What the debugger does lives in :class:`~.controller.Controller` (``window.contr
 selection, the snapshot shown, the commands posted to the worker thread. Menus, toolbar and
 shortcuts are :class:`~.actions.WindowActions` (``window.acts``). This window only lays the
 views out, turns their signals into controller calls and shows each new snapshot.
+Exports build their figures on the worker thread too (``run_in_worker``).
 
 Extension points for other panels (comparison, probes, math checks):
 - ``add_panel(title, widget, area)`` docks a widget (its layout is saved like the others);
@@ -269,27 +270,6 @@ class MainWindow(QMainWindow):
     def last_stop_reason(self) -> str | None:
         return self.controller.last_stop_reason
 
-    # the export code below holds commands back while a dialog reads the session
-    @property
-    def _pending(self) -> set[int]:
-        return self.controller.pending
-
-    @property
-    def _reading(self) -> bool:
-        return self.controller.reading
-
-    @_reading.setter
-    def _reading(self, on: bool) -> None:
-        self.controller.reading = on
-
-    @property
-    def _held(self) -> list:
-        return self.controller.held
-
-    @_held.setter
-    def _held(self, commands: list) -> None:
-        self.controller.held = commands
-
     # ================================================================== extension API
     def raise_panel(self, widget: QWidget) -> None:
         """Bring the dock holding ``widget`` (from ``add_panel``) to the front, showing it if closed."""
@@ -478,13 +458,8 @@ class MainWindow(QMainWindow):
             QMessageBox.critical(self, title, message)
 
     # ================================================================== export
-    def _read_source(self):
-        """The session/trace, only when the worker has nothing queued or running (else None)."""
-        if self._pending or self.worker.obj is None:
-            return None
-        return self.worker.obj
-
     def _export(self, fn_name: str, *args) -> None:
+        """Hand the export to the dialog module, which builds the figure on the worker thread."""
         try:
             mod = importlib.import_module(f"{__package__}.export_dialog")
         except ModuleNotFoundError as e:
@@ -492,22 +467,11 @@ class MainWindow(QMainWindow):
                 raise
             QMessageBox.information(self, "Export", "Export is not available in this build yet.")
             return
-        src = self._read_source()
-        if src is None:
-            QMessageBox.information(self, "Export", "The model is busy: pause or let the run finish, then export.")
+        if not self.has_source:
+            QMessageBox.information(self, "Export", "Nothing to export yet: load a model or open a trace.")
             return
-        self._reading = True
-        try:
-            getattr(mod, fn_name)(self, src, *args)
-        except Exception as e:
-            from ..core.errors import InspectorError
-
-            self.show_error("Export failed", str(e), "user" if isinstance(e, InspectorError) else "internal")
-        finally:
-            self._reading = False
-            held, self._held = self._held, []
-            for command in held:
-                self.post(command)
+        # queued behind any running steps: the figure shows the session as they leave it
+        getattr(mod, fn_name)(self, *args)
 
     def export_view(self, layer: int | None = None, head: int | None = None, kind: str | None = None) -> None:
         s = self.selection

@@ -54,7 +54,7 @@ def test_grids_and_svg_from_a_trace(trace_file, tmp_path, capsys):
                       "--out", tmp_path / "layer.svg")  # fmt: skip
     assert rc == 0, err
     text = "".join(e.text or "" for e in ET.parse(tmp_path / "layer.svg").iter("{http://www.w3.org/2000/svg}text"))
-    assert "head 3" in text and "masked_scores" in text
+    assert "head 3" in text and "masked" in text
     rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 0, "--kind", "scores", "--out", tmp_path / "h.svg")
     assert rc == 0, err
     text = "".join(e.text or "" for e in ET.parse(tmp_path / "h.svg").iter("{http://www.w3.org/2000/svg}text"))
@@ -62,6 +62,9 @@ def test_grids_and_svg_from_a_trace(trace_file, tmp_path, capsys):
     rc, _, err = _run(capsys, "--trace", trace_file, "--layer", "all", "--out", tmp_path / "all.png")
     assert rc == 0, err
     assert min(_png_size(tmp_path / "all.png")) > 100
+    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 0, "--out", tmp_path / "h.pdf")
+    assert rc == 0, err
+    assert (tmp_path / "h.pdf").read_bytes().startswith(b"%PDF-")
 
 
 def test_from_a_model_run_matches_the_trace(tiny_dir, trace_file, tmp_path, capsys):
@@ -81,8 +84,8 @@ def test_from_a_model_run_matches_the_trace(tiny_dir, trace_file, tmp_path, caps
         (["--trace", "{trace}", "--layer", "2", "--head", "0", "--out", "{out}.png"], "--layer must be in [0, 2)"),
         (["--trace", "{trace}", "--layer", "0", "--head", "4", "--out", "{out}.png"], "--head must be in [0, 4)"),
         (["--trace", "{trace}", "--layer", "-1", "--head", "0", "--out", "{out}.png"], "--layer must be"),
-        (["--trace", "{trace}", "--layer", "0", "--head", "0", "--out", "{out}.jpg"], ".png or .svg"),
-        (["--trace", "{trace}", "--layer", "0", "--head", "0", "--out", "{out}"], ".png or .svg"),
+        (["--trace", "{trace}", "--layer", "0", "--head", "0", "--out", "{out}.jpg"], ".png, .svg or .pdf"),
+        (["--trace", "{trace}", "--layer", "0", "--head", "0", "--out", "{out}"], ".png, .svg or .pdf"),
         (["--trace", "{trace}", "--layer", "zero", "--head", "0", "--out", "{out}.png"], "integer or 'all'"),
         (["--trace", "{trace}", "--layer", "0", "--out", "{out}.png"], "--head"),
         (["--trace", "{trace}", "--layer", "all", "--head", "1", "--out", "{out}.png"], "drop --head"),

@@ -6,6 +6,11 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
+from gpt_inspector.gui import _pyside_fix  # noqa: E402
+
+# an entry point like gui.app.run: nothing installs it on import any more
+_pyside_fix.install()
+
 
 @pytest.fixture(autouse=True)
 def _private_settings(tmp_path, monkeypatch):

@@ -131,20 +131,21 @@ def test_kv_cache_exports_the_layers_keys(make_window, wait_idle, monkeypatch, t
     snap = wait_idle(win)
     seen = {}
 
-    def fake_run(parent, build, default_name, scale, what):
-        seen["fig"] = fig = build()
-        seen["name"] = default_name
-        return fig.save(tmp_path / "k.svg", 1.0)
+    def fake_show(parent, fig, default_name, scale, what, preview=None):
+        seen["fig"], seen["name"] = fig, default_name
+        seen["values"] = fig.panel_values[0].copy()
+        return dlg.figures.save(fig, tmp_path / "k.svg")
 
-    monkeypatch.setattr(dlg, "_run", fake_run)
+    monkeypatch.setattr(dlg, "_show", fake_show)
     win.kv_cache.export_requested.emit("k")
     fig = seen["fig"]
-    assert seen["name"] == f"kv-L{snap.selection.layer}-k.png" and "K cache" in fig.title
+    assert seen["name"] == f"kv-L{snap.selection.layer}-k.png" and "K cache" in fig.heading
     # the image holds the layer's real cached keys: rows = processed tokens, columns = every KV head's dims
     lm = tiny_lm("llama")
     assert snap.kv_k.shape == (snap.T, lm.n_kv_heads * lm.head_dim)
-    np.testing.assert_array_equal(fig.panels[0].values, snap.kv_k)
-    assert fig.axes.row_labels == list(snap.labels[: snap.T])
+    assert fig.pool == 1
+    np.testing.assert_array_equal(seen["values"], snap.kv_k)
+    assert fig.row_labels == list(snap.labels[: snap.T])
     assert (tmp_path / "k.svg").read_text().lstrip().startswith("<?xml")
 
 

@@ -285,28 +285,37 @@ def test_trace_opens_read_only(make_window, wait_idle, tmp_path):
     assert "read-only" in win.windowTitle()
 
 
-def test_export_gets_a_source_it_may_read(make_window, wait_idle, monkeypatch):
+def test_export_builds_the_figure_on_the_worker(make_window, wait_idle, monkeypatch, qtbot):
+    import threading
+
     import gpt_inspector.gui.export_dialog as ed
 
     win = make_window()
     win.step()
     wait_idle(win)
-    calls = []
+    shown = []
+    threads = []
+    real_head = ed.figures.head_figure
 
-    def fake_view(parent, source, layer, head, kind):
-        calls.append((source.cache_length, layer, head, kind))
-        win.step()  # held back while the dialog reads the session
-        assert not win.busy
+    def head_figure(source, *a, **kw):
+        threads.append(threading.get_ident())
+        return real_head(source, *a, **kw)
 
-    monkeypatch.setattr(ed, "export_view", fake_view)
-    monkeypatch.setattr(ed, "export_grid", lambda parent, source, layer, kind: calls.append((source.n_layers, layer, kind)))
+    monkeypatch.setattr(ed.figures, "head_figure", head_figure)
+    monkeypatch.setattr(ed, "_show", lambda parent, fig, name, scale, what, preview=None: shown.append((fig.heading, name, preview[:4])))
     win.select(layer=1, head=3, kind="scores")
     wait_idle(win)
     win.export_view()
-    assert calls[0] == (win.snapshot.T, 1, 3, "scores")
-    assert wait_idle(win).n_steps == 2  # the held step ran afterwards
+    win.step()  # never held back: it queues behind the export on the worker
+    qtbot.waitUntil(lambda: len(shown) == 1, timeout=20000)
+    assert threads and threads[0] != threading.get_ident()
+    heading, name, magic = shown[0]
+    assert "layer 1 · head 3 · scaled · step 1" in heading and name == "attention-L1-H3-scores.png"
+    assert magic == b"\x89PNG"
+    assert wait_idle(win).n_steps == 2
     win.overview.export_requested.emit(None)
-    assert calls[1][1:] == (None, "scores")
+    qtbot.waitUntil(lambda: len(shown) == 2, timeout=20000)
+    assert shown[1][1] == "attention-all-layers-scores.png" and "all 2 layers" in shown[1][0]
 
 
 def test_panel_hook_and_layout_persistence(qtbot, make_window, wait_idle):

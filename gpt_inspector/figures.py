@@ -1,0 +1,671 @@
+"""Attention heatmaps as matplotlib figures, headless: PNG, SVG or PDF, no Qt.
+
+Only matplotlib's object API is used (``Figure`` + ``FigureCanvasAgg``), never pyplot: pyplot keeps
+every figure in a global registry until closed, which is how long export runs leak, and it may
+pick an interactive backend. So this module runs anywhere, including the window's worker thread.
+
+    >>> from gpt_inspector import figures
+    >>> fig = figures.head_figure(session, 0, 3, "probs")
+    >>> figures.save(fig, "l0h3.png", dpi=200)
+    >>> figures.save(figures.grid_figure(trace, None, "probs"), "model.svg")   # every layer x head
+
+A *source* (Session, Trace, a beam view) offers ``attention(layer, head, kind)``,
+``allowed(layer, head)``, ``token_labels()``, ``model_name``, ``n_layers``, ``n_heads``,
+``cache_length`` and ``n_steps``.
+"""
+
+from __future__ import annotations
+
+import io
+import math
+import os
+import threading
+import warnings
+from collections.abc import Sequence
+from contextlib import contextmanager
+from pathlib import Path
+
+import matplotlib
+import numpy as np
+from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.colors import Normalize
+from matplotlib.figure import Figure
+from matplotlib.patches import Patch, PathPatch
+from matplotlib.path import Path as MplPath
+
+from .core.errors import InspectorError
+
+# one vocabulary for the attention stages, shared with the window
+STAGES = {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
+KINDS = tuple(STAGES)
+# pre-mask stages show every value: hiding the cells the mask removes would defeat their purpose
+MASKING_KINDS = ("masked_scores", "probs")
+FORMATS = (".png", ".svg", ".pdf")
+
+CMAP_NAME = "viridis"
+# viridis never comes within ~165 RGB units of this light grey, and the hatching sets it apart
+# even for readers who cannot tell the colours apart
+MASKED_RGB = (217, 217, 217)
+MASKED_COLOR = "#d9d9d9"
+HATCH_COLOR = "#8c8c8c"
+HATCH = "///"
+
+DPI = 100.0  # scale 1.0
+MIN_SCALE, MAX_SCALE = 0.1, 10.0
+MAX_PIXELS = 150_000_000  # past this a PNG is unusable and Agg may run out of memory
+MAX_SIDE = 32000
+# past this many masked runs, hatching costs more than it adds: the colour alone still tells them apart
+MAX_HATCH_RUNS = 20000
+
+_TEXT = "#202020"
+_DIM = "#555555"
+# rc values apply both when artists are made (parse_math) and when files are written (svg.*),
+# and rcParams are process-global, so building and saving hold one lock
+_RC = {
+    "svg.fonttype": "none",  # text stays <text>: searchable, selectable, small
+    "svg.hashsalt": "gpt-inspector",  # the same figure gives the same bytes (live vs trace)
+    "pdf.fonttype": 42,
+    "text.parse_math": False,  # token labels such as "$x$" are text, not TeX
+    "hatch.linewidth": 0.7,
+    "axes.unicode_minus": True,
+    "font.size": 9,
+}
+_LOCK = threading.RLock()
+
+# token labels in any script: DejaVu lacks CJK glyphs, which draws boxes, not an error worth a warning
+warnings.filterwarnings("ignore", message=r"Glyph \d+ .*missing from", category=UserWarning)
+
+
+@contextmanager
+def _style():
+    with _LOCK, matplotlib.rc_context(_RC):
+        yield
+
+
+class HeatmapFigure(Figure):
+    """A matplotlib Figure that remembers what it shows, for dialogs and tests."""
+
+    heading: str = ""
+    subheading: str = ""
+    pool: int = 1  # block size of the max-pooling, 1 when every cell is drawn
+    heatmaps: list  # the Axes holding heatmaps, in panel order
+    panel_values: list  # the (pooled) value arrays drawn, in panel order
+    row_labels: list
+    col_labels: list
+    has_masked: bool = False
+
+
+# ---------------------------------------------------------------------- checks
+def check_format(path) -> str:
+    """'png', 'svg' or 'pdf' from the file name; anything else is the user's to fix."""
+    suffix = Path(path).suffix.lower()
+    if suffix not in FORMATS:
+        raise InspectorError(f"export to a .png, .svg or .pdf file, got {Path(path).name!r}")
+    return suffix[1:]
+
+
+def check_scale(scale) -> float:
+    try:
+        s = float(scale)
+    except (TypeError, ValueError):
+        raise InspectorError(f"scale must be a number, got {scale!r}") from None
+    if not (math.isfinite(s) and MIN_SCALE <= s <= MAX_SCALE):
+        raise InspectorError(f"scale must be between {MIN_SCALE:g} and {MAX_SCALE:g}, got {scale!r}")
+    return s
+
+
+def scale_to_dpi(scale) -> float:
+    return check_scale(scale) * DPI
+
+
+def _check_kind(kind: str) -> str:
+    if kind not in STAGES:
+        raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
+    return kind
+
+
+def _check_index(what: str, value, n: int) -> int:
+    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
+        raise InspectorError(f"{what} must be in [0, {n}), got {value!r}")
+    return int(value)
+
+
+def _positions(source) -> int:
+    t = int(source.cache_length)
+    if t == 0:
+        raise InspectorError("nothing processed yet: run a step first")
+    return t
+
+
+# ---------------------------------------------------------------------- text
+def clean_label(text) -> str:
+    """Make any token label drawable and valid inside XML: control characters become visible."""
+    out = []
+    for ch in str(text):
+        o = ord(ch)
+        if o < 0x20 or o == 0x7F:
+            out.append(f"<0x{o:02X}>")  # the style token labels use for undecodable bytes
+        elif 0x80 <= o <= 0x9F or 0xD800 <= o <= 0xDFFF or o in (0xFFFE, 0xFFFF):
+            out.append(f"U+{o:04X}")
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def _elide(text: str, n: int = 18) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def display_model_name(name) -> str:
+    # a local folder's full path says little and can be very long; hub ids stay as they are
+    s = str(name)
+    if os.path.isabs(s) or s.startswith((".", "~")) or os.sep in s and Path(s).expanduser().exists():
+        return Path(s).name or s
+    return s
+
+
+def token_labels(source, t: int) -> list[str]:
+    labels = [str(x) for x in list(source.token_labels())[:t]]
+    return labels + [str(i) for i in range(len(labels), t)]
+
+
+def _label_step(n: int, pitch_pt: float, room_pt: float) -> int:
+    """Show every k-th label (k = 1, 2, 5, 10, 20, ...) so labels ``pitch_pt`` apart get ``room_pt``."""
+    if n <= 1 or pitch_pt >= room_pt:
+        return 1
+    k, need = 1, room_pt / pitch_pt
+    while k < need:
+        k = k * 5 // 2 if str(k)[0] == "2" else k * 2
+    return k
+
+
+def _ticks(labels: Sequence[str], extent_in: float, fontsize: float, numbered: bool) -> tuple[list[int], list[str]]:
+    n = len(labels)
+    step = _label_step(n, extent_in * 72.0 / max(n, 1), fontsize * 1.25)
+    pos = list(range(0, n, step))
+    text = [_elide(clean_label(labels[i])) for i in pos]
+    if step > 1 and numbered:  # a thinned label says which position it belongs to
+        text = [f"{i} {s}" for i, s in zip(pos, text)]
+    return pos, text
+
+
+def _nice_step(raw: float) -> tuple[float, int, bool]:
+    """The smallest 1, 2, 2.5 or 5 x 10^e step >= raw, the decimals its multiples need, and if it is 2.5 x 10^e."""
+    e = math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if m * 10.0**e >= raw * (1 - 1e-9):
+            break
+    if m == 10.0:
+        m, e = 1.0, e + 1
+    return m * 10.0**e, max(0, -e + (1 if m == 2.5 else 0)), m == 2.5
+
+
+def ticks(vmin: float, vmax: float, n: int = 5) -> list[tuple[float, str]]:
+    """About ``n`` (never fewer than 3) round values inside [vmin, vmax], labelled with just enough decimals."""
+    span = vmax - vmin
+    if not span > 0:
+        return [(vmin, f"{vmin:.4g}")]
+    raw = span / max(1, n - 1)
+    while True:
+        step, decimals, quarter = _nice_step(raw)
+        first, last = math.ceil(vmin / step - 1e-9), math.floor(vmax / step + 1e-9)
+        if last - first + 1 >= 3:
+            break
+        raw = step / 2.1  # the next finer round step
+    top = max(abs(vmin), abs(vmax))
+    compact = top >= 1e5 or decimals > 4
+    # significant digits that still tell neighbouring ticks apart
+    sig = max(1, math.floor(math.log10(top)) - math.floor(math.log10(step) + 1e-9) + 1 + quarter)
+    out = []
+    for k in range(first, last + 1):
+        v = k * step
+        v = 0.0 if abs(v) < step * 1e-9 else v
+        out.append((v, f"{v:.{sig}g}" if compact else f"{v:.{decimals}f}"))
+    return out
+
+
+# ---------------------------------------------------------------------- values
+def pool_max(values: np.ndarray, masked: np.ndarray, kr: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block maximum over ``kr`` x ``kc`` cells, ignoring masked ones; a block is masked if all are.
+
+    The maximum keeps a single strong attention weight visible in a thumbnail; a mean would wash it out.
+    """
+    if kr == 1 and kc == 1:
+        return values, masked
+    r, c = values.shape
+    R, C = -(-r // kr), -(-c // kc)
+    v = np.asarray(values)
+    dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float64
+    pad = np.full((R * kr, C * kc), -np.inf, dtype=dtype)
+    pad[:r, :c] = v
+    pad[:r, :c][masked | np.isnan(v)] = -np.inf
+    pooled = pad.reshape(R, kr, C, kc).max(axis=(1, 3))
+    pmask = np.isneginf(pooled)
+    return np.where(pmask, 0.0, pooled), pmask
+
+
+def _pool_for(n: int, extent_in: float, dpi: float) -> int:
+    """The block size that keeps a cell at least one pixel wide at ``dpi``."""
+    px = max(1.0, extent_in * dpi)
+    return max(1, math.ceil(n / px))
+
+
+def _finite_span(values: np.ndarray, masked: np.ndarray):
+    ok = np.isfinite(values) & ~masked
+    if not ok.any():
+        return None
+    shown = values[ok]
+    return float(shown.min()), float(shown.max())
+
+
+def value_range(spans, kind: str | None) -> tuple[float, float]:
+    """Probabilities always span [0, 1] so heads compare; other values span what is shown."""
+    if kind == "probs":
+        return 0.0, 1.0
+    spans = [s for s in spans if s is not None]
+    if not spans:
+        return 0.0, 1.0
+    lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+    if hi - lo <= 0:
+        pad = max(abs(lo) * 0.05, 0.5)
+        return lo - pad, hi + pad
+    return lo, hi
+
+
+def _head_data(source, layer: int, head: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
+    values = np.asarray(source.attention(layer, head, kind), dtype=np.float32)
+    masked = ~np.isfinite(values)
+    if kind in MASKING_KINDS:
+        masked |= ~np.asarray(source.allowed(layer, head), dtype=bool)
+    return values, masked
+
+
+def _cmap():
+    return matplotlib.colormaps[CMAP_NAME].with_extremes(bad=MASKED_COLOR)
+
+
+# ---------------------------------------------------------------------- drawing
+def _new_figure(w_in: float, h_in: float) -> HeatmapFigure:
+    # laid out at one dpi whatever the output, so a PNG at any dpi is the same picture scaled
+    fig = HeatmapFigure(figsize=(w_in, h_in), dpi=DPI, facecolor="white")
+    FigureCanvasAgg(fig)
+    fig.heatmaps, fig.panel_values, fig.row_labels, fig.col_labels = [], [], [], []
+    return fig
+
+
+def _add_axes(fig: Figure, x_in: float, y_in: float, w_in: float, h_in: float):
+    W, H = fig.get_size_inches()
+    return fig.add_axes((x_in / W, y_in / H, w_in / W, h_in / H))
+
+
+def _hatch_path(masked: np.ndarray, k: int) -> MplPath | None:
+    """One compound path over the masked cells, as one rectangle per run in a row."""
+    polys = []
+    for r in range(masked.shape[0]):
+        row = masked[r]
+        if not row.any():
+            continue
+        edges = np.flatnonzero(np.diff(np.concatenate(([0], row.astype(np.int8), [0]))))
+        for a, b in zip(edges[::2], edges[1::2]):
+            x0, x1, y0, y1 = a * k - 0.5, b * k - 0.5, r * k - 0.5, (r + 1) * k - 0.5
+            polys.append([(x0, y0), (x1, y0), (x1, y1), (x0, y1), (x0, y0)])
+            if len(polys) > MAX_HATCH_RUNS:
+                return None
+    if not polys:
+        return None
+    return MplPath.make_compound_path_from_polys(np.asarray(polys, dtype=float))
+
+
+def _heatmap(ax, values: np.ndarray, masked: np.ndarray, k: int, shape: tuple[int, int], norm, cmap) -> None:
+    nr, nc = shape
+    R, C = values.shape
+    data = np.ma.masked_array(np.asarray(values, dtype=np.float64), mask=masked)
+    # the extent is in position units whatever the pooling, so ticks name positions
+    ax.imshow(data, cmap=cmap, norm=norm, interpolation="nearest", aspect="auto",
+              extent=(-0.5, C * k - 0.5, R * k - 0.5, -0.5))  # fmt: skip
+    ax.set_xlim(-0.5, nc - 0.5)
+    ax.set_ylim(nr - 0.5, -0.5)
+    hp = _hatch_path(masked, k)
+    if hp is not None:
+        # add_artist, not add_patch: the limits are set already, and add_patch would walk every rectangle
+        ax.add_artist(PathPatch(hp, facecolor="none", edgecolor=HATCH_COLOR, linewidth=0, hatch=HATCH))
+    for s in ax.spines.values():
+        s.set_color("#909090")
+        s.set_linewidth(0.6)
+    ax.tick_params(length=2, width=0.5, pad=1.5, colors=_TEXT)
+
+
+def _set_ticks(ax, axis: str, labels, extent_in: float, fontsize: float, numbered: bool) -> None:
+    pos, text = _ticks(labels, extent_in, fontsize, numbered)
+    if axis == "x":
+        ax.set_xticks(pos, text, rotation=90, fontsize=fontsize)
+    else:
+        ax.set_yticks(pos, text, fontsize=fontsize)
+
+
+def _colorbar(fig, x_in: float, y_in: float, h_in: float, norm, cmap, label: str, masked: bool):
+    # drawn by hand with fixed ticks: fig.colorbar costs most of a small figure's time, which
+    # matters when a script exports thousands
+    cax = _add_axes(fig, x_in, y_in, 0.14, h_in)
+    lo, hi = norm.vmin, norm.vmax
+    cax.imshow(np.linspace(lo, hi, 256).reshape(256, 1), cmap=cmap, norm=norm, aspect="auto", origin="lower",
+               interpolation="nearest", extent=(0.0, 1.0, lo, hi))  # fmt: skip
+    cax.set_xlim(0.0, 1.0)
+    cax.set_ylim(lo, hi)
+    cax.set_xticks([])
+    cax.yaxis.tick_right()
+    cax.yaxis.set_label_position("right")
+    pos, text = zip(*ticks(lo, hi))
+    cax.set_yticks(pos, text, fontsize=8)
+    cax.tick_params(length=2, width=0.5, pad=2, colors=_TEXT)
+    for s in cax.spines.values():
+        s.set_linewidth(0.6)
+        s.set_color("#909090")
+    if label:
+        cax.set_ylabel(label, fontsize=8, color=_DIM)
+    if masked:
+        patch = Patch(facecolor=MASKED_COLOR, edgecolor=HATCH_COLOR, hatch=HATCH, linewidth=0.6,
+                      label="masked (not attended)")  # fmt: skip
+        cax.legend(handles=[patch], loc="upper left", bbox_to_anchor=(0.0, -0.03), frameon=False,
+                   fontsize=8, handlelength=1.4, handleheight=1.4, borderaxespad=0.0, borderpad=0.0)  # fmt: skip
+    return cax
+
+
+def _headings(fig: HeatmapFigure, ax, title: str, subtitle: str) -> None:
+    fig.heading, fig.subheading = clean_label(title), clean_label(subtitle) if subtitle else ""
+    # anchored to the top-left heatmap, above anything drawn over it, in points so no overlap
+    offset = 8 if not any(a.get_title() for a in fig.heatmaps) else 22
+    if fig.subheading:
+        ax.annotate(fig.subheading, (0, 1), xycoords="axes fraction", xytext=(0, offset), textcoords="offset points",
+                    ha="left", va="bottom", fontsize=8.5, color=_DIM)  # fmt: skip
+        offset += 14
+    ax.annotate(fig.heading, (0, 1), xycoords="axes fraction", xytext=(0, offset), textcoords="offset points",
+                ha="left", va="bottom", fontsize=11, weight="bold", color=_TEXT)  # fmt: skip
+
+
+def _fit(fig: Figure, pad_in: float = 0.15) -> None:
+    """Grow or shrink the canvas to what is drawn, axes keeping their size in inches.
+
+    Done in the figure itself (not ``bbox_inches="tight"`` when saving), so PNG, SVG and PDF share
+    one geometry and a cell's pixel position follows from ``transData``.
+    """
+    renderer = fig.canvas.get_renderer()
+    bb = fig.get_tightbbox(renderer)  # inches
+    W, H = fig.get_size_inches()
+    nw, nh = bb.width + 2 * pad_in, bb.height + 2 * pad_in
+    dx, dy = pad_in - bb.x0, pad_in - bb.y0
+    boxes = [(a, a.get_position()) for a in fig.axes]
+    fig.set_size_inches(nw, nh, forward=False)
+    for a, p in boxes:
+        a.set_position(((p.x0 * W + dx) / nw, (p.y0 * H + dy) / nh, p.width * W / nw, p.height * H / nh))
+
+
+def _stage_note(kind: str | None) -> str:
+    return {
+        "probs": "softmax probabilities",
+        "masked_scores": "scaled scores after the mask",
+        "scores": "scaled scores before the mask",
+        "raw": "raw q·k before scaling and the mask",
+    }.get(kind or "", "")
+
+
+def _positions_text(t: int) -> str:
+    return "1 position" if t == 1 else f"{t} positions"
+
+
+def _pool_text(k: int) -> str:
+    return f"pooled {k}×{k} (block maximum)"
+
+
+# ---------------------------------------------------------------------- figures
+def matrix_figure(
+    matrix,
+    row_labels: Sequence[str] | None,
+    col_labels: Sequence[str] | None,
+    title: str,
+    subtitle: str = "",
+    col_title: str = "",
+    *,
+    row_title: str = "",
+    masked=None,
+    vmin: float | None = None,
+    vmax: float | None = None,
+    value_label: str = "",
+    kind: str | None = None,
+    dpi: float = DPI,
+) -> HeatmapFigure:
+    """One heatmap of any 2-D matrix (attention, the K or V cache, ...) with labels on both axes.
+
+    ``masked`` (bool, same shape) cells and non-finite values are drawn in the masked colour.
+    Labels may be None for plain indices. The colour range defaults to the unmasked finite values.
+    ``dpi`` is the density the figure will be saved at: cells are max-pooled only where they would
+    be narrower than one pixel there.
+    """
+    m = np.asarray(matrix, dtype=np.float32)
+    if m.ndim != 2 or m.size == 0:
+        raise InspectorError(f"a heatmap needs a non-empty 2-D matrix, got shape {m.shape}")
+    nr, nc = m.shape
+    mask = ~np.isfinite(m)
+    if masked is not None:
+        mk = np.asarray(masked, dtype=bool)
+        if mk.shape != m.shape:
+            raise InspectorError(f"mask shape {mk.shape} does not match the matrix {m.shape}")
+        mask = mask | mk
+    rl = [str(i) for i in range(nr)] if row_labels is None else [str(x) for x in row_labels]
+    cl = [str(i) for i in range(nc)] if col_labels is None else [str(x) for x in col_labels]
+    if len(rl) != nr or len(cl) != nc:
+        raise InspectorError(f"{len(rl)} row and {len(cl)} column labels for a {nr}x{nc} matrix")
+    lo, hi = value_range([_finite_span(m, mask)], kind)
+    lo = lo if vmin is None else float(vmin)
+    hi = hi if vmax is None else float(vmax)
+    if not (math.isfinite(lo) and math.isfinite(hi) and hi > lo):
+        raise InspectorError(f"colour range must be finite with vmin < vmax, got {lo} .. {hi}")
+    dpi = float(dpi)
+
+    w = min(max(nc * 0.28, 2.0), 7.0)
+    h = min(max(nr * 0.28, 2.0), 7.0)
+    k = max(_pool_for(nr, h, dpi), _pool_for(nc, w, dpi))
+    values, pm = pool_max(m, mask, k, k)
+    if subtitle is None or subtitle == "":
+        subtitle = f"{nr} × {nc}"
+    if k > 1:
+        subtitle += f" · {_pool_text(k)}"
+
+    with _style():
+        fig = _new_figure(2.2 + w + 1.6, 1.8 + h + 0.9)
+        ax = _add_axes(fig, 2.2, 1.8, w, h)
+        norm, cmap = Normalize(lo, hi), _cmap()
+        _heatmap(ax, values, pm, k, (nr, nc), norm, cmap)
+        numbered = row_labels is not None or col_labels is not None
+        _set_ticks(ax, "y", rl, h, 7.5, numbered)
+        _set_ticks(ax, "x", cl, w, 7.5, numbered)
+        if row_title:
+            ax.set_ylabel(row_title, fontsize=9, color=_DIM, style="italic")
+        if col_title:
+            ax.set_xlabel(col_title, fontsize=9, color=_DIM, style="italic")
+        has_masked = bool(pm.any())
+        _colorbar(fig, 2.2 + w + 0.2, 1.8 + max(0.0, h - 4.0), min(h, 4.0), norm, cmap, value_label,
+                  has_masked or masked is not None)  # fmt: skip
+        fig.heatmaps, fig.panel_values, fig.pool, fig.has_masked = [ax], [values], k, has_masked
+        fig.row_labels, fig.col_labels = rl, cl
+        _headings(fig, ax, title, subtitle)
+        _fit(fig)
+    return fig
+
+
+def head_figure(source, layer: int, head: int, kind: str = "probs", title: str | None = None, *,
+                dpi: float = DPI) -> HeatmapFigure:  # fmt: skip
+    """One head's (T, T) matrix at one stage, tokens on both axes (rows: query, columns: key)."""
+    _check_kind(kind)
+    layer = _check_index("layer", layer, source.n_layers)
+    head = _check_index("head", head, source.n_heads)
+    t = _positions(source)
+    values, masked = _head_data(source, layer, head, kind)
+    labels = token_labels(source, t)
+    if title is None:
+        title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {STAGES[kind]}"
+                 f" · step {source.n_steps}")  # fmt: skip
+    subtitle = f"{_stage_note(kind)} · {_positions_text(t)}"
+    return matrix_figure(
+        values, labels, labels, title, subtitle, "key", row_title="query",
+        masked=masked if kind in MASKING_KINDS else None, value_label=STAGES[kind], kind=kind, dpi=dpi,
+    )  # fmt: skip
+
+
+def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = DPI) -> HeatmapFigure:
+    """Every head of ``layer``, or with ``layer=None`` every layer x head, as labelled thumbnails."""
+    _check_kind(kind)
+    if layer is not None:
+        layer = _check_index("layer", layer, source.n_layers)
+    t = _positions(source)
+    L, H = int(source.n_layers), int(source.n_heads)
+    layers = list(range(L)) if layer is None else [layer]
+    dpi = float(dpi)
+    if layer is None:
+        side = min(max(9.0 / max(L, H), 0.45), 1.1)
+        columns, gap_x, gap_y, font = H, 0.08, 0.08, 6.0
+    else:
+        side = 1.9
+        columns = H if H <= 6 else -(-H // -(-H // 6))
+        gap_x, gap_y, font = 0.25, 0.45, 7.0
+    rows = -(-len(layers) * H // columns)
+    k = _pool_for(t, side, dpi)
+    # pool each head as it comes: L x H full (T, T) matrices at once could need gigabytes
+    panels, spans, any_masked = [], [], False
+    for l in layers:
+        for h in range(H):
+            v, m = _head_data(source, l, h, kind)
+            spans.append(_finite_span(v, m))
+            pv, pm = pool_max(v, m, k, k)
+            any_masked = any_masked or bool(pm.any())
+            panels.append((l, h, pv, pm))
+    lo, hi = value_range(spans, kind)
+    labels = token_labels(source, t)
+    name = display_model_name(source.model_name)
+    where = f"all {L} layers × {H} heads" if layer is None else f"layer {layer} · all {H} heads"
+    title = f"{name} · {where} · {STAGES[kind]} · step {source.n_steps}"
+    subtitle = f"{_stage_note(kind)} · {_positions_text(t)} · rows: query, columns: key"
+    if k > 1:
+        subtitle += f" · {_pool_text(k)}"
+
+    left, bottom = 2.0, 1.8
+    grid_w = columns * side + (columns - 1) * gap_x
+    grid_h = rows * side + (rows - 1) * gap_y
+    with _style():
+        fig = _new_figure(left + grid_w + 1.8, bottom + grid_h + 1.2)
+        norm, cmap = Normalize(lo, hi), _cmap()
+        for i, (l, h, pv, pm) in enumerate(panels):
+            r, c = divmod(i, columns)
+            x = left + c * (side + gap_x)
+            y = bottom + (rows - 1 - r) * (side + gap_y)
+            ax = _add_axes(fig, x, y, side, side)
+            _heatmap(ax, pv, pm, k, (t, t), norm, cmap)
+            # token labels on the outer edges only: every panel shares the same positions
+            if c == 0:
+                _set_ticks(ax, "y", labels, side, font, True)
+            else:
+                ax.set_yticks([])
+            if r == rows - 1 or i + columns >= len(panels):
+                _set_ticks(ax, "x", labels, side, font, True)
+            else:
+                ax.set_xticks([])
+            if layer is None:
+                if c == 0:
+                    ax.set_ylabel(f"L{l}", fontsize=8, weight="bold", rotation=0, ha="right", va="center",
+                                  color=_TEXT)  # fmt: skip
+                if r == 0:
+                    ax.set_title(f"H{h}", fontsize=8, weight="bold", pad=3, color=_TEXT)
+            else:
+                ax.set_title(f"head {h}", fontsize=8.5, weight="bold", pad=3, color=_TEXT)
+            fig.heatmaps.append(ax)
+            fig.panel_values.append(pv)
+        bar_h = min(grid_h, 4.0)
+        _colorbar(fig, left + grid_w + 0.25, bottom + grid_h - bar_h, bar_h, norm, cmap, STAGES[kind],
+                  any_masked or kind in MASKING_KINDS)  # fmt: skip
+        fig.pool, fig.has_masked = k, any_masked
+        fig.row_labels = fig.col_labels = labels
+        _headings(fig, fig.heatmaps[0], title, subtitle)
+        _fit(fig)
+    return fig
+
+
+# ---------------------------------------------------------------------- output
+def pixel_size(fig: Figure, dpi: float | None = None) -> tuple[int, int]:
+    """The PNG's width and height in pixels at ``dpi`` (the figure's own by default)."""
+    d = fig.dpi if dpi is None else float(dpi)
+    w, h = fig.get_size_inches()
+    # Agg truncates, like this
+    return max(1, int(w * d)), max(1, int(h * d))
+
+
+def _metadata(fig: Figure, fmt: str) -> dict:
+    title = getattr(fig, "heading", "") or ""
+    if fmt == "png":
+        return {"Title": title, "Software": "gpt-inspector"}
+    if fmt == "svg":
+        return {"Title": title, "Creator": "gpt-inspector", "Date": None}
+    return {"Title": title, "Creator": "gpt-inspector", "CreationDate": None}
+
+
+def to_bytes(fig: Figure, fmt: str = "png", dpi: float | None = None) -> bytes:
+    """The figure encoded as ``fmt`` ('png', 'svg' or 'pdf'); ``dpi`` sets a PNG's pixel density."""
+    fmt = check_format(f"x.{fmt}")
+    d = fig.dpi if dpi is None else float(dpi)
+    if fmt == "png":
+        w, h = pixel_size(fig, d)
+        if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
+            raise InspectorError(f"the image would be {w}x{h} pixels; use a smaller scale, SVG or PDF")
+    buf = io.BytesIO()
+    with _style():
+        if not isinstance(fig.canvas, FigureCanvasAgg):
+            FigureCanvasAgg(fig)
+        try:
+            fig.savefig(buf, format=fmt, dpi=d, facecolor="white", metadata=_metadata(fig, fmt))
+        except MemoryError:
+            raise InspectorError("not enough memory for this image; use a smaller scale, SVG or PDF") from None
+    return buf.getvalue()
+
+
+def save(fig: Figure, path, dpi: float | None = None) -> Path:
+    """Write ``fig`` as PNG (at ``dpi``), SVG or PDF, chosen by ``path``'s suffix."""
+    path = Path(path)
+    fmt = check_format(path)
+    data = to_bytes(fig, fmt, dpi)  # encoded first: a failure leaves no half-written file
+    try:
+        path.write_bytes(data)
+    except OSError as e:
+        raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
+    return path
+
+
+def close(fig: Figure) -> None:
+    """Let go of a figure's big buffers now (the Agg canvas, the drawn arrays) rather than at garbage collection.
+
+    Without pyplot nothing else holds a figure, so dropping the last reference frees the rest;
+    ``fig.clear()`` would cost more than the figure took to draw (it rebuilds every axis).
+    """
+    with _LOCK:
+        canvas = fig.canvas
+        if isinstance(canvas, FigureCanvasAgg) and hasattr(canvas, "renderer"):
+            del canvas.renderer
+        for ax in fig.axes:
+            for im in ax.images:
+                im.set_data(np.zeros((1, 1)))
+        if isinstance(fig, HeatmapFigure):
+            fig.panel_values = []
+
+
+def cell_center(fig: HeatmapFigure, row: int, col: int, dpi: float | None = None, panel: int = 0) -> tuple[float, float]:
+    """Where position (``row``, ``col``) of heatmap ``panel`` lies in a PNG at ``dpi``, as (x, y) from the top left."""
+    d = fig.dpi if dpi is None else float(dpi)
+    ax = fig.heatmaps[panel]
+    x, y = ax.transData.transform((col, row))  # display pixels at fig.dpi, from the bottom
+    s = d / fig.dpi
+    return x * s, fig.get_size_inches()[1] * d - y * s
+
+
+__all__ = [
+    "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",
+    "check_format", "check_scale", "clean_label", "close", "grid_figure", "head_figure", "matrix_figure",
+    "pixel_size", "pool_max", "save", "scale_to_dpi", "to_bytes",
+]  # fmt: skip
