@@ -17,18 +17,8 @@ import math
 
 import torch
 
-from .errors import InspectorError
 
-# the stage vocabulary, one name per stage for the API, the CLI, the window and exports
-STAGES = ("raw", "scores", "masked_scores", "probs")
-KINDS = STAGES  # the API's historical name
-STAGE_TITLES = {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
-
-
-def check_stage(kind: str) -> str:
-    if kind not in STAGES:
-        raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(STAGES)}")
-    return kind
+from .stages import KINDS, STAGE_TITLES, STAGES, check_stage  # noqa: F401  (the vocabulary, re-exported)
 
 
 def kv_group(n_heads: int, n_kv_heads: int) -> int:

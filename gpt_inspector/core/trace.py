@@ -26,7 +26,7 @@ from .attention import STAGES
 from .capture import MaskEdit, compile_edits
 from .errors import InspectorError
 from .source import RunSource
-from .step import TOP_N, Step, top_entries
+from .step import TOP_N, Step
 
 FORMAT = "gpt-inspector-trace/2"
 FORMAT_V1 = "gpt-inspector-trace/1"

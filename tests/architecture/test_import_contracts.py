@@ -1,29 +1,117 @@
-"""The engine must stay Qt-free: every front door, including scripts, can use it headless."""
+"""Import contracts (the architecture's one-way flow), checked on the source with ``ast``:
+
+- core and figures never import Qt (every front door, scripts included, can use them headless);
+- views never import the window (each panel is a thin view over snapshots and a controller);
+- nothing outside core imports a name starting with ``_`` from core (core's privates stay private).
+"""
+
+from __future__ import annotations
 
 import ast
 import subprocess
 import sys
 from pathlib import Path
 
-CORE = Path(__file__).resolve().parents[1] / "gpt_inspector" / "core"
+PKG = Path(__file__).resolve().parents[2] / "gpt_inspector"
 QT = ("PySide6", "pyqtgraph", "PyQt5", "PyQt6", "shiboken6")
 
 
-def test_core_sources_import_no_qt():
-    offenders = []
-    for f in CORE.rglob("*.py"):
-        for node in ast.walk(ast.parse(f.read_text(), str(f))):
-            names = []
-            if isinstance(node, ast.Import):
-                names = [a.name for a in node.names]
-            elif isinstance(node, ast.ImportFrom) and node.module:
-                names = [node.module]
-            offenders += [f"{f.name}: {n}" for n in names if n.split(".")[0] in QT]
-    assert not offenders, offenders
-    assert len(list(CORE.glob("*.py"))) >= 6  # the check really looked at the engine
+def _imports(f: Path):
+    """(module, [imported names]) for every import in ``f``, relative imports made absolute."""
+    rel = f.relative_to(PKG.parent).with_suffix("")
+    package = list(rel.parts[:-1]) if rel.name != "__init__" else list(rel.parts[:-1])
+    for node in ast.walk(ast.parse(f.read_text(), str(f))):
+        if isinstance(node, ast.Import):
+            for a in node.names:
+                yield a.name, []
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package[: len(package) - node.level + 1]
+                mod = ".".join(base + ([node.module] if node.module else []))
+            else:
+                mod = node.module or ""
+            yield mod, [a.name for a in node.names]
 
 
-def test_importing_core_loads_no_qt():
-    code = "import sys, gpt_inspector, gpt_inspector.core; print([m for m in sys.modules if m.split('.')[0] in %r])" % (QT,)
+def _files(*parts: str):
+    root = PKG.joinpath(*parts)
+    return [root] if root.suffix == ".py" else sorted(root.rglob("*.py"))
+
+
+def _violations(files, bad) -> list[str]:
+    out = []
+    for f in files:
+        for mod, names in _imports(f):
+            why = bad(mod, names)
+            if why:
+                out.append(f"{f.relative_to(PKG.parent)}: {why}")
+    return out
+
+
+def _is_qt(mod: str, names) -> str | None:
+    return f"imports {mod}" if mod.split(".")[0] in QT else None
+
+
+def test_core_and_figures_import_no_qt():
+    files = _files("core") + _files("figures") + _files("export.py")
+    assert len(files) >= 10  # the check really looked at the engine
+    assert not _violations(files, _is_qt)
+
+
+def test_views_never_import_the_window_or_core_privates():
+    views = _files("gui", "views")
+    assert len(views) >= 8
+
+    def bad(mod, names):
+        if mod.endswith(("gui.main_window", "gui.actions", "gui.app")):
+            return f"imports the window ({mod})"
+        if mod.startswith("gpt_inspector.core") and (mod.rsplit(".", 1)[-1].startswith("_") or
+                                                     any(n.startswith("_") for n in names)):  # fmt: skip
+            return f"imports a private name from {mod}: {names}"
+        return None
+
+    assert not _violations(views, bad)
+
+
+def test_nothing_outside_core_imports_core_privates():
+    outside = [f for f in PKG.rglob("*.py") if "core" not in f.relative_to(PKG).parts]
+    assert len(outside) >= 15
+
+    def bad(mod, names):
+        if not mod.startswith("gpt_inspector.core"):
+            return None
+        private = [n for n in names if n.startswith("_") and n != "__version__"]
+        if any(part.startswith("_") for part in mod.split(".")) or private:
+            return f"imports {private or mod} from core"
+        return None
+
+    assert not _violations(outside, bad)
+
+
+def test_the_checks_can_fail(tmp_path):
+    """The AST reader sees relative imports of private names and Qt (a check that cannot fail is a defect)."""
+    f = PKG / "gui" / "views" / "_contract_probe.py"
+    f.write_text("from ...core.capture import _CompiledEdits\nfrom PySide6 import QtCore\nfrom ..main_window import X\n")
+    try:
+        mods = list(_imports(f))
+    finally:
+        f.unlink()
+    assert ("gpt_inspector.core.capture", ["_CompiledEdits"]) in mods
+    assert ("PySide6", ["QtCore"]) in mods and ("gpt_inspector.gui.main_window", ["X"]) in mods
+
+
+def test_importing_core_and_figures_loads_no_qt():
+    code = (
+        "import sys, importlib.util, gpt_inspector, gpt_inspector.core, gpt_inspector.export\n"
+        "if importlib.util.find_spec('gpt_inspector.figures'): import gpt_inspector.figures\n"
+        "print([m for m in sys.modules if m.split('.')[0] in %r])" % (QT,)
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"
+
+
+def test_figures_load_without_the_engine():
+    """Figures draw arrays; only a source passed in needs torch (scripts that plot saved arrays stay light)."""
+    code = "import sys, gpt_inspector.figures; print([m for m in ('torch', 'transformers') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

@@ -43,7 +43,7 @@ from .. import decoding, validate
 from ..capture import Recorder
 from ..errors import InspectorError, check_index
 from ..models import LoadedModel
-from ..session import Session, forward_with_rollback
+from ..session import forward_with_rollback
 from ..step import Step, top_entries
 from ..tokens import token_label
 from . import tree as beam_tree

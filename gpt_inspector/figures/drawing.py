@@ -1,29 +1,15 @@
-"""Attention heatmaps as matplotlib figures, headless: PNG, SVG or PDF, no Qt.
+"""The heatmap figure: its look, the drawing primitives, and the head, grid and matrix figures.
 
-Only matplotlib's object API is used (``Figure`` + ``FigureCanvasAgg``), never pyplot: pyplot keeps
-every figure in a global registry until closed, which is how long export runs leak, and it may
-pick an interactive backend. So this module runs anywhere, including the window's worker thread.
-
-    >>> from gpt_inspector import figures
-    >>> fig = figures.head_figure(session, 0, 3, "probs")
-    >>> figures.save(fig, "l0h3.png", dpi=200)
-    >>> figures.save(figures.grid_figure(trace, None, "probs"), "model.svg")   # every layer x head
-
-A *source* (Session, Trace, a beam view) offers ``attention(layer, head, kind)``,
-``allowed(layer, head)``, ``token_labels()``, ``model_name``, ``n_layers``, ``n_heads``,
-``cache_length`` and ``n_steps``.
+Only matplotlib's object API is used (``Figure`` + ``FigureCanvasAgg``), never pyplot; see the package docstring.
 """
 
 from __future__ import annotations
 
-import io
 import math
-import os
 import threading
 import warnings
 from collections.abc import Sequence
 from contextlib import contextmanager
-from pathlib import Path
 
 import matplotlib
 import numpy as np
@@ -33,14 +19,25 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
-from .core.errors import InspectorError
+from ..core.stages import KINDS, STAGE_TITLES
+from ..core.errors import InspectorError
+from .labels import (
+    _finite_span,
+    _pool_for,
+    _ticks,
+    clean_label,
+    display_model_name,
+    pool_max,
+    ticks,
+    token_labels,
+    value_range,
+)
 
-# one vocabulary for the attention stages, shared with the window
-STAGES = {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
-KINDS = tuple(STAGES)
+# one vocabulary for the attention stages, shared with the window: core's stage -> title mapping
+# (core.attention.STAGES is the tuple of stage names, here KINDS)
+STAGES = STAGE_TITLES
 # pre-mask stages show every value: hiding the cells the mask removes would defeat their purpose
 MASKING_KINDS = ("masked_scores", "probs")
-FORMATS = (".png", ".svg", ".pdf")
 
 CMAP_NAME = "viridis"
 # viridis never comes within ~165 RGB units of this light grey, and the hatching sets it apart
@@ -51,9 +48,6 @@ HATCH_COLOR = "#8c8c8c"
 HATCH = "///"
 
 DPI = 100.0  # scale 1.0
-MIN_SCALE, MAX_SCALE = 0.1, 10.0
-MAX_PIXELS = 150_000_000  # past this a PNG is unusable and Agg may run out of memory
-MAX_SIDE = 32000
 # past this many masked runs, hatching costs more than it adds: the colour alone still tells them apart
 MAX_HATCH_RUNS = 20000
 
@@ -96,28 +90,6 @@ class HeatmapFigure(Figure):
 
 
 # ---------------------------------------------------------------------- checks
-def check_format(path) -> str:
-    """'png', 'svg' or 'pdf' from the file name; anything else is the user's to fix."""
-    suffix = Path(path).suffix.lower()
-    if suffix not in FORMATS:
-        raise InspectorError(f"export to a .png, .svg or .pdf file, got {Path(path).name!r}")
-    return suffix[1:]
-
-
-def check_scale(scale) -> float:
-    try:
-        s = float(scale)
-    except (TypeError, ValueError):
-        raise InspectorError(f"scale must be a number, got {scale!r}") from None
-    if not (math.isfinite(s) and MIN_SCALE <= s <= MAX_SCALE):
-        raise InspectorError(f"scale must be between {MIN_SCALE:g} and {MAX_SCALE:g}, got {scale!r}")
-    return s
-
-
-def scale_to_dpi(scale) -> float:
-    return check_scale(scale) * DPI
-
-
 def _check_kind(kind: str) -> str:
     if kind not in STAGES:
         raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
@@ -135,141 +107,6 @@ def _positions(source) -> int:
     if t == 0:
         raise InspectorError("nothing processed yet: run a step first")
     return t
-
-
-# ---------------------------------------------------------------------- text
-def clean_label(text) -> str:
-    """Make any token label drawable and valid inside XML: control characters become visible."""
-    out = []
-    for ch in str(text):
-        o = ord(ch)
-        if o < 0x20 or o == 0x7F:
-            out.append(f"<0x{o:02X}>")  # the style token labels use for undecodable bytes
-        elif 0x80 <= o <= 0x9F or 0xD800 <= o <= 0xDFFF or o in (0xFFFE, 0xFFFF):
-            out.append(f"U+{o:04X}")
-        else:
-            out.append(ch)
-    return "".join(out) or "∅"
-
-
-def _elide(text: str, n: int = 18) -> str:
-    return text if len(text) <= n else text[: n - 1] + "…"
-
-
-def display_model_name(name) -> str:
-    # a local folder's full path says little and can be very long; hub ids stay as they are
-    s = str(name)
-    if os.path.isabs(s) or s.startswith((".", "~")) or os.sep in s and Path(s).expanduser().exists():
-        return Path(s).name or s
-    return s
-
-
-def token_labels(source, t: int) -> list[str]:
-    labels = [str(x) for x in list(source.token_labels())[:t]]
-    return labels + [str(i) for i in range(len(labels), t)]
-
-
-def _label_step(n: int, pitch_pt: float, room_pt: float) -> int:
-    """Show every k-th label (k = 1, 2, 5, 10, 20, ...) so labels ``pitch_pt`` apart get ``room_pt``."""
-    if n <= 1 or pitch_pt >= room_pt:
-        return 1
-    k, need = 1, room_pt / pitch_pt
-    while k < need:
-        k = k * 5 // 2 if str(k)[0] == "2" else k * 2
-    return k
-
-
-def _ticks(labels: Sequence[str], extent_in: float, fontsize: float, numbered: bool) -> tuple[list[int], list[str]]:
-    n = len(labels)
-    step = _label_step(n, extent_in * 72.0 / max(n, 1), fontsize * 1.25)
-    pos = list(range(0, n, step))
-    text = [_elide(clean_label(labels[i])) for i in pos]
-    if step > 1 and numbered:  # a thinned label says which position it belongs to
-        text = [f"{i} {s}" for i, s in zip(pos, text)]
-    return pos, text
-
-
-def _nice_step(raw: float) -> tuple[float, int, bool]:
-    """The smallest 1, 2, 2.5 or 5 x 10^e step >= raw, the decimals its multiples need, and if it is 2.5 x 10^e."""
-    e = math.floor(math.log10(raw))
-    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
-        if m * 10.0**e >= raw * (1 - 1e-9):
-            break
-    if m == 10.0:
-        m, e = 1.0, e + 1
-    return m * 10.0**e, max(0, -e + (1 if m == 2.5 else 0)), m == 2.5
-
-
-def ticks(vmin: float, vmax: float, n: int = 5) -> list[tuple[float, str]]:
-    """About ``n`` (never fewer than 3) round values inside [vmin, vmax], labelled with just enough decimals."""
-    span = vmax - vmin
-    if not span > 0:
-        return [(vmin, f"{vmin:.4g}")]
-    raw = span / max(1, n - 1)
-    while True:
-        step, decimals, quarter = _nice_step(raw)
-        first, last = math.ceil(vmin / step - 1e-9), math.floor(vmax / step + 1e-9)
-        if last - first + 1 >= 3:
-            break
-        raw = step / 2.1  # the next finer round step
-    top = max(abs(vmin), abs(vmax))
-    compact = top >= 1e5 or decimals > 4
-    # significant digits that still tell neighbouring ticks apart
-    sig = max(1, math.floor(math.log10(top)) - math.floor(math.log10(step) + 1e-9) + 1 + quarter)
-    out = []
-    for k in range(first, last + 1):
-        v = k * step
-        v = 0.0 if abs(v) < step * 1e-9 else v
-        out.append((v, f"{v:.{sig}g}" if compact else f"{v:.{decimals}f}"))
-    return out
-
-
-# ---------------------------------------------------------------------- values
-def pool_max(values: np.ndarray, masked: np.ndarray, kr: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
-    """Block maximum over ``kr`` x ``kc`` cells, ignoring masked ones; a block is masked if all are.
-
-    The maximum keeps a single strong attention weight visible in a thumbnail; a mean would wash it out.
-    """
-    if kr == 1 and kc == 1:
-        return values, masked
-    r, c = values.shape
-    R, C = -(-r // kr), -(-c // kc)
-    v = np.asarray(values)
-    dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float64
-    pad = np.full((R * kr, C * kc), -np.inf, dtype=dtype)
-    pad[:r, :c] = v
-    pad[:r, :c][masked | np.isnan(v)] = -np.inf
-    pooled = pad.reshape(R, kr, C, kc).max(axis=(1, 3))
-    pmask = np.isneginf(pooled)
-    return np.where(pmask, 0.0, pooled), pmask
-
-
-def _pool_for(n: int, extent_in: float, dpi: float) -> int:
-    """The block size that keeps a cell at least one pixel wide at ``dpi``."""
-    px = max(1.0, extent_in * dpi)
-    return max(1, math.ceil(n / px))
-
-
-def _finite_span(values: np.ndarray, masked: np.ndarray):
-    ok = np.isfinite(values) & ~masked
-    if not ok.any():
-        return None
-    shown = values[ok]
-    return float(shown.min()), float(shown.max())
-
-
-def value_range(spans, kind: str | None) -> tuple[float, float]:
-    """Probabilities always span [0, 1] so heads compare; other values span what is shown."""
-    if kind == "probs":
-        return 0.0, 1.0
-    spans = [s for s in spans if s is not None]
-    if not spans:
-        return 0.0, 1.0
-    lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
-    if hi - lo <= 0:
-        pad = max(abs(lo) * 0.05, 0.5)
-        return lo - pad, hi + pad
-    return lo, hi
 
 
 def _head_data(source, layer: int, head: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -587,85 +424,3 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
         _headings(fig, fig.heatmaps[0], title, subtitle)
         _fit(fig)
     return fig
-
-
-# ---------------------------------------------------------------------- output
-def pixel_size(fig: Figure, dpi: float | None = None) -> tuple[int, int]:
-    """The PNG's width and height in pixels at ``dpi`` (the figure's own by default)."""
-    d = fig.dpi if dpi is None else float(dpi)
-    w, h = fig.get_size_inches()
-    # Agg truncates, like this
-    return max(1, int(w * d)), max(1, int(h * d))
-
-
-def _metadata(fig: Figure, fmt: str) -> dict:
-    title = getattr(fig, "heading", "") or ""
-    if fmt == "png":
-        return {"Title": title, "Software": "gpt-inspector"}
-    if fmt == "svg":
-        return {"Title": title, "Creator": "gpt-inspector", "Date": None}
-    return {"Title": title, "Creator": "gpt-inspector", "CreationDate": None}
-
-
-def to_bytes(fig: Figure, fmt: str = "png", dpi: float | None = None) -> bytes:
-    """The figure encoded as ``fmt`` ('png', 'svg' or 'pdf'); ``dpi`` sets a PNG's pixel density."""
-    fmt = check_format(f"x.{fmt}")
-    d = fig.dpi if dpi is None else float(dpi)
-    if fmt == "png":
-        w, h = pixel_size(fig, d)
-        if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
-            raise InspectorError(f"the image would be {w}x{h} pixels; use a smaller scale, SVG or PDF")
-    buf = io.BytesIO()
-    with _style():
-        if not isinstance(fig.canvas, FigureCanvasAgg):
-            FigureCanvasAgg(fig)
-        try:
-            fig.savefig(buf, format=fmt, dpi=d, facecolor="white", metadata=_metadata(fig, fmt))
-        except MemoryError:
-            raise InspectorError("not enough memory for this image; use a smaller scale, SVG or PDF") from None
-    return buf.getvalue()
-
-
-def save(fig: Figure, path, dpi: float | None = None) -> Path:
-    """Write ``fig`` as PNG (at ``dpi``), SVG or PDF, chosen by ``path``'s suffix."""
-    path = Path(path)
-    fmt = check_format(path)
-    data = to_bytes(fig, fmt, dpi)  # encoded first: a failure leaves no half-written file
-    try:
-        path.write_bytes(data)
-    except OSError as e:
-        raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
-    return path
-
-
-def close(fig: Figure) -> None:
-    """Let go of a figure's big buffers now (the Agg canvas, the drawn arrays) rather than at garbage collection.
-
-    Without pyplot nothing else holds a figure, so dropping the last reference frees the rest;
-    ``fig.clear()`` would cost more than the figure took to draw (it rebuilds every axis).
-    """
-    with _LOCK:
-        canvas = fig.canvas
-        if isinstance(canvas, FigureCanvasAgg) and hasattr(canvas, "renderer"):
-            del canvas.renderer
-        for ax in fig.axes:
-            for im in ax.images:
-                im.set_data(np.zeros((1, 1)))
-        if isinstance(fig, HeatmapFigure):
-            fig.panel_values = []
-
-
-def cell_center(fig: HeatmapFigure, row: int, col: int, dpi: float | None = None, panel: int = 0) -> tuple[float, float]:
-    """Where position (``row``, ``col``) of heatmap ``panel`` lies in a PNG at ``dpi``, as (x, y) from the top left."""
-    d = fig.dpi if dpi is None else float(dpi)
-    ax = fig.heatmaps[panel]
-    x, y = ax.transData.transform((col, row))  # display pixels at fig.dpi, from the bottom
-    s = d / fig.dpi
-    return x * s, fig.get_size_inches()[1] * d - y * s
-
-
-__all__ = [
-    "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",
-    "check_format", "check_scale", "clean_label", "close", "grid_figure", "head_figure", "matrix_figure",
-    "pixel_size", "pool_max", "save", "scale_to_dpi", "to_bytes",
-]  # fmt: skip

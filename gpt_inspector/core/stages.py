@@ -1,0 +1,19 @@
+"""The stage vocabulary, one name per stage for the API, the CLI, the window and exports.
+
+Kept apart from ``attention.py`` (which needs torch) so figures and argument parsing can use it
+without loading the engine.
+"""
+
+from __future__ import annotations
+
+from .errors import InspectorError
+
+STAGES = ("raw", "scores", "masked_scores", "probs")
+KINDS = STAGES  # the API's historical name
+STAGE_TITLES = {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
+
+
+def check_stage(kind: str) -> str:
+    if kind not in STAGES:
+        raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(STAGES)}")
+    return kind

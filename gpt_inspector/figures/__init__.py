@@ -1,0 +1,48 @@
+"""Attention heatmaps as matplotlib figures, headless: PNG, SVG or PDF, no Qt.
+
+Only matplotlib's object API is used (``Figure`` + ``FigureCanvasAgg``), never pyplot: pyplot keeps
+every figure in a global registry until closed, which is how long export runs leak, and it may
+pick an interactive backend. So this module runs anywhere, including the window's worker thread.
+
+    >>> from gpt_inspector import figures
+    >>> fig = figures.head_figure(session, 0, 3, "probs")
+    >>> figures.save(fig, "l0h3.png", dpi=200)
+    >>> figures.save(figures.grid_figure(trace, None, "probs"), "model.svg")   # every layer x head
+
+A *source* (Session, Trace, a beam view) offers ``attention(layer, head, kind)``,
+``allowed(layer, head)``, ``token_labels()``, ``model_name``, ``n_layers``, ``n_heads``,
+``cache_length`` and ``n_steps``.
+
+The package: ``labels`` (token labels, ticks, pooling: no matplotlib), ``drawing`` (the figure's
+look and the head, grid and matrix figures) and ``output`` (format checks, bytes, files).
+"""
+
+from __future__ import annotations
+
+from .drawing import (
+    HATCH_COLOR,
+    KINDS,
+    MASKED_COLOR,
+    MASKED_RGB,
+    STAGES,
+    HeatmapFigure,
+    grid_figure,
+    head_figure,
+    matrix_figure,
+)
+from .labels import clean_label, pool_max
+from .output import FORMATS, cell_center, check_format, check_scale, close, pixel_size, save, scale_to_dpi, to_bytes
+
+# public too, though not in __all__ (as before the split): re-exported explicitly
+from .drawing import CMAP_NAME as CMAP_NAME, DPI as DPI, HATCH as HATCH, MASKING_KINDS as MASKING_KINDS  # isort: skip
+from .drawing import MAX_HATCH_RUNS as MAX_HATCH_RUNS  # isort: skip
+from .labels import display_model_name as display_model_name, ticks as ticks, token_labels as token_labels  # isort: skip
+from .labels import value_range as value_range  # isort: skip
+from .output import MAX_PIXELS as MAX_PIXELS, MAX_SCALE as MAX_SCALE, MAX_SIDE as MAX_SIDE  # isort: skip
+from .output import MIN_SCALE as MIN_SCALE  # isort: skip
+
+__all__ = [
+    "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",
+    "check_format", "check_scale", "clean_label", "close", "grid_figure", "head_figure", "matrix_figure",
+    "pixel_size", "pool_max", "save", "scale_to_dpi", "to_bytes",
+]  # fmt: skip

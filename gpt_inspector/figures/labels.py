@@ -1,0 +1,145 @@
+"""Labels, colour-bar ticks and value pooling for the heatmaps: plain text and numpy, no drawing."""
+
+from __future__ import annotations
+
+import math
+import os
+from collections.abc import Sequence
+from pathlib import Path
+
+import numpy as np
+
+
+# ---------------------------------------------------------------------- text
+def clean_label(text) -> str:
+    """Make any token label drawable and valid inside XML: control characters become visible."""
+    out = []
+    for ch in str(text):
+        o = ord(ch)
+        if o < 0x20 or o == 0x7F:
+            out.append(f"<0x{o:02X}>")  # the style token labels use for undecodable bytes
+        elif 0x80 <= o <= 0x9F or 0xD800 <= o <= 0xDFFF or o in (0xFFFE, 0xFFFF):
+            out.append(f"U+{o:04X}")
+        else:
+            out.append(ch)
+    return "".join(out) or "∅"
+
+
+def _elide(text: str, n: int = 18) -> str:
+    return text if len(text) <= n else text[: n - 1] + "…"
+
+
+def display_model_name(name) -> str:
+    # a local folder's full path says little and can be very long; hub ids stay as they are
+    s = str(name)
+    if os.path.isabs(s) or s.startswith((".", "~")) or os.sep in s and Path(s).expanduser().exists():
+        return Path(s).name or s
+    return s
+
+
+def token_labels(source, t: int) -> list[str]:
+    labels = [str(x) for x in list(source.token_labels())[:t]]
+    return labels + [str(i) for i in range(len(labels), t)]
+
+
+def _label_step(n: int, pitch_pt: float, room_pt: float) -> int:
+    """Show every k-th label (k = 1, 2, 5, 10, 20, ...) so labels ``pitch_pt`` apart get ``room_pt``."""
+    if n <= 1 or pitch_pt >= room_pt:
+        return 1
+    k, need = 1, room_pt / pitch_pt
+    while k < need:
+        k = k * 5 // 2 if str(k)[0] == "2" else k * 2
+    return k
+
+
+def _ticks(labels: Sequence[str], extent_in: float, fontsize: float, numbered: bool) -> tuple[list[int], list[str]]:
+    n = len(labels)
+    step = _label_step(n, extent_in * 72.0 / max(n, 1), fontsize * 1.25)
+    pos = list(range(0, n, step))
+    text = [_elide(clean_label(labels[i])) for i in pos]
+    if step > 1 and numbered:  # a thinned label says which position it belongs to
+        text = [f"{i} {s}" for i, s in zip(pos, text)]
+    return pos, text
+
+
+def _nice_step(raw: float) -> tuple[float, int, bool]:
+    """The smallest 1, 2, 2.5 or 5 x 10^e step >= raw, the decimals its multiples need, and if it is 2.5 x 10^e."""
+    e = math.floor(math.log10(raw))
+    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
+        if m * 10.0**e >= raw * (1 - 1e-9):
+            break
+    if m == 10.0:
+        m, e = 1.0, e + 1
+    return m * 10.0**e, max(0, -e + (1 if m == 2.5 else 0)), m == 2.5
+
+
+def ticks(vmin: float, vmax: float, n: int = 5) -> list[tuple[float, str]]:
+    """About ``n`` (never fewer than 3) round values inside [vmin, vmax], labelled with just enough decimals."""
+    span = vmax - vmin
+    if not span > 0:
+        return [(vmin, f"{vmin:.4g}")]
+    raw = span / max(1, n - 1)
+    while True:
+        step, decimals, quarter = _nice_step(raw)
+        first, last = math.ceil(vmin / step - 1e-9), math.floor(vmax / step + 1e-9)
+        if last - first + 1 >= 3:
+            break
+        raw = step / 2.1  # the next finer round step
+    top = max(abs(vmin), abs(vmax))
+    compact = top >= 1e5 or decimals > 4
+    # significant digits that still tell neighbouring ticks apart
+    sig = max(1, math.floor(math.log10(top)) - math.floor(math.log10(step) + 1e-9) + 1 + quarter)
+    out = []
+    for k in range(first, last + 1):
+        v = k * step
+        v = 0.0 if abs(v) < step * 1e-9 else v
+        out.append((v, f"{v:.{sig}g}" if compact else f"{v:.{decimals}f}"))
+    return out
+
+
+# ---------------------------------------------------------------------- values
+def pool_max(values: np.ndarray, masked: np.ndarray, kr: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block maximum over ``kr`` x ``kc`` cells, ignoring masked ones; a block is masked if all are.
+
+    The maximum keeps a single strong attention weight visible in a thumbnail; a mean would wash it out.
+    """
+    if kr == 1 and kc == 1:
+        return values, masked
+    r, c = values.shape
+    R, C = -(-r // kr), -(-c // kc)
+    v = np.asarray(values)
+    dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float64
+    pad = np.full((R * kr, C * kc), -np.inf, dtype=dtype)
+    pad[:r, :c] = v
+    pad[:r, :c][masked | np.isnan(v)] = -np.inf
+    pooled = pad.reshape(R, kr, C, kc).max(axis=(1, 3))
+    pmask = np.isneginf(pooled)
+    return np.where(pmask, 0.0, pooled), pmask
+
+
+def _pool_for(n: int, extent_in: float, dpi: float) -> int:
+    """The block size that keeps a cell at least one pixel wide at ``dpi``."""
+    px = max(1.0, extent_in * dpi)
+    return max(1, math.ceil(n / px))
+
+
+def _finite_span(values: np.ndarray, masked: np.ndarray):
+    ok = np.isfinite(values) & ~masked
+    if not ok.any():
+        return None
+    shown = values[ok]
+    return float(shown.min()), float(shown.max())
+
+
+def value_range(spans, kind: str | None) -> tuple[float, float]:
+    """Probabilities always span [0, 1] so heads compare; other values span what is shown."""
+    if kind == "probs":
+        return 0.0, 1.0
+    spans = [s for s in spans if s is not None]
+    if not spans:
+        return 0.0, 1.0
+    lo, hi = min(s[0] for s in spans), max(s[1] for s in spans)
+    if hi - lo <= 0:
+        pad = max(abs(lo) * 0.05, 0.5)
+        return lo - pad, hi + pad
+    return lo, hi
