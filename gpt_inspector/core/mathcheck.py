@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InspectorError, check_index
+from .errors import InspectorError
 
 FORMULA = "out = softmax(q · Kᵀ × scaling + mask) · V"
 
@@ -163,25 +163,6 @@ def _dtype_name(source) -> str:
     return source.cache_dtype
 
 
-def _softcap(source, layer: int) -> float | None:
-    return source.softcap(layer)
-
-
-def _check_layer(source, layer) -> int:
-    return check_index(layer, source.n_layers, "layer")
-
-
-def _check_head(source, head) -> int:
-    return check_index(head, source.n_heads, "head")
-
-
-def _positions(source) -> int:
-    t = source.cache_length
-    if t == 0:
-        raise InspectorError("nothing processed yet: run a step first")
-    return t
-
-
 def _kv_map(source) -> np.ndarray:
     return np.array([source.kv_head_of(h) for h in range(source.n_heads)])  # (H,) query head -> KV head
 
@@ -218,9 +199,9 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, sc
 
 def check(source, layer: int, head: int, position: int | None = None, tolerance: float | None = None) -> MathCheck:
     """Recompute one head's output at one query position (default: the last) and compare."""
-    layer, head = _check_layer(source, layer), _check_head(source, head)
+    layer, head = source.check_layer(layer), source.check_head(head)
     _validate_tolerance(tolerance)
-    t = _positions(source)
+    t = source.require_positions()
     if position is None:
         position = t - 1
     if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not 0 <= position < t:
@@ -229,7 +210,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
     q, k, v = source.qkv(layer)  # (H, T, d), (Hkv, T, d), (Hkv, T, d)
     kvh = int(_kv_map(source)[head])
     allowed = np.asarray(source.allowed(layer, head), dtype=bool)[position]  # (T,)
-    scaling, softcap = float(source.scaling(layer)), _softcap(source, layer)
+    scaling, softcap = float(source.scaling(layer)), source.softcap(layer)
     vk = v[kvh].astype(np.float64)  # (T, d)
     w, out = _attend(
         q[head, position][None, None].astype(np.float64),  # (1, 1, d)
@@ -247,12 +228,12 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
 def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckReport:
     """Check every head at every position of the given layers (default all); max |diff| per head."""
     _validate_tolerance(tolerance)
-    t = _positions(source)
+    t = source.require_positions()
     if layers is None:
         layers = range(source.n_layers)
     elif isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
         layers = [layers]
-    layers = [_check_layer(source, layer) for layer in layers]
+    layers = [source.check_layer(layer) for layer in layers]
     if not layers:
         raise InspectorError("no layers to check")
     kv_map = _kv_map(source)
@@ -265,7 +246,7 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         kh = k.astype(np.float64)[kv_map]  # (H, T, d)
         vh = v.astype(np.float64)[kv_map]  # (H, T, d)
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
-        _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), _softcap(source, layer))
+        _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer))
         diff = np.abs(out - source.attention_output(layer).astype(np.float64)).max(axis=-1)  # (H, T)
         # NaN must win the max so a broken row cannot hide behind a finite one
         diff = np.where(np.isnan(diff), np.inf, diff)
