@@ -165,6 +165,7 @@ def test_step_back_restores_every_view(make_window, wait_idle):
 
 
 def test_event_loop_keeps_running_during_a_long_run(make_window, wait_idle, qtbot):
+    import threading
     import time
 
     win = make_window()
@@ -173,14 +174,18 @@ def test_event_loop_keeps_running_during_a_long_run(make_window, wait_idle, qtbo
     timer.timeout.connect(lambda: ticks.append((win.running, win.acts.pause.isEnabled(), win.acts.step.isEnabled())))
     timer.start(10)
 
+    paused = threading.Event()
+
     def slow(session):  # make every step take a while, on the worker thread
         orig = session.step
 
         def step():
-            time.sleep(0.05)  # long enough that a GUI thread starved by torch's spinning threads still sees it
+            time.sleep(0.02)
             st = orig()
             if st.finish_reason == "eos":  # keep going: this test is about a long run
                 st = session.force_token(5)
+            if session.n_steps >= 12:  # hold the run here until the pause is in: no race with a busy machine
+                paused.wait(20)
             return st
 
         session.step = step
@@ -188,8 +193,9 @@ def test_event_loop_keeps_running_during_a_long_run(make_window, wait_idle, qtbo
     win.run_in_worker(slow)
     wait_idle(win)
     win.run(30)
-    qtbot.waitUntil(lambda: win.st_progress.value() >= 10, timeout=10000)  # the status bar counts steps
+    qtbot.waitUntil(lambda: win.st_progress.value() >= 10, timeout=20000)  # the status bar counts steps
     win.pause()
+    paused.set()
     snap = wait_idle(win)
     timer.stop()
     during = [t for t in ticks if t[0]]
