@@ -1,0 +1,54 @@
+"""`gpt-inspector lens`: where the prediction forms (logit lens) and which heads push it (attribution)."""
+
+from __future__ import annotations
+
+import json
+import sys
+
+from . import common
+
+NAME = "lens"
+HELP = "the logit lens after every layer and each head's direct contribution to the chosen token"
+
+
+def add_arguments(p):
+    common.add_model_args(p)
+    p.add_argument("--prompt", required=True, help="the text to start from")
+    p.add_argument("--steps", type=int, default=1, help="steps to run; the lens shows the last one (default 1)")
+    common.add_decoding_args(p)
+    p.add_argument("--top", type=int, default=5, help="tokens listed per layer (default 5)")
+    p.add_argument("--json", action="store_true", help="print the full result as JSON")
+
+
+def run(args) -> int:
+    from ..core import validate
+    from ..core.lens import lens
+
+    validate.count(args.steps)
+    top = validate.integer("--top", args.top, 1)
+    s = common.session(args)
+    s.run(args.steps)
+    r = lens(s, top_k=min(top, 50))
+    if args.json:
+        json.dump({"model": s.lm.name, "text": s.text, **r.to_json()}, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+        return 0
+    print(f"step {r.step} (position {r.position}) chose {r.label!r}; logit {r.logit:.4f}")
+    print(f"{'layer':>5}  {'p(chosen)':>9}  top tokens")
+    for x in r.layers:
+        tops = "  ".join(f"{e.label}:{e.prob:.3f}" for e in x.top)
+        print(f"{x.layer:>5}  {x.prob:>9.4f}  {tops}")
+    if r.attribution is None:
+        print(r.note)
+    else:
+        flat = sorted(((float(v), i, h) for (i, h), v in _cells(r.attribution)), reverse=True)
+        best = ", ".join(f"L{i}.H{h} {v:+.3f}" for v, i, h in flat[:5])
+        worst = ", ".join(f"L{i}.H{h} {v:+.3f}" for v, i, h in flat[::-1][:3])
+        print(f"heads pushing it most: {best}; against: {worst}; everything else {r.remainder:+.3f} ({r.note})")
+    return 0
+
+
+def _cells(a):
+    for i in range(a.shape[0]):
+        for h in range(a.shape[1]):
+            yield (i, h), a[i, h]

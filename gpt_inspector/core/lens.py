@@ -1,0 +1,216 @@
+"""Where the prediction forms, and which heads push it there, for the current step.
+
+- **Logit lens:** the residual stream after every layer, at the current position only, through the
+  model's own final norm and unembedding (and its final logit soft-cap, if any). The last layer's
+  lens is the model's logits.
+- **Direct logit attribution per head:** each head's attention output through its slice of the
+  output projection, through the final norm with its scale *frozen at the value observed* on this
+  position (the norm is linear once its statistics are fixed), projected on the unembedding row of
+  the chosen token. What the heads do not explain (embeddings, MLPs, biases, the norm's offset) is
+  reported as one remainder, so the parts add up to the chosen token's logit.
+
+The residual is recorded by forward hooks on the decoder layers during the session's own forward,
+one vector per layer for the newest position (nothing T x D is kept). After a step back or on
+another session, the current position is recomputed once, without touching the session.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from . import capture
+from .errors import InspectorError
+from .step import TopEntry, top_entries
+
+_FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm")
+_OUT_PROJ = ("o_proj", "c_proj", "dense", "out_proj")
+
+
+@dataclass(frozen=True)
+class LensLayer:
+    layer: int
+    top: list[TopEntry]  # the lens distribution's best tokens
+    prob: float  # the chosen token's probability through this layer's lens
+    logit: float
+
+
+@dataclass(frozen=True)
+class LensResult:
+    step: int
+    position: int
+    token_id: int
+    label: str
+    layers: list[LensLayer]
+    # (L, H) each head's direct contribution to the chosen token's logit, final-norm scale frozen;
+    # None where the architecture normalises the attention output itself (Gemma 2's sandwich norms)
+    attribution: np.ndarray | None = field(repr=False)
+    remainder: float | None  # logit minus the heads' sum: embeddings, MLPs, biases, norm offset
+    logit: float  # the model's logit for the chosen token (before any final soft-cap)
+    note: str = ""
+
+    def to_json(self) -> dict:
+        return {
+            "step": self.step, "position": self.position, "token_id": self.token_id, "token": self.label,
+            "logit": self.logit,
+            "layers": [{"layer": x.layer, "prob": x.prob, "logit": x.logit,
+                        "top": [{"token_id": e.token_id, "token": e.label, "prob": e.prob} for e in x.top]}
+                       for x in self.layers],
+            "attribution": None if self.attribution is None else self.attribution.tolist(),
+            "remainder": self.remainder, "note": self.note,
+        }  # fmt: skip
+
+
+# ---------------------------------------------------------------------------------------------- parts
+def _parts(model) -> tuple:
+    base = model.base_model
+    layers = next((c for c in base.children() if isinstance(c, torch.nn.ModuleList)), None)
+    norm = next((getattr(base, n) for n in _FINAL_NORMS if hasattr(base, n)), None)
+    head = model.get_output_embeddings()
+    if layers is None or norm is None or head is None:
+        raise InspectorError(f"the logit lens does not know this architecture ({type(model).__name__})")
+    return layers, norm, head
+
+
+def _install_hooks(model) -> None:
+    """Record each decoder layer's output at the newest position into the active recorder."""
+    if getattr(model, "_gpt_inspector_lens", False):
+        return
+    layers, _, _ = _parts(model)
+    n = len(layers)
+
+    def hook(index):
+        def record(_module, _inputs, output):
+            rec = capture._ACTIVE.get()
+            if rec is None:
+                return
+            h = output[0] if isinstance(output, tuple) else output  # (B, n, D)
+            store = rec.__dict__.setdefault("residual", {})
+            store[index] = h[:, -1].detach().to("cpu", torch.float32, copy=True)  # (B, D)
+            if index == n - 1:
+                rec.residual_length = rec.length  # the positions this residual belongs to
+
+        return record
+
+    for i, layer in enumerate(layers):
+        layer.register_forward_hook(hook(i))
+    model._gpt_inspector_lens = True
+
+
+def enable(lm) -> None:
+    """Start recording the residual stream for the lens (one vector per layer per forward)."""
+    _install_hooks(lm.model)
+
+
+# ---------------------------------------------------------------------------------------------- norm
+def _norm_affine(norm: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """The final norm at ``x`` as ``y = center(x) * gain + offset`` with its statistics frozen.
+
+    Returns (gain (D,), offset (D,), centers). Checked against the norm itself, so an unknown
+    norm is refused instead of being linearised wrongly.
+    """
+    w = getattr(norm, "weight", None)
+    b = getattr(norm, "bias", None)
+    eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
+    if w is None or eps is None:
+        raise InspectorError(f"per-head attribution does not know the final norm {type(norm).__name__}")
+    w, x = w.detach().float(), x.float()
+    if isinstance(norm, torch.nn.LayerNorm):
+        scale = torch.sqrt(x.var(unbiased=False) + eps)
+        gain, centers = w / scale, True
+    else:  # RMS norms; Gemma's multiply by (1 + weight)
+        scale = torch.sqrt((x * x).mean() + eps)
+        gain, centers = (1.0 + w if type(norm).__name__.startswith("Gemma") else w) / scale, False
+    offset = torch.zeros_like(x) if b is None else b.detach().float()
+    with torch.no_grad():
+        want = norm(x.to(w.dtype)).float()
+    got = ((x - x.mean()) if centers else x) * gain + offset
+    if not torch.allclose(got, want, atol=1e-4 * max(1.0, float(want.abs().max()))):
+        raise InspectorError(f"per-head attribution cannot linearise the final norm {type(norm).__name__}")
+    return gain, offset, centers
+
+
+# ---------------------------------------------------------------------------------------------- the lens
+def _residuals(session) -> torch.Tensor:
+    """(L, D) float32: the residual after every layer at the current position."""
+    lm = session.lm
+    _install_hooks(lm.model)
+    rec = session.recorder
+    store = getattr(rec, "residual", {})
+    L = lm.n_layers
+    if len(store) == L and getattr(rec, "residual_length", None) == session.cache_length:
+        return torch.stack([store[i][0] for i in range(L)])  # (L, D)
+    # recompute the current position from scratch, with the session's edits, into a scratch recorder
+    t = session.cache_length
+    scratch = capture.Recorder(L, mirror_kv=False)
+    scratch.edits = rec.edits
+    ids = torch.tensor([session.tokens[:t]], device=lm.device)  # (1, T)
+    with torch.inference_mode(), scratch.active():
+        lm.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+    return torch.stack([scratch.residual[i][0] for i in range(L)])  # (L, D)
+
+
+def _out_proj(layer: torch.nn.Module) -> torch.Tensor | None:
+    """The layer's attention output projection as (H*d, D), or None if it is not a plain one."""
+    if hasattr(layer, "pre_feedforward_layernorm"):  # the attention output is normalised before the residual
+        return None
+    for mod in layer.modules():
+        if getattr(mod, "layer_idx", None) is None and not hasattr(mod, "num_heads") and not hasattr(mod, "head_dim"):
+            continue
+        for name in _OUT_PROJ:
+            proj = getattr(mod, name, None)
+            if isinstance(proj, torch.nn.Linear):
+                return proj.weight.detach().float().T  # (H*d, D)
+            if proj is not None and type(proj).__name__ == "Conv1D":
+                return proj.weight.detach().float()  # (H*d, D): GPT-2 multiplies x @ W
+    return None
+
+
+def lens(session, top_k: int = 5) -> LensResult:
+    """The logit lens and per-head attribution for the session's current step."""
+    cur = session.current
+    if cur is None:
+        raise InspectorError("no step yet: run a step first")
+    lm = session.lm
+    model = lm.model
+    layers, norm, head = _parts(model)
+    resid = _residuals(session).to(lm.device)  # (L, D)
+    cap = getattr(model.config, "final_logit_softcapping", None)
+    with torch.inference_mode():
+        logits = head(norm(resid.to(lm.dtype))).float()  # (L, V)
+        if cap:
+            logits = torch.tanh(logits / cap) * cap
+    logits = logits.cpu().clone()  # out of inference mode, so the last row can be replaced
+    # the last layer's lens is the model's output: show the logits the model computed for this step
+    # (ours differ in the last bit only, from a matmul of another shape)
+    logits[-1] = cur.logits.float()
+    probs = torch.softmax(logits, dim=-1)  # (L, V)
+    tok = cur.token_id
+    rows = [LensLayer(i, top_entries(probs[i], logits[i], session.label, top_k), float(probs[i, tok]),
+                      float(logits[i, tok])) for i in range(lm.n_layers)]  # fmt: skip
+
+    attribution, remainder, note = None, None, "final-norm scale frozen at the value observed on this position"
+    u = head.weight.detach().float()[tok].cpu()  # (D,) the chosen token's unembedding row
+    logit = float(cur.logits[tok]) if not cap else float(head(norm(resid[-1:].to(lm.dtype))).float()[0, tok])
+    try:
+        gain, _, centers = _norm_affine(norm, resid[-1].cpu())
+        attr = np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64)
+        pos = session.cache_length - 1
+        for i, layer in enumerate(layers):
+            w = _out_proj(layer)
+            if w is None:
+                raise InspectorError("this architecture normalises the attention output, so heads have no direct path")
+            out = session.head_outputs(i)[:, pos].float().cpu()  # (H, d)
+            h, d = out.shape
+            c = torch.einsum("hd,hdD->hD", out, w.cpu().reshape(h, d, -1))  # (H, D) each head's write
+            if centers:
+                c = c - c.mean(dim=-1, keepdim=True)
+            attr[i] = (c * gain).double() @ u.double()
+        attribution, remainder = attr, logit - float(attr.sum())
+    except InspectorError as e:
+        note = f"no per-head attribution: {e}"
+    return LensResult(cur.index, cur.position, tok, cur.label, rows, attribution, remainder,
+                      logit if math.isfinite(logit) else float("nan"), note)  # fmt: skip
