@@ -37,7 +37,7 @@ from .actions import RECENT_TRACES, WindowActions
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .viewdata import Selection, Snapshot
-from .views import compare, mathcheck, probe
+from .views import compare, lens, mathcheck, probe
 from .views.kv_cache import KVCacheView, human_bytes
 from .views.mask_editor import MaskEditor
 from .views.next_token import NextTokenView
@@ -95,6 +95,7 @@ class MainWindow(QMainWindow):
         self.compare_panel = self.add_panel(compare.PANEL_TITLE, compare.create_panel(self), compare.PANEL_AREA).panel
         self.probe_panel = self.add_panel(probe.PANEL_TITLE, probe.create_panel(self), probe.PANEL_AREA).panel
         self.mathcheck_panel = self.add_panel(mathcheck.PANEL_TITLE, mathcheck.create_panel(self), mathcheck.PANEL_AREA).panel
+        self.lens_panel = self.add_panel(lens.PANEL_TITLE, lens.create_panel(self), lens.PANEL_AREA).panel
         self._default_state = self.saveState(STATE_VERSION)
         if restore_layout:
             self.restore_layout()

@@ -1,0 +1,190 @@
+"""Logit lens panel: where the chosen token's probability forms, layer by layer, and which heads push it.
+
+``LensPanel`` only displays a ``core.lens.LensResult``; ``create_panel(window)`` computes one on
+the worker thread after each step while the panel is shown (or on its button), so the GUI
+thread never runs the model.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+PANEL_TITLE = "Logit lens"
+PANEL_AREA = "bottom"
+TOP_K = 5
+
+
+class LensPanel(QWidget):
+    """A layer × top-k table, the chosen token's probability per layer, and the L × H attribution map."""
+
+    compute_requested = Signal()
+    head_clicked = Signal(int, int)  # layer, head
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.result = None
+        self.compute_button = QPushButton("Compute")
+        self.compute_button.setToolTip("The logit lens and head attribution of the current step")
+        self.compute_button.clicked.connect(self.compute_requested)
+        self.follow = QCheckBox("after every step")
+        self.follow.setToolTip("Recompute after each step while this panel is shown (one extra unembedding per layer)")
+        self.follow.setChecked(True)
+        self.status = QLabel("run a step, then the lens shows where the prediction formed")
+        self.status.setWordWrap(True)
+
+        self.table = QTableWidget(0, 2 + TOP_K)
+        self.table.setHorizontalHeaderLabels(["layer", "p(chosen)"] + [f"#{i + 1}" for i in range(TOP_K)])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+
+        self.curve_plot = pg.PlotWidget()
+        self.curve_plot.setMinimumHeight(110)
+        self.curve_plot.setLabel("bottom", "layer")
+        self.curve_plot.setLabel("left", "p(chosen)")
+        self.curve_plot.setYRange(0, 1)
+        self.curve = self.curve_plot.plot([], [], pen=pg.mkPen((66, 133, 244), width=2), symbol="o", symbolSize=6)
+
+        self.map_plot = pg.PlotWidget()
+        self.map_plot.setMinimumHeight(110)
+        self.map_plot.setLabel("bottom", "head")
+        self.map_plot.setLabel("left", "layer")
+        self.map_plot.invertY(True)
+        self.image = pg.ImageItem(axisOrder="row-major")
+        self.image.setColorMap(pg.colormap.get("CET-D1"))  # diverging: pushes for vs against
+        self.map_plot.addItem(self.image)
+        self.map_plot.scene().sigMouseClicked.connect(self._clicked)
+        self.map_note = QLabel("")
+        self.map_note.setWordWrap(True)
+
+        top = QHBoxLayout()
+        top.addWidget(self.compute_button)
+        top.addWidget(self.follow)
+        top.addStretch(1)
+        right = QWidget()
+        rl = QVBoxLayout(right)
+        rl.setContentsMargins(0, 0, 0, 0)
+        rl.addWidget(self.curve_plot, 1)
+        rl.addWidget(self.map_plot, 1)
+        rl.addWidget(self.map_note)
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(self.table)
+        split.addWidget(right)
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addWidget(self.status)
+        lay.addWidget(split, 1)
+
+    def clear(self, text: str) -> None:
+        self.result = None
+        self.table.setRowCount(0)
+        self.curve.setData([], [])
+        self.image.clear()
+        self.map_note.setText("")
+        self.status.setText(text)
+
+    def set_busy(self, busy: bool) -> None:
+        self.compute_button.setEnabled(not busy)
+        if busy:
+            self.status.setText("computing the lens…")
+
+    def show_result(self, r) -> None:
+        self.result = r
+        self.status.setText(f"step {r.step} (position {r.position}) chose “{r.label}”, logit {r.logit:.3f}")
+        self.table.setRowCount(len(r.layers))
+        for i, x in enumerate(r.layers):
+            cells = [str(x.layer), f"{x.prob:.4f}"] + [f"{e.label} {e.prob:.3f}" for e in x.top[:TOP_K]]
+            for j, text in enumerate(cells):
+                item = QTableWidgetItem(text)
+                if j >= 2 and x.top[j - 2].token_id == r.token_id:
+                    item.setBackground(pg.mkColor(66, 133, 244, 70))  # the chosen token, where it ranks
+                self.table.setItem(i, j, item)
+        self.curve.setData(np.arange(len(r.layers)), np.array([x.prob for x in r.layers]))
+        if r.attribution is None:
+            self.image.clear()
+            self.map_note.setText(r.note)
+            return
+        a = np.asarray(r.attribution, dtype=np.float32)  # (L, H)
+        m = float(np.abs(a).max()) or 1.0
+        self.image.setImage(a, autoLevels=False, levels=(-m, m))
+        self.map_plot.setRange(xRange=(0, a.shape[1]), yRange=(0, a.shape[0]), padding=0.02)
+        self.map_note.setText(
+            f"each head's direct push on “{r.label}” (logit units, ±{m:.2f}); everything else "
+            f"{r.remainder:+.3f}; {r.note}; click a cell to select that head"
+        )
+
+    def _clicked(self, ev) -> None:
+        if self.result is None or self.result.attribution is None or ev.button() != Qt.MouseButton.LeftButton:
+            return
+        p = self.image.mapFromScene(ev.scenePos())
+        if p.x() < 0 or p.y() < 0:
+            return
+        layer, head = int(p.y()), int(p.x())
+        L, H = self.result.attribution.shape
+        if 0 <= layer < L and 0 <= head < H:
+            self.head_clicked.emit(layer, head)
+
+
+def create_panel(window) -> LensPanel:
+    """Dock hook: compute on the worker after each step while shown, or on the button."""
+    panel = LensPanel()
+    state = {"version": None, "busy": False}
+
+    def done(result, error) -> None:
+        state["busy"] = False
+        panel.set_busy(False)
+        if error is not None:
+            panel.clear(str(error))
+            return
+        panel.show_result(result)
+
+    def compute() -> None:
+        from ...core.lens import lens
+
+        def job(src):
+            if getattr(src, "read_only", True) or not hasattr(src, "recorder"):
+                from ...core.errors import InspectorError
+
+                raise InspectorError("the logit lens needs a live session (a trace or a beam has no model to run)")
+            return lens(src)
+
+        if state["busy"]:  # one at a time: snapshots published during a run must not queue a backlog
+            return
+        state["busy"] = True
+        panel.set_busy(True)
+        if window.run_in_worker(job, done) is None:
+            state["busy"] = False
+            panel.set_busy(False)
+
+    def on_snapshot(snap) -> None:
+        if snap.read_only or snap.n_steps == 0:
+            panel.clear("the logit lens needs a live session with a step" if snap.read_only else
+                        "run a step, then the lens shows where the prediction formed")  # fmt: skip
+            state["version"] = None
+            return
+        key = (snap.state_version, snap.n_steps)
+        if panel.follow.isChecked() and panel.isVisible() and key != state["version"]:
+            state["version"] = key
+            compute()
+
+    panel.compute_requested.connect(compute)
+    panel.head_clicked.connect(lambda layer, head: window.select(layer=layer, head=head))
+    window.snapshot_changed.connect(on_snapshot)
+    window.tools_menu.addAction(window.acts.action("Logit lens of the current step", compute, "Ctrl+Shift+L",
+                                                   "Where the prediction formed, and which heads pushed it"))  # fmt: skip
+    return panel

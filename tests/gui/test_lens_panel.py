@@ -1,0 +1,60 @@
+"""The logit lens panel, driven as a user would: step with F10, open the panel, read what it shows."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PySide6.QtCore import QPointF, Qt
+from PySide6.QtWidgets import QApplication, QMessageBox
+
+
+@pytest.fixture
+def no_dialogs(monkeypatch):
+    shown = []
+    for name in ("warning", "critical", "information"):
+        monkeypatch.setattr(QMessageBox, name, lambda parent, title, text, *a, **k: shown.append((title, text)))
+    return shown
+
+
+def test_lens_follows_steps_and_a_click_selects_the_head(make_window, wait_idle, qtbot, tiny_lm, no_dialogs):
+
+    win = make_window()
+    win.activateWindow()
+    qtbot.waitExposed(win)
+    panel = win.lens_panel
+    win.raise_panel(panel)  # the user brings the Logit lens tab to the front
+    qtbot.waitUntil(panel.isVisible, timeout=3000)
+    for _ in range(2):
+        qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+        wait_idle(win)
+    qtbot.waitUntil(lambda: panel.result is not None and panel.result.step == 1, timeout=10000)
+    lm = tiny_lm("gpt2")
+    assert panel.table.rowCount() == lm.n_layers
+    r = panel.result
+    assert r.attribution.shape == (lm.n_layers, lm.n_heads)
+    assert panel.image.image.shape == (lm.n_layers, lm.n_heads)
+    assert f"step {r.step}" in panel.status.text() and "click a cell" in panel.map_note.text()
+    # what the table shows is the model's logits at the last layer
+    last = panel.table.item(lm.n_layers - 1, 1).text()
+    assert float(last) == pytest.approx(r.layers[-1].prob, abs=1e-4)
+    ys = panel.curve.getData()[1]
+    np.testing.assert_allclose(ys, [x.prob for x in r.layers])
+    # a click on the attribution map selects that head everywhere
+    view = panel.map_plot
+    at = view.mapFromScene(panel.image.mapToScene(QPointF(3.5, 1.5)))  # the centre of cell (layer 1, head 3)
+    qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=at)
+    qtbot.waitUntil(lambda: (win.selection.layer, win.selection.head) == (1, 3), timeout=3000)
+    assert not no_dialogs and not win.errors
+
+
+def test_lens_on_a_trace_says_it_needs_a_live_session(make_window, wait_idle, qtbot, tmp_path, no_dialogs):
+    win = make_window()
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    wait_idle(win)
+    path = tmp_path / "t.safetensors"
+    win.save_trace(str(path))
+    wait_idle(win)
+    win.open_trace(str(path))
+    wait_idle(win)
+    assert win.snapshot.read_only
+    assert "live session" in win.lens_panel.status.text()
