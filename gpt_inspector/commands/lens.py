@@ -17,6 +17,9 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, default=1, help="steps to run; the lens shows the last one (default 1)")
     common.add_decoding_args(p)
     p.add_argument("--top", type=int, default=5, help="tokens listed per layer (default 5)")
+    p.add_argument("--knock-out", action="append", default=[], metavar="L[.H]",
+                   help="zero head H of layer L (or the whole layer's attention) before the lens; repeatable; "
+                        "the run is recomputed with the chosen tokens kept")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -26,14 +29,27 @@ def run(args) -> int:
 
     validate.count(args.steps)
     top = validate.integer("--top", args.top, 1)
+    knocks = [_knock(text) for text in args.knock_out]
     s = common.session(args)
     s.run(args.steps)
+    before = None
+    if knocks:
+        before = s.current
+        report = s.set_head_edits(knocks)
+        before = {"token_id": before.token_id, "prob_before": float(report.before[before.token_id]),
+                  "prob_after": float(report.after[before.token_id]), "total_variation": report.total_variation}  # fmt: skip
     r = lens(s, top_k=min(top, 50))
     if args.json:
-        json.dump({"model": s.lm.name, "text": s.text, **r.to_json()}, sys.stdout, ensure_ascii=False)
+        out = {"model": s.lm.name, "text": s.text, **r.to_json()}
+        if knocks:
+            out["knock_out"] = {"edits": [e.to_json() for e in knocks], **before}
+        json.dump(out, sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
         return 0
     print(f"step {r.step} (position {r.position}) chose {r.label!r}; logit {r.logit:.4f}")
+    if knocks:
+        print(f"knocked out {', '.join(args.knock_out)}: p({r.label!r}) {before['prob_before']:.4f} -> "
+              f"{before['prob_after']:.4f} (tokens kept as chosen; total variation {before['total_variation']:.4f})")
     print(f"{'layer':>5}  {'p(chosen)':>9}  top tokens")
     for x in r.layers:
         tops = "  ".join(f"{e.label}:{e.prob:.3f}" for e in x.top)
@@ -46,6 +62,17 @@ def run(args) -> int:
         worst = ", ".join(f"L{i}.H{h} {v:+.3f}" for v, i, h in flat[::-1][:3])
         print(f"heads pushing it most: {best}; against: {worst}; everything else {r.remainder:+.3f} ({r.note})")
     return 0
+
+
+def _knock(text: str):
+    from ..core.capture import HeadEdit
+    from ..core.errors import InspectorError
+
+    layer, _, head = str(text).partition(".")
+    try:
+        return HeadEdit(int(layer), int(head) if head else None)
+    except ValueError:
+        raise InspectorError(f"--knock-out takes L or L.H (layer, head), got {text!r}") from None
 
 
 def _cells(a):

@@ -73,6 +73,31 @@ class MaskEdit:
             raise InspectorError(f"bad mask edit {d!r}: {e}") from None
 
 
+@dataclass(frozen=True)
+class HeadEdit:
+    """Knock out head ``head`` of ``layer`` (``head=None``: the layer's whole attention), or, with
+    ``patch_from``, write in that head's output from another run of the same model over those
+    token ids, at the same positions.
+    """
+
+    layer: int
+    head: int | None = None
+    patch_from: tuple[int, ...] | None = None
+
+    def to_json(self) -> dict:
+        return {"layer": self.layer, "head": self.head,
+                "patch_from": None if self.patch_from is None else list(self.patch_from)}  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d: dict) -> HeadEdit:
+        try:
+            src = d.get("patch_from")
+            return cls(int(d["layer"]), None if d.get("head") is None else int(d["head"]),
+                       None if src is None else tuple(int(i) for i in src))  # fmt: skip
+        except (KeyError, TypeError, ValueError, AttributeError) as e:
+            raise InspectorError(f"bad head edit {d!r}: {e}") from None
+
+
 @dataclass
 class _CompiledEdits:
     """Blocked cells per layer as index tensors, so applying them is one masked_fill."""
@@ -170,6 +195,8 @@ class Recorder:
         self.calls = [0] * n_layers
         self.length = 0
         self.edits = _CompiledEdits()
+        # layer -> [(head, None to zero it | (H_src, T_src, d) outputs to patch in from another run)]
+        self.head_edits: dict[int, list[tuple[int, torch.Tensor | None]]] = {}
         self._checked_masks: dict[int, bool] = {}
 
     # -- bookkeeping used by the session -------------------------------------------------------
@@ -310,8 +337,28 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)  # (B, H, Tq, Tk)
         out = torch.matmul(probs, v)  # (B, H, Tq, d)
     if rec is not None and layer is not None:
+        if layer in rec.head_edits:
+            out = _edit_heads(out, rec.head_edits[layer], tk - tq)
         rec._record(layer, query, key, value, attention_mask, out, scaling, softcap)
     return out.transpose(1, 2).contiguous(), probs
+
+
+def _edit_heads(out: torch.Tensor, edits, q0: int) -> torch.Tensor:
+    """Knock out or patch head outputs before the output projection sees them.
+
+    out: (B, H, Tq, d) for positions q0..q0+Tq. A patch writes the other run's output of the
+    same head at the same positions, where that run has them.
+    """
+    out = out.clone()
+    tq = out.shape[2]
+    for h, src in edits:
+        if src is None:
+            out[:, h] = 0
+        else:
+            n = max(0, min(tq, src.shape[1] - q0))  # positions the other run reached
+            if n:
+                out[:, h, :n] = src[h, q0 : q0 + n].to(out.device, out.dtype)  # (n, d)
+    return out
 
 
 def _causal_additive(tq: int, tk: int, dtype, device) -> torch.Tensor:

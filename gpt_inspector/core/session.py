@@ -12,7 +12,7 @@ from transformers import DynamicCache
 
 from . import decoding, validate
 from .attention import KINDS
-from .capture import MaskEdit, Recorder, compile_edits
+from .capture import HeadEdit, MaskEdit, Recorder, compile_edits
 from .errors import InspectorError, StepFailed
 from .models import LoadedModel
 from .source import ModelShape, RunSource
@@ -113,6 +113,8 @@ class Session(ModelShape, RunSource):
         self.steps_done: list[Step] = []
         self.finished: str | None = None
         self._blocked: dict[tuple, MaskEdit] = {}
+        self._head_edits: list[HeadEdit] = []
+        self._patch_sources: dict[tuple[int, ...], list[torch.Tensor]] = {}
         self._initial_decoding = self.decoding
         # every change in order, so a recipe replays exactly (mid-session temperature or mask changes too)
         self._ops: list[dict] = []
@@ -371,6 +373,75 @@ class Session(ModelShape, RunSource):
         after = cur.probs.clone() if cur else None
         return MaskEditReport(earliest, end - earliest, before, after)
 
+    # ------------------------------------------------------------------ knock-out and patching
+    @property
+    def head_edits(self) -> list[HeadEdit]:
+        return list(self._head_edits)
+
+    def patch_edit(self, layer: int, head: int, source) -> HeadEdit:
+        """A HeadEdit that writes ``source``'s output of (layer, head) into this run, position by position.
+
+        ``source`` is another Session (or Trace) of the same model that processed at least as
+        many positions as this run.
+        """
+        self.check_layer(layer), self.check_head(head)
+        if getattr(source, "model_name", None) != self.model_name or source.n_heads != self.n_heads:
+            raise InspectorError("the patch source must be a run of the same model")
+        if source.cache_length < self.cache_length:
+            raise InspectorError(
+                f"the patch source processed {source.cache_length} positions; this run has {self.cache_length}, "
+                "so some positions would have nothing to patch in: run the source further"
+            )
+        return HeadEdit(layer, head, tuple(source.processed_tokens))
+
+    def _head_outputs_of(self, ids: tuple[int, ...]) -> list[torch.Tensor]:
+        """Per layer (H, T_src, d): the head outputs of a clean run over ``ids`` (cached per source)."""
+        if ids not in self._patch_sources:
+            rec = Recorder(self.lm.n_layers, mirror_kv=False)  # no edits: the source runs as the model does
+            x = torch.tensor([list(ids)], dtype=torch.long, device=self.lm.device)  # (1, T_src)
+            with torch.inference_mode(), rec.active():
+                self.lm.model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False, logits_to_keep=1)
+            self._patch_sources[ids] = [rec.out[i].view(len(ids))[0].clone() for i in range(self.n_layers)]
+        return self._patch_sources[ids]
+
+    def set_head_edits(self, edits: Iterable[HeadEdit]) -> MaskEditReport:
+        """Replace the knock-outs and patches in force and recompute the run (teacher-forced).
+
+        The report says how the current next-token distribution moved.
+        """
+        edits = list(edits)
+        compiled: dict[int, list] = {}
+        for e in edits:
+            if not isinstance(e, HeadEdit):
+                raise InspectorError(f"head edits must be HeadEdit values, got {e!r}")
+            self.check_layer(e.layer)
+            if e.head is not None:
+                self.check_head(e.head)
+            if e.patch_from is not None:
+                if e.head is None:
+                    raise InspectorError("patching takes one head; knock out a whole layer with head=None instead")
+                if any(not 0 <= i < self.vocab_size for i in e.patch_from):
+                    raise InspectorError(f"patch source token ids must be in [0, {self.vocab_size})")
+                if len(e.patch_from) < self.cache_length:
+                    raise InspectorError(f"the patch source has {len(e.patch_from)} positions; this run has "
+                                         f"{self.cache_length}: run the source further")  # fmt: skip
+        for e in edits:  # validated: now the (possibly slow) source runs
+            heads = range(self.n_heads) if e.head is None else [e.head]
+            src = None if e.patch_from is None else self._head_outputs_of(e.patch_from)[e.layer]
+            compiled.setdefault(e.layer, []).extend((h, src) for h in heads)
+        prev, prev_compiled = self._head_edits, self.recorder.head_edits
+        self._head_edits, self.recorder.head_edits = edits, compiled
+        touched = bool(edits or prev)
+        try:
+            report = self._recompute_from(0 if touched else None, self.recorder.edits)
+        except StepFailed:
+            self._head_edits, self.recorder.head_edits = prev, prev_compiled
+            self._recompute_from(0, self.recorder.edits)  # back to the numbers before the change
+            raise
+        self._ops.append({"op": "heads", "edits": [e.to_json() for e in edits]})
+        self._emit("mask", report)
+        return report
+
     # ------------------------------------------------------------------ run-source primitives
     def _kv(self, layer: int, which: str) -> torch.Tensor:
         t = self.cache_length
@@ -435,6 +506,7 @@ class Session(ModelShape, RunSource):
             "decoding": self.decoding.to_json(),
             "forced": {str(s.index): s.token_id for s in self.steps_done if s.forced},
             "mask_edits": [e.to_json() for e in self.mask_edits],
+            "head_edits": [e.to_json() for e in self._head_edits],
             "tokens": list(self.tokens),
         }
 
@@ -459,6 +531,8 @@ class Session(ModelShape, RunSource):
                     s.set_decoding(op["temperature"], op["top_k"], op["top_p"], redecide=bool(op["redecide"]))
                 elif kind == "mask":
                     s.set_mask_edits([MaskEdit.from_json(e) for e in op["edits"]])
+                elif kind == "heads":
+                    s.set_head_edits([HeadEdit.from_json(e) for e in op["edits"]])
                 else:
                     raise InspectorError(f"unknown recipe operation {kind!r}")
         except (KeyError, TypeError, ValueError) as e:

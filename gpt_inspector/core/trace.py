@@ -23,7 +23,7 @@ import torch
 
 from . import decoding
 from .attention import STAGES
-from .capture import MaskEdit, compile_edits
+from .capture import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
 from .source import RunSource
 from .step import TOP_N, Step
@@ -80,6 +80,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "prompt_length": str(source.prompt_length),
         "decoding": json.dumps(source.decoding.to_json()),
         "mask_edits": json.dumps([e.to_json() for e in source.mask_edits]),
+        "head_edits": json.dumps([e.to_json() for e in getattr(source, "head_edits", [])]),
         "seed": str(source.seed),
         "text": source.text,
         "token_labels": json.dumps(source.token_labels()),
@@ -126,6 +127,7 @@ class Trace(RunSource):
         self.prompt_ids: list[int] = self.tokens[: meta["prompt_length"]]
         self.finished: str | None = meta["finished"] or None
         self.mask_edits: list[MaskEdit] = [MaskEdit.from_json(e) for e in meta["mask_edits"]]
+        self.head_edits: list[HeadEdit] = [HeadEdit.from_json(e) for e in meta["head_edits"]]
         try:
             d = meta["decoding"]
             self.decoding = decoding.Decoding(d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"))
@@ -292,6 +294,12 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
         if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
             raise InspectorError(f"{name}: mask edit {e.to_json()} is outside the model's layers or heads")
     out["mask_edits"] = [e.to_json() for e in edits]
+    heads = [HeadEdit.from_json(e) if isinstance(e, dict) else _bad(name, "head_edits")
+             for e in (_json(name, meta, "head_edits", list) if "head_edits" in meta else [])]  # fmt: skip
+    for e in heads:
+        if not 0 <= e.layer < L or (e.head is not None and not 0 <= e.head < H):
+            raise InspectorError(f"{name}: head edit {e.to_json()} is outside the model's layers or heads")
+    out["head_edits"] = [e.to_json() for e in heads]
     labels = _json(name, meta, "token_labels", list)
     steps = _json(name, meta, "steps", list)
     scaling = _json(name, meta, "scaling", list)

@@ -27,7 +27,18 @@ def test_lens_json_matches_the_api(tiny_dir, capsys):
     assert "p(chosen)" in text and "heads pushing it most" in text
 
 
-@pytest.mark.parametrize("extra", [["--steps", "0"], ["--top", "0"]])
+def test_knock_out_from_the_cli(tiny_dir, capsys):
+    argv = ["lens", "--model", str(tiny_dir["gpt2"]), "--prompt", "She eats", "--steps", "2", "--knock-out", "1.2",
+            "--knock-out", "0", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    assert d["knock_out"]["edits"] == [{"layer": 1, "head": 2, "patch_from": None},
+                                       {"layer": 0, "head": None, "patch_from": None}]  # fmt: skip
+    assert d["knock_out"]["prob_before"] != d["knock_out"]["prob_after"]
+    assert all(v == 0 for v in d["attribution"][0])  # the knocked layer pushes nothing
+
+
+@pytest.mark.parametrize("extra", [["--steps", "0"], ["--top", "0"], ["--knock-out", "x.1"], ["--knock-out", "9.0"]])
 def test_bad_input_is_one_line(tiny_dir, capsys, extra):
     argv = ["lens", "--model", str(tiny_dir["gpt2"]), "--prompt", "x", *extra]
     assert main(argv) == 2
