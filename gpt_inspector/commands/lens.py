@@ -20,6 +20,7 @@ def add_arguments(p):
     p.add_argument("--knock-out", action="append", default=[], metavar="L[.H]",
                    help="zero head H of layer L (or the whole layer's attention) before the lens; repeatable; "
                         "the run is recomputed with the chosen tokens kept")
+    p.add_argument("--out", default=None, help="also draw the lens and the head map to a .png, .svg or .pdf file")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
@@ -30,6 +31,10 @@ def run(args) -> int:
     validate.count(args.steps)
     top = validate.integer("--top", args.top, 1)
     knocks = [_knock(text) for text in args.knock_out]
+    if args.out is not None:
+        from ..figures import check_format
+
+        check_format(args.out)  # before the model runs
     s = common.session(args)
     s.run(args.steps)
     before = None
@@ -39,6 +44,12 @@ def run(args) -> int:
         before = {"token_id": before.token_id, "prob_before": float(report.before[before.token_id]),
                   "prob_after": float(report.after[before.token_id]), "total_variation": report.total_variation}  # fmt: skip
     r = lens(s, top_k=min(top, 50))
+    if args.out is not None:
+        from .. import figures
+
+        fig = figures.lens_figure(r, s.lm.name)
+        print(f"lens figure saved to {figures.save(fig, args.out)}", file=sys.stderr)
+        figures.close(fig)
     if args.json:
         out = {"model": s.lm.name, "text": s.text, **r.to_json()}
         if knocks:

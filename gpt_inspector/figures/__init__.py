@@ -31,6 +31,7 @@ from .drawing import (
     matrix_figure,
 )
 from .labels import clean_label, pool_max
+from .lens import lens_figure
 from .output import FORMATS, cell_center, check_format, check_scale, close, pixel_size, save, scale_to_dpi, to_bytes
 
 # public too, though not in __all__ (as before the split): re-exported explicitly
@@ -43,6 +44,6 @@ from .output import MIN_SCALE as MIN_SCALE  # isort: skip
 
 __all__ = [
     "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",
-    "check_format", "check_scale", "clean_label", "close", "grid_figure", "head_figure", "matrix_figure",
+    "check_format", "check_scale", "clean_label", "close", "grid_figure", "head_figure", "lens_figure", "matrix_figure",
     "pixel_size", "pool_max", "save", "scale_to_dpi", "to_bytes",
 ]  # fmt: skip

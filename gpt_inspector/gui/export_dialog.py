@@ -270,4 +270,13 @@ def export_matrix(parent, matrix, row_labels, title: str, default_name: str, *, 
         figures.close(fig)
 
 
-__all__ = ["ExportDialog", "export_grid", "export_matrix", "export_view"]
+def export_lens(parent, result, model_name: str) -> Path | None:
+    """Export a logit lens the panel already shows (a plain value: no session is read)."""
+    fig = figures.lens_figure(result, model_name)
+    try:
+        return _show(parent, fig, f"lens-step{result.step}.png", 2.0, fig.heading)
+    finally:
+        figures.close(fig)
+
+
+__all__ = ["ExportDialog", "export_grid", "export_lens", "export_matrix", "export_view"]

@@ -44,3 +44,20 @@ def test_bad_input_is_one_line(tiny_dir, capsys, extra):
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err
+
+
+@pytest.mark.parametrize("suffix, magic", [(".png", b"\x89PNG"), (".svg", b"<?xml"), (".pdf", b"%PDF")])
+def test_lens_figure_to_png_svg_pdf(tiny_dir, tmp_path, capsys, suffix, magic):
+    out = tmp_path / f"lens{suffix}"
+    assert main(["lens", "--model", str(tiny_dir["gpt2"]), "--prompt", "She eats", "--steps", "2",
+                 "--out", str(out)]) == 0  # fmt: skip
+    data = out.read_bytes()
+    assert data.startswith(magic)
+    if suffix == ".svg":
+        text = data.decode()
+        assert "logit lens" in text and "layer 1" in text and "direct push on the logit" in text
+
+
+def test_lens_out_is_checked_before_the_model_runs(tiny_dir, tmp_path, capsys):
+    assert main(["lens", "--model", str(tiny_dir["gpt2"]), "--prompt", "x", "--out", str(tmp_path / "l.bmp")]) == 2
+    assert "png" in capsys.readouterr().err

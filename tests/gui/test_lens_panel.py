@@ -44,6 +44,17 @@ def test_lens_follows_steps_and_a_click_selects_the_head(make_window, wait_idle,
     at = view.mapFromScene(panel.image.mapToScene(QPointF(3.5, 1.5)))  # the centre of cell (layer 1, head 3)
     qtbot.mouseClick(view.viewport(), Qt.MouseButton.LeftButton, pos=at)
     qtbot.waitUntil(lambda: (win.selection.layer, win.selection.head) == (1, 3), timeout=3000)
+    # Export… hands the figure of what is on screen to the export dialog
+    import gpt_inspector.gui.export_dialog as ed
+
+    shown = []
+    monkey = pytest.MonkeyPatch()
+    monkey.setattr(ed, "_show", lambda parent, fig, name, scale, what, preview=None: shown.append((fig.heading, name)))
+    try:
+        qtbot.mouseClick(panel.export_button, Qt.MouseButton.LeftButton)
+    finally:
+        monkey.undo()
+    assert shown and "logit lens" in shown[0][0] and shown[0][1] == f"lens-step{r.step}.png"
     assert not no_dialogs and not win.errors
 
 

@@ -41,6 +41,9 @@ class LensPanel(QWidget):
         self.compute_button = QPushButton("Compute")
         self.compute_button.setToolTip("The logit lens and head attribution of the current step")
         self.compute_button.clicked.connect(self.compute_requested)
+        self.export_button = QPushButton("Export…")
+        self.export_button.setToolTip("Save the lens and the head map as PNG, SVG or PDF")
+        self.export_button.setEnabled(False)
         self.follow = QCheckBox("after every step")
         self.follow.setToolTip("Recompute after each step while this panel is shown (one extra unembedding per layer)")
         self.follow.setChecked(True)
@@ -75,6 +78,7 @@ class LensPanel(QWidget):
         top = QHBoxLayout()
         top.addWidget(self.compute_button)
         top.addWidget(self.follow)
+        top.addWidget(self.export_button)
         top.addStretch(1)
         right = QWidget()
         rl = QVBoxLayout(right)
@@ -92,6 +96,7 @@ class LensPanel(QWidget):
 
     def clear(self, text: str) -> None:
         self.result = None
+        self.export_button.setEnabled(False)
         self.table.setRowCount(0)
         self.curve.setData([], [])
         self.image.clear()
@@ -105,6 +110,7 @@ class LensPanel(QWidget):
 
     def show_result(self, r) -> None:
         self.result = r
+        self.export_button.setEnabled(True)
         self.status.setText(f"step {r.step} (position {r.position}) chose “{r.label}”, logit {r.logit:.3f}")
         self.table.setRowCount(len(r.layers))
         for i, x in enumerate(r.layers):
@@ -182,6 +188,14 @@ def create_panel(window) -> LensPanel:
             state["version"] = key
             compute()
 
+    def export() -> None:
+        from ..export_dialog import export_lens
+
+        snap = window.snapshot
+        if panel.result is not None:
+            export_lens(window, panel.result, snap.model_name if snap is not None else "")
+
+    panel.export_button.clicked.connect(export)
     panel.compute_requested.connect(compute)
     panel.head_clicked.connect(lambda layer, head: window.select(layer=layer, head=head))
     window.snapshot_changed.connect(on_snapshot)
