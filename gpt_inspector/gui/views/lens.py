@@ -196,9 +196,83 @@ def create_panel(window) -> LensPanel:
             export_lens(window, panel.result, snap.model_name if snap is not None else "")
 
     panel.export_button.clicked.connect(export)
+    _add_interventions(window)
     panel.compute_requested.connect(compute)
     panel.head_clicked.connect(lambda layer, head: window.select(layer=layer, head=head))
     window.snapshot_changed.connect(on_snapshot)
     window.tools_menu.addAction(window.acts.action("Logit lens of the current step", compute, "Ctrl+Shift+L",
                                                    "Where the prediction formed, and which heads pushed it"))  # fmt: skip
     return panel
+
+
+def _add_interventions(window) -> None:
+    """Knock-out and patching on the selected head, from the overview's and the score matrix's
+    context menus and the Tools menu; each runs on the worker and recomputes like a mask edit."""
+    from PySide6.QtGui import QAction
+    from PySide6.QtWidgets import QInputDialog
+
+    def edit(change, what: str) -> None:
+        def job(s):
+            from ...core.errors import InspectorError
+
+            if getattr(s, "read_only", True):
+                raise InspectorError("knock-out and patching need a live session (a trace or a beam is read-only)")
+            change(s)
+            return what
+
+        def done(result, error) -> None:
+            if error is not None:
+                from ...core.errors import InspectorError
+
+                window.show_error("Cannot do that", str(error), "user" if isinstance(error, InspectorError) else "internal")
+            else:
+                window.statusBar().showMessage(result, 8000)
+
+        window.run_in_worker(job, done)
+
+    def knock_head() -> None:
+        from ...core.capture import HeadEdit
+
+        layer, head = window.selection.layer, window.selection.head
+        edit(lambda s: s.set_head_edits([*s.head_edits, HeadEdit(layer, head)]),
+             f"knocked out head {layer}.{head}; the run was recomputed with the chosen tokens kept")  # fmt: skip
+
+    def knock_layer() -> None:
+        from ...core.capture import HeadEdit
+
+        layer = window.selection.layer
+        edit(lambda s: s.set_head_edits([*s.head_edits, HeadEdit(layer)]),
+             f"knocked out layer {layer}'s attention; the run was recomputed with the chosen tokens kept")  # fmt: skip
+
+    def patch_head() -> None:
+        layer, head = window.selection.layer, window.selection.head
+        text, ok = QInputDialog.getText(window, "Patch a head from another prompt",
+                                        f"Write head {layer}.{head}'s output from a run of this prompt:")  # fmt: skip
+        if not ok or not text:
+            return
+
+        def change(s):
+            from ...core.session import Session
+
+            src = Session(s.lm, text)
+            while src.cache_length < s.cache_length and not src.finished:
+                src.step()
+            s.set_head_edits([*s.head_edits, s.patch_edit(layer, head, src)])
+
+        edit(change, f"patched head {layer}.{head} from “{text}”; the run was recomputed with the chosen tokens kept")
+
+    def clear() -> None:
+        edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared")
+
+    items = [("Knock out the selected head", knock_head, "Ctrl+K"),
+             ("Knock out the selected layer's attention", knock_layer, None),
+             ("Patch the selected head from another prompt…", patch_head, None),
+             ("Clear knock-outs and patches", clear, None)]  # fmt: skip
+    window.tools_menu.addSeparator()
+    for text, slot, key in items:
+        window.tools_menu.addAction(window.acts.action(text, slot, key, "Recompute the run with this change, tokens kept"))
+    for view in (window.overview, window.score_matrix):
+        for text, slot, _ in items:
+            act = QAction(text, view.glw)
+            act.triggered.connect(slot)
+            view.glw.addAction(act)
