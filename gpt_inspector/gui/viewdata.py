@@ -129,6 +129,9 @@ def _probs_rows(source: RunSource):
 
 
 # ---------------------------------------------------------------------------------------- overview
+ROWS_BUDGET = 1 << 23  # numbers per evaluation of the overview's rows (32 MB of float32)
+
+
 class Thumbnails:
     """L x H downsampled attention patterns, kept as binned sums and updated row by row.
 
@@ -171,17 +174,19 @@ class Thumbnails:
         self._grow(p1)
         s = self.size
         key_starts = np.arange(0, p1, s)
-        pos = np.arange(p0, p1)
-        rb = pos // s
-        cut = np.flatnonzero(np.diff(rb)) + 1
-        row_starts = np.concatenate([[0], cut])
-        first_bin = int(rb[0])
+        # rows in chunks, so a first build at long T never holds H x T x T for a layer at once
+        chunk = max(1, ROWS_BUDGET // max(1, self.H * p1))
         for layer in range(self.L):
-            r = rows_of(layer, p0, p1)  # (H, n, T)
-            kb = np.add.reduceat(r, key_starts, axis=2)  # (H, n, nbk)
-            kb = np.add.reduceat(kb, row_starts, axis=1)  # (H, n_rowbins, nbk)
-            self.sums[layer, :, first_bin : first_bin + kb.shape[1], : kb.shape[2]] += kb
-        np.add.at(self.counts, rb, 1)
+            for c0 in range(p0, p1, chunk):
+                c1 = min(p1, c0 + chunk)
+                rb = np.arange(c0, c1) // s
+                row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
+                r = rows_of(layer, c0, c1)  # (H, n, T)
+                kb = np.add.reduceat(r, key_starts, axis=2)  # (H, n, nbk)
+                kb = np.add.reduceat(kb, row_starts, axis=1)  # (H, n_rowbins, nbk)
+                first_bin = int(rb[0])
+                self.sums[layer, :, first_bin : first_bin + kb.shape[1], : kb.shape[2]] += kb
+        np.add.at(self.counts, np.arange(p0, p1) // s, 1)
         self.T = p1
 
     def truncate(self, rows_of, t: int) -> None:

@@ -90,3 +90,24 @@ def test_selected_matrix_grows_by_one_row_and_matches_the_engine(tiny_lm, kind):
     check(vm.build(sel))
     s.step()
     check(vm.build(sel))
+
+
+def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch):
+    """A first build at long T goes through rows in chunks; the bins are the same as in one pass."""
+    import gpt_inspector.gui.viewdata as vd
+
+    s = Session(tiny_lm("llama"), "She eats an apple. He reads a book every evening.")
+    s.step()
+    one = full_thumbnails(s, max_bins=4).image()
+    seen = []
+    rows = s.attention_rows
+
+    def spy(layer, p0, p1, *a, **k):
+        seen.append(p1 - p0)
+        return rows(layer, p0, p1, *a, **k)
+
+    monkeypatch.setattr(vd, "ROWS_BUDGET", 3 * s.n_heads * s.cache_length)  # three rows per evaluation
+    monkeypatch.setattr(s, "attention_rows", spy)
+    chunked = full_thumbnails(s, max_bins=4).image()
+    assert max(seen) == 3 and len(seen) > s.n_layers
+    np.testing.assert_allclose(chunked, one, atol=1e-6)
