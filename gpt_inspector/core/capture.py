@@ -165,6 +165,8 @@ class Recorder:
         self.v = [_Buffer(pin) for _ in range(n_layers)] if mirror_kv else None
         self.scaling: list[float | None] = [None] * n_layers
         self.softcap: list[float | None] = [None] * n_layers
+        # attention sinks (gpt_oss): one extra logit per head that takes probability mass and gives no value
+        self.sinks: list[torch.Tensor | None] = [None] * n_layers  # (H,) float32 on the CPU
         # position -> bool (T,) of keys the model's own mask allowed, only where not plain causal
         self.mask_rows: list[dict[int, torch.Tensor]] = [dict() for _ in range(n_layers)]
         self.calls = [0] * n_layers
@@ -201,12 +203,14 @@ class Recorder:
             self._checked_masks.clear()
 
     # -- called from inside the model's forward -------------------------------------------------
-    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap) -> None:
+    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap, sinks=None) -> None:
         tq, tk = query.shape[2], key.shape[2]
         q0 = tk - tq  # the new queries are the last tq positions of the cache
         self.calls[layer] += 1
         self.scaling[layer] = float(scaling)
         self.softcap[layer] = softcap
+        if sinks is not None:
+            self.sinks[layer] = sinks.detach().float().cpu().clone()  # (H,)
         self.q[layer].write(query.detach(), q0)
         self.out[layer].write(out.detach(), q0)
         if self.mirror_kv:
@@ -281,8 +285,9 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     the attention output; scores and probabilities are derived on demand from q and K with the
     same equation (``derive``), so nothing T x T is kept. The output comes from PyTorch's fused
     ``scaled_dot_product_attention`` with the model's mask plus our edits, which is as fast as the
-    model's own sdpa path; soft-capped models need the scores in hand and take the written-out
-    equation instead.
+    model's own sdpa path; soft-capped models and models with attention sinks (``s_aux``, gpt_oss)
+    need the scores in hand and take the written-out equation instead, in the order transformers'
+    eager attention computes it.
     """
     b, n_heads, tq, d = query.shape  # (B, H, Tq, d)
     tk = key.shape[2]  # key, value: (B, Hkv, Tk, d)
@@ -298,7 +303,8 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         if block is not None:
             base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
             mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
-    if softcap is None:
+    sinks = kwargs.get("s_aux")  # (H,) one sink logit per head, or None
+    if softcap is None and sinks is None:
         if mask is None and tq > 1:
             mask = _causal_additive(tq, tk, query.dtype, query.device)
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)  # (B, H, Tq, d)
@@ -307,11 +313,24 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         scores = eq.scores(query, k, scaling, softcap)  # (B, H, Tq, Tk)
         if mask is not None:
             scores = scores + mask
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)  # (B, H, Tq, Tk)
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)  # (B, H, Tq, Tk)
+        else:
+            probs = _softmax_with_sink(scores, sinks).to(value.dtype)  # (B, H, Tq, Tk)
         out = torch.matmul(probs, v)  # (B, H, Tq, d)
     if rec is not None and layer is not None:
-        rec._record(layer, query, key, value, attention_mask, out, scaling, softcap)
+        rec._record(layer, query, key, value, attention_mask, out, scaling, softcap, sinks)
     return out.transpose(1, 2).contiguous(), probs
+
+
+def _softmax_with_sink(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """gpt_oss's eager softmax, op for op: the sink joins each row as a last logit, then is dropped."""
+    b, h, tq, _ = scores.shape
+    sink = sinks.reshape(1, -1, 1, 1).expand(b, h, tq, 1).to(scores.dtype)  # (B, H, Tq, 1)
+    combined = torch.cat([scores, sink], dim=-1)  # (B, H, Tq, Tk + 1)
+    # transformers subtracts the row max before the softmax (overflow guard); the rounding follows it
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]  # (B, H, Tq, Tk)
 
 
 def _causal_additive(tq: int, tk: int, dtype, device) -> torch.Tensor:
