@@ -227,6 +227,7 @@ class Recorder:
         plain = self._checked_masks.get(key)
         allowed = None
         if plain is None:
+            _check_mask_is_a_mask(mask[0, :, :, :tk])
             allowed = _allowed(mask[0, 0, :, :tk]).cpu()  # (Tq, Tk)
             pos = torch.arange(tk)
             causal = pos[None, :] <= (q0 + torch.arange(tq))[:, None]
@@ -272,10 +273,29 @@ def allowed_rows(
     return allowed
 
 
+def _check_mask_is_a_mask(mask: torch.Tensor) -> None:
+    """We keep the model's mask as allowed / not allowed, shared by the heads; refuse anything richer.
+
+    mask: (Hm, Tq, Tk). A real-valued bias (doge's dynamic mask, ALiBi passed as a mask) or a
+    different mask per head would be lost from every derived score, so it must not pass silently.
+    """
+    if mask.dtype != torch.bool:
+        low = torch.finfo(mask.dtype).min / 2
+        if bool(((mask != 0) & (mask > low)).any()):
+            raise NotImplementedError("the model adds a real-valued bias to the attention scores, not only a mask")
+    if mask.shape[0] > 1 and not bool((_allowed(mask) == _allowed(mask[:1])).all()):
+        raise NotImplementedError("the model masks each attention head differently")
+
+
 def _allowed(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     return mask > torch.finfo(mask.dtype).min / 2
+
+
+# arguments some families pass to their attention function that change its result and that we do
+# not reproduce (relative position biases, sparse key selections, sinks in another layout than s_aux)
+_CHANGES_THE_RESULT = ("position_bias", "block_indices", "indices", "sinks")
 
 
 def inspector_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
@@ -289,6 +309,10 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     need the scores in hand and take the written-out equation instead, in the order transformers'
     eager attention computes it.
     """
+    for name in _CHANGES_THE_RESULT:
+        if kwargs.get(name) is not None:
+            # computing without it would be silently wrong; the load's probe turns this into a refusal
+            raise NotImplementedError(f"gpt-inspector's attention cannot apply the model's {name!r} argument")
     b, n_heads, tq, d = query.shape  # (B, H, Tq, d)
     tk = key.shape[2]  # key, value: (B, Hkv, Tk, d)
     if scaling is None:
