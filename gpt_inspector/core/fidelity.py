@@ -80,6 +80,7 @@ REFUSED: dict[str, str] = {
 # relative to the largest reference logit: eager and fused attention round differently per dtype
 _RTOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
 PROBE_LENGTH = 8
+STEPPED = 2  # probe positions fed one at a time against the cache, after a prefill of the rest
 
 
 def check_supported(config, source: str) -> None:
@@ -97,14 +98,14 @@ def _probe_ids(vocab: int, device) -> torch.Tensor:
 def fidelity_gap(lm) -> tuple[float, int, float]:
     """(max |diff|, position, tolerance): our attention, stepped as a session steps, vs eager.
 
-    Ours runs the probe's first half as a prefill and the rest one token at a time against the
-    cache, as a session does; the reference is one eager forward without a cache.
+    Ours runs the probe as a prefill and then ``STEPPED`` single tokens against the cache, as a
+    session does; the reference is one eager forward without a cache.
     """
     from transformers import DynamicCache
 
     model = lm.model
     ids = _probe_ids(lm.vocab_size, lm.device)  # (1, P)
-    half = PROBE_LENGTH // 2
+    half = PROBE_LENGTH - STEPPED
     with torch.inference_mode():
         try:
             model.set_attn_implementation("eager")
