@@ -28,6 +28,12 @@ SMALL = dict(
 )  # fmt: skip
 
 
+# families whose configs nest or derive their sizes where the common names above do not reach
+EXTRA = {
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+}  # fmt: skip
+
+
 def small_config(model_type: str, eos: int):
     """The family's config with small sizes, or None when it cannot be built."""
     from transformers import CONFIG_MAPPING
@@ -40,6 +46,7 @@ def small_config(model_type: str, eos: int):
     except (TypeError, ValueError):
         pass
     kw = {k: v for k, v in SMALL.items() if k in known}
+    kw.update(EXTRA.get(model_type, {}))
     kw.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     cfg = cls(**kw)
     for k, v in kw.items():  # some configs ignore constructor arguments they derive
