@@ -61,6 +61,7 @@ REFUSED: dict[str, str] = {
     "reformer": "LSH / local attention with its own chunked cache",
     "xlnet": "two-stream permutation attention with relative positions",
     "lfm3": "hybrid: linear-attention layers keep a recurrent state, not a KV cache",
+    "qwen4_exp_text": "hybrid: linear-attention layers keep a recurrent state, not a KV cache",
     "inkling_text": "hybrid: convolution states in the cache, relative position biases in attention",
     "inkling2_text": "hybrid: convolution states in the cache, relative position biases and sinks in attention",
     "hrm_text": "recurrent depth: each layer runs several cycles, each with its own cache slot",
