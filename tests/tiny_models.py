@@ -58,6 +58,12 @@ def config_for(family: str, vocab: int, eos: int):
         return Gemma2Config(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
                             num_key_value_heads=2, head_dim=8, max_position_embeddings=64, sliding_window=4,
                             attn_logit_softcapping=5.0, final_logit_softcapping=None, pad_token_id=eos, **common)  # fmt: skip
+    if family == "gpt_oss":  # attention sinks (s_aux), mixture of experts, alternating sliding windows
+        from transformers import GptOssConfig
+
+        return GptOssConfig(hidden_size=32, intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, head_dim=8, num_local_experts=4, num_experts_per_tok=2,
+                            sliding_window=4, max_position_embeddings=64, pad_token_id=eos, **common)  # fmt: skip
     raise ValueError(family)
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 
-def add_model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
+def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverified: bool = True) -> None:
     g = p.add_argument_group("model")
     g.add_argument("--model", required=required, default=None,
                    help="hub id (gpt2, distilgpt2, ...) or local folder; default: the embedded demo model")
@@ -15,6 +15,10 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False) -> None:
                    help="also load pickle (.bin) weights; only for sources you trust")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="run the model repository's own Python code; only for sources you trust")
+    if unverified:  # the window has no way yet to show that its numbers are unverified
+        g.add_argument("--unverified", action="store_true",
+                       help="load a model whose logits through gpt-inspector differ from its own eager attention "
+                            "(the load-time self-test failed); outputs are marked unverified")
 
 
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
@@ -26,10 +30,17 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 
 def load(args):
+    import sys
+
     from ..core import load_model
 
-    return load_model(args.model, device=args.device, dtype=args.dtype,
-                      allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype,
+                    allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
+                    allow_unverified=getattr(args, "unverified", False))
+    if lm.unverified:
+        print(f"gpt-inspector: warning: UNVERIFIED model, its numbers may not be the model's own: {lm.unverified}",
+              file=sys.stderr)
+    return lm
 
 
 def session(args, lm=None):

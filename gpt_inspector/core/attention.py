@@ -3,7 +3,9 @@
     raw           = q · kᵀ
     scores        = raw × scaling, then tanh(x / cap) × cap where the model soft-caps
     masked_scores = scores, −inf where the query may not attend to the key
-    probs         = softmax(masked_scores) along the keys
+    probs         = softmax(masked_scores) along the keys; where the model has an attention sink
+                    (gpt_oss) its logit joins each row's softmax and its share is dropped, so a
+                    row sums to 1 − sink mass
 
 Every reader of a run (sessions, beams, traces, views, figures, the CLI) derives its matrices
 here, and the capture path computes its written-out (soft-capped) attention with ``scores``, so
@@ -46,12 +48,19 @@ def scores(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | No
 
 
 def equation(
-    q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None, allowed: torch.Tensor, kind: str
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scaling: float,
+    softcap: float | None,
+    allowed: torch.Tensor,
+    kind: str,
+    sink: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One stage of the attention equation in float32.
 
     q: (..., n, d) queries; k: (..., T, d) keys, already mapped to the query heads; allowed:
-    (..., n, T) bool. Returns (..., n, T) float32.
+    (..., n, T) bool; sink: (...) one sink logit per leading index (per head), or None.
+    Returns (..., n, T) float32.
     """
     q, k = q.float(), k.float()
     if kind == "raw":
@@ -63,5 +72,8 @@ def equation(
     if kind == "masked_scores":
         return masked
     if kind == "probs":
-        return torch.softmax(masked, dim=-1)
+        if sink is None:
+            return torch.softmax(masked, dim=-1)
+        col = sink.float()[..., None, None].expand(*masked.shape[:-1], 1)  # (..., n, 1)
+        return torch.softmax(torch.cat([masked, col], dim=-1), dim=-1)[..., :-1]  # (..., n, T)
     return check_stage(kind)

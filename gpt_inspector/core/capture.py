@@ -190,6 +190,8 @@ class Recorder:
         self.v = [_Buffer(pin) for _ in range(n_layers)] if mirror_kv else None
         self.scaling: list[float | None] = [None] * n_layers
         self.softcap: list[float | None] = [None] * n_layers
+        # attention sinks (gpt_oss): one extra logit per head that takes probability mass and gives no value
+        self.sinks: list[torch.Tensor | None] = [None] * n_layers  # (H,) float32 on the CPU
         # position -> bool (T,) of keys the model's own mask allowed, only where not plain causal
         self.mask_rows: list[dict[int, torch.Tensor]] = [dict() for _ in range(n_layers)]
         self.calls = [0] * n_layers
@@ -228,12 +230,14 @@ class Recorder:
             self._checked_masks.clear()
 
     # -- called from inside the model's forward -------------------------------------------------
-    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap) -> None:
+    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap, sinks=None) -> None:
         tq, tk = query.shape[2], key.shape[2]
         q0 = tk - tq  # the new queries are the last tq positions of the cache
         self.calls[layer] += 1
         self.scaling[layer] = float(scaling)
         self.softcap[layer] = softcap
+        if sinks is not None:
+            self.sinks[layer] = sinks.detach().float().cpu().clone()  # (H,)
         self.q[layer].write(query.detach(), q0)
         self.out[layer].write(out.detach(), q0)
         if self.mirror_kv:
@@ -250,6 +254,7 @@ class Recorder:
         plain = self._checked_masks.get(key)
         allowed = None
         if plain is None:
+            _check_mask_is_a_mask(mask[0, :, :, :tk])
             allowed = _allowed(mask[0, 0, :, :tk]).cpu()  # (Tq, Tk)
             pos = torch.arange(tk)
             causal = pos[None, :] <= (q0 + torch.arange(tq))[:, None]
@@ -295,10 +300,29 @@ def allowed_rows(
     return allowed
 
 
+def _check_mask_is_a_mask(mask: torch.Tensor) -> None:
+    """We keep the model's mask as allowed / not allowed, shared by the heads; refuse anything richer.
+
+    mask: (Hm, Tq, Tk). A real-valued bias (doge's dynamic mask, ALiBi passed as a mask) or a
+    different mask per head would be lost from every derived score, so it must not pass silently.
+    """
+    if mask.dtype != torch.bool:
+        low = torch.finfo(mask.dtype).min / 2
+        if bool(((mask != 0) & (mask > low)).any()):
+            raise NotImplementedError("the model adds a real-valued bias to the attention scores, not only a mask")
+    if mask.shape[0] > 1 and not bool((_allowed(mask) == _allowed(mask[:1])).all()):
+        raise NotImplementedError("the model masks each attention head differently")
+
+
 def _allowed(mask: torch.Tensor) -> torch.Tensor:
     if mask.dtype == torch.bool:
         return mask
     return mask > torch.finfo(mask.dtype).min / 2
+
+
+# arguments some families pass to their attention function that change its result and that we do
+# not reproduce (relative position biases, sparse key selections, sinks in another layout than s_aux)
+_CHANGES_THE_RESULT = ("position_bias", "block_indices", "indices", "sinks")
 
 
 def inspector_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
@@ -308,9 +332,14 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     the attention output; scores and probabilities are derived on demand from q and K with the
     same equation (``derive``), so nothing T x T is kept. The output comes from PyTorch's fused
     ``scaled_dot_product_attention`` with the model's mask plus our edits, which is as fast as the
-    model's own sdpa path; soft-capped models need the scores in hand and take the written-out
-    equation instead.
+    model's own sdpa path; soft-capped models and models with attention sinks (``s_aux``, gpt_oss)
+    need the scores in hand and take the written-out equation instead, in the order transformers'
+    eager attention computes it.
     """
+    for name in _CHANGES_THE_RESULT:
+        if kwargs.get(name) is not None:
+            # computing without it would be silently wrong; the load's probe turns this into a refusal
+            raise NotImplementedError(f"gpt-inspector's attention cannot apply the model's {name!r} argument")
     b, n_heads, tq, d = query.shape  # (B, H, Tq, d)
     tk = key.shape[2]  # key, value: (B, Hkv, Tk, d)
     if scaling is None:
@@ -325,7 +354,8 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         if block is not None:
             base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
             mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
-    if softcap is None:
+    sinks = kwargs.get("s_aux")  # (H,) one sink logit per head, or None
+    if softcap is None and sinks is None:
         if mask is None and tq > 1:
             mask = _causal_additive(tq, tk, query.dtype, query.device)
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)  # (B, H, Tq, d)
@@ -334,12 +364,15 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         scores = eq.scores(query, k, scaling, softcap)  # (B, H, Tq, Tk)
         if mask is not None:
             scores = scores + mask
-        probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)  # (B, H, Tq, Tk)
+        if sinks is None:
+            probs = torch.softmax(scores, dim=-1, dtype=torch.float32).to(value.dtype)  # (B, H, Tq, Tk)
+        else:
+            probs = _softmax_with_sink(scores, sinks).to(value.dtype)  # (B, H, Tq, Tk)
         out = torch.matmul(probs, v)  # (B, H, Tq, d)
     if rec is not None and layer is not None:
         if layer in rec.head_edits:
             out = _edit_heads(out, rec.head_edits[layer], tk - tq)
-        rec._record(layer, query, key, value, attention_mask, out, scaling, softcap)
+        rec._record(layer, query, key, value, attention_mask, out, scaling, softcap, sinks)
     return out.transpose(1, 2).contiguous(), probs
 
 
@@ -359,6 +392,16 @@ def _edit_heads(out: torch.Tensor, edits, q0: int) -> torch.Tensor:
             if n:
                 out[:, h, :n] = src[h, q0 : q0 + n].to(out.device, out.dtype)  # (n, d)
     return out
+
+
+def _softmax_with_sink(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tensor:
+    """gpt_oss's eager softmax, op for op: the sink joins each row as a last logit, then is dropped."""
+    b, h, tq, _ = scores.shape
+    sink = sinks.reshape(1, -1, 1, 1).expand(b, h, tq, 1).to(scores.dtype)  # (B, H, Tq, 1)
+    combined = torch.cat([scores, sink], dim=-1)  # (B, H, Tq, Tk + 1)
+    # transformers subtracts the row max before the softmax (overflow guard); the rounding follows it
+    combined = combined - combined.max(dim=-1, keepdim=True).values
+    return torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]  # (B, H, Tq, Tk)
 
 
 def _causal_additive(tq: int, tk: int, dtype, device) -> torch.Tensor:

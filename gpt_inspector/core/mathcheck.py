@@ -181,17 +181,32 @@ def _validate_tolerance(tolerance) -> None:
         raise InspectorError(f"tolerance must be a positive number, got {tolerance!r}")
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scaling: float, softcap):
-    """The formula for a stack of heads; q (H, Tq, d), k, v (H, T, d), allowed (H, Tq, T); float64."""
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scaling: float, softcap, sink=None):
+    """The formula for a stack of heads; q (H, Tq, d), k, v (H, T, d), allowed (H, Tq, T); float64.
+
+    ``sink`` (H,): attention-sink logits (gpt_oss), one more term in each softmax denominator.
+    """
     scores = np.einsum("hqd,hkd->hqk", q, k) * scaling  # (H, Tq, T)
     if softcap is not None:
         scores = np.tanh(scores / softcap) * softcap
     scores = np.where(allowed, scores, -np.inf)  # (H, Tq, T)
     top = scores.max(axis=-1, keepdims=True)  # (H, Tq, 1)
+    if sink is not None:
+        sink = np.asarray(sink, dtype=np.float64)[:, None, None]  # (H, 1, 1)
+        top = np.maximum(top, sink)
     with np.errstate(invalid="ignore"):  # a row with no allowed key turns to NaN and fails the check
         e = np.exp(scores - top)
-        w = e / e.sum(axis=-1, keepdims=True)  # (H, Tq, T)
+        denom = e.sum(axis=-1, keepdims=True)  # (H, Tq, 1)
+        if sink is not None:
+            denom = denom + np.exp(sink - top)
+        w = e / denom  # (H, Tq, T)
     return w, np.einsum("hqk,hkd->hqd", w, v)  # (H, Tq, d)
+
+
+def _sink(source, layer: int) -> np.ndarray | None:
+    sink = getattr(source, "sink", None)  # older sources have no sinks
+    s = None if sink is None else sink(layer)
+    return None if s is None else s.double().numpy()  # (H,)
 
 
 # ---------------------------------------------------------------------- public
@@ -211,6 +226,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
     kvh = int(_kv_map(source)[head])
     allowed = np.asarray(source.allowed(layer, head), dtype=bool)[position]  # (T,)
     scaling, softcap = float(source.scaling(layer)), source.softcap(layer)
+    sink = _sink(source, layer)
     vk = v[kvh].astype(np.float64)  # (T, d)
     w, out = _attend(
         q[head, position][None, None].astype(np.float64),  # (1, 1, d)
@@ -219,6 +235,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
         allowed[None, None],  # (1, 1, T)
         scaling,
         softcap,
+        None if sink is None else sink[head : head + 1],
     )
     model = source.attention_output(layer)[head, position].astype(np.float64)  # (d,)
     tol = float(_tolerance(source, vk[None], tolerance)[0])
@@ -246,7 +263,8 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         kh = k.astype(np.float64)[kv_map]  # (H, T, d)
         vh = v.astype(np.float64)[kv_map]  # (H, T, d)
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
-        _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer))
+        _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer),
+                         _sink(source, layer))  # fmt: skip
         diff = np.abs(out - source.attention_output(layer).astype(np.float64)).max(axis=-1)  # (H, T)
         # NaN must win the max so a broken row cannot hide behind a finite one
         diff = np.where(np.isnan(diff), np.inf, diff)

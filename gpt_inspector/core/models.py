@@ -10,6 +10,7 @@ import torch
 
 from . import capture
 from .errors import InspectorError
+from .fidelity import check_supported, verify_fidelity
 
 
 
@@ -58,6 +59,8 @@ class LoadedModel:
     vocab_size: int
     eos_token_ids: tuple[int, ...]
     bos_token_id: int | None
+    # why the fidelity self-test could not vouch for this model (loaded with allow_unverified), or None
+    unverified: str | None = None
 
     @property
     def kv_group(self) -> int:
@@ -175,11 +178,14 @@ def load_model(
     *,
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
+    allow_unverified: bool = False,
 ) -> LoadedModel:
     """Load a causal LM (hub id or local folder) with attention routed through our capture.
 
     Weights load from safetensors only unless ``allow_pickle``; remote code never runs unless
-    ``trust_remote_code``. Honours ``HF_HUB_OFFLINE`` and the local HF cache.
+    ``trust_remote_code``. Honours ``HF_HUB_OFFLINE`` and the local HF cache. A model whose
+    logits through our attention differ from its own eager attention is refused unless
+    ``allow_unverified`` (then ``LoadedModel.unverified`` holds the reason).
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -199,6 +205,7 @@ def load_model(
         raise InspectorError(f"model folder {source!r} does not exist")
     config = _load_config(source, local, trust_remote_code)
     _check_causal(config, source)
+    check_supported(config, source)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as e:
@@ -233,7 +240,7 @@ def load_model(
     except (RuntimeError, torch.OutOfMemoryError) as e:
         raise InspectorError(f"cannot move the model to {dev}: {str(e).splitlines()[0]}; try --device cpu") from None
     model.eval()
-    return _probe(model, tokenizer, source, dev, dt)
+    return _probe_and_verify(model, tokenizer, source, dev, dt, allow_unverified)
 
 
 def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> LoadedModel:
@@ -288,3 +295,40 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
         eos_token_ids=eos_ids,
         bos_token_id=bos,
     )
+
+
+def from_model(model, tokenizer, name: str = "model", *, allow_unverified: bool = False) -> LoadedModel:
+    """A causal LM already in memory (built or loaded by the caller), wired, probed and verified.
+
+    The same checks as ``load_model`` after the weights are in: supported family, attention
+    routed through our function, the fidelity self-test.
+    """
+    _check_causal(model.config, name)
+    check_supported(model.config, name)
+    try:
+        model.set_attn_implementation(capture.ATTN_NAME)
+    except (ValueError, AttributeError) as e:
+        raise InspectorError(f"{name} does not dispatch attention through transformers' attention interface: {e}") from None
+    model.eval()
+    p = next(model.parameters())
+    return _probe_and_verify(model, tokenizer, name, p.device, p.dtype, allow_unverified)
+
+
+def _probe_and_verify(model, tokenizer, name: str, dev, dt, allow_unverified: bool) -> LoadedModel:
+    """The probe and the fidelity self-test; a model that crashes in them is refused in one line.
+
+    Families we have not met can break inside their own forward once our attention runs in it
+    (a cache type of their own, shapes our function does not expect); that is a refusal, not a
+    traceback.
+    """
+    try:
+        return verify_fidelity(_probe(model, tokenizer, name, dev, dt), allow_unverified)
+    except InspectorError:
+        raise
+    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError, NotImplementedError) as e:
+        mt = getattr(model.config, "model_type", "?")
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise InspectorError(
+            f"{name} ({mt}) is not supported: its forward fails with gpt-inspector's attention "
+            f"({type(e).__name__}: {first})"
+        ) from None

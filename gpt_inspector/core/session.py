@@ -478,6 +478,10 @@ class Session(ModelShape, RunSource):
     def _softcap(self) -> list:
         return self.recorder.softcap
 
+    @property
+    def _sinks(self) -> list:
+        return self.recorder.sinks
+
     def record_bytes(self) -> int:
         """Bytes our own records hold beyond the cache (q, attention outputs, KV mirror on GPUs)."""
         return self.recorder.nbytes()

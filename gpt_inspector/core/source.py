@@ -11,7 +11,9 @@ model's attention function received or produced:
 - ``cache_length`` and, per layer, ``_queries`` (H, T, d), ``_keys`` / ``_values`` (Hkv, T, d),
   ``_head_outputs`` (H, T, d), ``_mask_rows`` (the model's own mask where it is not plain
   causal), ``_edits`` (compiled mask edits or None), ``_scaling`` / ``_softcap`` lists, and
-  ``kv_itemsize`` (bytes per cached number, the model's dtype).
+  ``kv_itemsize`` (bytes per cached number, the model's dtype); optionally ``_sinks`` (per layer
+  None or the (H,) attention-sink logits) and ``unverified`` (why the load's fidelity self-test
+  could not vouch for the numbers, or None).
 
 ``RunSource`` turns those into the public accessors every reader uses (``attention``,
 ``attention_rows``, ``qkv``, ``allowed``, ``kv_cache_bytes``, ...) through the one equation in
@@ -38,6 +40,8 @@ class RunSource:
     """The shared reader over a run's primitives (see the module docstring)."""
 
     read_only: bool = True
+    # the reason the model's fidelity self-test failed (loaded with --unverified), or None
+    unverified: str | None = None
 
     @property
     def source_name(self) -> str:
@@ -116,6 +120,16 @@ class RunSource:
         cap = self._softcap[self.check_layer(layer)]
         return None if cap is None else float(cap)
 
+    def sink(self, layer: int) -> torch.Tensor | None:
+        """The layer's attention-sink logit per head, (H,), or None (most models have no sink).
+
+        A sink takes a share of each softmax row and contributes no value, so that row's
+        probabilities sum to 1 - sink mass.
+        """
+        layer = self.check_layer(layer)
+        sinks = getattr(self, "_sinks", None)  # a source of a model without sinks need not have it
+        return None if sinks is None else sinks[layer]
+
     def allowed_rows(self, layer: int, p0: int, p1: int) -> torch.Tensor:
         """(H, p1 - p0, T) bool: the keys query rows p0..p1 could attend to, for every head.
 
@@ -137,10 +151,12 @@ class RunSource:
         allowed = self.allowed_rows(layer, p0, p1)  # (H, n, T)
         q = self._queries(layer)[:, p0:p1]  # (H, n, d)
         k = eq.expand_kv(self._keys(layer), self.n_heads)  # (H, T, d)
+        sink = self.sink(layer)  # (H,) or None
         if heads is not None:
             idx = torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
             q, k, allowed = q[idx], k[idx], allowed[idx]
-        return eq.equation(q, k, self.scaling(layer), self.softcap(layer), allowed, kind)
+            sink = None if sink is None else sink[idx]
+        return eq.equation(q, k, self.scaling(layer), self.softcap(layer), allowed, kind, sink)
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
         """(T, T) float32 over all processed positions; kind: raw, scores, masked_scores or probs."""
@@ -204,6 +220,10 @@ class ModelShape:
     @property
     def model_name(self) -> str:
         return self.lm.name
+
+    @property
+    def unverified(self) -> str | None:
+        return getattr(self.lm, "unverified", None)
 
     @property
     def cache_dtype(self) -> str:

@@ -87,6 +87,8 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "steps": json.dumps(step_meta),
         "scaling": json.dumps([source.scaling(layer) for layer in range(L)]),
         "softcap": json.dumps([source.softcap(layer) for layer in range(L)]),
+        "sinks": json.dumps([None if source.sink(layer) is None else source.sink(layer).tolist() for layer in range(L)]),
+        "unverified": source.unverified or "",
         "shape": json.dumps(
             {"n_layers": L, "n_heads": source.n_heads, "n_kv_heads": source.n_kv_heads, "head_dim": source.head_dim,
              "context_length": source.context_length, "vocab_size": source.vocab_size,
@@ -135,6 +137,8 @@ class Trace(RunSource):
             self.decoding = decoding.Decoding()
         self._scaling: list[float] = meta["scaling"]
         self._softcap: list[float | None] = meta["softcap"]
+        self._sinks = [None if s is None else torch.tensor(s, dtype=torch.float32) for s in meta["sinks"]]
+        self.unverified: str | None = meta["unverified"]
         self._edits = compile_edits(self.mask_edits, self.n_layers, self.n_heads)[1] if self.mask_edits else None
         self._rows = [self._layer_mask_rows(layer) for layer in range(self.n_layers)]
         self._labels = dict(zip(self.tokens, meta["token_labels"]))
@@ -308,6 +312,9 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     softcap = _json(name, meta, "softcap", list) if "softcap" in meta else [None] * L
     if len(softcap) != L or not all(x is None or _positive(x) for x in softcap):
         raise InspectorError(f"{name}: softcap must hold one positive number or null per layer")
+    sinks = _json(name, meta, "sinks", list) if "sinks" in meta else [None] * L
+    if len(sinks) != L or not all(x is None or _sink_ok(x, H) for x in sinks):
+        raise InspectorError(f"{name}: sinks must hold one list of {H} finite numbers or null per layer")
 
     tok = header.get("tokens")
     if tok is None or tok[1] != "I64" or len(tok[0]) != 1 or tok[0][0] == 0:
@@ -372,10 +379,17 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
         if not ok:
             raise InspectorError(f"{name}: step {i} metadata is malformed")
     out.update(token_labels=labels, steps=steps, scaling=[float(x) for x in scaling],
-               softcap=[None if x is None else float(x) for x in softcap])  # fmt: skip
+               softcap=[None if x is None else float(x) for x in softcap], sinks=sinks,
+               unverified=str(meta.get("unverified") or "") or None)  # fmt: skip
     # v1 kept only the matrices' shapes; its masked_scores are read for the mask, not kept
     to_read = {k: v for k, v in need.items() if not (v1 and k.rsplit(".", 1)[-1] in derived)}
     return out, to_read
+
+
+def _sink_ok(x, H: int) -> bool:
+    return isinstance(x, list) and len(x) == H and all(
+        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in x
+    )
 
 
 def _top_ok(top, V: int) -> bool:

@@ -45,6 +45,7 @@ class BeamView(ModelShape, RunSource):
         self.mask_edits: list = []
         self._scaling = list(search.recorder.scaling)
         self._softcap = list(search.recorder.softcap)
+        self._sinks = list(search.recorder.sinks)
         self._mask_rows_of = search.recorder.mask_rows
         self._edits = None
         self._steps: list[Step] | None = None

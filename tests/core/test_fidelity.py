@@ -1,0 +1,112 @@
+"""The load-time fidelity self-test: a model whose numbers through us are not its own is refused."""
+
+from __future__ import annotations
+
+import contextlib
+import time
+
+import pytest
+import torch
+from transformers import AttentionInterface
+
+import gpt_inspector as gi
+import tiny_models
+from gpt_inspector.cli import main
+from gpt_inspector.core import capture, fidelity
+
+
+@pytest.fixture(scope="module")
+def oss_dir(tmp_path_factory):
+    folder = tiny_models.build(tmp_path_factory.mktemp("oss"), "gpt_oss")
+    from safetensors.torch import load_file, save_file
+
+    # large sinks, so dropping them moves the logits far beyond float rounding
+    weights = load_file(folder / "model.safetensors")
+    for k in [k for k in weights if k.endswith("self_attn.sinks")]:
+        weights[k] = torch.randn(weights[k].shape, generator=torch.Generator().manual_seed(1)) * 3
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@contextlib.contextmanager
+def attention_that_drops_sinks():
+    """Our attention with the bug this self-test exists for: the s_aux keyword silently dropped."""
+
+    def dropping(*args, **kwargs):
+        kwargs.pop("s_aux", None)
+        return capture.inspector_attention(*args, **kwargs)
+
+    AttentionInterface.register(capture.ATTN_NAME, dropping)
+    try:
+        yield
+    finally:
+        AttentionInterface.register(capture.ATTN_NAME, capture.inspector_attention)
+
+
+def test_a_faithful_model_loads_verified(oss_dir):
+    lm = gi.load_model(oss_dir, device="cpu")
+    assert lm.unverified is None
+    gap, _, tol = fidelity.fidelity_gap(lm)
+    assert gap <= tol / 10
+
+
+def test_a_silently_wrong_model_is_refused_in_one_line(oss_dir):
+    with attention_that_drops_sinks(), pytest.raises(gi.InspectorError) as e:
+        gi.load_model(oss_dir, device="cpu")
+    msg = str(e.value)
+    assert "max |diff|" in msg and "at probe position" in msg and "--unverified" in msg and "\n" not in msg
+
+
+def test_allow_unverified_loads_and_marks_every_reader(oss_dir, tmp_path):
+    with attention_that_drops_sinks():
+        lm = gi.load_model(oss_dir, device="cpu", allow_unverified=True)
+        assert lm.unverified and "max |diff|" in lm.unverified
+        s = gi.Session(lm, "She eats")
+        s.run(2)
+        assert s.unverified == lm.unverified
+        t = gi.load_trace(s.save_trace(tmp_path / "u.safetensors"))
+    assert t.unverified == lm.unverified
+    lm_ok = gi.load_model(oss_dir, device="cpu")
+    s_ok = gi.Session(lm_ok, "She eats")
+    s_ok.run(2)
+    assert s_ok.unverified is None
+    assert gi.load_trace(s_ok.save_trace(tmp_path / "v.safetensors")).unverified is None
+
+
+def test_cli_refuses_with_exit_2_and_loads_with_unverified(oss_dir, tmp_path, capsys):
+    argv = ["trace", "--model", str(oss_dir), "--device", "cpu", "--prompt", "She eats", "--steps", "2",
+            "--out", str(tmp_path / "c.safetensors")]  # fmt: skip
+    with attention_that_drops_sinks():
+        assert main(argv) == 2
+        err = capsys.readouterr().err.strip()
+        assert err.count("\n") == 0 and "max |diff|" in err
+        assert main([*argv, "--unverified"]) == 0
+        assert "UNVERIFIED" in capsys.readouterr().err
+
+
+def test_a_model_that_crashes_in_our_attention_is_refused_not_a_traceback(oss_dir):
+    def crashing(*args, **kwargs):
+        raise RuntimeError("shapes this family never sends\nsecond line")
+
+    AttentionInterface.register(capture.ATTN_NAME, crashing)
+    try:
+        with pytest.raises(gi.InspectorError, match=r"not supported: its forward fails .*RuntimeError") as e:
+            gi.load_model(oss_dir, device="cpu")
+    finally:
+        AttentionInterface.register(capture.ATTN_NAME, capture.inspector_attention)
+    assert "\n" not in str(e.value)
+
+
+def test_refused_family_from_config_alone(tmp_path):
+    from transformers import AutoConfig
+
+    folder = tmp_path / "mla"
+    tiny_models.build_tokenizer(folder)
+    AutoConfig.for_model("deepseek_v3").save_pretrained(folder)
+    from safetensors.torch import save_file
+
+    save_file({"unused": torch.zeros(1)}, folder / "model.safetensors")  # never read: the refusal comes first
+    t0 = time.perf_counter()
+    with pytest.raises(gi.InspectorError, match=r"\(deepseek_v3\) is not supported: multi-head latent attention"):
+        gi.load_model(folder, device="cpu")
+    assert time.perf_counter() - t0 < 5

@@ -1,0 +1,70 @@
+"""Tiny random decoder-only models for every family transformers maps to a causal-LM head.
+
+Built in memory from each config class with small sizes: the common size attributes are set
+where the config has them, so a new family needs no code here unless its config is unusual.
+"""
+
+from __future__ import annotations
+
+import inspect
+
+import torch
+
+VOCAB = 320
+
+# set only where the config class has the attribute (or an alias for it)
+SMALL = dict(
+    vocab_size=VOCAB, hidden_size=64, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
+    num_key_value_heads=2, head_dim=16, max_position_embeddings=128, initializer_range=0.3,
+    # windows narrower than the test sequence, so the sliding mask is exercised
+    sliding_window=4, attention_window_size=4, window_size=4,
+    n_layer=2, n_head=4, n_embd=64, n_positions=128, n_ctx=128, num_layers=2, num_heads=4, d_model=64,
+    ffn_dim=64, n_inner=64, moe_intermediate_size=32, shared_expert_intermediate_size=32,
+    num_experts=4, num_local_experts=4, n_routed_experts=4, num_experts_per_tok=2, n_shared_experts=1,
+    first_k_dense_replace=1, decoder_sparse_step=1, kv_channels=16, multi_query_group_num=2,
+    rotary_dim=8, partial_rotary_factor=0.5, use_cache=True, tie_word_embeddings=False,
+    attention_dropout=0.0, hidden_dropout=0.0, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+    dropout=0.0, hidden_dropout_prob=0.0, attention_probs_dropout_prob=0.0,
+)  # fmt: skip
+
+
+# families whose configs nest or derive their sizes where the common names above do not reach
+EXTRA = {
+    "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+}  # fmt: skip
+
+
+def small_config(model_type: str, eos: int):
+    """The family's config with small sizes, or None when it cannot be built."""
+    from transformers import CONFIG_MAPPING
+
+    cls = CONFIG_MAPPING[model_type]
+    default = cls()
+    known = set(default.to_dict()) | set(getattr(cls, "attribute_map", {}) or {})
+    try:
+        known |= set(inspect.signature(cls.__init__).parameters)
+    except (TypeError, ValueError):
+        pass
+    kw = {k: v for k, v in SMALL.items() if k in known}
+    kw.update(EXTRA.get(model_type, {}))
+    kw.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
+    cfg = cls(**kw)
+    for k, v in kw.items():  # some configs ignore constructor arguments they derive
+        if hasattr(cfg, k) and getattr(cfg, k) != v and not isinstance(getattr(cfg, k), (list, dict)):
+            try:
+                setattr(cfg, k, v)
+            except (AttributeError, ValueError, TypeError):
+                pass
+    return cfg
+
+
+def build_model(model_type: str, eos: int, seed: int = 0):
+    from transformers import AutoModelForCausalLM
+
+    cfg = small_config(model_type, eos)
+    with torch.device("meta"):  # count first: a config that ignored our sizes would take gigabytes
+        n = sum(p.numel() for p in AutoModelForCausalLM.from_config(cfg).parameters())
+    if n > 3_000_000:
+        raise ValueError(f"too large for a tiny test ({n} parameters)")
+    torch.manual_seed(seed)
+    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
