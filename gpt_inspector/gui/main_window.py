@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtCore import QByteArray, QSize, Qt, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDockWidget,
     QLabel,
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QScrollArea,
+    QSizePolicy,
     QWidget,
 )
 
@@ -48,7 +50,18 @@ from .views.softmax_rows import SoftmaxRows
 from .views.token_strip import TokenStrip
 from .worker import ModelSpec, SessionSpec
 
-STATE_VERSION = 3  # bump when the default dock layout changes, so old saved layouts are ignored
+STATE_VERSION = 4  # bump when the default dock layout changes, so old saved layouts are ignored
+# The first window takes this share of the screen's free area (a laptop's 1366x768 included),
+# never more than MAX_SIZE (on a 4K screen a full-size window spreads the panels too thin)
+SCREEN_SHARE = 0.9
+MAX_SIZE = (2200, 1350)
+# Below these a panel stops being readable; a dock never gets less (Qt keeps the window
+# at least as large as the sum, so the whole set still fits a 1366x768 screen).
+PANEL_MIN = {
+    "session": (260, 0), "breakpoints": (220, 0), "tokens": (200, 0), "scores": (300, 240),
+    "overview": (200, 120), "next": (200, 130), "mask": (200, 130), "softmax": (180, 110),
+    "qkv": (180, 110), "kv": (180, 110),
+}  # fmt: skip
 AREAS = {
     "left": Qt.DockWidgetArea.LeftDockWidgetArea,
     "right": Qt.DockWidgetArea.RightDockWidgetArea,
@@ -63,8 +76,9 @@ class MainWindow(QMainWindow):
 
     def __init__(self, restore_layout: bool = True):
         super().__init__()
+        self._auto_fit = False  # the docks do not exist yet
         self.setWindowTitle("gpt-inspector")
-        self.resize(1600, 1000)
+        self.resize(*self.first_size())
         self.setDockNestingEnabled(True)
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
                             | QMainWindow.DockOption.AllowNestedDocks)  # fmt: skip
@@ -95,7 +109,11 @@ class MainWindow(QMainWindow):
         self.compare_panel = self.add_panel(compare.PANEL_TITLE, compare.create_panel(self), compare.PANEL_AREA).panel
         self.probe_panel = self.add_panel(probe.PANEL_TITLE, probe.create_panel(self), probe.PANEL_AREA).panel
         self.mathcheck_panel = self.add_panel(mathcheck.PANEL_TITLE, mathcheck.create_panel(self), mathcheck.PANEL_AREA).panel
+        self.fit_docks()
         self._default_state = self.saveState(STATE_VERSION)
+        for d in self.docks.values():
+            d.dockLocationChanged.connect(self._user_arranged)
+            d.topLevelChanged.connect(self._user_arranged)
         if restore_layout:
             self.restore_layout()
 
@@ -183,11 +201,49 @@ class MainWindow(QMainWindow):
         self.addDockWidget(A.BottomDockWidgetArea, d["softmax"])
         self.splitDockWidget(d["softmax"], d["qkv"], Qt.Orientation.Horizontal)
         self.splitDockWidget(d["qkv"], d["kv"], Qt.Orientation.Horizontal)
-        self.resizeDocks([d["session"], d["scores"], d["overview"]], [290, 760, 540], Qt.Orientation.Horizontal)
-        self.resizeDocks([d["softmax"], d["qkv"], d["kv"]], [430, 430, 450], Qt.Orientation.Horizontal)
-        self.resizeDocks([d["tokens"], d["scores"], d["softmax"]], [50, 560, 290], Qt.Orientation.Vertical)
-        self.resizeDocks([d["overview"], d["next"]], [250, 310], Qt.Orientation.Vertical)
-        self.resizeDocks([d["session"], d["breakpoints"]], [560, 300], Qt.Orientation.Vertical)
+        for key, (mw, mh) in PANEL_MIN.items():
+            hint = d[key].widget().minimumSizeHint()  # an explicit minimum replaces the layout's own
+            d[key].widget().setMinimumSize(max(mw, hint.width()), max(mh, hint.height()))
+        # the layout follows the window's size until the user moves a dock or a separator
+        self._auto_fit = True
+
+    def first_size(self) -> tuple[int, int]:
+        """The size of a first window: a share of the screen's free area, capped."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:
+            return 1600, 1000
+        avail = screen.availableGeometry()
+        return (min(int(avail.width() * SCREEN_SHARE), MAX_SIZE[0]),
+                min(int(avail.height() * SCREEN_SHARE), MAX_SIZE[1]))  # fmt: skip
+
+    def _user_arranged(self, *_args) -> None:
+        self._auto_fit = False
+
+    def mousePressEvent(self, ev) -> None:
+        # presses that reach the window itself land on the separators between docks: a resize by hand
+        self._auto_fit = False
+        super().mousePressEvent(ev)
+
+    def resizeEvent(self, ev) -> None:
+        super().resizeEvent(ev)
+        if self._auto_fit:
+            # else Qt hands the new room to the outer docks: a wide Session panel, a tall token strip
+            self.fit_docks(ev.size())
+
+    def fit_docks(self, size: QSize | None = None) -> None:
+        """Share ``size`` (default: the window's) out among the docks in the default proportions."""
+        size = size or self.size()
+        W, H = size.width(), size.height()
+        d = self.docks
+        side = min(max(int(W * 0.19), PANEL_MIN["session"][0]), 340)
+        rest = W - side
+        Hz, Vt = Qt.Orientation.Horizontal, Qt.Orientation.Vertical
+        self.resizeDocks([d["session"], d["scores"], d["overview"]], [side, int(rest * 0.57), int(rest * 0.43)], Hz)
+        self.resizeDocks([d["softmax"], d["qkv"], d["kv"]], [int(rest * 0.33), int(rest * 0.33), int(rest * 0.34)], Hz)
+        body = H - 120  # menu, toolbar, status bar
+        self.resizeDocks([d["tokens"], d["scores"], d["softmax"]], [50, int(body * 0.6), int(body * 0.33)], Vt)
+        self.resizeDocks([d["overview"], d["next"]], [int(body * 0.27), int(body * 0.33)], Vt)
+        self.resizeDocks([d["session"], d["breakpoints"]], [int(H * 0.62), int(H * 0.3)], Vt)
 
     def _build_status(self) -> None:
         sb = self.statusBar()
@@ -510,7 +566,8 @@ class MainWindow(QMainWindow):
         if isinstance(geo, QByteArray) and not geo.isEmpty():
             self.restoreGeometry(geo)
         if isinstance(state, QByteArray) and not state.isEmpty():
-            self.restoreState(state, STATE_VERSION)
+            if self.restoreState(state, STATE_VERSION):
+                self._auto_fit = False
 
     def save_layout(self) -> None:
         st = _settings.settings()
@@ -523,6 +580,8 @@ class MainWindow(QMainWindow):
             d.setFloating(False)
             d.show()
         self.restoreState(self._default_state, STATE_VERSION)
+        self._auto_fit = True
+        self.fit_docks()
 
     def showEvent(self, ev) -> None:
         super().showEvent(ev)
