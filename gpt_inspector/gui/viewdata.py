@@ -21,11 +21,13 @@ import torch
 
 from ..core import attention as eq
 from ..core.attention import KINDS, STAGE_TITLES
+from ..core.stages import STAGE_LABELS
 from ..core.capture import MaskEdit
 from ..core.source import RunSource
 from ..core.step import Step
 
 KIND_TITLES = STAGE_TITLES
+KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
 
 
 @dataclass(frozen=True)

@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..viewdata import KIND_TITLES, KINDS
-from .common import CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
+from ..viewdata import KIND_LABELS, KINDS
+from .common import TOGGLE_STYLE, FlowLayout, CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
 
 SCOPES = (("head", "this head"), ("layer", "this layer"), ("all", "all layers"))
 
@@ -76,12 +76,14 @@ class ScoreMatrix(QWidget):
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.setSpacing(2)
-        bar = QHBoxLayout()
-        bar.setSpacing(4)
+        bar_w = QWidget()
+        bar_w.setStyleSheet(TOGGLE_STYLE)
+        bar = FlowLayout(bar_w, spacing=4)  # wraps in a narrow dock instead of widening it
+        bar.setContentsMargins(0, 0, 0, 0)
         self.kind_group = QButtonGroup(self)
         self.kind_buttons: dict[str, QToolButton] = {}
         for kind in KINDS:
-            b = QToolButton(text=KIND_TITLES[kind])
+            b = QToolButton(text=KIND_LABELS[kind])
             b.setCheckable(True)
             b.setToolTip({
                 "raw": "q·k for every query/key pair, before scaling",
@@ -94,7 +96,6 @@ class ScoreMatrix(QWidget):
             bar.addWidget(b)
             b.clicked.connect(lambda _=False, k=kind: self.kind_changed.emit(k))
         self.kind_buttons["probs"].setChecked(True)
-        bar.addSpacing(10)
         self.edit_button = QToolButton(text="Edit mask")
         self.edit_button.setCheckable(True)
         self.edit_button.setToolTip("Click or drag cells to block / unblock attention (cells above the diagonal are ignored)")
@@ -105,12 +106,11 @@ class ScoreMatrix(QWidget):
             self.scope.addItem(text, key)
         self.scope.setToolTip("Which heads a mask edit applies to")
         bar.addWidget(self.scope)
-        bar.addStretch(1)
         exp = QToolButton(text="Export…")
         exp.setToolTip("Export this matrix (PNG, SVG, CSV, …)")
         exp.clicked.connect(self.export_requested)
         bar.addWidget(exp)
-        lay.addLayout(bar)
+        lay.addWidget(bar_w)
         self.title = info_label("")
 
         lay.addWidget(self.title)
@@ -214,7 +214,7 @@ class ScoreMatrix(QWidget):
         self.edits.setData([c[0] for c in cells], [c[1] for c in cells])
         sel = snap.selection
         self.title.setText(
-            f"layer {sel.layer} · head {sel.head} · {KIND_TITLES[sel.kind]} · T = {t} · "
+            f"layer {sel.layer} · head {sel.head} · {KIND_LABELS[sel.kind]} · T = {t} · "
             f"query {snap.query} “{snap.labels[snap.query]}” · scaling {snap.scaling:.4g}"
         )
 
