@@ -129,7 +129,7 @@ class WindowActions(QObject):
     def open_trace_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self.win, "Open trace", "", "Traces (*.safetensors);;All files (*)")
         if path:
-            self.win.open_trace(path)
+            self.win.open_trace_asking(path)
 
     def save_trace_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self.win, "Save trace", "trace.safetensors", "Traces (*.safetensors)")
@@ -140,6 +140,6 @@ class WindowActions(QObject):
         self.recent_menu.clear()
         items = _settings.recent(RECENT_TRACES)
         for p in items:
-            self.recent_menu.addAction(p, lambda p=p: self.win.open_trace(p))
+            self.recent_menu.addAction(p, lambda p=p: self.win.open_trace_asking(p))
         if not items:
             self.recent_menu.addAction("(none)").setEnabled(False)

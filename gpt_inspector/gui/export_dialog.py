@@ -193,6 +193,9 @@ def _show(parent, figure, default_name: str, scale: float, what: str, preview: b
         return None
     QApplication.restoreOverrideCursor()
     _last_dir = written.parent
+    bar = getattr(parent, "statusBar", None)
+    if callable(bar):  # the dialog closed: without a word the user cannot tell a save from a cancel
+        bar().showMessage(f"Exported {what} to {written}", 15000)
     return written
 
 

@@ -89,6 +89,7 @@ class MainWindow(QMainWindow):
         self._read_only_shown = False
         self._load_spec: ModelSpec | None = None
         self._focus_set = False
+        self._source_id = 0
 
         self.controller = ctl = Controller(self)
         ctl.snapshot_changed.connect(self._apply)
@@ -99,6 +100,9 @@ class MainWindow(QMainWindow):
         ctl.stopped.connect(self._stopped)
         ctl.loaded.connect(self._loaded)
         ctl.done.connect(self._command_done)
+        ctl.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
+        ctl.session_shown.connect(self._session_shown)
+        self._confirm: dict[int, tuple[str, int]] = {}  # serial -> (status line once it worked, errors before)
 
         self._build_views()
         self._build_docks()
@@ -383,7 +387,7 @@ class MainWindow(QMainWindow):
         return self.controller.new_session(self.session_panel.session_spec())
 
     def step(self) -> int | None:
-        return self.controller.step()
+        return self.controller.step(self.session_panel.session_spec())
 
     def step_back(self) -> int | None:
         return self.controller.step_back()
@@ -391,7 +395,7 @@ class MainWindow(QMainWindow):
     def run(self, max_steps: int | None = None) -> int | None:
         """Run ``max_steps`` steps (default: the Session panel's max steps) or to a breakpoint."""
         n = max_steps if max_steps is not None else self.session_panel.max_steps.value()
-        return self.controller.run(n, self.breakpoints_panel.breakpoints())
+        return self.controller.run(n, self.breakpoints_panel.breakpoints(), self.session_panel.session_spec())
 
     def run_to(self, n: int) -> int | None:
         return self.controller.run_to(n, self.breakpoints_panel.breakpoints())
@@ -430,19 +434,54 @@ class MainWindow(QMainWindow):
     def select_query(self, pos: int | None) -> None:
         self.controller.select_query(pos)
 
+    def open_trace_asking(self, path: str) -> int | None:
+        """Open a trace the user picked; a live session with steps in it is replaced only if they say so."""
+        if self.controller.live and self.controller.n_steps > 0:
+            answer = QMessageBox.question(
+                self, "Replace the session?",
+                f"Opening {Path(path).name} replaces the session shown ({self.controller.n_steps} steps).\n"
+                "Save it first with File > Save trace if you want to keep it.\n\nOpen the trace?",
+                QMessageBox.StandardButton.Open | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Cancel,
+            )  # fmt: skip
+            if answer != QMessageBox.StandardButton.Open:
+                self.statusBar().showMessage("Kept the session; the trace was not opened", 8000)
+                return None
+        return self.open_trace(path)
+
     def open_trace(self, path: str) -> int | None:
         _settings.remember(RECENT_TRACES, str(path))
-        return self.controller.open_trace(str(path))
+        serial = self.controller.open_trace(str(path))
+        self._confirm_when_done(serial, f"Opened trace {path} (read-only)")
+        return serial
 
     def save_trace(self, path: str) -> int | None:
         path = str(path)
         if not path.endswith(".safetensors"):
             path += ".safetensors"
         _settings.remember(RECENT_TRACES, path)
-        return self.controller.save_trace(path)
+        serial = self.controller.save_trace(path)
+        self._confirm_when_done(serial, f"Saved trace to {path}")
+        return serial
+
+    def _confirm_when_done(self, serial: int | None, text: str) -> None:
+        if serial is not None:
+            self._confirm[serial] = (text, len(self.errors))
+
+    def _session_shown(self, prompt: str, seed: int) -> None:
+        # the controls show what runs, so that a later difference means the user edited them
+        sp = self.session_panel
+        if sp.prompt.toPlainText() != prompt:
+            sp.prompt.setPlainText(prompt)
+        if sp.seed.value() != seed:
+            sp.seed.setValue(seed)
 
     # ================================================================== showing what the controller says
     def _apply(self, snap: Snapshot) -> None:
+        if snap.source_id != self._source_id:
+            # another prompt, model or trace: a probe or math check of the old one would mislead
+            self._source_id = snap.source_id
+            for panel in (self.probe_panel, self.mathcheck_panel):
+                panel.clear()
         if snap.read_only != self._read_only_shown:
             self._read_only_shown = snap.read_only
             self.session_panel.set_read_only(snap.read_only)
@@ -497,6 +536,9 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Loaded {info['describe']}", 8000)
 
     def _command_done(self, serial: int) -> None:
+        confirm = self._confirm.pop(serial, None)
+        if confirm is not None and len(self.errors) == confirm[1]:  # no error came with it
+            self.statusBar().showMessage(confirm[0], 15000)
         if not self.running:
             self.st_progress.hide()
             self.st_busy.setText("")

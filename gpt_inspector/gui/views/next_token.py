@@ -125,7 +125,8 @@ class NextTokenView(QWidget):
         end = f" · <b>{st.finish_reason}</b>" if st.finish_reason else ""
         perplexity = math.exp(st.entropy) if st.entropy < 50 else float("inf")
         self.summary.setText(
-            f"step {st.index} (position {st.position}) chose <b>“{html.escape(st.label)}”</b> p = <b>{st.prob:.4f}</b>"
+            # counted from 1, as the status bar counts steps done
+            f"step {st.index + 1} (position {st.position}) chose <b>“{html.escape(st.label)}”</b> p = <b>{st.prob:.4f}</b>"
             f"{'' if in_top else ' (outside the top 10)'}{forced}{end}<br>"
             f"entropy <b>{st.entropy:.3f}</b> nats (perplexity {perplexity:.1f})"
         )

@@ -73,6 +73,7 @@ class ScoreMatrix(QWidget):
         self.edit_mode = False
         self._drag_cells: list[tuple[int, int]] = []
         self._last_matrix = None
+        self._hovered: tuple[int, int] | None = None  # the cell under the pointer, read out below the plot
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.setSpacing(2)
@@ -212,6 +213,8 @@ class ScoreMatrix(QWidget):
         cells = [(e.key + 0.5, e.query + 0.5) for e in snap.edits_for(snap.selection.layer, snap.selection.head)
                  if e.query < t and e.key < t]  # fmt: skip
         self.edits.setData([c[0] for c in cells], [c[1] for c in cells])
+        if self._hovered is not None:  # the pointer did not move, but the number under it did (a mask edit)
+            self._readout(self._hovered)
         sel = snap.selection
         self.title.setText(
             f"layer {sel.layer} · head {sel.head} · {KIND_LABELS[sel.kind]} · T = {t} · "
@@ -236,9 +239,12 @@ class ScoreMatrix(QWidget):
         return None
 
     def _hover(self, pos) -> None:
-        cell = self._cell(pos)
+        self._readout(self._cell(pos))
+
+    def _readout(self, cell) -> None:
+        self._hovered = cell
         s = self.snap
-        if cell is None or s is None or s.matrix is None:
+        if cell is None or s is None or s.matrix is None or max(cell) >= s.T:
             self.readout.setText(" ")
             self.key_hovered.emit(-1, -1)
             return
