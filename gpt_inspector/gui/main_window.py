@@ -21,7 +21,7 @@ import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, QSize, Qt, Signal
+from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDockWidget,
@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
     QProgressBar,
     QScrollArea,
     QSizePolicy,
+    QTabBar,
     QWidget,
 )
 
@@ -113,7 +114,6 @@ class MainWindow(QMainWindow):
         self.compare_panel = self.add_panel(compare.PANEL_TITLE, compare.create_panel(self), compare.PANEL_AREA).panel
         self.probe_panel = self.add_panel(probe.PANEL_TITLE, probe.create_panel(self), probe.PANEL_AREA).panel
         self.mathcheck_panel = self.add_panel(mathcheck.PANEL_TITLE, mathcheck.create_panel(self), mathcheck.PANEL_AREA).panel
-        self.fit_docks()
         self._default_state = self.saveState(STATE_VERSION)
         for d in self.docks.values():
             d.dockLocationChanged.connect(self._user_arranged)
@@ -208,6 +208,7 @@ class MainWindow(QMainWindow):
         for key, (mw, mh) in PANEL_MIN.items():
             hint = d[key].widget().minimumSizeHint()  # an explicit minimum replaces the layout's own
             d[key].widget().setMinimumSize(max(mw, hint.width()), max(mh, hint.height()))
+        self.fit_docks()  # before panels are tabified: resizing after leaves a stray tab bar
         # the layout follows the window's size until the user moves a dock or a separator
         self._auto_fit = True
 
@@ -231,8 +232,31 @@ class MainWindow(QMainWindow):
     def resizeEvent(self, ev) -> None:
         super().resizeEvent(ev)
         if self._auto_fit:
-            # else Qt hands the new room to the outer docks: a wide Session panel, a tall token strip
-            self.fit_docks(ev.size())
+            # else Qt hands the new room to the outer docks: a wide Session panel, a tall token strip.
+            # After this event, not in it: resizing docks inside it leaves a tab bar where it was.
+            QTimer.singleShot(0, self._refit)
+
+    def _refit(self) -> None:
+        if self._auto_fit:
+            self.fit_docks()
+        QTimer.singleShot(0, self._hide_stale_tab_bars)
+
+    def _hide_stale_tab_bars(self) -> None:
+        """Hide tab bars that belong to no dock group any more.
+
+        Tabifying a panel onto a dock before the window is shown leaves Qt with two tab bars
+        for that group; the stale one stays where the group was and covers another panel.
+        A live tab bar sits right under the dock whose tab is current.
+        """
+        docks = [d for d in self.docks.values() if d.isVisible() and not d.isFloating()]
+        for bar in self.findChildren(QTabBar):
+            if bar.parent() is not self or not bar.isVisible() or bar.count() == 0:
+                continue
+            g = bar.geometry()
+            title = bar.tabText(bar.currentIndex())
+            if not any(d.windowTitle() == title and abs(d.geometry().bottom() + 1 - g.top()) <= 6
+                       and abs(d.geometry().left() - g.left()) <= 6 for d in docks):  # fmt: skip
+                bar.hide()
 
     def fit_docks(self, size: QSize | None = None) -> None:
         """Share ``size`` (default: the window's) out among the docks in the default proportions."""
@@ -627,6 +651,7 @@ class MainWindow(QMainWindow):
 
     def showEvent(self, ev) -> None:
         super().showEvent(ev)
+        QTimer.singleShot(0, self._hide_stale_tab_bars)
         if not self._focus_set:  # else Qt gives the focus to the first text field, the Model box
             self._focus_set = True
             self.score_matrix.setFocus(Qt.FocusReason.OtherFocusReason)

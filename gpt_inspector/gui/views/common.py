@@ -145,6 +145,12 @@ def placeholder_text(item: pg.TextItem | None, plot, text: str):
     return item
 
 
+def show_axes(plot, names, on: bool) -> None:
+    """Show or hide these axes: an empty plot shows none, rather than ticks for data it does not have."""
+    for name in names:
+        plot.showAxis(name, on)
+
+
 def as_image(a: np.ndarray) -> np.ndarray:
     return np.ascontiguousarray(a, dtype=np.float32)
 

@@ -11,7 +11,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
 from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from .common import BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, info_label, placeholder_text
+from .common import show_axes, BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, info_label, placeholder_text
 
 
 def human_bytes(n: float) -> str:
@@ -87,10 +87,24 @@ class KVCacheView(QWidget):
         self.glw.ci.layout.setColumnStretchFactor(0, 3)
         self.glw.ci.layout.setColumnStretchFactor(1, 3)
         self.glw.ci.layout.setColumnStretchFactor(2, 2)
-        self._hint = placeholder_text(None, self.kplot, "empty cache")
+        self._hint = placeholder_text(None, self.kplot, "empty")
+        self._hint.setPos(0.5, 0.5)
         self._last = None
         self.shape = (0, 0)
         self.bplot.scene().sigMouseClicked.connect(self._clicked)
+        self._set_empty(True)
+        self.title.setText("KV cache: empty (no model yet)")
+
+    def _set_empty(self, empty: bool) -> None:
+        # no bytes to scale: pyqtgraph would label an empty axis "(mB)" and run it from −400 to 400
+        show_axes(self.kplot, ("left",), not empty)
+        for p in (self.bplot, self.hplot):
+            show_axes(p, ("left", "bottom"), not empty)
+        for r in self.newest:
+            r.setVisible(not empty)
+        self._hint.setVisible(empty)
+        if empty:
+            self.kplot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
 
     def _clicked(self, ev) -> None:
         if not self.bplot.sceneBoundingRect().contains(ev.scenePos()):
@@ -113,10 +127,12 @@ class KVCacheView(QWidget):
         if snap.kv_k is None:
             self.kimg.clear()
             self.vimg.clear()
-            self._hint.setVisible(True)
+            self._last = None
+            self.shape = (0, 0)
+            self._set_empty(True)
             self.title.setText("KV cache: empty (no step yet)")
             return
-        self._hint.setVisible(False)
+        self._set_empty(False)
         t, w = snap.kv_k.shape
         if self._last is not snap.kv_k:
             for img, a in ((self.kimg, snap.kv_k), (self.vimg, snap.kv_v)):

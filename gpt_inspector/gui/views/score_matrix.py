@@ -27,7 +27,7 @@ from PySide6.QtWidgets import (
 )
 
 from ..viewdata import KIND_LABELS, KINDS
-from .common import TOGGLE_STYLE, FlowLayout, CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
+from .common import TOGGLE_STYLE, FlowLayout, show_axes, CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
 
 SCOPES = (("head", "this head"), ("layer", "this layer"), ("all", "all layers"))
 
@@ -164,6 +164,24 @@ class ScoreMatrix(QWidget):
         foot.addWidget(nw)
         foot.addWidget(self.readout, 1)
         lay.addLayout(foot)
+        self._show_empty()
+
+    def _show_empty(self) -> None:
+        """Before the first step: the hint alone, no cell outlines or axes over it."""
+        self.T = 0
+        self.image.clear()
+        self._last_matrix = None
+        self.edits.setData([], [])
+        for item in (self.newest, self.selrow, self.backdrop):
+            item.setVisible(False)
+        show_axes(self.plot, ("left", "bottom"), False)
+        self.cbar.setVisible(False)
+        self._hint.setVisible(True)
+        self._hint.setPos(0.5, 0.5)
+        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+        self.title.setText("")
+        self.left.set_labels([])
+        self.bottom.set_labels([])
 
     # ------------------------------------------------------------------ state in
     def set_snapshot(self, snap) -> None:
@@ -177,20 +195,11 @@ class ScoreMatrix(QWidget):
         if not editable and self.edit_mode:
             self.edit_button.setChecked(False)
         if snap.matrix is None:
-            self.T = 0
-            self.image.clear()
-            self._last_matrix = None
-            self.edits.setData([], [])
-            for item in (self.newest, self.selrow, self.backdrop):
-                item.setVisible(False)
-            self._hint.setVisible(True)
-            self._hint.setPos(0.5, 0.5)
-            self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
-            self.title.setText("")
-            self.left.set_labels([])
-            self.bottom.set_labels([])
+            self._show_empty()
             return
         self._hint.setVisible(False)
+        show_axes(self.plot, ("left", "bottom"), True)
+        self.cbar.setVisible(True)
         t = snap.T
         follow = self.T == 0 or self._showing_all()
         if snap.matrix is not self._last_matrix:
