@@ -267,10 +267,12 @@ class MainWindow(QMainWindow):
         rest = W - side
         Hz, Vt = Qt.Orientation.Horizontal, Qt.Orientation.Vertical
         self.resizeDocks([d["session"], d["scores"], d["overview"]], [side, int(rest * 0.57), int(rest * 0.43)], Hz)
-        self.resizeDocks([d["softmax"], d["qkv"], d["kv"]], [int(rest * 0.33), int(rest * 0.33), int(rest * 0.34)], Hz)
-        body = H - 120  # menu, toolbar, status bar
-        self.resizeDocks([d["tokens"], d["scores"], d["softmax"]], [50, int(body * 0.6), int(body * 0.33)], Vt)
-        self.resizeDocks([d["overview"], d["next"]], [int(body * 0.27), int(body * 0.33)], Vt)
+        self.resizeDocks([d["softmax"], d["qkv"], d["kv"]], [int(rest * 0.3), int(rest * 0.3), int(rest * 0.4)], Hz)
+        body = H - 110  # menu, toolbar, status bar, separators
+        tokens = 46  # two lines of chips; more lines scroll
+        middle = int((body - tokens) * 0.6)
+        self.resizeDocks([d["tokens"], d["scores"], d["softmax"]], [tokens, middle, body - tokens - middle], Vt)
+        self.resizeDocks([d["overview"], d["next"]], [int(middle * 0.45), int(middle * 0.55)], Vt)
         self.resizeDocks([d["session"], d["breakpoints"]], [int(H * 0.62), int(H * 0.3)], Vt)
 
     def _build_status(self) -> None:

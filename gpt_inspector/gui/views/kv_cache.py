@@ -43,8 +43,8 @@ class KVCacheView(QWidget):
         self.glw = pg.GraphicsLayoutWidget()
         lay.addWidget(self.glw, 1)
         self.axis = TokenAxis("left", chars=8)
-        self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title="K cache", axisItems={"left": self.axis})
-        self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title="V cache")
+        self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title=None, axisItems={"left": self.axis})
+        self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title=None)
         self.kimg = pg.ImageItem(axisOrder="row-major")
         self.vimg = pg.ImageItem(axisOrder="row-major")
         self.newest = []
@@ -68,13 +68,13 @@ class KVCacheView(QWidget):
         self.vplot.setYLink(self.kplot)
         self.vplot.hideAxis("left")
         self.laxis = IndexAxis("bottom", "L")
-        self.bplot = self.glw.addPlot(row=0, col=2, title="bytes per layer", axisItems={"bottom": self.laxis})
+        self.bplot = self.glw.addPlot(row=0, col=2, title=None, axisItems={"bottom": self.laxis})
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brushes=[])
         self.bplot.addItem(self.bars)
         self.bplot.setMouseEnabled(False, False)
         self.bplot.setMenuEnabled(False)
         self.bplot.hideButtons()
-        self.hplot = self.glw.addPlot(row=1, col=2, title="cache size per step")
+        self.hplot = self.glw.addPlot(row=1, col=2, title=None)
         self.hplot.setLabel("bottom", "step")
         self.hcurve = self.hplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=2), symbol="o", symbolSize=4,
                                       symbolBrush="#4fa3ff", symbolPen=None)  # fmt: skip
@@ -84,6 +84,10 @@ class KVCacheView(QWidget):
             p.getAxis("left").setWidth(58)
             p.getAxis("left").enableAutoSIPrefix(True)
             p.getAxis("left").setLabel(units="B")
+        # small titles: pyqtgraph's default size takes a third of a short panel's height, and clips
+        for p, text in ((self.kplot, "K cache"), (self.vplot, "V cache"), (self.bplot, "bytes per layer"),
+                        (self.hplot, "size per step")):  # fmt: skip
+            p.setTitle(text, size="8pt")
         self.glw.ci.layout.setColumnStretchFactor(0, 3)
         self.glw.ci.layout.setColumnStretchFactor(1, 3)
         self.glw.ci.layout.setColumnStretchFactor(2, 2)
