@@ -219,3 +219,18 @@ def test_restore_after_a_crash(shown, wait_idle, qtbot, dialogs, monkeypatch):
         assert not any("None" in b for b in busy), busy  # the model is named, never "None"
     finally:
         other.worker.stop()
+
+
+def test_hover_readout_follows_a_mask_edit_under_a_still_pointer(shown, wait_idle, qtbot, dialogs):
+    win = shown()
+    win.run(2)
+    wait_idle(win)
+    sm = win.score_matrix
+    pos = sm.glw.mapFromScene(sm.vb.mapViewToScene(QPointF(1.5, 3.5)))
+    qtbot.mouseMove(sm.glw.viewport(), pos)  # the pointer comes to rest on cell (3, 1)
+    qtbot.waitUntil(lambda: sm.readout.text().startswith("query 3 "), timeout=3000)
+    assert "masked" not in sm.readout.text()
+    qtbot.mouseClick(sm.edit_button, Qt.MouseButton.LeftButton)
+    click_cell(qtbot, win, 3, 1)
+    wait_idle(win)
+    assert sm.readout.text().endswith(": masked")

@@ -134,6 +134,7 @@ class KVCacheView(QWidget):
             self._last = None
             self.shape = (0, 0)
             self._set_empty(True)
+            self.axis.set_labels([])
             self.title.setText("KV cache: empty (no step yet)")
             return
         self._set_empty(False)

@@ -125,6 +125,7 @@ class QKVView(QWidget):
             self.bars.setOpts(x=[], height=[], brushes=[])
             self._set_empty(True)
             self._last = None
+            self.kaxis.set_labels([])  # the old prompt's tokens must not label a new, empty cache
             self.title.setText("")
             self.readout.setText(" ")
             self.key = -1
