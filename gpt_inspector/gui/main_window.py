@@ -55,6 +55,7 @@ STATE_VERSION = 4  # bump when the default dock layout changes, so old saved lay
 # The first window takes this share of the screen's free area (a laptop's 1366x768 included),
 # never more than MAX_SIZE (on a 4K screen a full-size window spreads the panels too thin)
 SCREEN_SHARE = 0.9
+SMALL_SCREEN_HEIGHT = 900  # below this every pixel counts: the first window takes the whole free area
 MAX_SIZE = (2200, 1350)
 # Below these a panel stops being readable; a dock never gets less (Qt keeps the window
 # at least as large as the sum, so the whole set still fits a 1366x768 screen).
@@ -63,6 +64,12 @@ PANEL_MIN = {
     "overview": (200, 120), "next": (200, 130), "mask": (200, 130), "softmax": (180, 110),
     "qkv": (180, 110), "kv": (180, 110),
 }  # fmt: skip
+
+
+def screen_share(avail_height: int) -> float:
+    return 1.0 if avail_height < SMALL_SCREEN_HEIGHT else SCREEN_SHARE
+
+
 AREAS = {
     "left": Qt.DockWidgetArea.LeftDockWidgetArea,
     "right": Qt.DockWidgetArea.RightDockWidgetArea,
@@ -206,8 +213,10 @@ class MainWindow(QMainWindow):
         self.splitDockWidget(d["softmax"], d["qkv"], Qt.Orientation.Horizontal)
         self.splitDockWidget(d["qkv"], d["kv"], Qt.Orientation.Horizontal)
         for key, (mw, mh) in PANEL_MIN.items():
-            hint = d[key].widget().minimumSizeHint()  # an explicit minimum replaces the layout's own
-            d[key].widget().setMinimumSize(max(mw, hint.width()), max(mh, hint.height()))
+            w = d[key].widget()
+            # an explicit minimum replaces the layout's own hint, so keep whichever the widget had
+            hint = w.minimumSizeHint()
+            w.setMinimumSize(max(mw, w.minimumWidth() or hint.width()), max(mh, w.minimumHeight() or hint.height()))
         self.fit_docks()  # before panels are tabified: resizing after leaves a stray tab bar
         # the layout follows the window's size until the user moves a dock or a separator
         self._auto_fit = True
@@ -218,8 +227,9 @@ class MainWindow(QMainWindow):
         if screen is None:
             return 1600, 1000
         avail = screen.availableGeometry()
-        return (min(int(avail.width() * SCREEN_SHARE), MAX_SIZE[0]),
-                min(int(avail.height() * SCREEN_SHARE), MAX_SIZE[1]))  # fmt: skip
+        share = screen_share(avail.height())
+        return (min(int(avail.width() * share), MAX_SIZE[0]),
+                min(int(avail.height() * share), MAX_SIZE[1]))  # fmt: skip
 
     def _user_arranged(self, *_args) -> None:
         self._auto_fit = False

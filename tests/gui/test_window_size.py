@@ -10,7 +10,7 @@ import textwrap
 
 import pytest
 
-from gpt_inspector.gui.main_window import PANEL_MIN, SCREEN_SHARE, MainWindow
+from gpt_inspector.gui.main_window import PANEL_MIN, MainWindow, screen_share
 
 SIZES = [(1366, 768), (1920, 1080), (2560, 1440)]
 
@@ -39,9 +39,10 @@ def test_first_window_is_a_share_of_the_screen(qtbot):
     win = MainWindow(restore_layout=False)
     qtbot.addWidget(win)
     avail = win.screen().availableGeometry()
-    want_w = max(min(int(avail.width() * SCREEN_SHARE), 2200), win.minimumSizeHint().width())
+    share = screen_share(avail.height())
+    want_w = max(min(int(avail.width() * share), 2200), win.minimumSizeHint().width())
     assert win.width() == want_w
-    assert win.size().width() != 1600 or avail.width() * SCREEN_SHARE >= 1600
+    assert screen_share(768) == 1.0 and screen_share(1440) == 0.9  # a laptop screen is used whole
     win.worker.stop()
 
 
