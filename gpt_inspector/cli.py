@@ -46,11 +46,29 @@ def _version() -> str:
     return __version__
 
 
+def quiet_transformers() -> None:
+    """Keep transformers' warnings and progress bars from burying our one-line messages.
+
+    Called after argument parsing, so ``--help`` still does not import transformers.
+    """
+    import os
+
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:  # the engine's own import reports a missing transformers, in one line
+        return
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
 def main(argv: list[str] | None = None) -> int:
     from .core.errors import InspectorError, StepFailed
 
     parser = build_parser()
     args = parser.parse_args(argv)
+    quiet_transformers()
     try:
         if args.command is None:
             from .gui.app import run as run_window

@@ -21,5 +21,8 @@ def test_ci_runs_the_readme_test_command():
     assert test in ci
 
 
-def test_readme_screenshot_exists():
-    assert (ROOT / "docs" / "screenshot.png").is_file()
+def test_readme_screenshots_exist():
+    readme = (ROOT / "README.md").read_text()
+    for name in ("screenshot-1366x768.png", "screenshot-1920x1080.png"):
+        assert f"docs/{name}" in readme
+        assert (ROOT / "docs" / name).read_bytes()[:4] == b"\x89PNG"

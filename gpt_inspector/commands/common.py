@@ -24,9 +24,9 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverifie
 def add_decoding_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("decoding")
     g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
-    g.add_argument("--top-k", type=int, default=None)
-    g.add_argument("--top-p", type=float, default=None)
-    g.add_argument("--seed", type=int, default=0)
+    g.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens before sampling (default: off)")
+    g.add_argument("--top-p", type=float, default=None, help="keep the smallest set of tokens whose probability adds up to p (default: off)")
+    g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens")
 
 
 def load(args):

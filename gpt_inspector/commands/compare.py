@@ -15,14 +15,15 @@ HELP = "compare greedy decoding, beam search (identical to generate) and a seede
 
 def add_arguments(p):
     common.add_model_args(p)
-    p.add_argument("--prompt", required=True)
+    p.add_argument("--prompt", required=True, help="the text to continue")
     g = p.add_argument_group("length (give exactly one)")
     g.add_argument("--max-length", type=int, default=None,
                    help="total length, prompt included, as generate's max_length")
-    g.add_argument("--max-new-tokens", type=int, default=None)
+    g.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate after the prompt")
     b = p.add_argument_group("beam search")
-    b.add_argument("--num-beams", type=int, default=2)
-    b.add_argument("--num-return-sequences", type=int, default=1)
+    b.add_argument("--num-beams", type=int, default=2, help="beams kept at each step (default 2)")
+    b.add_argument("--num-return-sequences", type=int, default=1,
+                   help="finished hypotheses to show, best first (default 1, at most --num-beams)")
     b.add_argument("--length-penalty", type=float, default=1.0,
                    help="hypothesis score = sum of log-probs / generated_length ** this (default 1.0)")
     b.add_argument("--early-stopping", nargs="?", const="true", default="false", metavar="{true,false,never}",
@@ -30,9 +31,9 @@ def add_arguments(p):
     s = p.add_argument_group("sampling (with --sample)")
     s.add_argument("--sample", action="store_true", help="also show one seeded sample")
     s.add_argument("--temperature", type=float, default=None, help="default 1.0")
-    s.add_argument("--top-k", type=int, default=None)
-    s.add_argument("--top-p", type=float, default=None)
-    s.add_argument("--seed", type=int, default=0)
+    s.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens before sampling (default: off)")
+    s.add_argument("--top-p", type=float, default=None, help="keep the smallest set of tokens whose probability adds up to p (default: off)")
+    s.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens")
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
 
 

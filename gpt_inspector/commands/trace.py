@@ -13,8 +13,8 @@ HELP = "step a model N tokens with full capture and save a trace file"
 
 def add_arguments(p):
     common.add_model_args(p)
-    p.add_argument("--prompt", required=True)
-    p.add_argument("--steps", type=int, required=True)
+    p.add_argument("--prompt", required=True, help="the text the session starts from")
+    p.add_argument("--steps", type=int, required=True, help="steps to run (each feeds one token, chooses the next)")
     common.add_decoding_args(p)
     p.add_argument("--out", required=True, help="FILE.safetensors")
     p.add_argument("--derived", action="store_true",

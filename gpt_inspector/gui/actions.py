@@ -13,7 +13,7 @@ from PySide6.QtGui import QAction, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QToolBar
 
 from . import settings as _settings
-from .viewdata import KINDS
+from .viewdata import KIND_LABELS, KINDS
 
 RECENT_TRACES = "recent/traces"
 
@@ -46,7 +46,7 @@ class WindowActions(QObject):
         self.prev_head = A("Previous head", lambda: ctl.select(head=sel().head - 1), "[")
         self.next_head = A("Next head", lambda: ctl.select(head=sel().head + 1), "]")
         self.follow = A("Follow the newest position", lambda: ctl.select_query(None), "End")
-        self.stages = [A(f"Stage: {k}", lambda k=k: ctl.select(kind=k), f"Ctrl+{i + 1}") for i, k in enumerate(KINDS)]
+        self.stages = [A(f"Stage: {KIND_LABELS[k]}", lambda k=k: ctl.select(kind=k), f"Ctrl+{i + 1}") for i, k in enumerate(KINDS)]
         debug = (self.step, self.run, self.pause, self.back, self.restart, self.run_to)
 
         mb = w.menuBar()
@@ -129,7 +129,7 @@ class WindowActions(QObject):
     def open_trace_dialog(self) -> None:
         path, _ = QFileDialog.getOpenFileName(self.win, "Open trace", "", "Traces (*.safetensors);;All files (*)")
         if path:
-            self.win.open_trace(path)
+            self.win.open_trace_asking(path)
 
     def save_trace_dialog(self) -> None:
         path, _ = QFileDialog.getSaveFileName(self.win, "Save trace", "trace.safetensors", "Traces (*.safetensors)")
@@ -140,6 +140,6 @@ class WindowActions(QObject):
         self.recent_menu.clear()
         items = _settings.recent(RECENT_TRACES)
         for p in items:
-            self.recent_menu.addAction(p, lambda p=p: self.win.open_trace(p))
+            self.recent_menu.addAction(p, lambda p=p: self.win.open_trace_asking(p))
         if not items:
             self.recent_menu.addAction("(none)").setEnabled(False)

@@ -6,11 +6,27 @@ shows the result, save ``window.grab()`` and exit 0 (2 on an error, with one lin
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import os
 import sys
 
 SCREENSHOT_TIMEOUT_S = 600
 DEFAULT_STEPS = 8
+
+# What Qt's xcb platform plugin loads besides libxcb itself: Debian/Ubuntu package -> (library
+# name for find_library, soname). A minimal desktop lacks some, and Qt then aborts (exit 134)
+# with a message about "no Qt platform plugin could be initialized" that names none of them.
+XCB_PACKAGES = {
+    "libxcb-cursor0": ("xcb-cursor", "libxcb-cursor.so.0"),
+    "libxcb-icccm4": ("xcb-icccm", "libxcb-icccm.so.4"),
+    "libxcb-keysyms1": ("xcb-keysyms", "libxcb-keysyms.so.1"),
+    "libxcb-image0": ("xcb-image", "libxcb-image.so.0"),
+    "libxcb-render-util0": ("xcb-render-util", "libxcb-render-util.so.0"),
+    "libxcb-shape0": ("xcb-shape", "libxcb-shape.so.0"),
+    "libxcb-xkb1": ("xcb-xkb", "libxcb-xkb.so.1"),
+    "libxkbcommon-x11-0": ("xkbcommon-x11", "libxkbcommon-x11.so.0"),
+}
 
 
 def _get(args, name, default=None):
@@ -21,6 +37,41 @@ def _no_display() -> bool:
     if sys.platform != "linux" or os.environ.get("QT_QPA_PLATFORM"):
         return False
     return not (os.environ.get("DISPLAY") or os.environ.get("WAYLAND_DISPLAY"))
+
+
+def _uses_xcb() -> bool:
+    if sys.platform != "linux" or not os.environ.get("DISPLAY"):
+        return False
+    qpa = os.environ.get("QT_QPA_PLATFORM", "")
+    if qpa:
+        return qpa.split(":")[0].split(";")[0] == "xcb"
+    return not os.environ.get("WAYLAND_DISPLAY")  # else Qt may pick wayland, which needs none of these
+
+
+def _loadable(soname: str) -> bool:
+    try:
+        ctypes.CDLL(soname)
+    except OSError:
+        return False
+    return True
+
+
+def missing_xcb_packages() -> list[str]:
+    """The packages whose libraries Qt's xcb plugin would fail to load (in XCB_PACKAGES order)."""
+    # find_library sees what ldconfig knows; loading by soname also finds LD_LIBRARY_PATH's
+    return [pkg for pkg, (name, soname) in XCB_PACKAGES.items()
+            if ctypes.util.find_library(name) is None and not _loadable(soname)]  # fmt: skip
+
+
+def xcb_problem() -> str | None:
+    """One line saying what to install, when the window would open on xcb and cannot; else None."""
+    if not _uses_xcb():
+        return None
+    missing = missing_xcb_packages()
+    if not missing:
+        return None
+    return (f"Qt cannot open a window: system libraries are missing ({', '.join(missing)}); "
+            f"install them with: sudo apt-get install -y {' '.join(missing)}")  # fmt: skip
 
 
 def _offer_restore(win) -> dict | None:
@@ -51,6 +102,10 @@ def run(args) -> int:
                   "or use a sub-command, or --screenshot to render offscreen", file=sys.stderr)  # fmt: skip
             return 2
         os.environ["QT_QPA_PLATFORM"] = "offscreen"  # a screenshot needs no screen
+    problem = xcb_problem()
+    if problem is not None:
+        print(f"gpt-inspector: error: {problem}", file=sys.stderr)
+        return 2
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 

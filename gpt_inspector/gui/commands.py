@@ -64,7 +64,9 @@ class Restart:
 
 @dataclass(frozen=True)
 class Step:
-    pass
+    # the controls' prompt and seed: when they differ from the session's, the step starts a new
+    # session from them first (an edited prompt must not be ignored in silence)
+    session: SessionSpec | None = None
 
 
 @dataclass(frozen=True)
@@ -79,6 +81,7 @@ class Run:
     max_steps: int | None = None
     breakpoints: Breakpoints | None = None
     target: int | None = None
+    session: SessionSpec | None = None  # as for Step
 
     def __post_init__(self):
         _no_bool("Run", max_steps=self.max_steps, target=self.target)

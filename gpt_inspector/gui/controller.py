@@ -53,6 +53,8 @@ class Controller(QObject):
     done = Signal(int)  # serial of a finished command
     loaded = Signal(object)  # dict describing the model
     error = Signal(str, str, str)  # title, message, kind: "user" | "model" | "internal"
+    notice = Signal(str)  # a line for the status bar from the worker
+    session_shown = Signal(str, int)  # prompt, seed of the live session now shown
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -79,6 +81,8 @@ class Controller(QObject):
         w.stopped.connect(self._stopped)
         w.done.connect(self._done)
         w.called.connect(self._called)
+        w.notice.connect(self.notice)
+        w.session_shown.connect(self.session_shown)
 
     # ------------------------------------------------------------------ state
     @property
@@ -140,14 +144,15 @@ class Controller(QObject):
     def restart(self, session: SessionSpec | None = None) -> int | None:
         return self.post(Restart(session))
 
-    def step(self) -> int | None:
-        return self.post(Step())
+    def step(self, session: SessionSpec | None = None) -> int | None:
+        return self.post(Step(session))
 
     def step_back(self) -> int | None:
         return self.post(StepBack())
 
-    def run(self, max_steps: int | None, breakpoints: Breakpoints | None = None) -> int | None:
-        return self.post(Run(max_steps=max_steps, breakpoints=breakpoints))
+    def run(self, max_steps: int | None, breakpoints: Breakpoints | None = None,
+            session: SessionSpec | None = None) -> int | None:  # fmt: skip
+        return self.post(Run(max_steps=max_steps, breakpoints=breakpoints, session=session))
 
     def run_to(self, target: int, breakpoints: Breakpoints | None = None) -> int | None:
         return self.post(Run(target=int(target), breakpoints=breakpoints))

@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 
 from .. import figures
 from ..core.errors import InspectorError, StepFailed
+from ..core.stages import STAGE_LABELS
 
 FILTERS = {".png": "PNG image (*.png)", ".svg": "SVG image (*.svg)", ".pdf": "PDF document (*.pdf)"}
 PREVIEW_DPI = 100.0
@@ -193,6 +194,9 @@ def _show(parent, figure, default_name: str, scale: float, what: str, preview: b
         return None
     QApplication.restoreOverrideCursor()
     _last_dir = written.parent
+    bar = getattr(parent, "statusBar", None)
+    if callable(bar):  # the dialog closed: without a word the user cannot tell a save from a cancel
+        bar().showMessage(f"Exported {what} to {written}", 15000)
     return written
 
 
@@ -243,7 +247,7 @@ def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> in
         lambda source: figures.head_figure(source, layer, head, kind, dpi=scale * figures.DPI),
         f"attention-L{layer}-H{head}-{kind}.png",
         scale,
-        f"Layer {layer}, head {head}, {figures.STAGES.get(kind, kind)}",
+        f"Layer {layer}, head {head}, {STAGE_LABELS.get(kind, kind)}",
         on_done,
     )
 
@@ -251,7 +255,7 @@ def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> in
 def export_grid(window, layer: int | None, kind: str, *, on_done=None) -> int | None:
     """Export every head of ``layer``, or with None every layer x head, as one image."""
     name = f"attention-L{layer}-all-heads-{kind}.png" if layer is not None else f"attention-all-layers-{kind}.png"
-    stage = figures.STAGES.get(kind, kind)
+    stage = STAGE_LABELS.get(kind, kind)  # the CLI's word with its title, as on the stage buttons
     what = f"Layer {layer}, all heads, {stage}" if layer is not None else f"All layers × heads, {stage}"
     return _in_worker(window, lambda source: figures.grid_figure(source, layer, kind), name, 1.0, what, on_done)
 

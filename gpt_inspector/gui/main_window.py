@@ -21,7 +21,8 @@ import sys
 import time
 from pathlib import Path
 
-from PySide6.QtCore import QByteArray, Qt, Signal
+from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
+from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import (
     QDockWidget,
     QLabel,
@@ -29,6 +30,8 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QScrollArea,
+    QSizePolicy,
+    QTabBar,
     QWidget,
 )
 
@@ -48,7 +51,25 @@ from .views.softmax_rows import SoftmaxRows
 from .views.token_strip import TokenStrip
 from .worker import ModelSpec, SessionSpec
 
-STATE_VERSION = 3  # bump when the default dock layout changes, so old saved layouts are ignored
+STATE_VERSION = 4  # bump when the default dock layout changes, so old saved layouts are ignored
+# The first window takes this share of the screen's free area (a laptop's 1366x768 included),
+# never more than MAX_SIZE (on a 4K screen a full-size window spreads the panels too thin)
+SCREEN_SHARE = 0.9
+SMALL_SCREEN_HEIGHT = 900  # below this every pixel counts: the first window takes the whole free area
+MAX_SIZE = (2200, 1350)
+# Below these a panel stops being readable; a dock never gets less (Qt keeps the window
+# at least as large as the sum, so the whole set still fits a 1366x768 screen).
+PANEL_MIN = {
+    "session": (260, 0), "breakpoints": (220, 0), "tokens": (200, 0), "scores": (300, 240),
+    "overview": (200, 120), "next": (200, 130), "mask": (200, 130), "softmax": (180, 110),
+    "qkv": (180, 110), "kv": (180, 110),
+}  # fmt: skip
+
+
+def screen_share(avail_height: int) -> float:
+    return 1.0 if avail_height < SMALL_SCREEN_HEIGHT else SCREEN_SHARE
+
+
 AREAS = {
     "left": Qt.DockWidgetArea.LeftDockWidgetArea,
     "right": Qt.DockWidgetArea.RightDockWidgetArea,
@@ -63,8 +84,9 @@ class MainWindow(QMainWindow):
 
     def __init__(self, restore_layout: bool = True):
         super().__init__()
+        self._auto_fit = False  # the docks do not exist yet
         self.setWindowTitle("gpt-inspector")
-        self.resize(1600, 1000)
+        self.resize(*self.first_size())
         self.setDockNestingEnabled(True)
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
                             | QMainWindow.DockOption.AllowNestedDocks)  # fmt: skip
@@ -75,6 +97,7 @@ class MainWindow(QMainWindow):
         self._read_only_shown = False
         self._load_spec: ModelSpec | None = None
         self._focus_set = False
+        self._source_id = 0
 
         self.controller = ctl = Controller(self)
         ctl.snapshot_changed.connect(self._apply)
@@ -85,6 +108,9 @@ class MainWindow(QMainWindow):
         ctl.stopped.connect(self._stopped)
         ctl.loaded.connect(self._loaded)
         ctl.done.connect(self._command_done)
+        ctl.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
+        ctl.session_shown.connect(self._session_shown)
+        self._confirm: dict[int, tuple[str, int]] = {}  # serial -> (status line once it worked, errors before)
 
         self._build_views()
         self._build_docks()
@@ -97,6 +123,9 @@ class MainWindow(QMainWindow):
         self.mathcheck_panel = self.add_panel(mathcheck.PANEL_TITLE, mathcheck.create_panel(self), mathcheck.PANEL_AREA).panel
         self.lens_panel = self.add_panel(lens.PANEL_TITLE, lens.create_panel(self), lens.PANEL_AREA).panel
         self._default_state = self.saveState(STATE_VERSION)
+        for d in self.docks.values():
+            d.dockLocationChanged.connect(self._user_arranged)
+            d.topLevelChanged.connect(self._user_arranged)
         if restore_layout:
             self.restore_layout()
 
@@ -184,11 +213,78 @@ class MainWindow(QMainWindow):
         self.addDockWidget(A.BottomDockWidgetArea, d["softmax"])
         self.splitDockWidget(d["softmax"], d["qkv"], Qt.Orientation.Horizontal)
         self.splitDockWidget(d["qkv"], d["kv"], Qt.Orientation.Horizontal)
-        self.resizeDocks([d["session"], d["scores"], d["overview"]], [290, 760, 540], Qt.Orientation.Horizontal)
-        self.resizeDocks([d["softmax"], d["qkv"], d["kv"]], [430, 430, 450], Qt.Orientation.Horizontal)
-        self.resizeDocks([d["tokens"], d["scores"], d["softmax"]], [50, 560, 290], Qt.Orientation.Vertical)
-        self.resizeDocks([d["overview"], d["next"]], [250, 310], Qt.Orientation.Vertical)
-        self.resizeDocks([d["session"], d["breakpoints"]], [560, 300], Qt.Orientation.Vertical)
+        for key, (mw, mh) in PANEL_MIN.items():
+            w = d[key].widget()
+            # an explicit minimum replaces the layout's own hint, so keep whichever the widget had
+            hint = w.minimumSizeHint()
+            w.setMinimumSize(max(mw, w.minimumWidth() or hint.width()), max(mh, w.minimumHeight() or hint.height()))
+        self.fit_docks()  # before panels are tabified: resizing after leaves a stray tab bar
+        # the layout follows the window's size until the user moves a dock or a separator
+        self._auto_fit = True
+
+    def first_size(self) -> tuple[int, int]:
+        """The size of a first window: a share of the screen's free area, capped."""
+        screen = self.screen() or QGuiApplication.primaryScreen()
+        if screen is None:
+            return 1600, 1000
+        avail = screen.availableGeometry()
+        share = screen_share(avail.height())
+        return (min(int(avail.width() * share), MAX_SIZE[0]),
+                min(int(avail.height() * share), MAX_SIZE[1]))  # fmt: skip
+
+    def _user_arranged(self, *_args) -> None:
+        self._auto_fit = False
+
+    def mousePressEvent(self, ev) -> None:
+        # presses that reach the window itself land on the separators between docks: a resize by hand
+        self._auto_fit = False
+        super().mousePressEvent(ev)
+
+    def resizeEvent(self, ev) -> None:
+        super().resizeEvent(ev)
+        if self._auto_fit:
+            # else Qt hands the new room to the outer docks: a wide Session panel, a tall token strip.
+            # After this event, not in it: resizing docks inside it leaves a tab bar where it was.
+            QTimer.singleShot(0, self._refit)
+
+    def _refit(self) -> None:
+        if self._auto_fit:
+            self.fit_docks()
+        QTimer.singleShot(0, self._hide_stale_tab_bars)
+
+    def _hide_stale_tab_bars(self) -> None:
+        """Hide tab bars that belong to no dock group any more.
+
+        Tabifying a panel onto a dock before the window is shown leaves Qt with two tab bars
+        for that group; the stale one stays where the group was and covers another panel.
+        A live tab bar sits right under the dock whose tab is current.
+        """
+        docks = [d for d in self.docks.values() if d.isVisible() and not d.isFloating()]
+        for bar in self.findChildren(QTabBar):
+            if bar.parent() is not self or not bar.isVisible() or bar.count() == 0:
+                continue
+            g = bar.geometry()
+            title = bar.tabText(bar.currentIndex())
+            if not any(d.windowTitle() == title and abs(d.geometry().bottom() + 1 - g.top()) <= 6
+                       and abs(d.geometry().left() - g.left()) <= 6 for d in docks):  # fmt: skip
+                bar.hide()
+
+    def fit_docks(self, size: QSize | None = None) -> None:
+        """Share ``size`` (default: the window's) out among the docks in the default proportions."""
+        size = size or self.size()
+        W, H = size.width(), size.height()
+        d = self.docks
+        side = min(max(int(W * 0.19), PANEL_MIN["session"][0]), 340)
+        rest = W - side
+        Hz, Vt = Qt.Orientation.Horizontal, Qt.Orientation.Vertical
+        self.resizeDocks([d["session"], d["scores"], d["overview"]], [side, int(rest * 0.57), int(rest * 0.43)], Hz)
+        self.resizeDocks([d["softmax"], d["qkv"], d["kv"]], [int(rest * 0.3), int(rest * 0.3), int(rest * 0.4)], Hz)
+        body = H - 110  # menu, toolbar, status bar, separators
+        tokens = 46  # two lines of chips; more lines scroll
+        middle = int((body - tokens) * 0.6)
+        self.resizeDocks([d["tokens"], d["scores"], d["softmax"]], [tokens, middle, body - tokens - middle], Vt)
+        self.resizeDocks([d["overview"], d["next"]], [int(middle * 0.45), int(middle * 0.55)], Vt)
+        self.resizeDocks([d["session"], d["breakpoints"]], [int(H * 0.62), int(H * 0.3)], Vt)
 
     def _build_status(self) -> None:
         sb = self.statusBar()
@@ -328,7 +424,7 @@ class MainWindow(QMainWindow):
         return self.controller.new_session(self.session_panel.session_spec())
 
     def step(self) -> int | None:
-        return self.controller.step()
+        return self.controller.step(self.session_panel.session_spec())
 
     def step_back(self) -> int | None:
         return self.controller.step_back()
@@ -336,7 +432,7 @@ class MainWindow(QMainWindow):
     def run(self, max_steps: int | None = None) -> int | None:
         """Run ``max_steps`` steps (default: the Session panel's max steps) or to a breakpoint."""
         n = max_steps if max_steps is not None else self.session_panel.max_steps.value()
-        return self.controller.run(n, self.breakpoints_panel.breakpoints())
+        return self.controller.run(n, self.breakpoints_panel.breakpoints(), self.session_panel.session_spec())
 
     def run_to(self, n: int) -> int | None:
         return self.controller.run_to(n, self.breakpoints_panel.breakpoints())
@@ -375,19 +471,54 @@ class MainWindow(QMainWindow):
     def select_query(self, pos: int | None) -> None:
         self.controller.select_query(pos)
 
+    def open_trace_asking(self, path: str) -> int | None:
+        """Open a trace the user picked; a live session with steps in it is replaced only if they say so."""
+        if self.controller.live and self.controller.n_steps > 0:
+            answer = QMessageBox.question(
+                self, "Replace the session?",
+                f"Opening {Path(path).name} replaces the session shown ({self.controller.n_steps} steps).\n"
+                "Save it first with File > Save trace if you want to keep it.\n\nOpen the trace?",
+                QMessageBox.StandardButton.Open | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Cancel,
+            )  # fmt: skip
+            if answer != QMessageBox.StandardButton.Open:
+                self.statusBar().showMessage("Kept the session; the trace was not opened", 8000)
+                return None
+        return self.open_trace(path)
+
     def open_trace(self, path: str) -> int | None:
         _settings.remember(RECENT_TRACES, str(path))
-        return self.controller.open_trace(str(path))
+        serial = self.controller.open_trace(str(path))
+        self._confirm_when_done(serial, f"Opened trace {path} (read-only)")
+        return serial
 
     def save_trace(self, path: str) -> int | None:
         path = str(path)
         if not path.endswith(".safetensors"):
             path += ".safetensors"
         _settings.remember(RECENT_TRACES, path)
-        return self.controller.save_trace(path)
+        serial = self.controller.save_trace(path)
+        self._confirm_when_done(serial, f"Saved trace to {path}")
+        return serial
+
+    def _confirm_when_done(self, serial: int | None, text: str) -> None:
+        if serial is not None:
+            self._confirm[serial] = (text, len(self.errors))
+
+    def _session_shown(self, prompt: str, seed: int) -> None:
+        # the controls show what runs, so that a later difference means the user edited them
+        sp = self.session_panel
+        if sp.prompt.toPlainText() != prompt:
+            sp.prompt.setPlainText(prompt)
+        if sp.seed.value() != seed:
+            sp.seed.setValue(seed)
 
     # ================================================================== showing what the controller says
     def _apply(self, snap: Snapshot) -> None:
+        if snap.source_id != self._source_id:
+            # another prompt, model or trace: a probe or math check of the old one would mislead
+            self._source_id = snap.source_id
+            for panel in (self.probe_panel, self.mathcheck_panel):
+                panel.clear()
         if snap.read_only != self._read_only_shown:
             self._read_only_shown = snap.read_only
             self.session_panel.set_read_only(snap.read_only)
@@ -442,6 +573,9 @@ class MainWindow(QMainWindow):
         self.statusBar().showMessage(f"Loaded {info['describe']}", 8000)
 
     def _command_done(self, serial: int) -> None:
+        confirm = self._confirm.pop(serial, None)
+        if confirm is not None and len(self.errors) == confirm[1]:  # no error came with it
+            self.statusBar().showMessage(confirm[0], 15000)
         if not self.running:
             self.st_progress.hide()
             self.st_busy.setText("")
@@ -511,7 +645,8 @@ class MainWindow(QMainWindow):
         if isinstance(geo, QByteArray) and not geo.isEmpty():
             self.restoreGeometry(geo)
         if isinstance(state, QByteArray) and not state.isEmpty():
-            self.restoreState(state, STATE_VERSION)
+            if self.restoreState(state, STATE_VERSION):
+                self._auto_fit = False
 
     def save_layout(self) -> None:
         st = _settings.settings()
@@ -524,9 +659,12 @@ class MainWindow(QMainWindow):
             d.setFloating(False)
             d.show()
         self.restoreState(self._default_state, STATE_VERSION)
+        self._auto_fit = True
+        self.fit_docks()
 
     def showEvent(self, ev) -> None:
         super().showEvent(ev)
+        QTimer.singleShot(0, self._hide_stale_tab_bars)
         if not self._focus_set:  # else Qt gives the focus to the first text field, the Model box
             self._focus_set = True
             self.score_matrix.setFocus(Qt.FocusReason.OtherFocusReason)

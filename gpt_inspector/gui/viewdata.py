@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import itertools
 import time
 from dataclasses import dataclass, field, replace
 
@@ -21,11 +22,16 @@ import torch
 
 from ..core import attention as eq
 from ..core.attention import KINDS, STAGE_TITLES
+from ..core.stages import STAGE_LABELS
 from ..core.capture import MaskEdit
 from ..core.source import RunSource
 from ..core.step import Step
 
 KIND_TITLES = STAGE_TITLES
+KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
+
+
+_SOURCE_IDS = itertools.count(1)
 
 
 @dataclass(frozen=True)
@@ -95,6 +101,7 @@ class Snapshot:
     thumb_bin_size: int = 1  # positions per bin
     t_model_done: float = 0.0  # perf_counter() when the model work behind this snapshot ended
     t_built: float = 0.0
+    source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
 
     @property
     def empty(self) -> bool:
@@ -240,6 +247,7 @@ class ViewModel:
         self.selection = Selection()
         self.version = 0
         self.serial = 0
+        self.source_id = next(_SOURCE_IDS)
         self._dirty_from = 0  # thumbnail rows >= this are stale
         self._mat: tuple | None = None  # (layer, head, kind), T, display matrix, allowed: the last one built
         self._mat_dirty = 0  # its rows (and keys) >= this are stale
@@ -349,6 +357,7 @@ class ViewModel:
         self.serial += 1
         return Snapshot(
             serial=self.serial,
+            source_id=self.source_id,
             state_version=self.version,
             read_only=self.read_only,
             source_name=o.source_name,

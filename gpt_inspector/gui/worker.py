@@ -51,6 +51,8 @@ class Worker(QObject):
     stopped = Signal(str)  # why a run ended
     done = Signal(int)  # serial of a finished command
     called = Signal(int, object, object)  # serial, result, exception (run_in_worker)
+    notice = Signal(str)  # one line for the status bar: something the user did not ask for in so many words
+    session_shown = Signal(str, int)  # prompt, seed of the live session now shown
     _command = Signal(int, object)
 
     def __init__(self):
@@ -192,7 +194,22 @@ class Worker(QObject):
             dev, dt = str(lm.device), str(lm.dtype).removeprefix("torch.")
         self.obj = obj
         self.vm = ViewModel(obj, dev, dt)
+        from ..core.session import Session
+
+        if isinstance(obj, Session):
+            self.session_shown.emit(obj.prompt, int(obj.seed))
         self._publish()
+
+    def _session_for(self, wanted: SessionSpec | None):
+        """The session to step: a new one when the controls' prompt or seed changed since it began."""
+        s = self._session()
+        if wanted is None or not restart_starts_new_session(s, wanted):
+            return s
+        what = "prompt" if wanted.prompt != s.prompt else "seed"
+        self._do_new_session(0, C.NewSession(wanted))
+        text = wanted.prompt if len(wanted.prompt) <= 40 else wanted.prompt[:39] + "…"
+        self.notice.emit(f"The {what} changed: started a new session from “{text}” (seed {wanted.seed})")
+        return self.obj
 
     def _describe(self) -> dict:
         lm = self.lm
@@ -229,12 +246,28 @@ class Worker(QObject):
         recipe = cmd.recipe
         load = recipe.get("load") or {}
         spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False)
-        self.busy.emit(f"Restoring the last session on {spec.model}…")
+        name = spec.model or "the demo model"
+        self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
             self.lm = load_model(spec.model, device=spec.device, dtype=spec.dtype)
             self.model_spec = spec
             self.loaded.emit(self._describe())
-        sess = Session.replay(self.lm, recipe)
+        name = self.lm.name or name
+        total = sum(1 for op in recipe.get("ops") or [] if isinstance(op, dict) and op.get("op") == "step")
+        worker, done = self, [0]
+
+        class _Replaying(Session):
+            """Counts the replayed steps, so a long restore shows how far it got."""
+
+            def step(self, *a, **kw):
+                out = super().step(*a, **kw)
+                done[0] += 1
+                worker.busy.emit(f"Restoring {name}: step {done[0]}/{total}")
+                worker.progress.emit(done[0], total)
+                return out
+
+        sess = _Replaying.replay(self.lm, recipe)
+        sess.__class__ = Session  # the counting is over; the session is an ordinary one again
         d = sess.decoding
         self.spec = SessionSpec(sess.prompt, d.temperature, d.top_k, d.top_p, sess.seed)
         self._show(sess)
@@ -266,7 +299,7 @@ class Worker(QObject):
 
     @handles(C.Step)
     def _do_step(self, serial, cmd: C.Step) -> None:
-        s = self._session()
+        s = self._session_for(cmd.session)
         self.busy.emit("Stepping…")
         s.step()
         self._publish()
@@ -278,7 +311,7 @@ class Worker(QObject):
 
     @handles(C.Run)
     def _do_run(self, serial, cmd: C.Run) -> None:
-        s = self._session()
+        s = self._session_for(cmd.session)
         run = run_until(s, max_steps=cmd.max_steps, target=cmd.target, breakpoints=cmd.breakpoints,
                         cancelled=lambda: self._cancelled(serial))  # fmt: skip
         last = [time.perf_counter(), 0]

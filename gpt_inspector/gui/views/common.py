@@ -23,6 +23,14 @@ CHOSEN_BRUSH = pg.mkBrush("#ffb84f")
 BAR_BRUSH = pg.mkBrush("#4f8fdf")
 TEXT = "#c8ccd4"
 DIM = "#8a8f99"
+# Fusion draws a checked tool button almost like an unchecked one on a dark palette, so a
+# stage or "Edit mask" that is on could not be told from one that is off.
+TOGGLE_STYLE = (
+    "QToolButton { padding: 2px 6px; border: 1px solid #3a3f4b; border-radius: 3px; background: #2d313a; }"
+    "QToolButton:hover { border-color: #5a6070; }"
+    "QToolButton:checked { background: #3d6fb3; color: #ffffff; border-color: #8cc0ff; font-weight: bold; }"
+    "QToolButton:disabled { color: #6b707a; }"
+)
 
 
 def elide(label: str, n: int = 8) -> str:
@@ -135,6 +143,12 @@ def placeholder_text(item: pg.TextItem | None, plot, text: str):
         plot.addItem(item, ignoreBounds=True)
     item.setText(text)
     return item
+
+
+def show_axes(plot, names, on: bool) -> None:
+    """Show or hide these axes: an empty plot shows none, rather than ticks for data it does not have."""
+    for name in names:
+        plot.showAxis(name, on)
 
 
 def as_image(a: np.ndarray) -> np.ndarray:

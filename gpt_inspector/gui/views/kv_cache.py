@@ -11,7 +11,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
 from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from .common import BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, info_label, placeholder_text
+from .common import show_axes, BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, info_label, placeholder_text
 
 
 def human_bytes(n: float) -> str:
@@ -43,8 +43,8 @@ class KVCacheView(QWidget):
         self.glw = pg.GraphicsLayoutWidget()
         lay.addWidget(self.glw, 1)
         self.axis = TokenAxis("left", chars=8)
-        self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title="K cache", axisItems={"left": self.axis})
-        self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title="V cache")
+        self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title=None, axisItems={"left": self.axis})
+        self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title=None)
         self.kimg = pg.ImageItem(axisOrder="row-major")
         self.vimg = pg.ImageItem(axisOrder="row-major")
         self.newest = []
@@ -68,13 +68,13 @@ class KVCacheView(QWidget):
         self.vplot.setYLink(self.kplot)
         self.vplot.hideAxis("left")
         self.laxis = IndexAxis("bottom", "L")
-        self.bplot = self.glw.addPlot(row=0, col=2, title="bytes per layer", axisItems={"bottom": self.laxis})
+        self.bplot = self.glw.addPlot(row=0, col=2, title=None, axisItems={"bottom": self.laxis})
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brushes=[])
         self.bplot.addItem(self.bars)
         self.bplot.setMouseEnabled(False, False)
         self.bplot.setMenuEnabled(False)
         self.bplot.hideButtons()
-        self.hplot = self.glw.addPlot(row=1, col=2, title="cache size per step")
+        self.hplot = self.glw.addPlot(row=1, col=2, title=None)
         self.hplot.setLabel("bottom", "step")
         self.hcurve = self.hplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=2), symbol="o", symbolSize=4,
                                       symbolBrush="#4fa3ff", symbolPen=None)  # fmt: skip
@@ -84,13 +84,31 @@ class KVCacheView(QWidget):
             p.getAxis("left").setWidth(58)
             p.getAxis("left").enableAutoSIPrefix(True)
             p.getAxis("left").setLabel(units="B")
+        # small titles: pyqtgraph's default size takes a third of a short panel's height, and clips
+        for p, text in ((self.kplot, "K cache"), (self.vplot, "V cache"), (self.bplot, "bytes per layer"),
+                        (self.hplot, "size per step")):  # fmt: skip
+            p.setTitle(text, size="8pt")
         self.glw.ci.layout.setColumnStretchFactor(0, 3)
         self.glw.ci.layout.setColumnStretchFactor(1, 3)
         self.glw.ci.layout.setColumnStretchFactor(2, 2)
-        self._hint = placeholder_text(None, self.kplot, "empty cache")
+        self._hint = placeholder_text(None, self.kplot, "empty")
+        self._hint.setPos(0.5, 0.5)
         self._last = None
         self.shape = (0, 0)
         self.bplot.scene().sigMouseClicked.connect(self._clicked)
+        self._set_empty(True)
+        self.title.setText("KV cache: empty (no model yet)")
+
+    def _set_empty(self, empty: bool) -> None:
+        # no bytes to scale: pyqtgraph would label an empty axis "(mB)" and run it from −400 to 400
+        show_axes(self.kplot, ("left",), not empty)
+        for p in (self.bplot, self.hplot):
+            show_axes(p, ("left", "bottom"), not empty)
+        for r in self.newest:
+            r.setVisible(not empty)
+        self._hint.setVisible(empty)
+        if empty:
+            self.kplot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
 
     def _clicked(self, ev) -> None:
         if not self.bplot.sceneBoundingRect().contains(ev.scenePos()):
@@ -113,10 +131,13 @@ class KVCacheView(QWidget):
         if snap.kv_k is None:
             self.kimg.clear()
             self.vimg.clear()
-            self._hint.setVisible(True)
+            self._last = None
+            self.shape = (0, 0)
+            self._set_empty(True)
+            self.axis.set_labels([])
             self.title.setText("KV cache: empty (no step yet)")
             return
-        self._hint.setVisible(False)
+        self._set_empty(False)
         t, w = snap.kv_k.shape
         if self._last is not snap.kv_k:
             for img, a in ((self.kimg, snap.kv_k), (self.vimg, snap.kv_v)):

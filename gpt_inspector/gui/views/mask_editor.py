@@ -88,11 +88,14 @@ class MaskEditor(QWidget):
         editable = not snap.read_only
         self.remove.setEnabled(editable)
         self.clear.setEnabled(editable and bool(snap.mask_edits))
-        if list(snap.mask_edits) != self.edits:
+        texts = [describe_edit(e, snap.labels) for e in snap.mask_edits]
+        # compared by text too: a new prompt keeps the edits but renames the tokens they name
+        if list(snap.mask_edits) != self.edits or texts != [self.list.item(i).text() for i in range(self.list.count())]:
             self.edits = list(snap.mask_edits)
             self.list.clear()
-            for e in self.edits:
-                QListWidgetItem(describe_edit(e, snap.labels), self.list)
+            for t in texts:
+                QListWidgetItem(t, self.list)
+            self.report = False  # the summary names the count: write it again
         r = snap.mask_report
         if r is self.report:
             return

@@ -13,9 +13,10 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
 
-from .common import BAR_BRUSH, CHOSEN_BRUSH, elide, info_label
+from .common import BAR_BRUSH, CHOSEN_BRUSH, elide, info_label, show_axes
 
 
 class _LabelAxis(pg.AxisItem):
@@ -69,6 +70,7 @@ class NextTokenView(QWidget):
         self.probs: list[float] = []
         self.chosen = -1
         self.plot.scene().sigMouseClicked.connect(self._clicked)
+        show_axes(self.plot, ("left", "bottom"), False)  # no bars yet: no scale either
 
     def _clicked(self, ev) -> None:
         if not ev.double() or not self.top_ids:
@@ -98,7 +100,9 @@ class NextTokenView(QWidget):
                 ti.setVisible(False)
             self.top_ids, self.probs, self.chosen = [], [], -1
             self.summary.setText("no step yet")
+            show_axes(self.plot, ("left", "bottom"), False)
             return
+        show_axes(self.plot, ("left", "bottom"), True)
         top = list(st.top)
         self.top_ids = [e.token_id for e in top]
         self.probs = [e.prob for e in top]
@@ -107,6 +111,10 @@ class NextTokenView(QWidget):
         self.bars.setOpts(x0=np.zeros(n), y=np.arange(n), height=0.75, width=np.array(self.probs),
                           brushes=[CHOSEN_BRUSH if e.token_id == st.token_id else BAR_BRUSH for e in top])  # fmt: skip
         self.axis.labels = [e.label for e in top]
+        # wide enough for the longest label: pyqtgraph drops a tick label that does not fit
+        fm = QFontMetrics(self.axis.style.get("tickFont") or self.font())
+        need = max((fm.horizontalAdvance(elide(s, 12)) for s in self.axis.labels), default=0) + 14
+        self.axis.setWidth(max(60, min(need, 160)))
         self.axis.picture = None
         self.axis.update()
         while len(self.texts) < n:
@@ -125,7 +133,8 @@ class NextTokenView(QWidget):
         end = f" · <b>{st.finish_reason}</b>" if st.finish_reason else ""
         perplexity = math.exp(st.entropy) if st.entropy < 50 else float("inf")
         self.summary.setText(
-            f"step {st.index} (position {st.position}) chose <b>“{html.escape(st.label)}”</b> p = <b>{st.prob:.4f}</b>"
+            # counted from 1, as the status bar counts steps done
+            f"step {st.index + 1} (position {st.position}) chose <b>“{html.escape(st.label)}”</b> p = <b>{st.prob:.4f}</b>"
             f"{'' if in_top else ' (outside the top 10)'}{forced}{end}<br>"
             f"entropy <b>{st.entropy:.3f}</b> nats (perplexity {perplexity:.1f})"
         )

@@ -11,7 +11,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QToolButton, QVBoxLayout, QWidget
 
-from .common import CMAP, IndexAxis, info_label, placeholder_text
+from .common import show_axes, CMAP, IndexAxis, info_label, placeholder_text
 
 
 class OverviewGrid(QWidget):
@@ -53,6 +53,15 @@ class OverviewGrid(QWidget):
         self.sel.setZValue(10)
         self.plot.addItem(self.sel)
         self._hint = placeholder_text(None, self.plot, "no steps yet")
+        self.sel.setVisible(False)  # no head to outline before a model is shown
+        self._set_empty(True)
+
+    def _set_empty(self, empty: bool) -> None:
+        show_axes(self.plot, ("left", "top"), not empty)
+        self._hint.setVisible(empty)
+        if empty:
+            self._hint.setPos(0.5, 0.5)
+            self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.L = self.H = 0
         self.layer = self.head = 0
         self.last_image: np.ndarray | None = None
@@ -102,14 +111,17 @@ class OverviewGrid(QWidget):
         self._shape(snap.n_layers, snap.n_heads)
         self.layer, self.head = snap.selection.layer, snap.selection.head
         self.sel.setRect(QRectF(self.head, self.layer, 1, 1))
+        self.sel.setVisible(snap.thumbs is not None)
         if snap.thumbs is None:
             self.image.clear()
             self.last_image = None
             self._hint.setVisible(True)
             self._hint.setPos(self.H / 2, self.L / 2)
+            show_axes(self.plot, ("left", "top"), True)
             self.title.setText("Overview: every layer × head")
             return
         self._hint.setVisible(False)
+        show_axes(self.plot, ("left", "top"), True)
         if self.last_image is not snap.thumbs:
             self.image.setImage(snap.thumbs, autoLevels=False, levels=(0.0, 1.0))
             self.image.setRect(QRectF(0, 0, self.H, self.L))

@@ -15,7 +15,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt
 from PySide6.QtWidgets import QGraphicsRectItem, QLabel, QVBoxLayout, QWidget
 
-from .common import DIVERGING, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, placeholder_text
+from .common import show_axes, DIVERGING, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, placeholder_text
 
 _POS = pg.mkBrush("#4f8fdf")
 _NEG = pg.mkBrush("#df6f4f")
@@ -101,6 +101,21 @@ class QKVView(QWidget):
         self.snap = None
         self.key = -1
         self._last = None
+        self._set_empty(True)
+
+    def _set_empty(self, empty: bool) -> None:
+        # an empty plot would show pyqtgraph's default axes: "(x0.001)" and −0.4…0.4 for no data
+        for plot, names in ((self.qplot, ("left", "bottom")), (self.kplot, ("left", "bottom")),
+                            (self.vplot, ("bottom",)), (self.bplot, ("left", "bottom"))):  # fmt: skip
+            show_axes(plot, names, not empty)
+        for r in (r for pair in self.rows for r in pair):
+            r.setVisible(not empty)
+        self.kplot.setTitle("" if empty else "K", size="9pt")
+        self.vplot.setTitle("" if empty else "V", size="9pt")
+        self._hint.setVisible(empty)
+        if empty:
+            self._hint.setPos(0.5, 0.5)
+            self.kplot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
 
     def set_snapshot(self, snap) -> None:
         self.snap = snap
@@ -108,12 +123,14 @@ class QKVView(QWidget):
             for img in (self.qimg, self.kimg, self.vimg):
                 img.clear()
             self.bars.setOpts(x=[], height=[], brushes=[])
-            self._hint.setVisible(True)
+            self._set_empty(True)
+            self._last = None
+            self.kaxis.set_labels([])  # the old prompt's tokens must not label a new, empty cache
             self.title.setText("")
             self.readout.setText(" ")
             self.key = -1
             return
-        self._hint.setVisible(False)
+        self._set_empty(False)
         t, d = snap.k.shape
         if self._last is not snap.k:
             self.qimg.setImage(snap.q[None, :], autoLevels=False, levels=_sym(snap.q))

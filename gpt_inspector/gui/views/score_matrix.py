@@ -26,8 +26,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ..viewdata import KIND_TITLES, KINDS
-from .common import CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
+from ..viewdata import KIND_LABELS, KINDS
+from .common import TOGGLE_STYLE, FlowLayout, show_axes, CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
 
 SCOPES = (("head", "this head"), ("layer", "this layer"), ("all", "all layers"))
 
@@ -73,15 +73,18 @@ class ScoreMatrix(QWidget):
         self.edit_mode = False
         self._drag_cells: list[tuple[int, int]] = []
         self._last_matrix = None
+        self._hovered: tuple[int, int] | None = None  # the cell under the pointer, read out below the plot
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)
         lay.setSpacing(2)
-        bar = QHBoxLayout()
-        bar.setSpacing(4)
+        bar_w = QWidget()
+        bar_w.setStyleSheet(TOGGLE_STYLE)
+        bar = FlowLayout(bar_w, spacing=4)  # wraps in a narrow dock instead of widening it
+        bar.setContentsMargins(0, 0, 0, 0)
         self.kind_group = QButtonGroup(self)
         self.kind_buttons: dict[str, QToolButton] = {}
         for kind in KINDS:
-            b = QToolButton(text=KIND_TITLES[kind])
+            b = QToolButton(text=KIND_LABELS[kind])
             b.setCheckable(True)
             b.setToolTip({
                 "raw": "q·k for every query/key pair, before scaling",
@@ -94,7 +97,6 @@ class ScoreMatrix(QWidget):
             bar.addWidget(b)
             b.clicked.connect(lambda _=False, k=kind: self.kind_changed.emit(k))
         self.kind_buttons["probs"].setChecked(True)
-        bar.addSpacing(10)
         self.edit_button = QToolButton(text="Edit mask")
         self.edit_button.setCheckable(True)
         self.edit_button.setToolTip("Click or drag cells to block / unblock attention (cells above the diagonal are ignored)")
@@ -105,12 +107,11 @@ class ScoreMatrix(QWidget):
             self.scope.addItem(text, key)
         self.scope.setToolTip("Which heads a mask edit applies to")
         bar.addWidget(self.scope)
-        bar.addStretch(1)
         exp = QToolButton(text="Export…")
         exp.setToolTip("Export this matrix (PNG, SVG, CSV, …)")
         exp.clicked.connect(self.export_requested)
         bar.addWidget(exp)
-        lay.addLayout(bar)
+        lay.addWidget(bar_w)
         self.title = info_label("")
 
         lay.addWidget(self.title)
@@ -163,6 +164,24 @@ class ScoreMatrix(QWidget):
         foot.addWidget(nw)
         foot.addWidget(self.readout, 1)
         lay.addLayout(foot)
+        self._show_empty()
+
+    def _show_empty(self) -> None:
+        """Before the first step: the hint alone, no cell outlines or axes over it."""
+        self.T = 0
+        self.image.clear()
+        self._last_matrix = None
+        self.edits.setData([], [])
+        for item in (self.newest, self.selrow, self.backdrop):
+            item.setVisible(False)
+        show_axes(self.plot, ("left", "bottom"), False)
+        self.cbar.setVisible(False)
+        self._hint.setVisible(True)
+        self._hint.setPos(0.5, 0.5)
+        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+        self.title.setText("")
+        self.left.set_labels([])
+        self.bottom.set_labels([])
 
     # ------------------------------------------------------------------ state in
     def set_snapshot(self, snap) -> None:
@@ -176,20 +195,11 @@ class ScoreMatrix(QWidget):
         if not editable and self.edit_mode:
             self.edit_button.setChecked(False)
         if snap.matrix is None:
-            self.T = 0
-            self.image.clear()
-            self._last_matrix = None
-            self.edits.setData([], [])
-            for item in (self.newest, self.selrow, self.backdrop):
-                item.setVisible(False)
-            self._hint.setVisible(True)
-            self._hint.setPos(0.5, 0.5)
-            self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
-            self.title.setText("")
-            self.left.set_labels([])
-            self.bottom.set_labels([])
+            self._show_empty()
             return
         self._hint.setVisible(False)
+        show_axes(self.plot, ("left", "bottom"), True)
+        self.cbar.setVisible(True)
         t = snap.T
         follow = self.T == 0 or self._showing_all()
         if snap.matrix is not self._last_matrix:
@@ -212,9 +222,11 @@ class ScoreMatrix(QWidget):
         cells = [(e.key + 0.5, e.query + 0.5) for e in snap.edits_for(snap.selection.layer, snap.selection.head)
                  if e.query < t and e.key < t]  # fmt: skip
         self.edits.setData([c[0] for c in cells], [c[1] for c in cells])
+        if self._hovered is not None:  # the pointer did not move, but the number under it did (a mask edit)
+            self._readout(self._hovered)
         sel = snap.selection
         self.title.setText(
-            f"layer {sel.layer} · head {sel.head} · {KIND_TITLES[sel.kind]} · T = {t} · "
+            f"layer {sel.layer} · head {sel.head} · {KIND_LABELS[sel.kind]} · T = {t} · "
             f"query {snap.query} “{snap.labels[snap.query]}” · scaling {snap.scaling:.4g}"
         )
 
@@ -236,9 +248,12 @@ class ScoreMatrix(QWidget):
         return None
 
     def _hover(self, pos) -> None:
-        cell = self._cell(pos)
+        self._readout(self._cell(pos))
+
+    def _readout(self, cell) -> None:
+        self._hovered = cell
         s = self.snap
-        if cell is None or s is None or s.matrix is None:
+        if cell is None or s is None or s.matrix is None or max(cell) >= s.T:
             self.readout.setText(" ")
             self.key_hovered.emit(-1, -1)
             return

@@ -107,7 +107,8 @@ class SoftmaxRows(QWidget):
             p.setXRange(0, t, padding=0)
             top = int(np.argmax(rows[h]))
             lab = self.labels[h]
-            lab.setText(f"H{h}  Σ = {self.sums[h]:.3f}\nmax {rows[h, top]:.2f} @ {labels[top]}")
+            # short lines: a small plot clips a long one ("H0 Σ = 1.")
+            lab.setText(f"H{h} Σ={self.sums[h]:.3f}\nmax {rows[h, top]:.2f} {labels[top]}")
             lab.setColor("#ffb84f" if h == head else TEXT)
             lab.setPos(0, 1.0)
         self.title.setText(

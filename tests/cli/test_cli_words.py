@@ -1,0 +1,47 @@
+"""Every option explains itself, stages have one vocabulary, and transformers stays quiet."""
+
+from __future__ import annotations
+
+import argparse
+
+from gpt_inspector.cli import build_parser, quiet_transformers
+from gpt_inspector.core.stages import STAGE_LABELS, STAGE_TITLES, STAGES
+
+
+def _actions(parser, name="gpt-inspector"):
+    for a in parser._actions:
+        if isinstance(a, argparse._SubParsersAction):
+            for sub_name, sub in a.choices.items():
+                yield from _actions(sub, sub_name)
+        else:
+            yield name, a
+
+
+def test_every_option_has_help_text():
+    missing = [(cmd, a.option_strings or a.dest) for cmd, a in _actions(build_parser())
+               if a.dest != "help" and not (a.help or "").strip()]  # fmt: skip
+    assert missing == []
+
+
+def test_export_kind_names_the_stages_as_the_window_does():
+    parser = build_parser()
+    kind = next(a for cmd, a in _actions(parser) if cmd == "export" and a.dest == "kind")
+    assert set(kind.choices) == set(STAGES)
+    for k in STAGES:
+        assert f"{k} = {STAGE_TITLES[k]}" in kind.help
+    assert STAGE_LABELS == {"raw": "raw QKᵀ", "scores": "scores (scaled)", "masked_scores": "masked_scores (masked)",
+                            "probs": "probs (softmax)"}  # fmt: skip
+
+
+def test_quiet_transformers_silences_warnings_and_progress_bars():
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_warning()
+    hf_logging.enable_progress_bar()
+    try:
+        quiet_transformers()
+        assert hf_logging.get_verbosity() == hf_logging.ERROR
+        assert not hf_logging.is_progress_bar_enabled()
+    finally:
+        hf_logging.set_verbosity_warning()
+        hf_logging.enable_progress_bar()
