@@ -5,6 +5,8 @@ One copy of each rule, so a prompt or a count that one path accepts is accepted 
 
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from .errors import InspectorError
@@ -56,3 +58,11 @@ def prompt_ids(lm, prompt, ids) -> list[int]:
             raise InspectorError("empty prompt and this tokenizer has no BOS token to start from; type a prompt")
         out = [lm.bos_token_id]
     return out
+
+
+def memory_bytes() -> int | None:
+    """The machine's physical memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None
