@@ -94,11 +94,58 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "finished": source.finished or "",
         "derived": "1" if derived else "0",
     }  # fmt: skip
-    try:
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=meta)
-    except OSError as e:
-        raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
+    _write_atomically(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+                                                  tmp, metadata=meta))  # fmt: skip
     return path
+
+
+def check_destination(path: Path) -> None:
+    """Refuse a destination that cannot take a file, before any work is done for it."""
+    if path.is_symlink():
+        raise InspectorError(f"cannot write {path}: it is a symbolic link; name a plain file")
+    if path.is_dir():
+        raise InspectorError(f"cannot write {path}: it is a folder; name a file ending in .safetensors")
+    if not path.absolute().parent.is_dir():
+        raise InspectorError(f"cannot write {path}: the folder {path.absolute().parent} does not exist")
+
+
+def _write_atomically(path: Path, write) -> None:
+    """``write(tmp_name)`` into a temp file beside ``path``, then swap it in.
+
+    A failed or interrupted write (disk full, read-only folder, Ctrl+C) leaves no half file and
+    whatever ``path`` held before; the run that produced it is untouched.
+    """
+    import tempfile
+
+    check_destination(path)
+    folder = path.absolute().parent
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise InspectorError(f"cannot write {path}: {e.strerror or e} (creating a file in {folder})") from None
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temp file, not the trace
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
+        if isinstance(e, Exception):  # safetensors reports some I/O failures as its own error type
+            raise InspectorError(f"cannot write {path}: {type(e).__name__}: {e}") from None
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class Trace(RunSource):
