@@ -30,7 +30,8 @@ def run(args) -> int:
     from ..core.errors import InspectorError
     from ..core.trace import check_destination
 
-    validate.count(args.steps)
+    validate.count(args.steps, "--steps")
+    common.check_run_args(args)
     out = Path(args.out)
     if out.suffix != ".safetensors":
         raise InspectorError(f"--out must end in .safetensors, got {args.out}")

@@ -134,10 +134,11 @@ class Session(ModelShape, RunSource):
         prompt_ids: list[int] | None = None,
     ):
         self.lm = model
+        decoding.validate(temperature, top_k, top_p)
         self.decoding = decoding.Decoding(float(temperature), top_k, top_p)
         self.seed = validate.seed(seed)
-        self.prompt = prompt if prompt_ids is None else model.tokenizer.decode(prompt_ids)
-        ids = validate.prompt_ids(model, prompt, prompt_ids)
+        ids = validate.prompt_ids(model, prompt, prompt_ids)  # before decode: a bad id must not reach the tokenizer
+        self.prompt = prompt if prompt_ids is None else model.tokenizer.decode(ids)
         if len(ids) >= model.context_length:
             raise InspectorError(
                 f"prompt is {len(ids)} tokens; the model's context is {model.context_length}, "
@@ -310,11 +311,11 @@ class Session(ModelShape, RunSource):
         the same generator state the original choice used).
         """
         d = self.decoding
-        new = decoding.Decoding(
-            d.temperature if temperature is self._UNSET else float(temperature),
-            d.top_k if top_k is self._UNSET else top_k,
-            d.top_p if top_p is self._UNSET else top_p,
-        )
+        t = d.temperature if temperature is self._UNSET else temperature
+        k = d.top_k if top_k is self._UNSET else top_k
+        p = d.top_p if top_p is self._UNSET else top_p
+        decoding.validate(t, k, p)
+        new = decoding.Decoding(float(t), k, p)
         self.decoding = new
         self._ops.append({"op": "decoding", **new.to_json(), "redecide": bool(redecide)})
         s = self.current
@@ -343,6 +344,11 @@ class Session(ModelShape, RunSource):
     def _validate_edit(self, e: MaskEdit) -> None:
         if not isinstance(e, MaskEdit):
             raise InspectorError(f"mask edits must be MaskEdit values, got {e!r}")
+        for what, v in (("query", e.query), ("key", e.key)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise InspectorError(f"mask edit {what} position must be an integer, got {v!r}")
+        if not isinstance(e.blocked, (bool, np.bool_)):
+            raise InspectorError(f"mask edit 'blocked' must be True or False, got {e.blocked!r}")
         if e.layer is not None:
             self.check_layer(e.layer)
         if e.head is not None:

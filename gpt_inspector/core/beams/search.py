@@ -129,17 +129,12 @@ class BeamSearch:
             raise InspectorError(
                 f"num_return_sequences ({self.num_return_sequences}) cannot exceed num_beams ({self.num_beams})"
             )
-        try:
-            lp = float(length_penalty)
-        except (TypeError, ValueError):
-            raise InspectorError(f"length_penalty must be a number, got {length_penalty!r}") from None
-        if not math.isfinite(lp):
-            raise InspectorError(f"length_penalty must be finite, got {length_penalty!r}")
-        self.length_penalty = lp
+        self.length_penalty = validate.length_penalty(length_penalty, lm.context_length)
         self.early_stopping = validate.early_stopping(early_stopping)
         self.prompt_ids = validate.prompt_ids(lm, prompt, prompt_ids)
         self.prompt = prompt if prompt_ids is None else lm.tokenizer.decode(self.prompt_ids)
         self.max_length = resolve_max_length(len(self.prompt_ids), lm.context_length, max_length, max_new_tokens)
+        validate.beams(lm, self.num_beams, self.max_length)
 
         gc = getattr(lm.model, "generation_config", None)
         if eos_token_id is _DEFAULT:
