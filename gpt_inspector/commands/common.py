@@ -26,10 +26,15 @@ def add_decoding_args(p: argparse.ArgumentParser) -> None:
 
 
 def load(args):
+    import sys
+
     from ..core import load_model
 
-    return load_model(args.model, device=args.device, dtype=args.dtype,
-                      allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code)
+    lm = load_model(args.model, device=args.device, dtype=args.dtype,
+                    allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code)
+    for w in lm.warnings:
+        print(f"gpt-inspector: warning: {w}", file=sys.stderr)
+    return lm
 
 
 def session(args, lm=None):

@@ -31,7 +31,6 @@ would apply so front ends can say so.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator
 
