@@ -48,9 +48,22 @@ class MaskEditReport:
 
 
 def _crop_cache(cache: DynamicCache, length: int) -> None:
-    # per layer: after a fault mid-forward, layers may hold different lengths
+    # per layer: after a fault mid-forward, layers may hold different lengths; and a Ctrl+C between
+    # a layer's two concatenations leaves its keys one longer than its values, so each is cut to
+    # the absolute length (the layer's relative crop would cut both by the keys' excess)
     for layer in cache.layers:
-        n = layer.get_seq_length() if getattr(layer, "is_initialized", True) else 0
+        if not getattr(layer, "is_initialized", True):
+            continue
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
+            if keys.dim() < 2 or values.dim() < 2:  # fresh from lazy initialisation: empty 1-D placeholders
+                continue
+            if keys.shape[-2] > length:
+                layer.keys = keys[..., :length, :]
+            if values.shape[-2] > length:
+                layer.values = values[..., :length, :]
+            continue
+        n = layer.get_seq_length()
         if n > length:
             layer.crop(-(n - length))
 

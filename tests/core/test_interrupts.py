@@ -22,9 +22,8 @@ def _interrupt_after(delay: float) -> threading.Thread:
         time.sleep(delay)
         signal.pthread_kill(main, signal.SIGINT)
 
-    t = threading.Thread(target=fire, daemon=True)
-    t.start()
-    return t
+    # started by the caller inside its try: a tiny delay can fire before start() returns
+    return threading.Thread(target=fire, daemon=True)
 
 
 def _close(a, b, exact):
@@ -73,6 +72,7 @@ def test_sigint_during_run_rolls_back_to_a_clean_step(tiny_lm):
         s = gi.Session(lm, "She eats an apple", **kw)
         t = _interrupt_after(rnd.uniform(0, per_step * 20))
         try:
+            t.start()
             s.run(30)
             t.join()
             time.sleep(0.01)  # a late signal lands here, outside the session
@@ -99,6 +99,7 @@ def test_sigint_during_mask_recompute_restores_the_previous_state(tiny_lm):
         before = (list(s.tokens), s.current.logits.clone(), s.attention(1, 0).copy())
         t = _interrupt_after(rnd.uniform(0, per_recompute * 0.2))
         try:
+            t.start()
             s.set_mask_edits([MaskEdit(5, 1, layer=0)])
             t.join()
             time.sleep(0.01)
@@ -130,3 +131,64 @@ def test_keyboard_interrupt_is_not_wrapped_in_step_failed(tiny_lm, monkeypatch):
         s.step()
     monkeypatch.undo()
     _assert_like_fresh(lm, s)
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs pthread_kill")
+def test_sigint_during_beam_search_then_finishing_gives_the_uninterrupted_result(tiny_lm):
+    from gpt_inspector.core.beams import BeamSearch
+
+    lm = tiny_lm("gpt2")
+    kw = dict(num_beams=3, num_return_sequences=2, max_new_tokens=12)
+    t0 = time.perf_counter()
+    ref = BeamSearch(lm, "She eats an apple", **kw)
+    ref.run()
+    whole = time.perf_counter() - t0
+    want = ref.result().sequences
+    rnd = random.Random(7)
+    interrupted = 0
+    for _ in range(10):
+        b = BeamSearch(lm, "She eats an apple", **kw)
+        t = _interrupt_after(rnd.uniform(0, whole))
+        try:
+            t.start()
+            b.run()
+            t.join()
+            time.sleep(0.01)
+        except KeyboardInterrupt:
+            interrupted += 1
+        t.join()
+        assert b.cache_length == (len(b.prompt_ids) + b.n_steps - 1 if b.n_steps else 0)
+        if not b.done:
+            b.run()
+        assert b.result().sequences == want
+    assert interrupted >= 3
+
+
+def test_rollback_repairs_a_layer_whose_keys_outgrew_its_values(tiny_lm):
+    """Ctrl+C between a cache layer's two concatenations leaves keys one longer than values."""
+    from gpt_inspector.core.session import _crop_cache
+
+    s = gi.Session(tiny_lm("gpt2"), "She eats an apple")
+    s.run(3)
+    n = s.cache_length
+    layer = s.cache.layers[1]
+    layer.keys = torch.cat([layer.keys, layer.keys[..., -1:, :]], dim=-2)  # keys n+1, values n
+    _crop_cache(s.cache, n)
+    assert layer.keys.shape[-2] == layer.values.shape[-2] == n
+    _assert_like_fresh(tiny_lm("gpt2"), s)
+
+
+def test_rollback_of_a_layer_interrupted_right_after_lazy_initialisation():
+    from transformers import DynamicCache
+    from transformers.cache_utils import DynamicLayer
+
+    from gpt_inspector.core.session import _crop_cache
+
+    cache = DynamicCache()
+    layer = DynamicLayer()
+    layer.lazy_initialization(torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 1, 8))  # 1-D empty placeholders
+    cache.layers.append(layer)
+    _crop_cache(cache, 0)  # must not index a placeholder's missing sequence dimension
+    assert layer.get_seq_length() == 0
+    k, v = layer.update(torch.ones(1, 4, 2, 8), torch.ones(1, 4, 2, 8))
+    assert k.shape == v.shape == (1, 4, 2, 8)

@@ -42,7 +42,7 @@ from .. import decoding, validate
 from ..capture import Recorder
 from ..errors import InspectorError, check_index
 from ..models import LoadedModel
-from ..session import forward_with_rollback
+from ..session import _crop_cache, forward_with_rollback, interrupts_deferred
 from ..step import Step, top_entries
 from ..tokens import token_label
 from . import tree as beam_tree
@@ -257,17 +257,29 @@ class BeamSearch:
             ids = self._running_sequences[0, :, :p]  # (B, P): the prompt in every row, as generate expands it
         else:
             ids = self._running_sequences[0, :, cur - 1 : cur]  # (B, 1)
-        logits = self._forward(ids)  # (B, V)
-        parent_scores = self._running_beam_scores[0].tolist()
-        log_probs = torch.nn.functional.log_softmax(logits, dim=-1)  # (B, V)
-        if self.greedy:
-            st = self._greedy_step(logits, log_probs)
-        else:
-            st = self._beam_step(log_probs)
-        st.time_s = time.perf_counter() - t0
-        st.logits = logits.detach().to("cpu")
-        st.parent_scores = parent_scores
-        self.steps_done.append(st)
+        start = self.cache.get_seq_length()
+        updating = False
+        try:
+            logits = self._forward(ids)  # (B, V)
+            # the update after the forward reorders the cache and the beams: quick, and never left half done
+            with interrupts_deferred():
+                updating = True
+                parent_scores = self._running_beam_scores[0].tolist()
+                log_probs = torch.nn.functional.log_softmax(logits, dim=-1)  # (B, V)
+                if self.greedy:
+                    st = self._greedy_step(logits, log_probs)
+                else:
+                    st = self._beam_step(log_probs)
+                st.time_s = time.perf_counter() - t0
+                st.logits = logits.detach().to("cpu")
+                st.parent_scores = parent_scores
+                self.steps_done.append(st)
+        except BaseException:
+            if not updating:  # Ctrl+C between the forward and the update: the cache grew alone
+                with interrupts_deferred():
+                    _crop_cache(self.cache, start)
+                    self.recorder.crop(start)
+            raise
         for cb in list(self._listeners):
             cb("beam_step", st)
         return st
