@@ -40,6 +40,8 @@ def load(args):
     if lm.unverified:
         print(f"gpt-inspector: warning: UNVERIFIED model, its numbers may not be the model's own: {lm.unverified}",
               file=sys.stderr)
+    for w in lm.warnings:
+        print(f"gpt-inspector: warning: {w}", file=sys.stderr)
     return lm
 
 
@@ -48,3 +50,13 @@ def session(args, lm=None):
 
     lm = lm or load(args)
     return Session(lm, args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+
+
+def check_run_args(args) -> None:
+    """Refuse a bad prompt, seed or decoding setting before the (slow) model load."""
+    from ..core import decoding, validate
+
+    validate.text(args.prompt, "--prompt")
+    validate.seed(args.seed, "--seed")
+    if getattr(args, "temperature", None) is not None:
+        decoding.validate(args.temperature, args.top_k, args.top_p)

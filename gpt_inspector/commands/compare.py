@@ -42,6 +42,8 @@ def _check(args) -> None:
     from ..core import validate
     from ..core.errors import InspectorError
 
+    common.check_run_args(args)
+    validate.length_penalty(args.length_penalty, 2)  # finite; the bound for the model's context follows the load
     if (args.max_length is None) == (args.max_new_tokens is None):
         raise InspectorError("give exactly one of --max-length or --max-new-tokens")
     validate.integer("--num-beams", args.num_beams, 1)

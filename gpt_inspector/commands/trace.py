@@ -17,6 +17,7 @@ def add_arguments(p):
     p.add_argument("--steps", type=int, required=True, help="steps to run (each feeds one token, chooses the next)")
     common.add_decoding_args(p)
     p.add_argument("--out", required=True, help="FILE.safetensors")
+    p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--derived", action="store_true",
                    help="also store the score and probability matrices (H x T x T per layer) for plain-numpy readers")
     p.add_argument("--json", action="store_true", help="print tokens, text and each step's top-5 as JSON")
@@ -27,16 +28,17 @@ def run(args) -> int:
 
     from ..core import validate
     from ..core.errors import InspectorError
+    from ..core.trace import check_destination
 
-    validate.count(args.steps)
+    validate.count(args.steps, "--steps")
+    common.check_run_args(args)
     out = Path(args.out)
     if out.suffix != ".safetensors":
         raise InspectorError(f"--out must end in .safetensors, got {args.out}")
     # check the destination before the model runs, so a typo costs nothing
-    if out.is_dir():
-        raise InspectorError(f"--out {args.out} is a folder; name a file ending in .safetensors")
-    if not out.resolve().parent.is_dir():
-        raise InspectorError(f"--out: the folder {out.resolve().parent} does not exist")
+    check_destination(out)
+    if out.exists() and not args.force:
+        raise InspectorError(f"--out {args.out} already exists; pass --force to overwrite it")
     s = common.session(args)
     steps = s.run(args.steps)
     path = s.save_trace(out, derived=args.derived)

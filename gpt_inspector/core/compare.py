@@ -149,6 +149,7 @@ def compare(
     token index where it differs from greedy, None if identical). ``progress(what, step)`` is
     called as work advances (``what``: greedy, beams, sample).
     """
+    seed = validate.seed(seed)
     search = BeamSearch(
         lm, prompt, num_beams, num_return_sequences, max_length, max_new_tokens, length_penalty, early_stopping,
         prompt_ids=prompt_ids,
@@ -157,7 +158,6 @@ def compare(
         decoding.validate(temperature, top_k, top_p)
         if float(temperature) <= 0:
             raise InspectorError("sampling needs a temperature > 0")
-    seed = validate.seed(seed)
     p = len(search.prompt_ids)
     new_tokens = search.max_length - p
 

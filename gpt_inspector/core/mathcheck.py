@@ -43,6 +43,7 @@ class MathCheck:
     model: np.ndarray  # (d,) float64, the model's own output
     tolerance: float
     formula: str = FORMULA
+    nonfinite: bool = False  # an input the formula reads (q, an allowed key's K or V, the output) is inf/NaN
 
     @property
     def diff(self) -> np.ndarray:
@@ -50,6 +51,8 @@ class MathCheck:
 
     @property
     def max_abs_diff(self) -> float:
+        if self.nonfinite:  # inf - inf is NaN but inf == inf: neither proves the equation, so never a match
+            return math.inf
         return float(self.diff.max()) if self.diff.size else 0.0
 
     @property
@@ -62,9 +65,10 @@ class MathCheck:
 
     def summary(self) -> str:
         verdict = "match" if self.ok else "MISMATCH"
+        why = " (non-finite inputs)" if self.nonfinite else ""
         return (
             f"layer {self.layer} head {self.head} position {self.position}: max |diff| {self.max_abs_diff:.3g} "
-            f"(tolerance {self.tolerance:.3g}) {verdict}"
+            f"(tolerance {self.tolerance:.3g}) {verdict}{why}"
         )
 
     def to_json(self) -> dict:
@@ -82,6 +86,7 @@ class MathCheck:
             "max_abs_diff": _num(self.max_abs_diff),
             "tolerance": self.tolerance,
             "ok": self.ok,
+            "nonfinite": self.nonfinite,
         }
 
 
@@ -172,8 +177,20 @@ def _tolerance(source, v_heads: np.ndarray, tolerance: float | None) -> np.ndarr
     if tolerance is not None:
         return np.full(v_heads.shape[0], float(tolerance))
     rtol = _RTOL.get(_dtype_name(source), _RTOL["float16"])
-    scale = np.abs(v_heads).reshape(v_heads.shape[0], -1).max(axis=1)  # (H,)
+    # finite values only: an inf in V must not make the tolerance infinite and everything "match"
+    mag = np.where(np.isfinite(v_heads), np.abs(v_heads), 0.0)
+    scale = mag.reshape(v_heads.shape[0], -1).max(axis=1)  # (H,)
     return rtol * np.maximum(scale, 1.0)
+
+
+def _nonfinite(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, model: np.ndarray) -> np.ndarray:
+    """(H, Tq) True where a row reads a non-finite value; q, model (H, Tq, d), k, v (H, T, d), allowed (H, Tq, T).
+
+    The one rule both check paths use, so a single head and the all-heads report agree.
+    """
+    bad_key = ~(np.isfinite(k).all(axis=-1) & np.isfinite(v).all(axis=-1))  # (H, T)
+    reads_bad = (allowed & bad_key[:, None, :]).any(axis=-1)  # (H, Tq)
+    return ~np.isfinite(q).all(axis=-1) | reads_bad | ~np.isfinite(model).all(axis=-1)
 
 
 def _validate_tolerance(tolerance) -> None:
@@ -239,7 +256,10 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
     )
     model = source.attention_output(layer)[head, position].astype(np.float64)  # (d,)
     tol = float(_tolerance(source, vk[None], tolerance)[0])
-    return MathCheck(layer, head, kvh, position, scaling, softcap, w[0, 0], allowed, out[0, 0], model, tol)
+    bad = bool(_nonfinite(q[head, position][None, None], k[kvh][None], v[kvh][None], allowed[None, None],
+                          model[None, None])[0, 0])  # fmt: skip
+    return MathCheck(layer, head, kvh, position, scaling, softcap, w[0, 0], allowed, out[0, 0], model, tol,
+                     nonfinite=bad)  # fmt: skip
 
 
 def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckReport:
@@ -265,9 +285,11 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
         _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer),
                          _sink(source, layer))  # fmt: skip
-        diff = np.abs(out - source.attention_output(layer).astype(np.float64)).max(axis=-1)  # (H, T)
+        model = source.attention_output(layer).astype(np.float64)  # (H, T, d)
+        with np.errstate(invalid="ignore"):
+            diff = np.abs(out - model).max(axis=-1)  # (H, T)
         # NaN must win the max so a broken row cannot hide behind a finite one
-        diff = np.where(np.isnan(diff), np.inf, diff)
+        diff = np.where(np.isnan(diff) | _nonfinite(q, kh, vh, allowed, model), np.inf, diff)
         worst[i] = diff.argmax(axis=1)
         max_diff[i] = diff.max(axis=1)
         tol[i] = _tolerance(source, vh[:, :t], tolerance)

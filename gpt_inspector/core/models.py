@@ -61,6 +61,7 @@ class LoadedModel:
     bos_token_id: int | None
     # why the fidelity self-test could not vouch for this model (loaded with allow_unverified), or None
     unverified: str | None = None
+    warnings: tuple[str, ...] = ()  # load-time doubts a front end should show (the CLI prints them)
 
     @property
     def kv_group(self) -> int:
@@ -206,6 +207,8 @@ def load_model(
     config = _load_config(source, local, trust_remote_code)
     _check_causal(config, source)
     check_supported(config, source)
+    _check_shapes(config, source)
+    _check_fits_in_memory(config, source, dt, trust_remote_code)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as e:
@@ -214,21 +217,32 @@ def load_model(
     if tokenizer is None or isinstance(tokenizer, bool) or len(tokenizer) < 2:
         raise InspectorError(f"no tokenizer found for {source}: add tokenizer.json (or vocab files) to the folder")
     try:
-        model = AutoModelForCausalLM.from_pretrained(
+        model, info = AutoModelForCausalLM.from_pretrained(
             source,
             dtype=dt,
             use_safetensors=None if allow_pickle else True,
             trust_remote_code=trust_remote_code,
+            output_loading_info=True,
         )
     except OSError as e:
-        msg = str(e).splitlines()[0]
+        msg = _first_line(e)
         if not allow_pickle and ("safetensors" in msg.lower() or "pytorch_model.bin" in msg):
             raise InspectorError(
                 f"{source} has no safetensors weights; pass --allow-pickle only if you trust the source"
             ) from None
         raise InspectorError(f"cannot load weights of {source}: {msg}") from None
-    except RuntimeError as e:
-        raise InspectorError(f"cannot load weights of {source}: {str(e).splitlines()[0]}") from None
+    except Exception as e:
+        import pickle
+
+        if isinstance(e, pickle.UnpicklingError):
+            raise InspectorError(
+                f"cannot load weights of {source}: the pickle file holds something other than plain tensors"
+            ) from None
+        # a damaged weights file surfaces as whatever its reader raises (SafetensorError,
+        # UnpicklingError, ValueError from a layer's own checks, ...): all mean "these weights are unusable"
+        raise InspectorError(f"cannot load weights of {source}: {type(e).__name__}: {_first_line(e)}") from None
+    _check_loading_info(info, source)
+    warnings = _check_vocab(model, tokenizer, source)
     try:
         model.set_attn_implementation(capture.ATTN_NAME)
     except (ValueError, AttributeError) as e:
@@ -240,7 +254,100 @@ def load_model(
     except (RuntimeError, torch.OutOfMemoryError) as e:
         raise InspectorError(f"cannot move the model to {dev}: {str(e).splitlines()[0]}; try --device cpu") from None
     model.eval()
-    return _probe_and_verify(model, tokenizer, source, dev, dt, allow_unverified)
+    lm = _probe_and_verify(model, tokenizer, source, dev, dt, allow_unverified)
+    lm.warnings = warnings
+    return lm
+
+
+def _first_line(e: BaseException) -> str:
+    text = str(e).strip()
+    return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _check_shapes(config, source: str) -> None:
+    """Shape rules a layer would otherwise enforce with a traceback deep in its constructor."""
+    try:
+        hidden = getattr(config, "hidden_size", None)
+        heads = getattr(config, "num_attention_heads", None)
+    except Exception:  # an attribute_map pointing nowhere
+        return
+    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads))
+    if not ints:
+        return
+    if hidden <= 0 or heads <= 0:
+        raise InspectorError(f"{source}: config has hidden size {hidden} and {heads} heads; both must be positive")
+    if getattr(config, "head_dim", None) is None and hidden % heads:
+        raise InspectorError(
+            f"{source}: config says {heads} attention heads but a hidden size of {hidden}, "
+            f"which {heads} does not divide; the config is damaged"
+        )
+    kv = getattr(config, "num_key_value_heads", None)
+    if isinstance(kv, int) and not isinstance(kv, bool) and (kv <= 0 or heads % kv):
+        raise InspectorError(f"{source}: config says {heads} attention heads over {kv} KV heads, which does not divide")
+
+
+def parameter_bytes(config, dtype: torch.dtype, trust_remote_code: bool = False) -> int | None:
+    """The model's weights in bytes, counted on the meta device (nothing is allocated); None if unknown."""
+    from transformers import AutoModelForCausalLM
+
+    try:
+        with torch.device("meta"):
+            m = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    except Exception:  # the real load reports a config it cannot build, in its own words
+        return None
+    floats = sum(p.numel() for p in m.parameters() if p.is_floating_point())
+    others = sum(p.numel() * p.element_size() for p in m.parameters() if not p.is_floating_point())
+    return floats * dtype.itemsize + others
+
+
+def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_code: bool) -> None:
+    from .validate import memory_bytes
+
+    need = parameter_bytes(config, dtype, trust_remote_code)
+    ram = memory_bytes()
+    if need is None or not ram or need <= ram:
+        return
+    hint = ""
+    if dtype == torch.float32 and need // 2 <= ram:
+        hint = "; --dtype bfloat16 would halve it"
+    raise InspectorError(
+        f"{source}: its config describes about {need / 2**30:.1f} GiB of weights in "
+        f"{str(dtype).removeprefix('torch.')}, more than this machine's {ram / 2**30:.1f} GiB of memory{hint}"
+        + ("" if hint else "; use a smaller model")
+    )
+
+
+def _check_loading_info(info: dict, source: str) -> None:
+    """Missing or unexpected weights mean the checkpoint is not this model: refuse, never fill in randomly."""
+    problems = []
+    for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"), ("mismatched_keys", "wrong shape")):
+        names = sorted(str(k[0] if isinstance(k, tuple) else k) for k in (info.get(key) or ()))
+        if names:
+            shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
+            problems.append(f"{what}: {shown}")
+    errors = info.get("error_msgs") or []
+    if errors:
+        problems.append(f"errors: {str(errors[0]).splitlines()[0][:200]}")
+    if problems:
+        raise InspectorError(f"{source}: the weights do not match the model's config ({'; '.join(problems)})")
+
+
+def _check_vocab(model, tokenizer, source: str) -> tuple[str, ...]:
+    """A tokenizer with ids past the model's embedding would index out of range: refuse. Fewer: warn."""
+    emb = model.get_output_embeddings() or model.get_input_embeddings()
+    rows = int(emb.weight.shape[0]) if emb is not None else None
+    n_tok = len(tokenizer)
+    if rows is None:
+        return ()
+    if n_tok > rows:
+        raise InspectorError(
+            f"{source}: the tokenizer has {n_tok} tokens but the model's vocabulary has {rows}; "
+            "they do not belong together"
+        )
+    if n_tok < rows:
+        # common and harmless (embeddings padded to a round size), but sampled ids past the tokenizer decode to nothing
+        return (f"{source}: the model's vocabulary has {rows} entries, the tokenizer only {n_tok}",)
+    return ()
 
 
 def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> LoadedModel:

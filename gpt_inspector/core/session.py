@@ -2,6 +2,9 @@
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
@@ -45,18 +48,60 @@ class MaskEditReport:
 
 
 def _crop_cache(cache: DynamicCache, length: int) -> None:
-    # per layer: after a fault mid-forward, layers may hold different lengths
+    # per layer: after a fault mid-forward, layers may hold different lengths; and a Ctrl+C between
+    # a layer's two concatenations leaves its keys one longer than its values, so each is cut to
+    # the absolute length (the layer's relative crop would cut both by the keys' excess)
     for layer in cache.layers:
-        n = layer.get_seq_length() if getattr(layer, "is_initialized", True) else 0
+        if not getattr(layer, "is_initialized", True):
+            continue
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
+            if keys.dim() < 2 or values.dim() < 2:  # fresh from lazy initialisation: empty 1-D placeholders
+                continue
+            if keys.shape[-2] > length:
+                layer.keys = keys[..., :length, :]
+            if values.shape[-2] > length:
+                layer.values = values[..., :length, :]
+            continue
+        n = layer.get_seq_length()
         if n > length:
             layer.crop(-(n - length))
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold Ctrl+C back until the block ends, so a commit or a rollback is never half done.
+
+    Only the main thread receives SIGINT, and only it may install handlers; elsewhere this is a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except (ValueError, OSError):
+        yield
+        return
+    if previous is None or not callable(previous):  # SIG_IGN/SIG_DFL or a non-Python handler: nothing to defer
+        yield
+        return
+    pending: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            previous(*pending[0])  # the default handler raises KeyboardInterrupt here, after the block
 
 
 def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, take, oom_remedy: str, remedy: str):
     """Run ``ids`` (B, n) after ``cache`` with recording on and return ``take(logits)``.
 
     Logits are (B, keep, V). Any fault crops the cache and the records back to where they were
-    and raises StepFailed with the remedy to try, so callers stay at their last good step.
+    and raises StepFailed with the remedy to try, so callers stay at their last good step. An
+    interrupt (Ctrl+C) rolls back the same way and is re-raised as itself: the user asked to stop,
+    nothing failed.
     """
     start = cache.get_seq_length()
     # an explicit all-ones mask: nothing is padded, even where the pad id is a real token
@@ -68,9 +113,12 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
         if lm.device.type == "cuda":
             torch.cuda.synchronize(lm.device)  # the records were copied asynchronously
         return logits
-    except Exception as e:
-        _crop_cache(cache, start)
-        recorder.crop(start)
+    except BaseException as e:
+        with interrupts_deferred():
+            _crop_cache(cache, start)
+            recorder.crop(start)
+        if not isinstance(e, Exception):
+            raise
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
         if lm.device.type == "cuda":
             torch.cuda.empty_cache()
@@ -99,10 +147,11 @@ class Session(ModelShape, RunSource):
         prompt_ids: list[int] | None = None,
     ):
         self.lm = model
+        decoding.validate(temperature, top_k, top_p)
         self.decoding = decoding.Decoding(float(temperature), top_k, top_p)
         self.seed = validate.seed(seed)
-        self.prompt = prompt if prompt_ids is None else model.tokenizer.decode(prompt_ids)
-        ids = validate.prompt_ids(model, prompt, prompt_ids)
+        ids = validate.prompt_ids(model, prompt, prompt_ids)  # before decode: a bad id must not reach the tokenizer
+        self.prompt = prompt if prompt_ids is None else model.tokenizer.decode(ids)
         if len(ids) >= model.context_length:
             raise InspectorError(
                 f"prompt is {len(ids)} tokens; the model's context is {model.context_length}, "
@@ -188,13 +237,26 @@ class Session(ModelShape, RunSource):
             raise InspectorError(f"generation has finished ({self.finished}); step back, force a token or restart")
         index = self.n_steps
         ids = self.prompt_ids if index == 0 else [self.tokens[-1]]
-        t0 = time.perf_counter()
-        logits = self._forward(ids, 1)[-1]  # (V,)
-        s = self._make_step(index, logits, None, False, time.perf_counter() - t0)
-        self.steps_done.append(s)
-        self.tokens.append(s.token_id)
-        self.finished = s.finish_reason
-        self._ops.append({"op": "step"})
+        start, rng = self.cache_length, self.generator.get_state()
+        committed = False
+        try:
+            t0 = time.perf_counter()
+            logits = self._forward(ids, 1)[-1]  # (V,)
+            s = self._make_step(index, logits, None, False, time.perf_counter() - t0)
+            with interrupts_deferred():
+                self.steps_done.append(s)
+                self.tokens.append(s.token_id)
+                self.finished = s.finish_reason
+                self._ops.append({"op": "step"})
+                committed = True
+        except BaseException:
+            # Ctrl+C can land after the forward but before the commit: undo the cache and sampler too
+            if not committed:
+                with interrupts_deferred():
+                    _crop_cache(self.cache, start)
+                    self.recorder.crop(start)
+                    self.generator.set_state(rng)
+            raise
         self._emit("step", s)
         return s
 
@@ -264,11 +326,11 @@ class Session(ModelShape, RunSource):
         the same generator state the original choice used).
         """
         d = self.decoding
-        new = decoding.Decoding(
-            d.temperature if temperature is self._UNSET else float(temperature),
-            d.top_k if top_k is self._UNSET else top_k,
-            d.top_p if top_p is self._UNSET else top_p,
-        )
+        t = d.temperature if temperature is self._UNSET else temperature
+        k = d.top_k if top_k is self._UNSET else top_k
+        p = d.top_p if top_p is self._UNSET else top_p
+        decoding.validate(t, k, p)
+        new = decoding.Decoding(float(t), k, p)
         self.decoding = new
         self._ops.append({"op": "decoding", **new.to_json(), "redecide": bool(redecide)})
         s = self.current
@@ -297,6 +359,11 @@ class Session(ModelShape, RunSource):
     def _validate_edit(self, e: MaskEdit) -> None:
         if not isinstance(e, MaskEdit):
             raise InspectorError(f"mask edits must be MaskEdit values, got {e!r}")
+        for what, v in (("query", e.query), ("key", e.key)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+                raise InspectorError(f"mask edit {what} position must be an integer, got {v!r}")
+        if not isinstance(e.blocked, (bool, np.bool_)):
+            raise InspectorError(f"mask edit 'blocked' must be True or False, got {e.blocked!r}")
         if e.layer is not None:
             self.check_layer(e.layer)
         if e.head is not None:
@@ -334,14 +401,21 @@ class Session(ModelShape, RunSource):
                 )
         changed = new_cells ^ compile_edits(self._blocked.values(), self.lm.n_layers, self.lm.n_heads)[0]
         prev_blocked, prev_edits = self._blocked, self.recorder.edits
-        self._blocked = blocked
-        self.recorder.edits = compiled
+        committed = []
+
+        def commit():
+            self._ops.append({"op": "mask", "edits": [e.to_json() for e in blocked.values()]})
+            committed.append(True)
+
         try:
-            report = self._recompute_from(min((c[2] for c in changed), default=None), prev_edits)
-        except StepFailed:
-            self._blocked, self.recorder.edits = prev_blocked, prev_edits
+            self._blocked = blocked
+            self.recorder.edits = compiled
+            report = self._recompute_from(min((c[2] for c in changed), default=None),
+                                          lambda: setattr(self.recorder, "edits", prev_edits), commit)  # fmt: skip
+        except BaseException:
+            if not committed:  # an interrupt just after the commit keeps the new, complete state
+                self._blocked, self.recorder.edits = prev_blocked, prev_edits
             raise
-        self._ops.append({"op": "mask", "edits": [e.to_json() for e in blocked.values()]})
         self._emit("mask", report)
         return report
 
@@ -351,25 +425,39 @@ class Session(ModelShape, RunSource):
     def clear_mask_edits(self) -> MaskEditReport:
         return self.set_mask_edits([])
 
-    def _recompute_from(self, earliest: int | None, prev_edits) -> MaskEditReport:
+    def _recompute_from(self, earliest: int | None, restore: Callable[[], None], commit: Callable[[], None]) -> MaskEditReport:
+        """Re-run positions earliest..end under the edits now in the recorder (tokens kept).
+
+        On a fault ``restore()`` puts the recorder's previous edits back before the cache is
+        refilled; ``commit()`` records the change once the new numbers are all in place.
+        """
         end = self.cache_length
         cur = self.current
         before = cur.probs.clone() if cur else None
         if earliest is None or earliest >= end:
+            with interrupts_deferred():
+                commit()
             return MaskEditReport(None, 0, before, before)
-        _crop_cache(self.cache, earliest)
-        self.recorder.crop(earliest)
         try:
+            _crop_cache(self.cache, earliest)
+            self.recorder.crop(earliest)
             logits = self._forward(self.tokens[earliest:end], end - earliest)  # (end-earliest, V)
-        except StepFailed:
-            # the caller restores the previous edits; refill the cache with them so state is as before
-            self.recorder.edits = prev_edits
-            self._forward(self.tokens[earliest:end], 1)
+            # the new logits go in all at once or not at all: an interrupt halfway would mix two masks
+            fresh = [(s, logits[s.position - earliest].clone()) for s in self.steps_done if s.position >= earliest]
+        except BaseException:
+            # the caller restores the previous edits; refill the cache with them so state is as before.
+            # A second Ctrl+C waits: stopping the refill would leave the cache short.
+            with interrupts_deferred():
+                restore()
+                _crop_cache(self.cache, earliest)
+                self.recorder.crop(earliest)
+                self._forward(self.tokens[earliest:end], 1)
             raise
-        for s in self.steps_done:
-            if s.position >= earliest:
-                s.logits = logits[s.position - earliest].clone()
+        with interrupts_deferred():
+            for s, row in fresh:
+                s.logits = row
                 self._refresh(s)
+            commit()
         after = cur.probs.clone() if cur else None
         return MaskEditReport(earliest, end - earliest, before, after)
 
@@ -430,15 +518,20 @@ class Session(ModelShape, RunSource):
             src = None if e.patch_from is None else self._head_outputs_of(e.patch_from)[e.layer]
             compiled.setdefault(e.layer, []).extend((h, src) for h in heads)
         prev, prev_compiled = self._head_edits, self.recorder.head_edits
-        self._head_edits, self.recorder.head_edits = edits, compiled
-        touched = bool(edits or prev)
+        committed = []
+
+        def commit():
+            self._ops.append({"op": "heads", "edits": [e.to_json() for e in edits]})
+            committed.append(True)
+
         try:
-            report = self._recompute_from(0 if touched else None, self.recorder.edits)
-        except StepFailed:
-            self._head_edits, self.recorder.head_edits = prev, prev_compiled
-            self._recompute_from(0, self.recorder.edits)  # back to the numbers before the change
+            self._head_edits, self.recorder.head_edits = edits, compiled
+            report = self._recompute_from(0 if (edits or prev) else None,
+                                          lambda: setattr(self.recorder, "head_edits", prev_compiled), commit)  # fmt: skip
+        except BaseException:
+            if not committed:
+                self._head_edits, self.recorder.head_edits = prev, prev_compiled
             raise
-        self._ops.append({"op": "heads", "edits": [e.to_json() for e in edits]})
         self._emit("mask", report)
         return report
 

@@ -97,11 +97,58 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "finished": source.finished or "",
         "derived": "1" if derived else "0",
     }  # fmt: skip
-    try:
-        save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()}, str(path), metadata=meta)
-    except OSError as e:
-        raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
+    _write_atomically(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
+                                                  tmp, metadata=meta))  # fmt: skip
     return path
+
+
+def check_destination(path: Path) -> None:
+    """Refuse a destination that cannot take a file, before any work is done for it."""
+    if path.is_symlink():
+        raise InspectorError(f"cannot write {path}: it is a symbolic link; name a plain file")
+    if path.is_dir():
+        raise InspectorError(f"cannot write {path}: it is a folder; name a file ending in .safetensors")
+    if not path.absolute().parent.is_dir():
+        raise InspectorError(f"cannot write {path}: the folder {path.absolute().parent} does not exist")
+
+
+def _write_atomically(path: Path, write) -> None:
+    """``write(tmp_name)`` into a temp file beside ``path``, then swap it in.
+
+    A failed or interrupted write (disk full, read-only folder, Ctrl+C) leaves no half file and
+    whatever ``path`` held before; the run that produced it is untouched.
+    """
+    import tempfile
+
+    check_destination(path)
+    folder = path.absolute().parent
+    try:
+        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
+    except OSError as e:
+        raise InspectorError(f"cannot write {path}: {e.strerror or e} (creating a file in {folder})") from None
+    os.close(fd)
+    try:
+        write(tmp)
+        with open(tmp, "rb+") as f:
+            os.fsync(f.fileno())
+        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temp file, not the trace
+        os.replace(tmp, path)
+    except BaseException as e:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        if isinstance(e, OSError):
+            raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
+        if isinstance(e, Exception):  # safetensors reports some I/O failures as its own error type
+            raise InspectorError(f"cannot write {path}: {type(e).__name__}: {e}") from None
+        raise
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 class Trace(RunSource):
@@ -216,6 +263,7 @@ def load_trace(path: str | os.PathLike) -> Trace:
                 raise InspectorError(f"{name} is not a gpt-inspector trace (format {fmt!r})")
             header = {k: (tuple(f.get_slice(k).get_shape()), f.get_slice(k).get_dtype()) for k in f.keys()}
             meta, expect = _validate_header(name, header, raw_meta, v1=fmt == FORMAT_V1)
+            _check_plausible_size(name, path, header, expect, v1=fmt == FORMAT_V1)
             # only what the format needs is read; v1's stored matrices are derived again instead
             tensors = {k: f.get_tensor(k) for k in expect}
             if fmt == FORMAT_V1:
@@ -227,6 +275,36 @@ def load_trace(path: str | os.PathLike) -> Trace:
         raise InspectorError(f"{name} is not a readable trace file: {first}") from None
     _validate_values(name, tensors, meta)
     return Trace(path, tensors, meta)
+
+
+_SPARSE_CHECK_FROM = 64 << 20  # below this a trace is too small to hurt, and compressed filesystems may report few blocks
+_DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "BOOL": 1}
+
+
+def _check_plausible_size(name: str, path: Path, header: dict, expect: dict, v1: bool) -> None:
+    """Refuse, before reading, a file whose tensors could not be what we wrote.
+
+    A consistent header can still claim many GiB: reading it would exhaust memory. We wrote every
+    byte we store, so data that the disk does not hold (a sparse file) is not one of our traces,
+    and no trace may need more memory than the machine has.
+    """
+    from .validate import memory_bytes
+
+    keys = list(expect) + ([k for k in header if k.endswith(".masked_scores")] if v1 else [])
+    need = sum(math.prod(header[k][0]) * _DTYPE_BYTES.get(header[k][1], 8) for k in keys)
+    ram = memory_bytes()
+    if ram and need > ram:
+        raise InspectorError(
+            f"{name}: opening it needs {need / 2**30:.1f} GiB but this machine has {ram / 2**30:.1f} GiB of memory"
+        )
+    if need >= _SPARSE_CHECK_FROM:
+        st = os.stat(path)
+        stored = getattr(st, "st_blocks", None)
+        if stored is not None and stored * 512 < need // 2:
+            raise InspectorError(
+                f"{name}: claims {need / 2**20:.0f} MiB of tensors but only {stored * 512 / 2**20:.0f} MiB "
+                "are stored on disk (a sparse or hollow file, not a trace we wrote)"
+            )
 
 
 def _v1_mask_rows(tensors: dict, f, meta: dict) -> None:
@@ -326,6 +404,8 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     T = q0[0][1]
     if not 1 <= T <= n_tok:
         raise InspectorError(f"{name}: {T} processed positions but {n_tok} tokens")
+    if n_tok > shape["context_length"] + 1:  # the last chosen token is never fed, so one past the context
+        raise InspectorError(f"{name}: {n_tok} tokens but the model's context is {shape['context_length']}")
     n_steps = len(steps)
     if n_tok != out["prompt_length"] + n_steps:
         raise InspectorError(f"{name}: {n_tok} tokens but prompt {out['prompt_length']} + {n_steps} steps")

@@ -5,6 +5,9 @@ One copy of each rule, so a prompt or a count that one path accepts is accepted 
 
 from __future__ import annotations
 
+import math
+import os
+
 import numpy as np
 
 from .errors import InspectorError
@@ -22,10 +25,76 @@ def count(n, name: str = "steps") -> int:
     return integer(name, n, 1)
 
 
-def seed(v) -> int:
-    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-        raise InspectorError(f"seed must be an integer, got {v!r}")
+SEED_MAX = 2**63 - 1  # torch.Generator takes a signed 64-bit seed
+
+
+def seed(v, name: str = "seed") -> int:
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or not 0 <= v <= SEED_MAX:
+        raise InspectorError(f"{name} must be an integer in [0, 2**63-1], got {_short(v)}")
     return int(v)
+
+
+def _short(v) -> str:
+    r = repr(v)
+    return r if len(r) <= 40 else r[:37] + "..."
+
+
+def text(v, name: str = "prompt") -> str:
+    """Text the tokenizer can take: a str that is valid Unicode (no lone surrogates).
+
+    Invalid UTF-8 on a command line reaches Python as lone surrogates (surrogateescape).
+    """
+    if not isinstance(v, str):
+        raise InspectorError(f"{name} must be text, got {type(v).__name__}")
+    try:
+        v.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InspectorError(
+            f"{name} is not valid text: character {e.start} is {v[e.start]!r}, a lone surrogate "
+            "(invalid UTF-8 in the input?)"
+        ) from None
+    return v
+
+
+def length_penalty(v, context_length: int) -> float:
+    """A finite length penalty whose ``length ** penalty`` stays finite for every length the model allows."""
+    try:
+        lp = float(v)
+    except (TypeError, ValueError, OverflowError):
+        raise InspectorError(f"length_penalty must be a number, got {_short(v)}") from None
+    if not math.isfinite(lp):
+        raise InspectorError(f"length_penalty must be finite, got {_short(v)}")
+    bound = 700 / math.log(max(context_length, 2))  # e**700 is near float64's limit
+    if abs(lp) > bound:
+        raise InspectorError(
+            f"length_penalty {lp:g} overflows: with a context of {context_length} tokens it must be within "
+            f"[-{bound:.0f}, {bound:.0f}]"
+        )
+    return lp
+
+
+def beams(lm, num_beams, total_length: int) -> int:
+    """A beam count whose KV cache and records fit in memory (an estimate, refused before allocating)."""
+    n = integer("num_beams", num_beams, 1)
+    itemsize = torch_itemsize(lm.dtype)
+    # per beam and position: K and V per KV head, our q and head-output records per query head
+    per_token = lm.n_layers * lm.head_dim * (2 * lm.n_kv_heads + 2 * lm.n_heads) * itemsize
+    need = n * (total_length * per_token + 4 * lm.vocab_size * 2)  # + the step's logits and scores
+    ram = memory_bytes()
+    if ram and need > ram:
+        most = max(1, int(ram // max(1, total_length * per_token + 8 * lm.vocab_size)))
+        raise InspectorError(
+            f"num_beams {n} would need about {need / 2**30:.1f} GiB for the cache and records; this machine has "
+            f"{ram / 2**30:.1f} GiB; use at most about {most} beams or a shorter length"
+        )
+    return n
+
+
+def torch_itemsize(dtype) -> int:
+    try:
+        return dtype.itemsize
+    except AttributeError:
+        return 4
 
 
 def early_stopping(v) -> bool | str:
@@ -41,14 +110,18 @@ def early_stopping(v) -> bool | str:
 def prompt_ids(lm, prompt, ids) -> list[int]:
     """The token ids a run starts from: ``ids`` if given, else ``prompt`` tokenized; BOS for an empty prompt."""
     if ids is None:
-        if not isinstance(prompt, str):
-            raise InspectorError("prompt must be text")
+        text(prompt)
         out = list(lm.tokenizer(prompt)["input_ids"]) if prompt else []
     else:
+        if isinstance(ids, (str, bytes)):
+            raise InspectorError("prompt token ids must be a list of integers, not text")
         try:
-            out = [int(i) for i in ids]
-        except (TypeError, ValueError):
-            raise InspectorError("prompt token ids must be integers") from None
+            out = list(ids)
+        except TypeError:
+            raise InspectorError("prompt token ids must be a list of integers") from None
+        if any(isinstance(i, bool) or not isinstance(i, (int, np.integer)) for i in out):
+            raise InspectorError("prompt token ids must be integers")
+        out = [int(i) for i in out]
         if any(i < 0 or i >= lm.vocab_size for i in out):
             raise InspectorError(f"prompt token ids must be in [0, {lm.vocab_size})")
     if not out:
@@ -56,3 +129,11 @@ def prompt_ids(lm, prompt, ids) -> list[int]:
             raise InspectorError("empty prompt and this tokenizer has no BOS token to start from; type a prompt")
         out = [lm.bos_token_id]
     return out
+
+
+def memory_bytes() -> int | None:
+    """The machine's physical memory in bytes, or None where the system does not say."""
+    try:
+        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (ValueError, OSError, AttributeError):
+        return None

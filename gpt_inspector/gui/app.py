@@ -80,15 +80,18 @@ def _offer_restore(win) -> dict | None:
 
     from . import autosave
 
-    recipe = autosave.read()
-    if recipe is None:
+    found = autosave.read_with_owner()
+    if found is None:
         return None
+    recipe, owner = found
     answer = QMessageBox.question(
         win, "Restore the last session?",
         "gpt-inspector saved your last session:\n\n" + autosave.summary(recipe) + "\n\nRestore it?",
         QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes,
     )  # fmt: skip
     if answer == QMessageBox.StandardButton.Yes:
+        # the restored session carries on in the same file, so a clean quit removes it and no stale copy is offered again
+        win.worker.autosave_owner = owner
         return recipe
     autosave.clear()
     return None

@@ -1,57 +1,108 @@
 """The session recipe, saved after every change so a crash or a closed window loses nothing.
 
-One JSON file (``Session.recipe()`` plus how the model was loaded). It lives next to the settings
-file when ``GPT_INSPECTOR_SETTINGS`` points at one (tests), else in the user's data folder;
-``GPT_INSPECTOR_AUTOSAVE`` overrides both.
+One JSON file per window (``Session.recipe()`` plus how the model was loaded), so two windows never
+overwrite each other's session; a clean quit removes the window's file, a crash leaves it for the
+next start to offer. The files live next to the settings file when ``GPT_INSPECTOR_SETTINGS``
+points at one (tests), else in the user's data folder; ``GPT_INSPECTOR_AUTOSAVE`` names the base
+file instead. Recipes hold prompts, so the folder is 0700 and the files 0600.
 """
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
+import tempfile
 from pathlib import Path
 
 from .settings import ENV as SETTINGS_ENV
 
 ENV = "GPT_INSPECTOR_AUTOSAVE"
+_next = itertools.count()
 
 
-def path() -> Path:
+def new_owner() -> str:
+    """A name for one window's autosave file, unique across processes and windows."""
+    return f"{os.getpid()}-{next(_next)}"
+
+
+def path(owner: str | None = None) -> Path:
+    """The base file (``owner=None``, where older versions wrote) or one window's file beside it."""
     if os.environ.get(ENV):
-        return Path(os.environ[ENV])
-    if os.environ.get(SETTINGS_ENV):
-        return Path(os.environ[SETTINGS_ENV]).with_name("autosave.json")
-    from PySide6.QtCore import QStandardPaths
+        base = Path(os.environ[ENV])
+    elif os.environ.get(SETTINGS_ENV):
+        base = Path(os.environ[SETTINGS_ENV]).with_name("autosave.json")
+    else:
+        from PySide6.QtCore import QStandardPaths
 
-    base = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
-    return Path(base or Path.home() / ".gpt-inspector") / "autosave.json"
+        folder = QStandardPaths.writableLocation(QStandardPaths.StandardLocation.AppDataLocation)
+        base = Path(folder or Path.home() / ".gpt-inspector") / "autosave.json"
+    return base if owner is None else base.with_name(f"{base.stem}-{owner}{base.suffix}")
 
 
-def write(recipe: dict) -> None:
-    """Atomically: a crash mid-write must not destroy the previous good copy."""
-    p = path()
-    p.parent.mkdir(parents=True, exist_ok=True)
-    tmp = p.with_name(p.name + ".tmp")
-    tmp.write_text(json.dumps(recipe), encoding="utf-8")
-    os.replace(tmp, p)
+def _all_files() -> list[tuple[str | None, Path]]:
+    base = path()
+    found: list[tuple[str | None, Path]] = [(None, base)] if base.is_file() else []
+    try:
+        for p in base.parent.glob(f"{base.stem}-*{base.suffix}"):
+            found.append((p.name[len(base.stem) + 1 : -len(base.suffix) or None], p))
+    except OSError:
+        pass
+    return found
+
+
+def write(recipe: dict, owner: str | None = None) -> None:
+    """Atomically: a unique temp file, fsynced, then swapped in; a reader sees the old or the new file, whole."""
+    p = path(owner)
+    folder = p.parent
+    if not folder.is_dir():
+        folder.mkdir(parents=True, mode=0o700, exist_ok=True)
+        os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
+    data = json.dumps(recipe).encode("utf-8")
+    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{p.name}.", suffix=".tmp")  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, p)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def read_with_owner() -> tuple[dict, str | None] | None:
+    """The newest saved recipe worth restoring (at least one step) and whose file it is, else None."""
+    best = None
+    for owner, p in _all_files():
+        try:
+            mtime = p.stat().st_mtime
+            data = json.loads(p.read_text(encoding="utf-8"))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if not isinstance(data, dict) or not isinstance(data.get("ops"), list) or not data["ops"]:
+            continue
+        if best is None or mtime > best[0]:
+            best = (mtime, data, owner)
+    return None if best is None else (best[1], best[2])
 
 
 def read() -> dict | None:
-    """The saved recipe if there is one worth restoring (at least one step), else None."""
-    try:
-        data = json.loads(path().read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    if not isinstance(data, dict) or not isinstance(data.get("ops"), list) or not data["ops"]:
-        return None
-    return data
+    found = read_with_owner()
+    return None if found is None else found[0]
 
 
-def clear() -> None:
-    try:
-        path().unlink()
-    except OSError:
-        pass
+def clear(owner: str | None = ...) -> None:  # type: ignore[assignment]
+    """Remove one window's file (``owner``), or with no argument every autosave (the user said no)."""
+    targets = [p for _, p in _all_files()] if owner is ... else [path(owner)]
+    for p in targets:
+        try:
+            p.unlink()
+        except OSError:
+            pass
 
 
 def summary(recipe: dict) -> str:

@@ -30,7 +30,6 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QScrollArea,
-    QSizePolicy,
     QTabBar,
     QWidget,
 )
@@ -673,4 +672,8 @@ class MainWindow(QMainWindow):
         if self.persist_layout:
             self.save_layout()
         self.controller.stop()
+        if self.worker.autosave:  # a clean quit: nothing to restore next time (a crash never gets here)
+            from . import autosave
+
+            autosave.clear(self.worker.autosave_owner)
         super().closeEvent(ev)

@@ -72,6 +72,7 @@ class Worker(QObject):
         self._published_version = -1
         self._thread: QThread | None = None
         self.autosave = True
+        self.autosave_owner = autosave.new_owner()  # this window's own file: two windows never share one
         self._autosaved = ""
         self._command.connect(self._dispatch)
 
@@ -165,12 +166,12 @@ class Worker(QObject):
         if key == self._autosaved:
             return
         try:
-            autosave.write(recipe)
+            autosave.write(recipe, self.autosave_owner)
             self._autosaved = key
         except OSError as e:  # a full disk must not stop the debugger; say so once
             if self._autosaved != "failed":
                 self._autosaved = "failed"
-                self.error.emit("Autosave failed", f"cannot write {autosave.path()}: {e.strerror or e}", "user")
+                self.error.emit("Autosave failed", f"cannot write {autosave.path(self.autosave_owner)}: {e.strerror or e}", "user")
 
     def _publish_safely(self) -> None:
         try:

@@ -76,3 +76,21 @@ def test_unknown_model_offline_subprocess(tmp_path):
                        capture_output=True, text=True, env=env)  # fmt: skip
     assert r.returncode == 2
     assert r.stderr.count("\n") == 1 and "not in the local cache" in r.stderr, r.stderr
+
+
+def test_out_refuses_an_existing_file_unless_forced_and_never_a_symlink(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "t.safetensors"
+    out.write_bytes(b"precious")
+    base = ["trace", "--model", str(tiny_dir["gpt2"]), "--device", "cpu", "--prompt", "She eats", "--steps", "2"]
+    assert main(base + ["--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "already exists" in err and "--force" in err
+    assert out.read_bytes() == b"precious"
+    assert main(base + ["--out", str(out), "--force"]) == 0
+    assert gi.load_trace(out).n_steps == 2
+    link = tmp_path / "link.safetensors"
+    link.symlink_to(out)
+    capsys.readouterr()
+    assert main(base + ["--out", str(link), "--force"]) == 2
+    assert "symbolic link" in capsys.readouterr().err
+    assert [p.name for p in tmp_path.iterdir() if p.name.endswith(".tmp")] == []

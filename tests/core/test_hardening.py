@@ -178,3 +178,102 @@ def test_fault_inside_a_beam_step_keeps_the_search_at_its_last_good_step(tiny_lm
         ref = hf_sdpa("gpt2").generate(torch.tensor([ids]), do_sample=False, num_beams=3, num_return_sequences=2,
                                        max_new_tokens=6, output_scores=True, return_dict_in_generate=True)  # fmt: skip
     assert b.result().sequences == ref.sequences.tolist()
+
+
+_HOSTILE = r'''
+import json, resource, struct, sys
+import gpt_inspector as gi
+
+path, claim_gib = sys.argv[1], float(sys.argv[2])
+# a header consistent with its own metadata: one step whose logits claim ``claim_gib`` GiB
+V = 1 << 24
+n_steps = max(1, int(claim_gib * 2**30 / (V * 4)))
+L, H, d, P = 1, 1, 8, 1
+T = P + n_steps - 1
+n_tok = P + n_steps
+tensors = {"tokens": ("I64", [n_tok])}
+for n in ("q", "k", "v", "attn_out"):
+    tensors[f"layers.0.{n}"] = ("F32", [H, T, d])
+tensors["step_logits"] = ("F32", [n_steps, V])
+meta = {
+    "format": "gpt-inspector-trace/2", "model": "m", "prompt": "p", "text": "t", "seed": "0",
+    "prompt_length": str(P),
+    "shape": json.dumps(dict(n_layers=L, n_heads=H, n_kv_heads=H, head_dim=d, context_length=n_tok, vocab_size=V)),
+    "decoding": json.dumps({"temperature": 0.0, "top_k": None, "top_p": None}), "mask_edits": "[]",
+    "token_labels": json.dumps(["x"] * n_tok), "scaling": "[1.0]",
+    "steps": json.dumps([{"index": i, "position": i, "token_id": 0, "forced": False, "top": []} for i in range(n_steps)]),
+}
+header, off = {"__metadata__": meta}, 0
+for k, (dt, shape) in tensors.items():
+    n = 8 if dt == "I64" else 4
+    for s in shape:
+        n *= s
+    header[k] = {"dtype": dt, "shape": shape, "data_offsets": [off, off + n]}
+    off += n
+blob = json.dumps(header).encode()
+blob += b" " * (-len(blob) % 8)
+with open(path, "wb") as f:
+    f.write(struct.pack("<Q", len(blob)) + blob)
+    f.truncate(8 + len(blob) + off)  # the data region is a hole: claimed, never written
+base = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+try:
+    gi.load_trace(path)
+    print("LOADED")
+except gi.InspectorError as e:
+    print("REFUSED", e)
+peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+print("GROWTH_KIB", peak - base)
+'''
+
+
+@pytest.mark.parametrize("claim_gib", [4.0, 1024.0])
+def test_hostile_sparse_trace_is_refused_without_reading(tmp_path, claim_gib):
+    """A consistent header claiming GiB over a hole: refused before any tensor is read (peak RSS)."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "hostile.py"
+    script.write_text(_HOSTILE)
+    from pathlib import Path
+
+    env = dict(os.environ, PYTHONPATH=str(Path(gi.__file__).resolve().parents[1]))  # this checkout, not another
+    out = subprocess.run([sys.executable, str(script), str(tmp_path / "big.safetensors"), str(claim_gib)],
+                         capture_output=True, text=True, timeout=120, env=env)  # fmt: skip
+    assert out.returncode == 0, out.stderr
+    assert "REFUSED" in out.stdout, out.stdout
+    assert "sparse" in out.stdout or "memory" in out.stdout
+    growth_kib = int(out.stdout.split("GROWTH_KIB")[1])
+    assert growth_kib < 100 * 1024, f"peak RSS grew {growth_kib / 1024:.0f} MiB while refusing"
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(key=st.sampled_from(["shape", "steps", "token_labels", "scaling", "decoding", "mask_edits", "softcap"]),
+       depth=st.sampled_from([1, 50, 900, 5000, 100_000]), opener=st.sampled_from(["[", '{"a":']))  # fmt: skip
+def test_fuzz_deeply_nested_metadata_raises_only_our_error(good_trace, tmp_path_factory, key, depth, opener):
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    src = tmp_path_factory.mktemp("n") / "good.safetensors"
+    src.write_bytes(good_trace)
+    with safe_open(str(src), "np") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    closer = "]" if opener == "[" else "}"
+    meta[key] = opener * depth + "1" + closer * depth
+    dst = src.with_name("nested.safetensors")
+    save_file(tensors, str(dst), metadata=meta)
+    try:  # a shallow value may be harmless (unknown decoding keys are ignored); anything else is ours
+        gi.load_trace(dst)
+    except gi.InspectorError:
+        pass
+
+
+def test_deeply_nested_safetensors_header_raises_only_our_error(tmp_path):
+    import struct
+
+    for depth in (200, 100_000):
+        body = b'{"__metadata__":{"format":"gpt-inspector-trace/2"},"x":' + b"[" * depth + b"]" * depth + b"}"
+        p = tmp_path / f"deep{depth}.safetensors"
+        p.write_bytes(struct.pack("<Q", len(body)) + body)
+        with pytest.raises(gi.InspectorError):
+            gi.load_trace(p)

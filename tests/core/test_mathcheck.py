@@ -150,3 +150,47 @@ def test_bad_input(call, message, tiny_lm):
 def test_nothing_processed(tiny_lm):
     with pytest.raises(InspectorError, match="run a step"):
         check_all(gi.Session(tiny_lm("gpt2"), "She"))
+
+
+@pytest.mark.parametrize("what", ["q", "k", "v", "attn_out", "all"])
+@pytest.mark.parametrize("value", [np.inf, -np.inf, np.nan])
+def test_non_finite_trace_is_a_mismatch_on_both_paths(tiny_lm, tmp_path, what, value):
+    """A trace whose q/k/v are +inf once said "all match": inf == inf hid the broken equation."""
+    s = _session(tiny_lm("gpt2"), steps=2)
+    path = s.save_trace(tmp_path / "t.safetensors")
+    with safe_open(str(path), framework="np") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    names = ["q", "k", "v", "attn_out"] if what == "all" else [what]
+    for n in names:
+        tensors[f"layers.1.{n}"][...] = value
+    bad = tmp_path / "bad.safetensors"
+    save_file(tensors, str(bad), metadata=meta)
+    tr = gi.load_trace(bad)
+    r = check_all(tr)
+    assert not r.ok and "exceed" in r.summary()
+    assert check_all(tr, layers=[0]).ok  # the untouched layer still matches
+    for head in range(tr.n_heads):
+        assert not r.max_diff[1, head] <= r.tolerance[1, head]
+        for pos in range(tr.cache_length):
+            single = check(tr, 1, head, pos)
+            assert not single.ok, single.summary()
+    assert json.loads(json.dumps(check(tr, 1, 0).to_json()))["ok"] is False
+
+
+def test_single_head_and_report_agree_cell_by_cell_on_a_partial_inf(tiny_lm, tmp_path):
+    s = _session(tiny_lm("llama"), steps=3)
+    path = s.save_trace(tmp_path / "t.safetensors")
+    with safe_open(str(path), framework="np") as f:
+        meta = f.metadata()
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    tensors["layers.0.k"][1, 4, 0] = np.inf  # KV head 1 at key 4: read by query heads 2 and 3 from position 4 on
+    bad = tmp_path / "bad.safetensors"
+    save_file(tensors, str(bad), metadata=meta)
+    tr = gi.load_trace(bad)
+    r = check_all(tr, layers=[0])
+    for head in range(tr.n_heads):
+        singles = [check(tr, 0, head, p).ok for p in range(tr.cache_length)]
+        assert all(singles) == bool(r.max_diff[0, head] <= r.tolerance[0, head])
+        if tr.kv_head_of(head) == 1:
+            assert singles[:4] == [True] * 4 and not any(singles[4:])

@@ -31,7 +31,6 @@ would apply so front ends can say so.
 
 from __future__ import annotations
 
-import math
 import time
 from collections.abc import Callable, Iterator
 
@@ -43,7 +42,7 @@ from .. import decoding, validate
 from ..capture import Recorder
 from ..errors import InspectorError, check_index
 from ..models import LoadedModel
-from ..session import forward_with_rollback
+from ..session import _crop_cache, forward_with_rollback, interrupts_deferred
 from ..step import Step, top_entries
 from ..tokens import token_label
 from . import tree as beam_tree
@@ -129,17 +128,12 @@ class BeamSearch:
             raise InspectorError(
                 f"num_return_sequences ({self.num_return_sequences}) cannot exceed num_beams ({self.num_beams})"
             )
-        try:
-            lp = float(length_penalty)
-        except (TypeError, ValueError):
-            raise InspectorError(f"length_penalty must be a number, got {length_penalty!r}") from None
-        if not math.isfinite(lp):
-            raise InspectorError(f"length_penalty must be finite, got {length_penalty!r}")
-        self.length_penalty = lp
+        self.length_penalty = validate.length_penalty(length_penalty, lm.context_length)
         self.early_stopping = validate.early_stopping(early_stopping)
         self.prompt_ids = validate.prompt_ids(lm, prompt, prompt_ids)
         self.prompt = prompt if prompt_ids is None else lm.tokenizer.decode(self.prompt_ids)
         self.max_length = resolve_max_length(len(self.prompt_ids), lm.context_length, max_length, max_new_tokens)
+        validate.beams(lm, self.num_beams, self.max_length)
 
         gc = getattr(lm.model, "generation_config", None)
         if eos_token_id is _DEFAULT:
@@ -263,17 +257,29 @@ class BeamSearch:
             ids = self._running_sequences[0, :, :p]  # (B, P): the prompt in every row, as generate expands it
         else:
             ids = self._running_sequences[0, :, cur - 1 : cur]  # (B, 1)
-        logits = self._forward(ids)  # (B, V)
-        parent_scores = self._running_beam_scores[0].tolist()
-        log_probs = torch.nn.functional.log_softmax(logits, dim=-1)  # (B, V)
-        if self.greedy:
-            st = self._greedy_step(logits, log_probs)
-        else:
-            st = self._beam_step(log_probs)
-        st.time_s = time.perf_counter() - t0
-        st.logits = logits.detach().to("cpu")
-        st.parent_scores = parent_scores
-        self.steps_done.append(st)
+        start = self.cache.get_seq_length()
+        updating = False
+        try:
+            logits = self._forward(ids)  # (B, V)
+            # the update after the forward reorders the cache and the beams: quick, and never left half done
+            with interrupts_deferred():
+                updating = True
+                parent_scores = self._running_beam_scores[0].tolist()
+                log_probs = torch.nn.functional.log_softmax(logits, dim=-1)  # (B, V)
+                if self.greedy:
+                    st = self._greedy_step(logits, log_probs)
+                else:
+                    st = self._beam_step(log_probs)
+                st.time_s = time.perf_counter() - t0
+                st.logits = logits.detach().to("cpu")
+                st.parent_scores = parent_scores
+                self.steps_done.append(st)
+        except BaseException:
+            if not updating:  # Ctrl+C between the forward and the update: the cache grew alone
+                with interrupts_deferred():
+                    _crop_cache(self.cache, start)
+                    self.recorder.crop(start)
+            raise
         for cb in list(self._listeners):
             cb("beam_step", st)
         return st

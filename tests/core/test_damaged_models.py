@@ -1,0 +1,138 @@
+"""Damaged model folders: one InspectorError line each, never a traceback and never random weights."""
+
+from __future__ import annotations
+
+import json
+import os
+import pickle
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+import gpt_inspector as gi
+
+
+def _clone(tiny_dir, tmp_path, name, family="gpt2"):
+    d = tmp_path / name
+    shutil.copytree(tiny_dir[family], d)
+    return d
+
+
+def _edit_config(d, **kw):
+    c = json.loads((d / "config.json").read_text())
+    c.update(kw)
+    (d / "config.json").write_text(json.dumps(c))
+
+
+def _weights(d):
+    from safetensors.torch import load_file
+
+    return load_file(str(d / "model.safetensors"))
+
+
+def _save(d, t):
+    from safetensors.torch import save_file
+
+    save_file(t, str(d / "model.safetensors"), metadata={"format": "pt"})
+
+
+def truncated(d):
+    b = (d / "model.safetensors").read_bytes()
+    (d / "model.safetensors").write_bytes(b[: len(b) // 2])
+
+
+def empty(d):
+    (d / "model.safetensors").write_bytes(b"")
+
+
+def mislabelled(d):  # a pickle wearing a .safetensors name
+    (d / "model.safetensors").write_bytes(pickle.dumps({"not": "weights"}))
+
+
+def pickle_not_weights(d):
+    (d / "model.safetensors").unlink()
+    (d / "pytorch_model.bin").write_bytes(pickle.dumps([1, 2, 3]))
+
+
+def heads_do_not_divide(d):
+    _edit_config(d, n_head=5)
+
+
+def missing_layer(d):
+    _save(d, {k: v for k, v in _weights(d).items() if ".h.1." not in k})
+
+
+def unexpected_weight(d):
+    t = _weights(d)
+    t["transformer.h.7.attn.c_attn.weight"] = t["transformer.h.0.attn.c_attn.weight"].clone()
+    _save(d, t)
+
+
+def wrong_shape(d):
+    t = _weights(d)
+    t["transformer.h.0.ln_1.weight"] = t["transformer.h.0.ln_1.weight"][:16].clone()
+    _save(d, t)
+
+
+def far_too_large(d):
+    _edit_config(d, n_layer=2000, n_embd=8192, n_head=64)
+
+
+def tokenizer_larger_than_vocab(d):
+    _edit_config(d, vocab_size=100)
+    _save(d, {k: (v[:100].clone() if v.shape[0] == 320 else v) for k, v in _weights(d).items()})
+
+
+DAMAGE = [
+    (truncated, "cannot load weights"),
+    (empty, "cannot load weights"),
+    (mislabelled, "cannot load weights"),
+    (pickle_not_weights, "something other than plain tensors"),
+    (heads_do_not_divide, "5 does not divide"),
+    (missing_layer, r"missing: transformer\.h\.1\..*12 in all"),
+    (unexpected_weight, r"unexpected: transformer\.h\.7"),
+    (wrong_shape, "cannot load weights|do not match"),
+    (far_too_large, "GiB of weights.*memory"),
+    (tokenizer_larger_than_vocab, "tokenizer has 320 tokens but the model's vocabulary has 100"),
+]
+
+
+@pytest.mark.parametrize("damage,match", DAMAGE, ids=[d[0].__name__ for d in DAMAGE])
+def test_damaged_folder_is_one_inspector_error(tiny_dir, tmp_path, damage, match):
+    d = _clone(tiny_dir, tmp_path, damage.__name__)
+    damage(d)
+    with pytest.raises(gi.InspectorError, match=match) as e:
+        gi.load_model(d, device="cpu", allow_pickle=damage is pickle_not_weights)
+    assert "\n" not in str(e.value)
+
+
+def test_tied_lm_head_is_not_missing(tiny_dir):
+    lm = gi.load_model(tiny_dir["gpt2"], device="cpu")  # gpt2 ties lm_head to the embedding
+    assert lm.warnings == ()
+
+
+def test_smaller_tokenizer_than_vocab_loads_with_a_warning(tiny_dir, tmp_path):
+    import torch
+
+    d = _clone(tiny_dir, tmp_path, "padded")
+    _edit_config(d, vocab_size=384)
+    t = _weights(d)
+    t = {k: (torch.cat([v, torch.zeros(64, *v.shape[1:])]) if v.shape[0] == 320 else v) for k, v in t.items()}
+    _save(d, t)
+    lm = gi.load_model(d, device="cpu")
+    assert lm.vocab_size == 384 and any("tokenizer only 320" in w for w in lm.warnings)
+
+
+@pytest.mark.parametrize("damage", [missing_layer, truncated, far_too_large], ids=lambda f: f.__name__)
+def test_cli_damaged_folder_one_line_in_a_real_process(tiny_dir, tmp_path, damage):
+    d = _clone(tiny_dir, tmp_path, damage.__name__)
+    damage(d)
+    env = dict(os.environ, PYTHONPATH=str(Path(gi.__file__).resolve().parents[1]), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "gpt_inspector", "trace", "--model", str(d), "--device", "cpu",
+                        "--prompt", "x", "--steps", "1", "--out", str(tmp_path / "o.safetensors")],
+                       capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
