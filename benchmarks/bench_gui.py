@@ -73,6 +73,8 @@ def main() -> int:
     app = QApplication.instance() or QApplication([])
     apply_theme(app)
     win = MainWindow(restore_layout=False)
+    win.headless_errors = True  # an error prints instead of waiting on a dialog nobody sees
+    win.persist_layout = False
     win.resize(1600, 1000)
     win.show()
     rows: list[tuple[int, float, float, float, float]] = []

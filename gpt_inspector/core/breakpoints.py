@@ -93,7 +93,7 @@ def run_until(session, *, max_steps: int | None = None, target: int | None = Non
         yield Progress(done, planned, st)
         hit = breakpoints.check(st) if breakpoints is not None else None
         if hit:
-            return Stopped("breakpoint", f"breakpoint at step {st.index}: {hit}", done)
+            return Stopped("breakpoint", f"breakpoint at step {st.index + 1}: {hit}", done)
     if session.finished:
         return Stopped("finished", FINISHED.get(session.finished, session.finished), done)
     if target is not None:

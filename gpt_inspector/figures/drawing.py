@@ -19,7 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
-from ..core.stages import KINDS, STAGE_TITLES
+from ..core.stages import KINDS, STAGE_LABELS, STAGE_TITLES
 from ..core.errors import InspectorError
 from .labels import (
     _finite_span,
@@ -33,7 +33,8 @@ from .labels import (
     value_range,
 )
 
-# one vocabulary for the attention stages, shared with the window: core's stage -> title mapping
+# one vocabulary for the attention stages, shared with the window and the CLI: titles name the stage as
+# the CLI and the window do ("probs (softmax)"); STAGES keeps core's stage -> short title mapping
 # (core.attention.STAGES is the tuple of stage names, here KINDS)
 STAGES = STAGE_TITLES
 # pre-mask stages show every value: hiding the cells the mask removes would defeat their purpose
@@ -340,7 +341,7 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     values, masked = _head_data(source, layer, head, kind)
     labels = token_labels(source, t)
     if title is None:
-        title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {STAGES[kind]}"
+        title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {STAGE_LABELS[kind]}"
                  f" · step {source.n_steps}")  # fmt: skip
     subtitle = f"{_stage_note(kind)} · {_positions_text(t)}"
     return matrix_figure(
@@ -380,7 +381,7 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
     labels = token_labels(source, t)
     name = display_model_name(source.model_name)
     where = f"all {L} layers × {H} heads" if layer is None else f"layer {layer} · all {H} heads"
-    title = f"{name} · {where} · {STAGES[kind]} · step {source.n_steps}"
+    title = f"{name} · {where} · {STAGE_LABELS[kind]} · step {source.n_steps}"
     subtitle = f"{_stage_note(kind)} · {_positions_text(t)} · rows: query, columns: key"
     if k > 1:
         subtitle += f" · {_pool_text(k)}"

@@ -19,6 +19,7 @@ from __future__ import annotations
 import importlib
 import sys
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from PySide6.QtCore import QByteArray, QSize, Qt, QTimer, Signal
@@ -96,6 +97,8 @@ class MainWindow(QMainWindow):
         self._read_only_shown = False
         self._load_spec: ModelSpec | None = None
         self._focus_set = False
+        self._shown_prompt: str | None = None
+        self._shown_text = ""
         self._source_id = 0
 
         self.controller = ctl = Controller(self)
@@ -422,8 +425,19 @@ class MainWindow(QMainWindow):
     def start_session(self) -> int | None:
         return self.controller.new_session(self.session_panel.session_spec())
 
+    def _wanted(self):
+        """The controls' session settings; the prompt counts as changed only if the user edited it.
+
+        The text box may normalise what it shows (line breaks, control characters in a decoded
+        prompt), so an unedited box stands for the shown session's own prompt.
+        """
+        spec = self.session_panel.session_spec()
+        if self._shown_prompt is not None and spec.prompt == self._shown_text:
+            spec = replace(spec, prompt=self._shown_prompt)
+        return spec
+
     def step(self) -> int | None:
-        return self.controller.step(self.session_panel.session_spec())
+        return self.controller.step(self._wanted())
 
     def step_back(self) -> int | None:
         return self.controller.step_back()
@@ -431,7 +445,7 @@ class MainWindow(QMainWindow):
     def run(self, max_steps: int | None = None) -> int | None:
         """Run ``max_steps`` steps (default: the Session panel's max steps) or to a breakpoint."""
         n = max_steps if max_steps is not None else self.session_panel.max_steps.value()
-        return self.controller.run(n, self.breakpoints_panel.breakpoints(), self.session_panel.session_spec())
+        return self.controller.run(n, self.breakpoints_panel.breakpoints(), self._wanted())
 
     def run_to(self, n: int) -> int | None:
         return self.controller.run_to(n, self.breakpoints_panel.breakpoints())
@@ -441,7 +455,7 @@ class MainWindow(QMainWindow):
             self.st_busy.setText("Pausing after this step…")
 
     def restart(self) -> int | None:
-        return self.controller.restart(self.session_panel.session_spec())
+        return self.controller.restart(self._wanted())
 
     def redecide(self) -> int | None:
         t, k, p = self.session_panel.decoding()
@@ -508,6 +522,8 @@ class MainWindow(QMainWindow):
         sp = self.session_panel
         if sp.prompt.toPlainText() != prompt:
             sp.prompt.setPlainText(prompt)
+        self._shown_prompt = prompt
+        self._shown_text = sp.prompt.toPlainText()  # as the box shows it: a difference is the user's edit
         if sp.seed.value() != seed:
             sp.seed.setValue(seed)
 

@@ -65,9 +65,9 @@ def test_a_breakpoint_stops_after_the_step_that_hit_it():
     s = FakeSession(script=[("a", 0.9, 0.1), ("b", 0.9, 0.1), ("c.", 0.9, 0.1), ("d", 0.9, 0.1)])
     events, stop = _drive(run_until(s, max_steps=4, breakpoints=Breakpoints(token_text=".")))
     assert s.n_steps == 3 and len(events) == 3
-    assert stop.kind == "breakpoint" and stop.reason.startswith("breakpoint at step 2: token 'c.'")
+    assert stop.kind == "breakpoint" and stop.reason.startswith("breakpoint at step 3: token 'c.'")
     s = FakeSession(script=[("a", 0.9, 0.1), ("b", 0.2, 4.0)] * 3)
-    assert finish(run_until(s, max_steps=6, breakpoints=Breakpoints(prob_below=0.5))).reason == "breakpoint at step 1: p=0.200 < 0.5"
+    assert finish(run_until(s, max_steps=6, breakpoints=Breakpoints(prob_below=0.5))).reason == "breakpoint at step 2: p=0.200 < 0.5"
     s = FakeSession(script=[("a", 0.9, 0.1), ("b", 0.2, 4.0)] * 3)
     assert "entropy 4.000 > 3" in finish(run_until(s, max_steps=6, breakpoints=Breakpoints(entropy_above=3.0))).reason
     assert not Breakpoints().active and Breakpoints(prob_below=0.0).active

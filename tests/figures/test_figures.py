@@ -69,13 +69,15 @@ def test_png_svg_and_pdf_are_written_and_valid(known, tmp_path):
 
 def test_title_names_model_layer_head_stage_and_step(known, tmp_path):
     fig = figures.head_figure(known, 0, 1, "masked_scores")
-    assert fig.heading == "known/model · layer 0 · head 1 · masked · step 2"
+    assert fig.heading == "known/model · layer 0 · head 1 · masked_scores (masked) · step 2"
     _, texts = _svg_text(figures.save(fig, tmp_path / "t.svg"))
     assert fig.heading in texts
     assert "masked (not attended)" in texts
     assert figures.STAGES == {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
-    for kind, stage in figures.STAGES.items():
-        assert f" · {stage} · " in figures.head_figure(known, 1, 2, kind).heading
+    from gpt_inspector.core.stages import STAGE_LABELS
+
+    for kind in figures.STAGES:  # titles name the stage as the CLI and the window do
+        assert f" · {STAGE_LABELS[kind]} · " in figures.head_figure(known, 1, 2, kind).heading
 
 
 # ---------------------------------------------------------------------- masked cells
@@ -122,7 +124,7 @@ def test_pre_mask_scores_show_every_value(known):
 def test_layer_grid_has_every_head_and_token_labels(known, tmp_path):
     fig = figures.grid_figure(known, 1, "probs")
     assert len(fig.heatmaps) == known.n_heads
-    assert fig.heading == "known/model · layer 1 · all 3 heads · softmax · step 2"
+    assert fig.heading == "known/model · layer 1 · all 3 heads · probs (softmax) · step 2"
     img = _png(figures.to_bytes(fig, "png"))
     for h in range(known.n_heads):
         assert _mode(_cell_pixels(img, fig, 0, 3, fig.dpi, panel=h, half=2)) == figures.MASKED_RGB

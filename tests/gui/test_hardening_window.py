@@ -149,14 +149,29 @@ def test_kv_cache_exports_the_layers_keys(make_window, wait_idle, monkeypatch, t
     assert (tmp_path / "k.svg").read_text().lstrip().startswith("<?xml")
 
 
-def _bad_window_inputs(tmp_path):
+def _bad_window_inputs(tmp_path, tiny_dir=None):
+    import shutil
+
     from gpt_inspector.core import MaskEdit
     from gpt_inspector.gui.worker import ModelSpec, SessionSpec
 
     corrupt = tmp_path / "corrupt.safetensors"
     corrupt.write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00{not json at all")
     hi = SessionSpec("hi", 0.0, None, None, 0)
+    (tmp_path / "a-folder.safetensors").mkdir()
+    (tmp_path / "link.safetensors").symlink_to(tmp_path / "elsewhere.safetensors")
+    damaged = tmp_path / "damaged"
+    shutil.copytree(tiny_dir["gpt2"], damaged)
+    weights = damaged / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[:200])  # truncated on the way
     return [
+        (NewSession(SessionSpec("hi", 0.0, None, None, 2**64)), "seed"),
+        (NewSession(SessionSpec("a\udc80b", 0.0, None, None, 0)), "lone surrogate"),
+        (SetMaskEdits((MaskEdit(2.5, 1),)), "position"),
+        (SaveTrace(str(tmp_path / "missing" / "t.safetensors")), "does not exist"),
+        (SaveTrace(str(tmp_path / "a-folder.safetensors")), "folder"),
+        (SaveTrace(str(tmp_path / "link.safetensors")), "symbolic link"),
+        (Load(ModelSpec(str(damaged), "cpu"), hi), "damaged"),
         (ForceToken(10**9), "token id"),
         (SetDecoding(-1.0), "temperature"),
         (SetDecoding(float("nan")), "temperature"),
@@ -173,12 +188,13 @@ def _bad_window_inputs(tmp_path):
     ]  # fmt: skip
 
 
-def test_bad_inputs_in_the_window_give_one_dialog_each_and_the_session_goes_on(make_window, wait_idle, monkeypatch, tmp_path):
+def test_bad_inputs_in_the_window_give_one_dialog_each_and_the_session_goes_on(make_window, wait_idle, monkeypatch,
+                                                                                tmp_path, tiny_dir):  # fmt: skip
     shown = _capture_dialogs(monkeypatch)
     win = make_window("gpt2")
     win.run(2)
     good = wait_idle(win)
-    for command, word in _bad_window_inputs(tmp_path):
+    for command, word in _bad_window_inputs(tmp_path, tiny_dir):
         n = len(shown)
         win.post(command)
         snap = wait_idle(win)

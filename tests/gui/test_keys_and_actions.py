@@ -142,7 +142,7 @@ def test_a_breakpoint_stops_a_run(shown, wait_idle, qtbot):
     _press(qtbot, win, Qt.Key.Key_F5)
     wait_idle(win)
     assert _step_text(win) == "step 1"
-    assert win.statusBar().currentMessage().startswith("Run stopped: breakpoint at step 0: p=")
+    assert win.statusBar().currentMessage().startswith("Run stopped: breakpoint at step 1: p=")
 
 
 def test_run_to_step_goes_forward_and_back(shown, wait_idle, qtbot, monkeypatch):

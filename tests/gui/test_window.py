@@ -213,7 +213,7 @@ def test_breakpoints_and_run_to(make_window, wait_idle):
     bp.prob.setValue(1.0)  # every token is below p = 1: stop after the first step
     win.run(10)
     snap = wait_idle(win)
-    assert snap.n_steps == 1 and win.last_stop_reason.startswith("breakpoint at step 0")
+    assert snap.n_steps == 1 and win.last_stop_reason.startswith("breakpoint at step 1")
     bp.on_prob.setChecked(False)
     win.run_to(6)
     assert wait_idle(win).n_steps == 6
@@ -316,7 +316,7 @@ def test_export_builds_the_figure_on_the_worker(make_window, wait_idle, monkeypa
     qtbot.waitUntil(lambda: len(shown) == 1, timeout=20000)
     assert threads and threads[0] != threading.get_ident()
     heading, name, magic = shown[0]
-    assert "layer 1 · head 3 · scaled · step 1" in heading and name == "attention-L1-H3-scores.png"
+    assert "layer 1 · head 3 · scores (scaled) · step 1" in heading and name == "attention-L1-H3-scores.png"
     assert magic == b"\x89PNG"
     assert wait_idle(win).n_steps == 2
     win.overview.export_requested.emit(None)
