@@ -168,7 +168,10 @@ def _check_causal(config, source: str) -> None:
         raise InspectorError(f"{source} is an encoder-decoder ({mt}) model; gpt-inspector steps decoder-only models")
     if mt in _ENCODER_ONLY and not getattr(config, "is_decoder", False):
         raise InspectorError(f"{source} is an encoder-only ({mt}) model; gpt-inspector steps decoder-only models")
-    if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES:
+    # a custom architecture the user opted into (--trust-remote-code) names its own causal-LM class;
+    # whether its attention is the model's own is then the fidelity self-test's to decide
+    custom = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
+    if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not custom:
         raise InspectorError(f"{source} ({mt}) is not a causal language model that transformers knows")
 
 

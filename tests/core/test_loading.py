@@ -94,3 +94,34 @@ def test_remote_code_never_implicit(tmp_path, tiny_dir):
     (folder / "evil.py").write_text("raise SystemExit('remote code ran')\n")
     with pytest.raises(gi.InspectorError, match="trust-remote-code|trust_remote_code|own Python code"):
         gi.load_model(folder, device="cpu")
+
+
+def test_a_custom_architecture_loads_when_the_user_opts_in(tmp_path, tiny_dir, hf_eager):
+    """--trust-remote-code is honoured all the way: the custom class loads, passes the fidelity
+    self-test and steps with the model's own numbers (not refused after its code already ran)."""
+    import json
+
+    import numpy as np
+    import torch
+
+    folder = tmp_path / "custom"
+    shutil.copytree(tiny_dir["gpt2"], folder)
+    cfg = json.loads((folder / "config.json").read_text())
+    cfg.update(auto_map={"AutoConfig": "custom_model.MyConfig", "AutoModelForCausalLM": "custom_model.MyLM"},
+               model_type="my_gpt2", architectures=["MyLM"])  # fmt: skip
+    (folder / "config.json").write_text(json.dumps(cfg))
+    (folder / "custom_model.py").write_text(
+        "from transformers import GPT2Config, GPT2LMHeadModel\n"
+        "class MyConfig(GPT2Config):\n    model_type = 'my_gpt2'\n"
+        "class MyLM(GPT2LMHeadModel):\n    config_class = MyConfig\n"
+    )
+    with pytest.raises(gi.InspectorError, match="own Python code"):
+        gi.load_model(folder, device="cpu")
+    lm = gi.load_model(folder, device="cpu", trust_remote_code=True)
+    assert type(lm.model).__name__ == "MyLM" and lm.unverified is None
+    s = gi.Session(lm, "She eats an apple.")
+    s.run(3)
+    with torch.no_grad():
+        ref = hf_eager("gpt2")(torch.tensor([s.tokens[:-1]])).logits[0]  # the same weights as plain GPT-2
+    for st in s.steps_done:
+        np.testing.assert_allclose(st.logits.numpy(), ref[st.position].numpy(), atol=1e-5 * float(ref.abs().max()))
