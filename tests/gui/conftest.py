@@ -13,6 +13,39 @@ _pyside_fix.install()
 
 
 @pytest.fixture(autouse=True)
+def no_dialogs(monkeypatch):
+    """Every message box is recorded instead of opened: a modal dialog nobody answers would hang an
+    offscreen run. Tests assert on the list (or patch QMessageBox themselves to answer a question)."""
+    from PySide6.QtWidgets import QMessageBox
+
+    seen = []
+    for name in ("warning", "critical", "information"):
+        monkeypatch.setattr(QMessageBox, name, lambda parent, title, text, *a, **k: seen.append((title, text)))
+    monkeypatch.setattr(QMessageBox, "question",
+                        lambda parent, title, text, *a, **k: seen.append((title, text)) or QMessageBox.StandardButton.No)  # fmt: skip
+    return seen
+
+
+@pytest.fixture
+def dialogs(no_dialogs):
+    return no_dialogs
+
+
+@pytest.fixture
+def shown(make_window, qtbot):
+    """A window on a fresh session, shown, active and exposed, as after start."""
+
+    def make(*a, **kw):
+        win = make_window(*a, **kw)
+        win.activateWindow()
+        qtbot.waitExposed(win)
+        qtbot.waitUntil(win.isActiveWindow, timeout=3000)
+        return win
+
+    return make
+
+
+@pytest.fixture(autouse=True)
 def _private_settings(tmp_path, monkeypatch):
     monkeypatch.setenv("GPT_INSPECTOR_SETTINGS", str(tmp_path / "settings.ini"))
     yield

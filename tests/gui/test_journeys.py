@@ -7,32 +7,10 @@ the views show. Dialogs are answered by patching the Qt call that would open the
 
 from __future__ import annotations
 
-import pytest
 from PySide6.QtCore import QPointF, Qt
 from PySide6.QtWidgets import QApplication, QDialog, QFileDialog, QMessageBox
 
 from gpt_inspector.gui import autosave
-
-
-@pytest.fixture
-def shown(make_window, qtbot):
-    def make(*a, **kw):
-        win = make_window(*a, **kw)
-        win.activateWindow()
-        qtbot.waitExposed(win)
-        qtbot.waitUntil(win.isActiveWindow, timeout=3000)
-        return win
-
-    return make
-
-
-@pytest.fixture
-def dialogs(monkeypatch):
-    """Record warnings instead of opening them (a modal dialog hangs an offscreen test)."""
-    seen = []
-    for name in ("warning", "critical", "information"):
-        monkeypatch.setattr(QMessageBox, name, lambda parent, title, text, *a, **k: seen.append((title, text)))
-    return seen
 
 
 def press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):

@@ -10,32 +10,10 @@ import time
 
 import pytest
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QInputDialog, QLineEdit, QMessageBox, QPlainTextEdit, QTextEdit
+from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QInputDialog, QLineEdit, QPlainTextEdit, QTextEdit
 
 from gpt_inspector.gui import commands
 from gpt_inspector.gui.worker import HANDLERS
-
-
-@pytest.fixture
-def shown(make_window, qtbot):
-    """A window on a fresh session, shown, active and exposed, as after start."""
-
-    def make(**kw):
-        win = make_window(**kw)
-        win.activateWindow()
-        qtbot.waitExposed(win)
-        qtbot.waitUntil(win.isActiveWindow, timeout=3000)
-        return win
-
-    return make
-
-
-@pytest.fixture
-def no_dialogs(monkeypatch):
-    shown = []
-    for name in ("warning", "critical", "information"):
-        monkeypatch.setattr(QMessageBox, name, lambda parent, title, text, *a, **k: shown.append((title, text)))
-    return shown
 
 
 def _press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):

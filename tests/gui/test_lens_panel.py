@@ -5,15 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 from PySide6.QtCore import QPointF, Qt
-from PySide6.QtWidgets import QApplication, QMessageBox
-
-
-@pytest.fixture
-def no_dialogs(monkeypatch):
-    shown = []
-    for name in ("warning", "critical", "information"):
-        monkeypatch.setattr(QMessageBox, name, lambda parent, title, text, *a, **k: shown.append((title, text)))
-    return shown
+from PySide6.QtWidgets import QApplication
 
 
 def test_lens_follows_steps_and_a_click_selects_the_head(make_window, wait_idle, qtbot, tiny_lm, no_dialogs):
