@@ -267,6 +267,20 @@ class Recorder:
                 self.mask_rows[layer][q0 + r] = allowed[r].clone()
 
 
+def scratch_forward(lm, ids, like: Recorder | None = None) -> Recorder:
+    """Run ``ids`` once, without a cache, into a fresh Recorder; nothing of any session is touched.
+
+    ``like``: apply that recorder's mask edits and head edits too (None: the model as it is).
+    """
+    rec = Recorder(lm.n_layers, mirror_kv=False)
+    if like is not None:
+        rec.edits, rec.head_edits = like.edits, like.head_edits
+    x = torch.tensor([list(ids)], dtype=torch.long, device=lm.device)  # (1, T)
+    with torch.inference_mode(), rec.active():
+        lm.model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False, logits_to_keep=1)
+    return rec
+
+
 def allowed_rows(
     mask_rows: dict[int, torch.Tensor],
     t: int,

@@ -143,13 +143,8 @@ def _residuals(session) -> torch.Tensor:
     L = lm.n_layers
     if len(store) == L and getattr(rec, "residual_length", None) == session.cache_length:
         return torch.stack([store[i][0] for i in range(L)])  # (L, D)
-    # recompute the current position from scratch, with the session's edits, into a scratch recorder
-    t = session.cache_length
-    scratch = capture.Recorder(L, mirror_kv=False)
-    scratch.edits = rec.edits
-    ids = torch.tensor([session.tokens[:t]], device=lm.device)  # (1, T)
-    with torch.inference_mode(), scratch.active():
-        lm.model(input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=False, logits_to_keep=1)
+    # recompute the current position from scratch, with the session's mask and head edits
+    scratch = capture.scratch_forward(lm, session.tokens[: session.cache_length], like=rec)
     return torch.stack([scratch.residual[i][0] for i in range(L)])  # (L, D)
 
 

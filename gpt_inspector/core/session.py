@@ -15,7 +15,7 @@ from transformers import DynamicCache
 
 from . import decoding, validate
 from .attention import KINDS
-from .capture import HeadEdit, MaskEdit, Recorder, compile_edits
+from .capture import HeadEdit, MaskEdit, Recorder, compile_edits, scratch_forward
 from .errors import InspectorError, StepFailed
 from .models import LoadedModel
 from .source import ModelShape, RunSource
@@ -485,10 +485,7 @@ class Session(ModelShape, RunSource):
     def _head_outputs_of(self, ids: tuple[int, ...]) -> list[torch.Tensor]:
         """Per layer (H, T_src, d): the head outputs of a clean run over ``ids`` (cached per source)."""
         if ids not in self._patch_sources:
-            rec = Recorder(self.lm.n_layers, mirror_kv=False)  # no edits: the source runs as the model does
-            x = torch.tensor([list(ids)], dtype=torch.long, device=self.lm.device)  # (1, T_src)
-            with torch.inference_mode(), rec.active():
-                self.lm.model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False, logits_to_keep=1)
+            rec = scratch_forward(self.lm, ids)  # no edits: the source runs as the model does
             self._patch_sources[ids] = [rec.out[i].view(len(ids))[0].clone() for i in range(self.n_layers)]
         return self._patch_sources[ids]
 

@@ -132,3 +132,20 @@ def test_head_edits_live_in_the_trace(tiny_lm, tmp_path):
     tr = gi.load_trace(s.save_trace(tmp_path / "k.safetensors"))
     assert tr.head_edits == s.head_edits
     np.testing.assert_array_equal(tr.attention_output(0), 0)
+
+
+def test_lens_after_step_back_keeps_the_knock_out(tiny_lm):
+    """The lens recomputes the current position with the head edits in force, not the clean model."""
+    from gpt_inspector.core.lens import lens
+
+    s = gi.Session(tiny_lm("gpt2"), PROMPT)
+    s.run(3)
+    lens(s)  # the lens is in use: from here on each forward records the residual
+    s.set_head_edits([HeadEdit(0)])  # layer 0: its lens row is not the model's logits, so it shows
+    recorded = lens(s)  # the residual the recompute recorded at this position
+    s.step()
+    s.step_back()  # the recorded residual is now another position's: recomputed from scratch
+    r = lens(s)
+    for a, b in zip(r.layers, recorded.layers):
+        assert a.logit == pytest.approx(b.logit, abs=1e-4)
+    assert not r.attribution[0].any()  # the knocked-out layer pushes nothing
