@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
-import signal
-import threading
 import time
-from collections.abc import Callable, Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
@@ -15,118 +11,18 @@ from transformers import DynamicCache
 
 from . import decoding, validate
 from .attention import KINDS
-from .capture import HeadEdit, MaskEdit, Recorder, compile_edits, scratch_forward
+from .capture import HeadEdit, MaskEdit, Recorder
 from .errors import InspectorError, StepFailed
+from .forward import crop_cache, forward_with_rollback, interrupts_deferred
 from .models import LoadedModel
+from .session_edits import EditingMixin, MaskEditReport
 from .source import ModelShape, RunSource
 from .step import TOP_N, Step, TopEntry
 
 RECIPE_FORMAT = "gpt-inspector-recipe/1"
 
 
-@dataclass
-class MaskEditReport:
-    """How a mask edit changed the current next-token distribution."""
-
-    earliest_position: int | None  # first recomputed position; None if nothing processed was affected
-    recomputed: int  # positions re-run through the model
-    before: torch.Tensor | None  # (V,) probs before
-    after: torch.Tensor | None  # (V,) probs after
-    tokens_changed: bool = False  # always False: chosen tokens are teacher-forced
-
-    @property
-    def total_variation(self) -> float:
-        if self.before is None or self.after is None:
-            return 0.0
-        return float(0.5 * (self.before - self.after).abs().sum())
-
-    @property
-    def max_abs_change(self) -> float:
-        if self.before is None or self.after is None:
-            return 0.0
-        return float((self.before - self.after).abs().max())
-
-
-def _crop_cache(cache: DynamicCache, length: int) -> None:
-    # per layer: after a fault mid-forward, layers may hold different lengths; and a Ctrl+C between
-    # a layer's two concatenations leaves its keys one longer than its values, so each is cut to
-    # the absolute length (the layer's relative crop would cut both by the keys' excess)
-    for layer in cache.layers:
-        if not getattr(layer, "is_initialized", True):
-            continue
-        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
-        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
-            if keys.dim() < 2 or values.dim() < 2:  # fresh from lazy initialisation: empty 1-D placeholders
-                continue
-            if keys.shape[-2] > length:
-                layer.keys = keys[..., :length, :]
-            if values.shape[-2] > length:
-                layer.values = values[..., :length, :]
-            continue
-        n = layer.get_seq_length()
-        if n > length:
-            layer.crop(-(n - length))
-
-
-@contextlib.contextmanager
-def interrupts_deferred():
-    """Hold Ctrl+C back until the block ends, so a commit or a rollback is never half done.
-
-    Only the main thread receives SIGINT, and only it may install handlers; elsewhere this is a no-op.
-    """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except (ValueError, OSError):
-        yield
-        return
-    if previous is None or not callable(previous):  # SIG_IGN/SIG_DFL or a non-Python handler: nothing to defer
-        yield
-        return
-    pending: list = []
-    signal.signal(signal.SIGINT, lambda signum, frame: pending.append((signum, frame)))
-    try:
-        yield
-    finally:
-        signal.signal(signal.SIGINT, previous)
-        if pending:
-            previous(*pending[0])  # the default handler raises KeyboardInterrupt here, after the block
-
-
-def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, take, oom_remedy: str, remedy: str):
-    """Run ``ids`` (B, n) after ``cache`` with recording on and return ``take(logits)``.
-
-    Logits are (B, keep, V). Any fault crops the cache and the records back to where they were
-    and raises StepFailed with the remedy to try, so callers stay at their last good step. An
-    interrupt (Ctrl+C) rolls back the same way and is re-raised as itself: the user asked to stop,
-    nothing failed.
-    """
-    start = cache.get_seq_length()
-    # an explicit all-ones mask: nothing is padded, even where the pad id is a real token
-    seen = torch.ones((ids.shape[0], start + ids.shape[1]), dtype=torch.long, device=ids.device)  # (B, T)
-    try:
-        with torch.inference_mode(), recorder.active():
-            out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep)
-        logits = take(out.logits)
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize(lm.device)  # the records were copied asynchronously
-        return logits
-    except BaseException as e:
-        with interrupts_deferred():
-            _crop_cache(cache, start)
-            recorder.crop(start)
-        if not isinstance(e, Exception):
-            raise
-        oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
-        if lm.device.type == "cuda":
-            torch.cuda.empty_cache()
-        msg = f"the model failed at position {start}: {type(e).__name__}: {e}"
-        raise StepFailed(msg, oom_remedy if oom else remedy) from e
-
-
-class Session(ModelShape, RunSource):
+class Session(EditingMixin, ModelShape, RunSource):
     """Step a loaded model through generation, recording every attention quantity.
 
     ``Session(model, prompt, temperature=0.0, top_k=None, top_p=None, seed=0)``. The read
@@ -253,7 +149,7 @@ class Session(ModelShape, RunSource):
             # Ctrl+C can land after the forward but before the commit: undo the cache and sampler too
             if not committed:
                 with interrupts_deferred():
-                    _crop_cache(self.cache, start)
+                    crop_cache(self.cache, start)
                     self.recorder.crop(start)
                     self.generator.set_state(rng)
             raise
@@ -354,183 +250,6 @@ class Session(ModelShape, RunSource):
 
     def set_top_p(self, p: float | None, redecide: bool = False) -> Step | None:
         return self.set_decoding(top_p=p, redecide=redecide)
-
-    # ------------------------------------------------------------------ mask editing
-    def _validate_edit(self, e: MaskEdit) -> None:
-        if not isinstance(e, MaskEdit):
-            raise InspectorError(f"mask edits must be MaskEdit values, got {e!r}")
-        for what, v in (("query", e.query), ("key", e.key)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
-                raise InspectorError(f"mask edit {what} position must be an integer, got {v!r}")
-        if not isinstance(e.blocked, (bool, np.bool_)):
-            raise InspectorError(f"mask edit 'blocked' must be True or False, got {e.blocked!r}")
-        if e.layer is not None:
-            self.check_layer(e.layer)
-        if e.head is not None:
-            self.check_head(e.head)
-        if not (0 <= e.query < self.lm.context_length) or not (0 <= e.key < self.lm.context_length):
-            raise InspectorError(f"mask edit positions must be in [0, {self.lm.context_length}), got {e.query}->{e.key}")
-        if e.key > e.query:
-            verb = "allow" if not e.blocked else "block"
-            raise InspectorError(
-                f"cannot {verb} query {e.query} -> key {e.key}: a future position; the causal mask always hides it"
-            )
-
-    def set_mask_edits(self, edits: Iterable[MaskEdit]) -> MaskEditReport:
-        """Replace the mask edits in force and recompute from the earliest affected position.
-
-        Edits apply in order: a block adds a cell for its scope, an allow removes that scope's block.
-        Chosen tokens are kept (teacher-forced); the report says how the current distribution moved.
-        """
-        edits = list(edits)
-        blocked: dict[tuple, MaskEdit] = {}
-        for e in edits:
-            self._validate_edit(e)
-            if e.blocked:
-                blocked[e.scope()] = e
-            else:
-                blocked.pop(e.scope(), None)
-        new_cells, compiled = compile_edits(blocked.values(), self.lm.n_layers, self.lm.n_heads)
-        rows: dict[tuple[int, int, int], int] = {}
-        for l, h, i, _ in new_cells:
-            rows[(l, h, i)] = rows.get((l, h, i), 0) + 1
-        for (l, h, i), n in rows.items():
-            if n >= i + 1:
-                raise InspectorError(
-                    f"that would mask every key of query {i} in layer {l} head {h}; softmax needs at least one key"
-                )
-        changed = new_cells ^ compile_edits(self._blocked.values(), self.lm.n_layers, self.lm.n_heads)[0]
-        prev_blocked, prev_edits = self._blocked, self.recorder.edits
-        committed = []
-
-        def commit():
-            self._ops.append({"op": "mask", "edits": [e.to_json() for e in blocked.values()]})
-            committed.append(True)
-
-        try:
-            self._blocked = blocked
-            self.recorder.edits = compiled
-            report = self._recompute_from(min((c[2] for c in changed), default=None),
-                                          lambda: setattr(self.recorder, "edits", prev_edits), commit)  # fmt: skip
-        except BaseException:
-            if not committed:  # an interrupt just after the commit keeps the new, complete state
-                self._blocked, self.recorder.edits = prev_blocked, prev_edits
-            raise
-        self._emit("mask", report)
-        return report
-
-    def add_mask_edit(self, edit: MaskEdit) -> MaskEditReport:
-        return self.set_mask_edits([*self.mask_edits, edit])
-
-    def clear_mask_edits(self) -> MaskEditReport:
-        return self.set_mask_edits([])
-
-    def _recompute_from(self, earliest: int | None, restore: Callable[[], None], commit: Callable[[], None]) -> MaskEditReport:
-        """Re-run positions earliest..end under the edits now in the recorder (tokens kept).
-
-        On a fault ``restore()`` puts the recorder's previous edits back before the cache is
-        refilled; ``commit()`` records the change once the new numbers are all in place.
-        """
-        end = self.cache_length
-        cur = self.current
-        before = cur.probs.clone() if cur else None
-        if earliest is None or earliest >= end:
-            with interrupts_deferred():
-                commit()
-            return MaskEditReport(None, 0, before, before)
-        try:
-            _crop_cache(self.cache, earliest)
-            self.recorder.crop(earliest)
-            logits = self._forward(self.tokens[earliest:end], end - earliest)  # (end-earliest, V)
-            # the new logits go in all at once or not at all: an interrupt halfway would mix two masks
-            fresh = [(s, logits[s.position - earliest].clone()) for s in self.steps_done if s.position >= earliest]
-        except BaseException:
-            # the caller restores the previous edits; refill the cache with them so state is as before.
-            # A second Ctrl+C waits: stopping the refill would leave the cache short.
-            with interrupts_deferred():
-                restore()
-                _crop_cache(self.cache, earliest)
-                self.recorder.crop(earliest)
-                self._forward(self.tokens[earliest:end], 1)
-            raise
-        with interrupts_deferred():
-            for s, row in fresh:
-                s.logits = row
-                self._refresh(s)
-            commit()
-        after = cur.probs.clone() if cur else None
-        return MaskEditReport(earliest, end - earliest, before, after)
-
-    # ------------------------------------------------------------------ knock-out and patching
-    @property
-    def head_edits(self) -> list[HeadEdit]:
-        return list(self._head_edits)
-
-    def patch_edit(self, layer: int, head: int, source) -> HeadEdit:
-        """A HeadEdit that writes ``source``'s output of (layer, head) into this run, position by position.
-
-        ``source`` is another Session (or Trace) of the same model that processed at least as
-        many positions as this run.
-        """
-        self.check_layer(layer), self.check_head(head)
-        if getattr(source, "model_name", None) != self.model_name or source.n_heads != self.n_heads:
-            raise InspectorError("the patch source must be a run of the same model")
-        if source.cache_length < self.cache_length:
-            raise InspectorError(
-                f"the patch source processed {source.cache_length} positions; this run has {self.cache_length}, "
-                "so some positions would have nothing to patch in: run the source further"
-            )
-        return HeadEdit(layer, head, tuple(source.processed_tokens))
-
-    def _head_outputs_of(self, ids: tuple[int, ...]) -> list[torch.Tensor]:
-        """Per layer (H, T_src, d): the head outputs of a clean run over ``ids`` (cached per source)."""
-        if ids not in self._patch_sources:
-            rec = scratch_forward(self.lm, ids)  # no edits: the source runs as the model does
-            self._patch_sources[ids] = [rec.out[i].view(len(ids))[0].clone() for i in range(self.n_layers)]
-        return self._patch_sources[ids]
-
-    def set_head_edits(self, edits: Iterable[HeadEdit]) -> MaskEditReport:
-        """Replace the knock-outs and patches in force and recompute the run (teacher-forced).
-
-        The report says how the current next-token distribution moved.
-        """
-        edits = list(edits)
-        compiled: dict[int, list] = {}
-        for e in edits:
-            if not isinstance(e, HeadEdit):
-                raise InspectorError(f"head edits must be HeadEdit values, got {e!r}")
-            self.check_layer(e.layer)
-            if e.head is not None:
-                self.check_head(e.head)
-            if e.patch_from is not None:
-                if e.head is None:
-                    raise InspectorError("patching takes one head; knock out a whole layer with head=None instead")
-                if any(not 0 <= i < self.vocab_size for i in e.patch_from):
-                    raise InspectorError(f"patch source token ids must be in [0, {self.vocab_size})")
-                if len(e.patch_from) < self.cache_length:
-                    raise InspectorError(f"the patch source has {len(e.patch_from)} positions; this run has "
-                                         f"{self.cache_length}: run the source further")  # fmt: skip
-        for e in edits:  # validated: now the (possibly slow) source runs
-            heads = range(self.n_heads) if e.head is None else [e.head]
-            src = None if e.patch_from is None else self._head_outputs_of(e.patch_from)[e.layer]
-            compiled.setdefault(e.layer, []).extend((h, src) for h in heads)
-        prev, prev_compiled = self._head_edits, self.recorder.head_edits
-        committed = []
-
-        def commit():
-            self._ops.append({"op": "heads", "edits": [e.to_json() for e in edits]})
-            committed.append(True)
-
-        try:
-            self._head_edits, self.recorder.head_edits = edits, compiled
-            report = self._recompute_from(0 if (edits or prev) else None,
-                                          lambda: setattr(self.recorder, "head_edits", prev_compiled), commit)  # fmt: skip
-        except BaseException:
-            if not committed:
-                self._head_edits, self.recorder.head_edits = prev, prev_compiled
-            raise
-        self._emit("mask", report)
-        return report
 
     # ------------------------------------------------------------------ run-source primitives
     def _kv(self, layer: int, which: str) -> torch.Tensor:

@@ -166,14 +166,14 @@ def test_sigint_during_beam_search_then_finishing_gives_the_uninterrupted_result
 
 def test_rollback_repairs_a_layer_whose_keys_outgrew_its_values(tiny_lm):
     """Ctrl+C between a cache layer's two concatenations leaves keys one longer than values."""
-    from gpt_inspector.core.session import _crop_cache
+    from gpt_inspector.core.forward import crop_cache
 
     s = gi.Session(tiny_lm("gpt2"), "She eats an apple")
     s.run(3)
     n = s.cache_length
     layer = s.cache.layers[1]
     layer.keys = torch.cat([layer.keys, layer.keys[..., -1:, :]], dim=-2)  # keys n+1, values n
-    _crop_cache(s.cache, n)
+    crop_cache(s.cache, n)
     assert layer.keys.shape[-2] == layer.values.shape[-2] == n
     _assert_like_fresh(tiny_lm("gpt2"), s)
 
@@ -182,13 +182,13 @@ def test_rollback_of_a_layer_interrupted_right_after_lazy_initialisation():
     from transformers import DynamicCache
     from transformers.cache_utils import DynamicLayer
 
-    from gpt_inspector.core.session import _crop_cache
+    from gpt_inspector.core.forward import crop_cache
 
     cache = DynamicCache()
     layer = DynamicLayer()
     layer.lazy_initialization(torch.zeros(1, 4, 1, 8), torch.zeros(1, 4, 1, 8))  # 1-D empty placeholders
     cache.layers.append(layer)
-    _crop_cache(cache, 0)  # must not index a placeholder's missing sequence dimension
+    crop_cache(cache, 0)  # must not index a placeholder's missing sequence dimension
     assert layer.get_seq_length() == 0
     k, v = layer.update(torch.ones(1, 4, 2, 8), torch.ones(1, 4, 2, 8))
     assert k.shape == v.shape == (1, 4, 2, 8)

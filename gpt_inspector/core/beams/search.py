@@ -42,7 +42,7 @@ from .. import decoding, validate
 from ..capture import Recorder
 from ..errors import InspectorError, check_index
 from ..models import LoadedModel
-from ..session import _crop_cache, forward_with_rollback, interrupts_deferred
+from ..forward import crop_cache, forward_with_rollback, interrupts_deferred
 from ..step import Step, top_entries
 from ..tokens import token_label
 from . import tree as beam_tree
@@ -277,7 +277,7 @@ class BeamSearch:
         except BaseException:
             if not updating:  # Ctrl+C between the forward and the update: the cache grew alone
                 with interrupts_deferred():
-                    _crop_cache(self.cache, start)
+                    crop_cache(self.cache, start)
                     self.recorder.crop(start)
             raise
         for cb in list(self._listeners):

@@ -1,0 +1,95 @@
+"""One forward over a cache with recording on, and the rollback that keeps a run at its last good step.
+
+Shared by the session and the beam search: both must leave the cache and the records exactly as they
+were when anything (an error, Ctrl+C) stops a forward halfway.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import signal
+import threading
+
+import torch
+from transformers import DynamicCache
+
+from .errors import StepFailed
+
+
+def crop_cache(cache: DynamicCache, length: int) -> None:
+    # per layer: after a fault mid-forward, layers may hold different lengths; and a Ctrl+C between
+    # a layer's two concatenations leaves its keys one longer than its values, so each is cut to
+    # the absolute length (the layer's relative crop would cut both by the keys' excess)
+    for layer in cache.layers:
+        if not getattr(layer, "is_initialized", True):
+            continue
+        keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
+        if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
+            if keys.dim() < 2 or values.dim() < 2:  # fresh from lazy initialisation: empty 1-D placeholders
+                continue
+            if keys.shape[-2] > length:
+                layer.keys = keys[..., :length, :]
+            if values.shape[-2] > length:
+                layer.values = values[..., :length, :]
+            continue
+        n = layer.get_seq_length()
+        if n > length:
+            layer.crop(-(n - length))
+
+
+@contextlib.contextmanager
+def interrupts_deferred():
+    """Hold Ctrl+C back until the block ends, so a commit or a rollback is never half done.
+
+    Only the main thread receives SIGINT, and only it may install handlers; elsewhere this is a no-op.
+    """
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    try:
+        previous = signal.getsignal(signal.SIGINT)
+    except (ValueError, OSError):
+        yield
+        return
+    if previous is None or not callable(previous):  # SIG_IGN/SIG_DFL or a non-Python handler: nothing to defer
+        yield
+        return
+    pending: list = []
+    signal.signal(signal.SIGINT, lambda signum, frame: pending.append((signum, frame)))
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGINT, previous)
+        if pending:
+            previous(*pending[0])  # the default handler raises KeyboardInterrupt here, after the block
+
+
+def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, take, oom_remedy: str, remedy: str):
+    """Run ``ids`` (B, n) after ``cache`` with recording on and return ``take(logits)``.
+
+    Logits are (B, keep, V). Any fault crops the cache and the records back to where they were
+    and raises StepFailed with the remedy to try, so callers stay at their last good step. An
+    interrupt (Ctrl+C) rolls back the same way and is re-raised as itself: the user asked to stop,
+    nothing failed.
+    """
+    start = cache.get_seq_length()
+    # an explicit all-ones mask: nothing is padded, even where the pad id is a real token
+    seen = torch.ones((ids.shape[0], start + ids.shape[1]), dtype=torch.long, device=ids.device)  # (B, T)
+    try:
+        with torch.inference_mode(), recorder.active():
+            out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+        logits = take(out.logits)
+        if lm.device.type == "cuda":
+            torch.cuda.synchronize(lm.device)  # the records were copied asynchronously
+        return logits
+    except BaseException as e:
+        with interrupts_deferred():
+            crop_cache(cache, start)
+            recorder.crop(start)
+        if not isinstance(e, Exception):
+            raise
+        oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()
+        if lm.device.type == "cuda":
+            torch.cuda.empty_cache()
+        msg = f"the model failed at position {start}: {type(e).__name__}: {e}"
+        raise StepFailed(msg, oom_remedy if oom else remedy) from e
