@@ -1,14 +1,17 @@
 """Capture every attention quantity by *being* the model's attention function.
 
-We register one function under ``ATTN_NAME`` in transformers' ``AttentionInterface`` and the
-eager mask builder under the same name in ``AttentionMaskInterface``. The second registration
-matters: without it ``create_causal_mask`` finds no builder for our name, hands us no mask, and
-the causal mask silently disappears (logits drift by ~0.02 on GPT-2).
+We register one function under ``ATTN_NAME`` in transformers' ``AttentionInterface`` and a mask
+builder under the same name in ``AttentionMaskInterface``. The second registration matters:
+without it ``create_causal_mask`` finds no builder for our name, hands us no mask, and the causal
+mask silently disappears (logits drift by ~0.02 on GPT-2). Our builder is the eager one (an
+additive float mask) except where sdpa's own builder would skip the mask (plain causal, nothing
+padded, no window in reach): then it returns None and we ask sdpa for ``is_causal``, so a prefill
+at T = 8,192 never builds a T x T mask and a decode step passes none.
 
 Because our function computes the attention the model uses, what we record *is* what the model
 computed. Mask edits are applied here too, so an edited model and its records can never disagree.
 
-What is kept per layer (CPU, grown in chunks):
+What is kept per layer (CPU, grown geometrically so a long run re-copies each position O(1) times):
 - q and the attention output per query head and position (B, H, T, d);
 - K and V: on the CPU they are read straight from the model's KV cache (zero copy, the real
   thing); on an accelerator a CPU mirror is filled with asynchronous copies;
@@ -27,7 +30,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import attention as eq
 from .errors import InspectorError
@@ -37,7 +40,9 @@ ATTN_NAME = "gpt_inspector"
 # The recorder of the forward pass running in *this* thread (the GUI worker, a script, a test).
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("gpt_inspector_recorder", default=None)
 
-_GROW = 64  # positions added per growth; small so record memory tracks the cache closely
+# a buffer grows by a quarter of what it holds (at least _GROW positions): each position is
+# re-copied a bounded number of times (≤ 4 on average) at any T, and capacity stays ≤ 1.25x + _GROW
+_GROW = 64
 
 
 @dataclass(frozen=True)
@@ -155,7 +160,8 @@ class _Buffer:
         end = start + n
         t = self.t
         if t is None or t.shape[0] != b or t.shape[1] != h or t.shape[3] != d or t.shape[2] < end or t.dtype != rows.dtype:
-            cap = max(end, (t.shape[2] if t is not None else 0)) + _GROW
+            held = t.shape[2] if t is not None else 0
+            cap = max(end, held) + max(_GROW, max(end, held) // 4)
             new = torch.empty((b, h, cap, d), dtype=rows.dtype, pin_memory=self.pin)
             if t is not None and t.shape[0] == b and t.shape[1] == h and t.shape[3] == d:
                 keep = min(start, t.shape[2])
@@ -358,8 +364,6 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     tk = key.shape[2]  # key, value: (B, Hkv, Tk, d)
     if scaling is None:
         scaling = d**-0.5
-    k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
-    v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)
     mask = None if attention_mask is None else attention_mask[:, :, :, :tk]  # (B, 1, Tq, Tk) additive
     rec = _ACTIVE.get()
     layer = getattr(module, "layer_idx", None)
@@ -369,12 +373,18 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
             base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
             mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
     sinks = kwargs.get("s_aux")  # (H,) one sink logit per head, or None
+    if mask is None and tq > 1 and (tq != tk or softcap is not None or sinks is not None):
+        mask = _causal_additive(tq, tk, query.dtype, query.device)  # (1, 1, Tq, Tk)
     if softcap is None and sinks is None:
-        if mask is None and tq > 1:
-            mask = _causal_additive(tq, tk, query.dtype, query.device)
-        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)  # (B, H, Tq, d)
+        # None with tq == tk: plain causal, which sdpa's is_causal computes without a T x T mask;
+        # enable_gqa reads each KV head for its query-head group in place (no repeat of K/V)
+        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
+                                             is_causal=mask is None and tq > 1,
+                                             enable_gqa=key.shape[1] != n_heads)  # (B, H, Tq, d)  # fmt: skip
         probs = None
     else:
+        k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
+        v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)
         scores = eq.scores(query, k, scaling, softcap)  # (B, H, Tq, Tk)
         if mask is not None:
             scores = scores + mask
@@ -425,6 +435,20 @@ def _causal_additive(tq: int, tk: int, dtype, device) -> torch.Tensor:
     return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]  # (1, 1, Tq, Tk)
 
 
+def inspector_mask(*args, dtype: torch.dtype = torch.float32, allow_is_causal_skip: bool = True, **kwargs):
+    """transformers' eager mask (0 allowed, dtype-min blocked), or None where sdpa's would be skipped.
+
+    sdpa's builder returns None only when the mask is plain causal over the keys at hand (or, for
+    a bidirectional mask, all-allowed), which ``inspector_attention`` reproduces with ``is_causal``
+    or with no mask for one query; anything else (padding, a window that bites, custom overlays)
+    comes back materialised and converted exactly as ``eager_mask`` converts it.
+    """
+    mask = sdpa_mask(*args, allow_is_causal_skip=allow_is_causal_skip, **kwargs)  # (B, 1, Tq, Tk) bool or None
+    if mask is None:
+        return None
+    return torch.where(mask, torch.zeros((), device=mask.device, dtype=dtype), torch.finfo(dtype).min)
+
+
 AttentionInterface.register(ATTN_NAME, inspector_attention)
-AttentionMaskInterface.register(ATTN_NAME, eager_mask)
+AttentionMaskInterface.register(ATTN_NAME, inspector_mask)
 
