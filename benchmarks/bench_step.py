@@ -8,7 +8,7 @@ Both sides decode greedily; the per-token decode time of generate is (t(new) - t
 so its prefill is not counted, and the Session's is the mean of its decode steps. Runs alternate
 between the two so machine noise hits both alike.
 
-    python benchmarks/bench_step.py [--family gpt2|llama-gqa] [--t 1024 4096 8192] [--reps 3] [--new 48]
+    python benchmarks/bench_step.py [--family gpt2|llama-gqa] [--t 1024 4096 8192] [--reps 3] [--new 48] [--threads N]
 """
 
 from __future__ import annotations
@@ -57,8 +57,11 @@ def main() -> None:
     ap.add_argument("--family", choices=("gpt2", "llama-gqa"), default="gpt2")
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--new", type=int, default=48)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--t", type=int, nargs="+", help="prompt lengths (default: 32 512 for gpt2, 1024 4096 8192 for llama-gqa)")
     args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     import gpt_inspector as gi
     from transformers import AutoModelForCausalLM

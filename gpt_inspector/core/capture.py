@@ -134,6 +134,23 @@ class _CompiledEdits:
         block[h[sel], i[sel] - q0, j[sel]] = True
         return block
 
+    def rows_for(self, layer: int, n_heads: int, q0: int, tq: int, tk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The edited query rows of a forward over q0..q0+tq only: (offsets (n,), blocked (H, n, Tk)).
+
+        A recompute at long T has thousands of query rows and edits on a handful; a dense
+        (H, Tq, Tk) block would cost gigabytes to say so.
+        """
+        if layer not in self.heads:
+            return None
+        h, i, j = self.heads[layer], self.rows[layer], self.cols[layer]
+        sel = (i >= q0) & (i < q0 + tq) & (j < tk)
+        if not bool(sel.any()):
+            return None
+        offsets, which = torch.unique(i[sel] - q0, return_inverse=True)  # (n,), (m,)
+        block = torch.zeros(n_heads, offsets.shape[0], tk, dtype=torch.bool)  # (H, n, Tk)
+        block[h[sel], which, j[sel]] = True
+        return offsets, block
+
 
 def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, _CompiledEdits]:
     """Blocked edits expanded to concrete (layer, head, query, key) cells, and compiled for capture."""
@@ -218,6 +235,29 @@ class Recorder:
         for bufs in (self.q, self.out, self.k or [], self.v or []):
             for b in bufs:
                 b.reorder(index)
+
+    def save_from(self, start: int) -> dict:
+        """Copies of everything a forward from ``start`` overwrites, for ``restore`` to put back exactly."""
+        end = self.length
+        return {
+            "start": start, "length": end, "calls": list(self.calls), "sinks": list(self.sinks),
+            "scaling": list(self.scaling), "softcap": list(self.softcap),
+            "rows": [None if b.t is None or end <= start else b.t[:, :, start:end].clone()
+                     for bufs in (self.q, self.out, self.k or [], self.v or []) for b in bufs],
+            "mask_rows": [{p: r for p, r in rows.items() if p >= start} for rows in self.mask_rows],
+        }  # fmt: skip
+
+    def restore(self, saved: dict) -> None:
+        start = saved["start"]
+        self.crop(start)
+        bufs = [b for bufs in (self.q, self.out, self.k or [], self.v or []) for b in bufs]
+        for b, rows in zip(bufs, saved["rows"]):
+            if rows is not None:
+                b.write(rows, start)
+        for rows, kept in zip(self.mask_rows, saved["mask_rows"]):
+            rows.update(kept)
+        self.length, self.calls = saved["length"], list(saved["calls"])
+        self.sinks, self.scaling, self.softcap = list(saved["sinks"]), list(saved["scaling"]), list(saved["softcap"])
 
     def nbytes(self) -> int:
         total = 0
@@ -367,20 +407,35 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     mask = None if attention_mask is None else attention_mask[:, :, :, :tk]  # (B, 1, Tq, Tk) additive
     rec = _ACTIVE.get()
     layer = getattr(module, "layer_idx", None)
-    if rec is not None and layer is not None:
-        block = rec.edits.block_for(layer, n_heads, tk - tq, tq, tk)  # (H, Tq, Tk) or None
-        if block is not None:
-            base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
-            mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
     sinks = kwargs.get("s_aux")  # (H,) one sink logit per head, or None
-    if mask is None and tq > 1 and (tq != tk or softcap is not None or sinks is not None):
+    written_out = softcap is not None or sinks is not None
+    edited = None  # the sdpa path: (offsets (n,), blocked (H, n, Tk)) of the rows our edits touch
+    if rec is not None and layer is not None:
+        if written_out:  # the scores are in hand anyway: one dense block
+            block = rec.edits.block_for(layer, n_heads, tk - tq, tq, tk)  # (H, Tq, Tk) or None
+            if block is not None:
+                base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
+                mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
+        else:
+            edited = rec.edits.rows_for(layer, n_heads, tk - tq, tq, tk)
+    if mask is None and tq > 1 and (tq != tk or written_out):
         mask = _causal_additive(tq, tk, query.dtype, query.device)  # (1, 1, Tq, Tk)
-    if softcap is None and sinks is None:
+    if not written_out:
         # None with tq == tk: plain causal, which sdpa's is_causal computes without a T x T mask;
         # enable_gqa reads each KV head for its query-head group in place (no repeat of K/V)
+        gqa = key.shape[1] != n_heads
         out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                             is_causal=mask is None and tq > 1,
-                                             enable_gqa=key.shape[1] != n_heads)  # (B, H, Tq, d)  # fmt: skip
+                                             is_causal=mask is None and tq > 1, enable_gqa=gqa)  # (B, H, Tq, d)  # fmt: skip
+        if edited is not None:  # the edited rows again, each with its own mask per head
+            offsets, block = edited[0].to(query.device), edited[1].to(query.device)  # (n,), (H, n, Tk)
+            if mask is not None:
+                base = mask.index_select(2, offsets)  # (B, 1, n, Tk)
+            else:
+                base = _causal_additive(tq, tk, query.dtype, query.device, offsets)  # (1, 1, n, Tk)
+            rows = base.masked_fill(block, torch.finfo(query.dtype).min)  # (B, H, n, Tk)
+            q_rows = query.index_select(2, offsets)  # (B, H, n, d)
+            out[:, :, offsets] = F.scaled_dot_product_attention(q_rows, key, value, attn_mask=rows, scale=scaling,
+                                                                enable_gqa=gqa)  # (B, H, n, d)  # fmt: skip
         probs = None
     else:
         k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
@@ -428,11 +483,14 @@ def _softmax_with_sink(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tenso
     return torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]  # (B, H, Tq, Tk)
 
 
-def _causal_additive(tq: int, tk: int, dtype, device) -> torch.Tensor:
-    q_pos = torch.arange(tk - tq, tk, device=device)[:, None]
-    allowed = torch.arange(tk, device=device)[None, :] <= q_pos  # (Tq, Tk)
+def _causal_additive(tq: int, tk: int, dtype, device, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The lower-right causal mask of tq queries over tk keys, additive; ``rows``: only those query offsets."""
+    q_pos = torch.arange(tk - tq, tk, device=device)  # (Tq,)
+    if rows is not None:
+        q_pos = q_pos[rows]  # (n,)
+    allowed = torch.arange(tk, device=device)[None, :] <= q_pos[:, None]  # (n, Tk)
     zero = torch.zeros((), dtype=dtype, device=device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]  # (1, 1, Tq, Tk)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]  # (1, 1, n, Tk)
 
 
 def inspector_mask(*args, dtype: torch.dtype = torch.float32, allow_is_causal_skip: bool = True, **kwargs):

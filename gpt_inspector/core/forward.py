@@ -37,6 +37,25 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
             layer.crop(-(n - length))
 
 
+def save_state(cache: DynamicCache, recorder, start: int):
+    """A function that puts the cache and the records back exactly as they are now.
+
+    Used by recomputes from ``start``: a cancel or a fault costs no second forward. The cache's
+    tensors are kept by reference (a crop makes views and each update a new tensor, so they stay
+    as they are); the records from ``start`` on are copied.
+    """
+    kv = [(layer.keys, layer.values) for layer in cache.layers]
+    saved = recorder.save_from(start)
+
+    def put_back() -> None:
+        for layer, (k, v) in zip(cache.layers, kv):
+            layer.keys, layer.values = k, v
+        with torch.inference_mode():  # the record buffers were made in inference mode
+            recorder.restore(saved)
+
+    return put_back
+
+
 @contextlib.contextmanager
 def interrupts_deferred():
     """Hold Ctrl+C back until the block ends, so a commit or a rollback is never half done.

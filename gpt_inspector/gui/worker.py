@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from ..core.breakpoints import Breakpoints, finish, run_until
 from ..core.editing import restart_starts_new_session, toggle_cells
-from ..core.errors import InspectorError, StepFailed
+from ..core.errors import Cancelled, InspectorError, StepFailed
 from . import autosave
 from . import commands as C
 from .commands import ModelSpec, SessionSpec
@@ -352,14 +352,24 @@ class Worker(QObject):
         edits = toggle_cells(old, cmd.cells, cmd.layer, cmd.head, cmd.scope, cmd.block)
         if edits == old:
             return
-        self.busy.emit("Recomputing with the edited mask…")
-        s.set_mask_edits(edits)
-        self._publish()
+        self._recompute_mask(serial, s, edits)
 
     @handles(C.SetMaskEdits)
     def _do_set_mask_edits(self, serial, cmd: C.SetMaskEdits) -> None:
+        self._recompute_mask(serial, self._session(), list(cmd.edits))
+
+    def _recompute_mask(self, serial, s, edits) -> None:
+        """Set the mask edits with the recompute's progress shown; Stop (cancel) leaves the session as it was."""
         self.busy.emit("Recomputing with the edited mask…")
-        self._session().set_mask_edits(list(cmd.edits))
+
+        def progress(done: int, total: int) -> None:
+            self.busy.emit(f"Recomputing with the edited mask: position {done}/{total}")
+            self.progress.emit(done, total)
+
+        try:
+            s.set_mask_edits(edits, progress=progress, cancelled=lambda: self._cancelled(serial))
+        except Cancelled as e:
+            self.notice.emit(str(e))
         self._publish()
 
     @handles(C.Refresh)

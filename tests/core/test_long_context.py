@@ -79,3 +79,100 @@ def test_grouped_query_sdpa_equals_expanded_kv(tq):
     ref = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
                                          attn_mask=mask, scale=0.25).transpose(1, 2)  # fmt: skip
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-6)
+
+
+def _state(s):
+    """Everything a recompute touches, copied: tokens, step logits, cache, records, derived attention."""
+    layers = range(s.n_layers)
+    return {
+        "tokens": list(s.tokens),
+        "logits": [st.logits.clone() for st in s.steps_done],
+        "kv": [(l.keys.clone(), l.values.clone()) for l in s.cache.layers],
+        "qkv": [x for layer in layers for x in s.qkv(layer)],
+        "out": [s.attention_output(layer) for layer in layers],
+        "probs": [s.attention(layer, h) for layer in layers for h in range(s.n_heads)],
+        "edits": s.mask_edits,
+        "length": s.recorder.length,
+    }
+
+
+def _assert_same(a, b, exact=True):
+    assert a["tokens"] == b["tokens"] and a["edits"] == b["edits"] and a["length"] == b["length"]
+    check = torch.testing.assert_close if not exact else (lambda x, y: torch.testing.assert_close(x, y, rtol=0, atol=0))
+    for x, y in zip(a["logits"], b["logits"]):
+        check(x, y)
+    for (k1, v1), (k2, v2) in zip(a["kv"], b["kv"]):
+        check(k1, k2), check(v1, v2)
+    for key in ("qkv", "out", "probs"):
+        for x, y in zip(a[key], b[key]):
+            check(torch.as_tensor(x), torch.as_tensor(y))
+
+
+def test_chunked_recompute_reports_progress_and_equals_one_forward(tiny_lm, monkeypatch):
+    from gpt_inspector.core import session_edits
+
+    lm = tiny_lm("llama")
+    one, chunked = gi.Session(lm, PROMPT), gi.Session(lm, PROMPT)
+    for s in (one, chunked):
+        s.run(8)
+    edits = [gi.MaskEdit(query=2, key=1, layer=1), gi.MaskEdit(query=9, key=4, head=3)]
+    one.set_mask_edits(edits)
+    seen = []
+    monkeypatch.setattr(session_edits, "RECOMPUTE_CHUNK", 3)
+    report = chunked.set_mask_edits(edits, progress=lambda done, total: seen.append((done, total)))
+    total = chunked.cache_length - 2
+    assert report.earliest_position == 2 and report.recomputed == total
+    assert seen == [(min(d, total), total) for d in range(3, total + 3, 3)]
+    # the same numbers as one forward over the span, to float32 rounding (chunks change matmul shapes)
+    _assert_same(_state(chunked), _state(one), exact=False)
+    assert one.current.probs.argmax() == chunked.current.probs.argmax()
+    # and the edited cells really are blocked, in the chunk that held them
+    assert chunked.attention(1, 0)[2, 1] == 0 and chunked.attention(0, 3)[9, 4] == 0
+
+
+@pytest.mark.parametrize("stop_after", [0, 1, 2])
+def test_cancel_puts_the_session_back_exactly(tiny_lm, monkeypatch, stop_after):
+    from gpt_inspector.core import session_edits
+    from gpt_inspector.core.errors import Cancelled
+
+    lm = tiny_lm("llama")
+    s, ref = gi.Session(lm, PROMPT), gi.Session(lm, PROMPT)
+    for x in (s, ref):  # ref: a session that never sees the cancelled edit
+        x.run(6)
+        x.set_mask_edits([gi.MaskEdit(query=4, key=0)])
+    before = _state(s)
+    monkeypatch.setattr(session_edits, "RECOMPUTE_CHUNK", 3)
+    chunks = []
+    with pytest.raises(Cancelled):
+        s.set_mask_edits([gi.MaskEdit(query=1, key=0, layer=0)], progress=lambda d, t: chunks.append(d),
+                         cancelled=lambda: len(chunks) >= stop_after)  # fmt: skip
+    assert len(chunks) == stop_after
+    _assert_same(_state(s), before)
+    # and it goes on exactly as a session that never saw the cancelled edit
+    s.run(2), ref.run(2)
+    _assert_same(_state(s), _state(ref))
+
+
+def test_a_fault_halfway_through_a_recompute_puts_the_session_back_exactly(tiny_lm, monkeypatch):
+    from gpt_inspector.core import session_edits
+    from gpt_inspector.core.errors import StepFailed
+
+    lm = tiny_lm("gpt2")
+    s = gi.Session(lm, PROMPT)
+    s.run(6)
+    before = _state(s)
+    monkeypatch.setattr(session_edits, "RECOMPUTE_CHUNK", 4)
+    real, calls = lm.model.forward, []
+
+    def failing(*a, **k):
+        calls.append(1)
+        if len(calls) == 2:
+            raise RuntimeError("boom")
+        return real(*a, **k)
+
+    monkeypatch.setattr(lm.model, "forward", failing)
+    with pytest.raises(StepFailed):
+        s.set_mask_edits([gi.MaskEdit(query=1, key=0)])
+    monkeypatch.undo()
+    assert len(calls) == 2
+    _assert_same(_state(s), before)
