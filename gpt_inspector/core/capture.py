@@ -40,6 +40,10 @@ ATTN_NAME = "gpt_inspector"
 # The recorder of the forward pass running in *this* thread (the GUI worker, a script, a test).
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("gpt_inspector_recorder", default=None)
 
+# sdpa's enable_gqa (torch >= 2.5) reads each KV head for its group of query heads in place;
+# older torch gets K/V repeated to every query head, as transformers' own sdpa path does there
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
 # a buffer grows by a quarter of what it holds (at least _GROW positions): each position is
 # re-copied a bounded number of times (≤ 4 on average) at any T, and capacity stays ≤ 1.25x + _GROW
 _GROW = 64
@@ -424,8 +428,12 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         # None with tq == tk: plain causal, which sdpa's is_causal computes without a T x T mask;
         # enable_gqa reads each KV head for its query-head group in place (no repeat of K/V)
         gqa = key.shape[1] != n_heads
-        out = F.scaled_dot_product_attention(query, key, value, attn_mask=mask, scale=scaling,
-                                             is_causal=mask is None and tq > 1, enable_gqa=gqa)  # (B, H, Tq, d)  # fmt: skip
+        k, v = key, value  # (B, Hkv, Tk, d)
+        if gqa and not _SDPA_GQA:
+            k, v, gqa = eq.expand_kv(key, n_heads), eq.expand_kv(value, n_heads), False  # (B, H, Tk, d)
+        gqa_kw = {"enable_gqa": True} if gqa else {}  # the argument exists from torch 2.5 on
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling,
+                                             is_causal=mask is None and tq > 1, **gqa_kw)  # (B, H, Tq, d)  # fmt: skip
         if edited is not None:  # the edited rows again, each with its own mask per head
             offsets, block = edited[0].to(query.device), edited[1].to(query.device)  # (n,), (H, n, Tk)
             if mask is not None:
@@ -434,8 +442,8 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
                 base = _causal_additive(tq, tk, query.dtype, query.device, offsets)  # (1, 1, n, Tk)
             rows = base.masked_fill(block, torch.finfo(query.dtype).min)  # (B, H, n, Tk)
             q_rows = query.index_select(2, offsets)  # (B, H, n, d)
-            out[:, :, offsets] = F.scaled_dot_product_attention(q_rows, key, value, attn_mask=rows, scale=scaling,
-                                                                enable_gqa=gqa)  # (B, H, n, d)  # fmt: skip
+            out[:, :, offsets] = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=rows, scale=scaling,
+                                                                **gqa_kw)  # (B, H, n, d)  # fmt: skip
         probs = None
     else:
         k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)

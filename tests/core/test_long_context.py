@@ -176,3 +176,27 @@ def test_a_fault_halfway_through_a_recompute_puts_the_session_back_exactly(tiny_
     monkeypatch.undo()
     assert len(calls) == 2
     _assert_same(_state(s), before)
+
+
+def test_torch_without_enable_gqa_repeats_kv_and_records_the_kv_heads(tiny_lm, monkeypatch):
+    """torch < 2.5 has no enable_gqa: K/V are repeated for the kernel, the records keep the KV heads."""
+    lm = tiny_lm("llama")
+    ref = gi.Session(lm, PROMPT)
+    ref.run(3)
+    monkeypatch.setattr(capture, "_SDPA_GQA", False)
+    real = F.scaled_dot_product_attention
+
+    def old_sdpa(*a, **k):
+        assert "enable_gqa" not in k
+        return real(*a, **k)
+
+    monkeypatch.setattr(F, "scaled_dot_product_attention", old_sdpa)
+    s = gi.Session(lm, PROMPT)
+    s.recorder = capture.Recorder(lm.n_layers, mirror_kv=True)  # the accelerator path records K/V itself
+    s.run(3)
+    assert s.tokens == ref.tokens
+    for layer in range(lm.n_layers):
+        k, v = s.recorder.k[layer].view(s.cache_length), s.recorder.v[layer].view(s.cache_length)
+        assert k.shape[1] == lm.n_kv_heads and torch.equal(k, s.cache.layers[layer].keys)
+        assert torch.equal(v, s.cache.layers[layer].values)
+        torch.testing.assert_close(torch.as_tensor(s.attention_output(layer)), torch.as_tensor(ref.attention_output(layer)))
