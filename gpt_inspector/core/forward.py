@@ -98,8 +98,8 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
         with torch.inference_mode(), recorder.active():
             out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep)
         logits = take(out.logits)
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize(lm.device)  # the records were copied asynchronously
+        for dev in lm.cuda_devices:  # the records were copied asynchronously, from every GPU a layer ran on
+            torch.cuda.synchronize(dev)
         return logits
     except BaseException as e:
         with interrupts_deferred():

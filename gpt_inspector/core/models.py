@@ -73,6 +73,14 @@ class LoadedModel:
     def kv_head_of(self, head: int) -> int:
         return head // self.kv_group
 
+    @property
+    def cuda_devices(self) -> tuple[torch.device, ...]:
+        """Every CUDA device a forward runs on: the one device, or each GPU of a device map."""
+        gpus = {torch.device("cuda", d) for d in (self.device_map or {}).values() if isinstance(d, int)}
+        if self.device.type == "cuda":
+            gpus.add(self.device if self.device.index is not None else torch.device("cuda", torch.cuda.current_device()))
+        return tuple(sorted(gpus, key=lambda d: d.index))
+
     def describe(self) -> str:
         gqa = f", {self.n_kv_heads} KV heads" if self.n_kv_heads != self.n_heads else ""
         where = str(self.device)

@@ -68,8 +68,9 @@ class Session(EditingMixin, ModelShape, RunSource):
         # a plain full-length cache even for sliding-window layers: every position stays inspectable,
         # and the model's own sliding mask (recorded as mask rows) hides what the window drops
         self.cache = DynamicCache()
-        on_cpu = model.device.type == "cpu"
-        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu, pin=model.device.type == "cuda")
+        # K/V are read straight from the cache where every layer runs on the CPU; a CPU mirror otherwise
+        on_cpu = model.device.type == "cpu" and not model.cuda_devices
+        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu, pin=bool(model.cuda_devices))
 
     # ------------------------------------------------------------------ observers
     def subscribe(self, callback: Callable[[str, object], None]) -> None:

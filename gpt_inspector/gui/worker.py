@@ -162,6 +162,10 @@ class Worker(QObject):
         recipe = self.obj.recipe()
         lm = self.obj.lm
         recipe["load"] = {"device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
+        ms = self.model_spec
+        if lm.device_map and ms is not None and ms.device_map:  # a restore places the model as the load did
+            recipe["load"].update(device="auto", device_map=ms.device_map, max_memory=ms.max_memory,
+                                  offload_folder=ms.offload_folder)  # fmt: skip
         key = json.dumps(recipe)
         if key == self._autosaved:
             return
@@ -233,7 +237,9 @@ class Worker(QObject):
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
         lm = load_model(model.model, device=model.device, dtype=model.dtype,
-                        allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code)  # fmt: skip
+                        allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code,
+                        device_map=model.device_map, max_memory=model.max_memory,
+                        offload_folder=model.offload_folder)  # fmt: skip
         sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
         self.lm, self.model_spec, self.spec = lm, model, session
         self.loaded.emit(self._describe())
@@ -246,11 +252,13 @@ class Worker(QObject):
 
         recipe = cmd.recipe
         load = recipe.get("load") or {}
-        spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False)
+        spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False,
+                         load.get("device_map"), load.get("max_memory"), load.get("offload_folder"))  # fmt: skip
         name = spec.model or "the demo model"
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
-            self.lm = load_model(spec.model, device=spec.device, dtype=spec.dtype)
+            self.lm = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
+                                 max_memory=spec.max_memory, offload_folder=spec.offload_folder)  # fmt: skip
             self.model_spec = spec
             self.loaded.emit(self._describe())
         name = self.lm.name or name
