@@ -196,6 +196,11 @@ class Recorder:
         self.mask_rows: list[dict[int, torch.Tensor]] = [dict() for _ in range(n_layers)]
         self.calls = [0] * n_layers
         self.length = 0
+        # head outputs are kept from this position on (out[layer] row i is position out_from + i): a
+        # session sets it to the prompt's last position, where the first step decides a token. Earlier
+        # prompt rows feed no prediction shown; keeping them would cost as much as q (on GQA models that
+        # alone is twice the KV cache)
+        self.out_from = 0
         self.edits = _CompiledEdits()
         # layer -> [(head, None to zero it | (H_src, T_src, d) outputs to patch in from another run)]
         self.head_edits: dict[int, list[tuple[int, torch.Tensor | None]]] = {}
@@ -214,8 +219,8 @@ class Recorder:
                 b.reorder(index)
 
     def nbytes(self) -> int:
-        total = 0
-        for bufs in (self.q, self.out, self.k or [], self.v or []):
+        total = sum(b.nbytes(max(0, self.length - self.out_from)) for b in self.out)
+        for bufs in (self.q, self.k or [], self.v or []):
             total += sum(b.nbytes(self.length) for b in bufs)
         return total
 
@@ -239,7 +244,9 @@ class Recorder:
         if sinks is not None:
             self.sinks[layer] = sinks.detach().float().cpu().clone()  # (H,)
         self.q[layer].write(query.detach(), q0)
-        self.out[layer].write(out.detach(), q0)
+        lo = max(q0, self.out_from)  # the first position whose head output is kept
+        if lo < tk:
+            self.out[layer].write(out[:, :, lo - q0 :].detach(), lo - self.out_from)  # (B, H, tk - lo, d)
         if self.mirror_kv:
             self.k[layer].write(key[:, :, q0:].detach(), q0)
             self.v[layer].write(value[:, :, q0:].detach(), q0)

@@ -101,6 +101,7 @@ class MathCheckReport:
     worst_position: np.ndarray  # (len(layers), H) int
     tolerance: np.ndarray  # (len(layers), H) float64
     formula: str = FORMULA
+    first_position: int = 0  # positions checked: first_position .. first_position + n_positions - 1
 
     @property
     def ok(self) -> bool:
@@ -123,6 +124,8 @@ class MathCheckReport:
 
     def summary(self) -> str:
         checked = f"{len(self.layers)} layers x {self.n_heads} heads x {self.n_positions} positions"
+        if self.first_position:
+            checked += f" (from position {self.first_position}, where the steps decide tokens)"
         if self.ok:
             return f"all {checked} match the model within tolerance (max |diff| {self.max_abs_diff:.3g})"
         f = self.failures()
@@ -138,6 +141,7 @@ class MathCheckReport:
             "ok": self.ok,
             "max_abs_diff": _num(self.max_abs_diff),
             "positions": self.n_positions,
+            "first_position": self.first_position,
             "layers": [
                 {
                     "layer": layer,
@@ -239,6 +243,12 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
     if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not 0 <= position < t:
         raise InspectorError(f"position must be in [0, {t}), got {position!r}")
     position = int(position)
+    start = source.head_outputs_from
+    if position < start:
+        raise InspectorError(
+            f"the model's attention output at position {position} is not kept (only from position {start}, "
+            "where the steps decide tokens): pick a later query position"
+        )
     q, k, v = source.qkv(layer)  # (H, T, d), (Hkv, T, d), (Hkv, T, d)
     kvh = int(_kv_map(source)[head])
     allowed = np.asarray(source.allowed(layer, head), dtype=bool)[position]  # (T,)
@@ -285,15 +295,18 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
         _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer),
                          _sink(source, layer))  # fmt: skip
-        model = source.attention_output(layer).astype(np.float64)  # (H, T, d)
+        start = source.head_outputs_from  # rows before it were never kept: nothing to compare
+        model = source.attention_output(layer)[:, start:].astype(np.float64)  # (H, T - start, d)
         with np.errstate(invalid="ignore"):
-            diff = np.abs(out - model).max(axis=-1)  # (H, T)
+            diff = np.abs(out[:, start:] - model).max(axis=-1)  # (H, T - start)
         # NaN must win the max so a broken row cannot hide behind a finite one
-        diff = np.where(np.isnan(diff) | _nonfinite(q, kh, vh, allowed, model), np.inf, diff)
-        worst[i] = diff.argmax(axis=1)
+        bad = _nonfinite(q[:, start:], kh, vh, allowed[:, start:], model)
+        diff = np.where(np.isnan(diff) | bad, np.inf, diff)
+        worst[i] = start + diff.argmax(axis=1)
         max_diff[i] = diff.max(axis=1)
         tol[i] = _tolerance(source, vh[:, :t], tolerance)
-    return MathCheckReport(layers, n_heads, t, max_diff, worst, tol)
+    start = source.head_outputs_from
+    return MathCheckReport(layers, n_heads, t - start, max_diff, worst, tol, first_position=start)
 
 
 __all__ = ["FORMULA", "MathCheck", "MathCheckReport", "check", "check_all"]

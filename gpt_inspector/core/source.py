@@ -9,7 +9,8 @@ model's attention function received or produced:
 - ``tokens``, ``prompt_ids``, ``prompt``, ``steps_done`` (``Step`` records), ``finished``,
   ``decoding``, ``mask_edits``, ``seed``, and ``label(token_id)`` for readable token text;
 - ``cache_length`` and, per layer, ``_queries`` (H, T, d), ``_keys`` / ``_values`` (Hkv, T, d),
-  ``_head_outputs`` (H, T, d), ``_mask_rows`` (the model's own mask where it is not plain
+  ``_head_outputs`` (H, T - head_output_start, d) (``head_output_start``: 0 unless the source
+  keeps head outputs only from a later position on, as a session does), ``_mask_rows`` (the model's own mask where it is not plain
   causal), ``_edits`` (compiled mask edits or None), ``_scaling`` / ``_softcap`` lists, and
   ``kv_itemsize`` (bytes per cached number, the model's dtype); optionally ``_sinks`` (per layer
   None or the (H,) attention-sink logits) and ``unverified`` (why the load's fidelity self-test
@@ -38,6 +39,10 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 class RunSource:
     """The shared reader over a run's primitives (see the module docstring)."""
+
+    # the first position whose attention output per head is kept (a session keeps them from the
+    # prompt's last position on, where the steps decide tokens: the positions the lens looks at)
+    head_output_start: int = 0
 
     read_only: bool = True
     # the reason the model's fidelity self-test failed (loaded with --unverified), or None
@@ -107,10 +112,39 @@ class RunSource:
         return self._values(layer)
 
     def head_outputs(self, layer: int) -> torch.Tensor:
-        """The attention output per head, (H, T, d), before the output projection."""
+        """The attention output per head, (H, T, d), before the output projection.
+
+        Rows before ``head_output_start`` were not kept: a live session has the model recompute
+        them (one forward of the prompt, on the first call after a change); elsewhere they are NaN,
+        never a made-up number.
+        """
+        layer = self.check_layer(layer)
+        t = self.require_positions()
+        kept = self._head_outputs(layer)  # (H, T - start, d)
+        start = self.head_output_start
+        if start == 0:
+            return kept
+        full = torch.full((kept.shape[0], t, kept.shape[2]), float("nan"), dtype=kept.dtype)  # (H, T, d)
+        full[:, start:] = kept
+        early = self._early_head_outputs(layer)  # (H, start, d) or None
+        if early is not None:
+            full[:, :start] = early
+        return full
+
+    @property
+    def head_outputs_from(self) -> int:
+        """The first position whose head output ``head_outputs`` can give (recomputed or kept)."""
+        return self.head_output_start
+
+    def _early_head_outputs(self, layer: int) -> torch.Tensor | None:
+        """Rows before ``head_output_start``, where the source can have the model recompute them."""
+        return None
+
+    def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
+        """(start, (H, T - start, d)): the head outputs the source holds, from position ``start`` on."""
         layer = self.check_layer(layer)
         self.require_positions()
-        return self._head_outputs(layer)
+        return self.head_output_start, self._head_outputs(layer)
 
     def scaling(self, layer: int) -> float:
         return float(self._scaling[self.check_layer(layer)])

@@ -25,7 +25,7 @@ from . import decoding
 from .attention import STAGES
 from .capture import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
-from .source import RunSource
+from .source import RunSource, to_numpy
 from .step import TOP_N, Step
 
 FORMAT = "gpt-inspector-trace/2"
@@ -52,7 +52,8 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         tensors[f"layers.{layer}.q"] = q  # (H, T, d)
         tensors[f"layers.{layer}.k"] = k  # (H_kv, T, d)
         tensors[f"layers.{layer}.v"] = v  # (H_kv, T, d)
-        tensors[f"layers.{layer}.attn_out"] = source.attention_output(layer)  # (H, T, d)
+        start, out = source.kept_head_outputs(layer)
+        tensors[f"layers.{layer}.attn_out"] = to_numpy(out)  # (H, T - start, d)
         rows = source._mask_rows(layer)
         if rows:
             pos = sorted(p for p in rows if p < t)
@@ -96,6 +97,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         ),
         "finished": source.finished or "",
         "derived": "1" if derived else "0",
+        "attn_out_start": str(source.head_output_start),
     }  # fmt: skip
     _write_atomically(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
                                                   tmp, metadata=meta))  # fmt: skip
@@ -186,6 +188,7 @@ class Trace(RunSource):
         self._softcap: list[float | None] = meta["softcap"]
         self._sinks = [None if s is None else torch.tensor(s, dtype=torch.float32) for s in meta["sinks"]]
         self.unverified: str | None = meta["unverified"]
+        self.head_output_start: int = meta["attn_out_start"]
         self._edits = compile_edits(self.mask_edits, self.n_layers, self.n_heads)[1] if self.mask_edits else None
         self._rows = [self._layer_mask_rows(layer) for layer in range(self.n_layers)]
         self._labels = dict(zip(self.tokens, meta["token_labels"]))
@@ -409,6 +412,10 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     n_steps = len(steps)
     if n_tok != out["prompt_length"] + n_steps:
         raise InspectorError(f"{name}: {n_tok} tokens but prompt {out['prompt_length']} + {n_steps} steps")
+    start = _int(name, meta, "attn_out_start") if "attn_out_start" in meta else 0  # older files kept every row
+    if not 0 <= start < T:
+        raise InspectorError(f"{name}: attn_out_start {start} is outside the {T} processed positions")
+    out["attn_out_start"] = start
     if len(labels) != n_tok or not all(isinstance(x, str) for x in labels):
         raise InspectorError(f"{name}: token_labels do not match the tokens")
 
@@ -416,7 +423,7 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     optional: dict[str, tuple[tuple, str]] = {}
     derived = {k: (H, T, T) for k in ("scores", "masked_scores", "probs")}
     for layer in range(L):
-        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, d)), ("attn_out", (H, T, d))):
+        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, d)), ("attn_out", (H, T - start, d))):
             need[f"layers.{layer}.{n}"] = (s, "F32")
         for n, s in derived.items():
             (need if v1 else optional)[f"layers.{layer}.{n}"] = (s, "F32")
