@@ -286,8 +286,10 @@ class Session(EditingMixin, ModelShape, RunSource):
         kept until the next change of edits (steps do not change these rows).
         """
         start = self.recorder.out_from
-        key = (tuple(self.tokens[: start + 1]), id(self.recorder.edits), id(self.recorder.head_edits))
-        if self._early_outputs is None or self._early_outputs[0] != key:
+        # the edits objects themselves, not their ids: an id can be reused once the old edits are freed
+        key = (tuple(self.tokens[: start + 1]), self.recorder.edits, self.recorder.head_edits)
+        old = self._early_outputs
+        if old is None or old[0][0] != key[0] or old[0][1] is not key[1] or old[0][2] is not key[2]:
             rec = scratch_forward(self.lm, key[0], like=self.recorder)
             self._early_outputs = (key, [rec.out[i].view(start + 1)[0, :, :start].clone() for i in range(self.n_layers)])
         return self._early_outputs[1][layer]

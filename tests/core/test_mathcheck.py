@@ -213,3 +213,15 @@ def test_a_trace_checks_from_the_prompts_last_position_and_says_so(tiny_lm, tmp_
         check(tr, 0, 0, 0)
     assert np.isnan(tr.attention_output(0)[:, :start]).all()
     np.testing.assert_array_equal(tr.attention_output(0)[:, start:], s.attention_output(0)[:, start:])
+
+
+def test_a_sessions_earlier_prompt_rows_follow_its_edits(tiny_lm):
+    """The rows the recorder does not keep are recomputed under the edits in force, and again after a change."""
+    s = _session(tiny_lm("llama"), steps=2)
+    clean = s.attention_output(0)[:, :4].copy()
+    s.set_mask_edits([MaskEdit(3, 1, layer=0, head=2)])
+    edited = s.attention_output(0)
+    assert not np.allclose(edited[2, 3], clean[2, 3]) and np.array_equal(edited[1, :4], clean[1])
+    assert check_all(s).ok
+    s.set_mask_edits([])
+    np.testing.assert_array_equal(s.attention_output(0)[:, :4], clean)
