@@ -195,13 +195,12 @@ def lens(session, top_k: int = 5) -> LensResult:
     resid = _residuals(session).to(lm.device)  # (L, D)
     cap = getattr(model.config, "final_logit_softcapping", None)
     with torch.inference_mode():
-        logits = head(norm(resid.to(lm.dtype))).float()  # (L, V)
+        # the last layer's lens is the model's output: show the logits the model computed for this step
+        # (ours would differ in the last bit only, from a matmul of another shape), and skip its unembedding
+        logits = head(norm(resid[:-1].to(lm.dtype))).float()  # (L-1, V)
         if cap:
             logits = torch.tanh(logits / cap) * cap
-    logits = logits.cpu().clone()  # out of inference mode, so the last row can be replaced
-    # the last layer's lens is the model's output: show the logits the model computed for this step
-    # (ours differ in the last bit only, from a matmul of another shape)
-    logits[-1] = cur.logits.float()
+        logits = torch.cat([logits.cpu(), cur.logits.float()[None]])  # (L, V)
     probs = torch.softmax(logits, dim=-1)  # (L, V)
     tok = cur.token_id
     rows = [LensLayer(i, top_entries(probs[i], logits[i], session.label, top_k), float(probs[i, tok]),
@@ -217,23 +216,29 @@ def lens(session, top_k: int = 5) -> LensResult:
         gain, _, centers = _norm_affine(norm, resid[-1].cpu())
         attr = np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64)
         pos = session.cache_length - 1
+        z = gain * u  # (D,) what one unit of residual adds to the chosen logit, final norm frozen
+        if centers:
+            z = z - z.mean()  # centring is linear: (c - mean c) . z == c . (z - mean z)
         for i, layer in enumerate(layers):
             w = _out_proj(layer)
             if w is None:
                 raise InspectorError("the attention output projection of this architecture is not a plain linear map")
-            out = session.head_outputs(i)[:, pos].float().cpu()  # (H, d)
+            start, kept = session.kept_head_outputs(i)
+            out = kept[:, pos - start].float().cpu()  # (H, d)
             h, d = out.shape
-            c = torch.einsum("hd,hdD->hD", out, w.cpu().reshape(h, d, -1))  # (H, D) each head's write
+            w = w.cpu()  # (H*d, D)
+            zi = z
             post = _attn_out_norm(layer)
             if post is not None:
                 # the block's output is normalised before the residual: freeze that norm's scale at the
                 # block's observed output too, which makes each head's share linear again
-                block = c.sum(dim=0) + _out_bias(layer, c.shape[-1])  # (D,) what the norm received
+                block = out.reshape(-1) @ w + _out_bias(layer, w.shape[1])  # (D,) what the norm received
                 g, _, cen = _norm_affine(post, block)
-                c = ((c - c.mean(dim=-1, keepdim=True)) if cen else c) * g  # (H, D)
-            if centers:
-                c = c - c.mean(dim=-1, keepdim=True)
-            attr[i] = (c * gain).double() @ u.double()
+                zi = g * z
+                if cen:
+                    zi = zi - zi.mean()
+            # head h's write is out[h] @ w[h]; its share of the logit is that write . zi
+            attr[i] = (out * (w @ zi).reshape(h, d)).double().sum(dim=-1).numpy()  # (H,)
         attribution, remainder = attr, logit - float(attr.sum())
     except InspectorError as e:
         note = f"no per-head attribution: {e}"
