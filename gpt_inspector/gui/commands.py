@@ -22,6 +22,7 @@ class ModelSpec:
     dtype: str | None = None
     allow_pickle: bool = False
     trust_remote_code: bool = False
+    allow_unverified: bool = False  # load even when the fidelity self-test fails; the window says so
 
 
 @dataclass(frozen=True)

@@ -70,8 +70,12 @@ class SessionPanel(QWidget):
         self.allow_pickle.setToolTip("Pickle (.bin) files can run code when loaded: only for sources you trust")
         self.trust_code = QCheckBox("trust remote code")
         self.trust_code.setToolTip("Runs the model repository's own Python code: only for sources you trust")
+        self.allow_unverified = QCheckBox("load even if unverified")
+        self.allow_unverified.setToolTip("Load a model whose logits through gpt-inspector differ from its own "
+                                         "attention (the load-time self-test failed); every view is marked UNVERIFIED")
         f.addRow(self.allow_pickle)
         f.addRow(self.trust_code)
+        f.addRow(self.allow_unverified)
         self.load_button = QPushButton("Load model")
         self.load_button.clicked.connect(self.load_requested)
         f.addRow(self.load_button)
@@ -168,7 +172,8 @@ class SessionPanel(QWidget):
         name = None if text in ("", DEMO_LABEL) else text
         dtype = self.dtype.currentText()
         return ModelSpec(name, self.device.currentText().strip() or "auto", None if dtype == "float32" else dtype,
-                         self.allow_pickle.isChecked(), self.trust_code.isChecked())  # fmt: skip
+                         self.allow_pickle.isChecked(), self.trust_code.isChecked(),
+                         self.allow_unverified.isChecked())  # fmt: skip
 
     def set_model_spec(self, spec: ModelSpec) -> None:
         self.model.setCurrentText(spec.model or DEMO_LABEL)
@@ -176,6 +181,7 @@ class SessionPanel(QWidget):
         self.dtype.setCurrentText(spec.dtype or "float32")
         self.allow_pickle.setChecked(spec.allow_pickle)
         self.trust_code.setChecked(spec.trust_remote_code)
+        self.allow_unverified.setChecked(spec.allow_unverified)
 
     def session_spec(self) -> SessionSpec:
         t, k, p = self.decoding()

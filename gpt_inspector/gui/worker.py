@@ -233,7 +233,8 @@ class Worker(QObject):
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
         lm = load_model(model.model, device=model.device, dtype=model.dtype,
-                        allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code)  # fmt: skip
+                        allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code,
+                        allow_unverified=model.allow_unverified)  # fmt: skip
         sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
         self.lm, self.model_spec, self.spec = lm, model, session
         self.loaded.emit(self._describe())
