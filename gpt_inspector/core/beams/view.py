@@ -16,10 +16,11 @@ if TYPE_CHECKING:
 
 
 class _Rows:
-    """One beam's records: per layer q, out (H, T, d), k, v (H_kv, T, d)."""
+    """One beam's records: per layer q, out (H, T, d), k, v (H_kv, T, d), the score bias or None."""
 
-    def __init__(self, q, out, k, v):
+    def __init__(self, q, out, k, v, bias=None):
         self.q, self.out, self.k, self.v = q, out, k, v
+        self.bias = bias if bias is not None else [None] * len(q)
 
 
 class BeamView(ModelShape, RunSource):
@@ -81,6 +82,9 @@ class BeamView(ModelShape, RunSource):
 
     def _head_outputs(self, layer: int) -> torch.Tensor:
         return self._rows.out[layer]
+
+    def _score_bias(self, layer: int):
+        return None if self._rows is None else self._rows.bias[layer]
 
     def _mask_rows(self, layer: int) -> dict:
         return self._mask_rows_of[layer]
