@@ -2,8 +2,8 @@
 
     raw           = q · kᵀ
     scores        = raw × scaling, then tanh(x / cap) × cap where the model soft-caps; where the
-                    model adds a per-head bias (ALiBi, doge's dynamic mask) it joins here, in the
-                    model's own order: raw × scaling + bias, or (raw + bias) × scaling
+                    model adds a per-head bias (ALiBi, doge's dynamic mask) it joins here, after
+                    the scaling as BLOOM, MPT and doge add it: raw × scaling + bias
     masked_scores = scores, −inf where the query may not attend to the key
     probs         = softmax(masked_scores) along the keys; where the model has an attention sink
                     (gpt_oss) its logit joins each row's softmax and its share is dropped, so a
@@ -49,12 +49,11 @@ class ScoreBias:
     form ``"alibi"``: bias[h, i, j] = slopes[h] × (j − ref[i]), where ``ref[i]`` is the key
     position query row i's bias is measured from (0 for BLOOM and Falcon, which add slope × j;
     the last key of that row's forward for MPT). form ``"key"``: bias[h, i, j] = rows[h, j], one
-    learned value per head and key (doge's dynamic mask). ``before_scaling``: the model adds it to
-    q · kᵀ and scales the sum (Falcon); otherwise it adds it to the scaled scores (BLOOM, MPT, doge).
+    learned value per head and key (doge's dynamic mask). Every family we adapt adds it to the
+    scaled scores (Falcon-ALiBi, which adds it before the scaling, is refused; see adapters).
     """
 
     form: str
-    before_scaling: bool = False
     slopes: torch.Tensor | None = None  # (H,) float32, alibi
     ref: torch.Tensor | None = None  # (T,) float32 per query position, alibi
     rows: torch.Tensor | None = None  # (H, T) float32 per key, key
@@ -62,7 +61,7 @@ class ScoreBias:
     def cloned(self) -> ScoreBias:
         """A copy that no later write to the records it views can change."""
         c = {n: None if getattr(self, n) is None else getattr(self, n).clone() for n in ("slopes", "ref", "rows")}
-        return ScoreBias(self.form, self.before_scaling, **c)
+        return ScoreBias(self.form, **c)
 
     def block(self, p0: int, p1: int, t: int, heads: torch.Tensor | None = None) -> torch.Tensor:
         """The bias for query rows p0..p1 against keys 0..t: (h, n, t) float32."""
@@ -80,20 +79,15 @@ def scores(
     scaling: float,
     softcap: float | None,
     bias: torch.Tensor | None = None,
-    before_scaling: bool = False,
 ) -> torch.Tensor:
     """q (..., n, d), k (..., T, d) -> (..., n, T): scaled, biased, soft-capped, unmasked scores.
 
-    ``bias`` (broadcastable to (..., n, T)) is added where the model adds it: to the scaled
-    scores, or (``before_scaling``) to q · kᵀ before the scaling.
+    ``bias`` (broadcastable to (..., n, T)) is the model's additive score bias, added to the
+    scaled scores before any soft-cap.
     """
-    s = torch.matmul(q, k.transpose(-1, -2))  # (..., n, T)
-    if bias is None:
-        s = s * scaling
-    elif before_scaling:
-        s = (s + bias) * scaling
-    else:
-        s = s * scaling + bias
+    s = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (..., n, T)
+    if bias is not None:
+        s = s + bias
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
     return s
@@ -108,7 +102,6 @@ def equation(
     kind: str,
     sink: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
-    before_scaling: bool = False,
 ) -> torch.Tensor:
     """One stage of the attention equation in float32.
 
@@ -120,7 +113,7 @@ def equation(
     q, k = q.float(), k.float()
     if kind == "raw":
         return torch.matmul(q, k.transpose(-1, -2))  # (..., n, T)
-    s = scores(q, k, scaling, softcap, None if bias is None else bias.float(), before_scaling)  # (..., n, T)
+    s = scores(q, k, scaling, softcap, None if bias is None else bias.float())  # (..., n, T)
     if kind == "scores":
         return s
     masked = s.masked_fill(~allowed, -math.inf)  # (..., n, T)

@@ -198,9 +198,9 @@ class Recorder:
         # position -> bool (T,) of keys the model's own mask allowed, only where not plain causal;
         # (H, T) where the model masks each head differently
         self.mask_rows: list[dict[int, torch.Tensor]] = [dict() for _ in range(n_layers)]
-        # additive score biases: (form, before_scaling, slopes (H,) or None) per layer, or None;
+        # additive score biases: (form, slopes (H,) or None) per layer, or None;
         # alibi's reference position per query row (B, 1, T, 1), a key bias per head and key (B, H, T, 1)
-        self.bias_form: list[tuple[str, bool, torch.Tensor | None] | None] = [None] * n_layers
+        self.bias_form: list[tuple[str, torch.Tensor | None] | None] = [None] * n_layers
         self.bias_ref = [_Buffer(pin) for _ in range(n_layers)]
         self.bias_rows = [_Buffer(pin) for _ in range(n_layers)]
         self.calls = [0] * n_layers
@@ -208,7 +208,7 @@ class Recorder:
         self.edits = _CompiledEdits()
         # layer -> [(head, None to zero it | (H_src, T_src, d) outputs to patch in from another run)]
         self.head_edits: dict[int, list[tuple[int, torch.Tensor | None]]] = {}
-        self._checked_masks: dict[int, bool] = {}
+        self._checked_masks: dict[int, tuple[bool, torch.Tensor]] = {}
 
     # -- bookkeeping used by the session -------------------------------------------------------
     def crop(self, length: int) -> None:
@@ -233,11 +233,11 @@ class Recorder:
         form = self.bias_form[layer]
         if form is None:
             return None
-        kind, before, slopes = form
+        kind, slopes = form
         if kind == "alibi":
             ref = self.bias_ref[layer].view(length)[row, 0, :, 0]  # (T,)
-            return eq.ScoreBias(kind, before, slopes=slopes, ref=ref)
-        return eq.ScoreBias(kind, before, rows=self.bias_rows[layer].view(length)[row, :, :, 0])  # (H, T)
+            return eq.ScoreBias(kind, slopes=slopes, ref=ref)
+        return eq.ScoreBias(kind, rows=self.bias_rows[layer].view(length)[row, :, :, 0])  # (H, T)
 
     @contextlib.contextmanager
     def active(self):
@@ -272,7 +272,7 @@ class Recorder:
 
     def _record_bias(self, layer, bias: AppliedBias, q0: int, tq: int) -> None:
         slopes = None if bias.slopes is None else bias.slopes.detach().float().cpu().clone()  # (H,)
-        self.bias_form[layer] = (bias.form, bias.before_scaling, slopes)
+        self.bias_form[layer] = (bias.form, slopes)
         if bias.form == "alibi":
             ref = bias.ref.detach().float().reshape(1, 1, tq, 1)  # (1, 1, Tq, 1)
             self.bias_ref[layer].write(ref.expand(bias.batch, -1, -1, -1), q0)
@@ -284,9 +284,10 @@ class Recorder:
         if mask.shape[1] > 1 or mask.dtype != torch.bool and bias is not None and bias.form == "key":
             self._record_head_mask(layer, mask, q0, tq, tk, bias)
             return
-        # the same mask tensor is shared by every layer of a forward: inspect it once
+        # the same mask tensor is shared by every layer of a forward: inspect it once. The entry keeps
+        # the tensor alive, so a mask an adapter builds per layer cannot reuse a checked one's id
         key = id(mask)
-        plain = self._checked_masks.get(key)
+        plain = self._checked_masks.get(key, (None,))[0]
         allowed = None
         if plain is None:
             _check_mask_is_a_mask(mask[0, :, :, :tk])
@@ -294,7 +295,7 @@ class Recorder:
             pos = torch.arange(tk)
             causal = pos[None, :] <= (q0 + torch.arange(tq))[:, None]
             plain = bool(torch.equal(allowed, causal))
-            self._checked_masks[key] = plain
+            self._checked_masks[key] = (plain, mask)
         if not plain:
             if allowed is None:
                 allowed = _allowed(mask[0, 0, :, :tk]).cpu()
@@ -327,14 +328,13 @@ class AppliedBias:
     """An additive score bias a model adds (passed by an adapter, or found on a doge layer).
 
     ``values``: what the model adds, broadcastable to (B, H, Tq, Tk) (None where the model's
-    mask already carries it, as doge's does). The compact record: ``form`` "alibi" with
+    mask already carries it, as doge's does), added to the scaled scores. The compact record: ``form`` "alibi" with
     ``slopes`` (H,) and ``ref`` (Tq,) (the key position each new query row's bias is measured
     from), or "key" with ``rows`` (B, H, Tk), one value per head and key.
     """
 
     form: str
     values: torch.Tensor | None = None
-    before_scaling: bool = False
     slopes: torch.Tensor | None = None
     ref: torch.Tensor | None = None
     rows: torch.Tensor | None = None
@@ -468,8 +468,7 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         probs = None
     else:
         added = None if score_bias is None else score_bias.values  # broadcastable to (B, H, Tq, Tk)
-        before = score_bias is not None and score_bias.before_scaling
-        scores = eq.scores(query, k, scaling, softcap, added, before)  # (B, H, Tq, Tk)
+        scores = eq.scores(query, k, scaling, softcap, added)  # (B, H, Tq, Tk)
         if mask is not None:
             scores = scores + mask
         if sinks is None:

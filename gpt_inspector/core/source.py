@@ -184,8 +184,7 @@ class RunSource:
             q, k, allowed = q[idx], k[idx], allowed[idx]
             sink = None if sink is None else sink[idx]
         block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)
-        before = bias is not None and bias.before_scaling
-        return eq.equation(q, k, self.scaling(layer), self.softcap(layer), allowed, kind, sink, block, before)
+        return eq.equation(q, k, self.scaling(layer), self.softcap(layer), allowed, kind, sink, block)
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
         """(T, T) float32 over all processed positions; kind: raw, scores, masked_scores or probs."""
