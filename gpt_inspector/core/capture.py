@@ -196,7 +196,7 @@ class Recorder:
         # attention sinks (gpt_oss): one extra logit per head that takes probability mass and gives no value
         self.sinks: list[torch.Tensor | None] = [None] * n_layers  # (H,) float32 on the CPU
         # position -> bool (T,) of keys the model's own mask allowed, only where not plain causal;
-        # (H, T) where the model masks each head differently
+        # (B, H, T), one per batch row (beam), where the model masks each head differently
         self.mask_rows: list[dict[int, torch.Tensor]] = [dict() for _ in range(n_layers)]
         # additive score biases: (form, slopes (H,) or None) per layer, or None;
         # alibi's reference position per query row (B, 1, T, 1), a key bias per head and key (B, H, T, 1)
@@ -221,6 +221,10 @@ class Recorder:
         for bufs in (self.q, self.out, self.k or [], self.v or [], self.bias_ref, self.bias_rows):
             for b in bufs:
                 b.reorder(index)
+        for rows in self.mask_rows:  # per-row masks (doge's top-k) follow their beams
+            for p, row in rows.items():
+                if row.dim() == 3:
+                    rows[p] = row.index_select(0, index.cpu())
 
     def nbytes(self) -> int:
         total = 0
@@ -308,19 +312,19 @@ class Recorder:
         Kept only if the real values are exactly the recorded key bias: anything else would be
         lost from the derived scores and must not pass silently.
         """
-        m = mask[0, :, :, :tk]  # (Hm, Tq, Tk)
-        allowed = _allowed(m)  # (Hm, Tq, Tk)
+        m = mask[:, :, :, :tk]  # (B, Hm, Tq, Tk)
+        allowed = _allowed(m)  # (B, Hm, Tq, Tk)
         if m.dtype != torch.bool:
-            vals = bias.rows[0, :, None, :tk].to(m.dtype).expand_as(m) if bias is not None else torch.zeros_like(m)
+            vals = bias.rows[:, :, None, :tk].to(m.dtype).expand_as(m) if bias is not None else torch.zeros_like(m)
             if not bool(torch.equal(torch.where(allowed, m, 0), torch.where(allowed, vals, 0))):
-                _check_mask_is_a_mask(m)  # names what is wrong (a bias we do not know, or per-head masks)
+                _check_mask_is_a_mask(m[0])  # names what is wrong (a bias we do not know, or per-head masks)
                 raise NotImplementedError("the model's real-valued attention mask is not its recorded score bias")
         allowed = allowed.cpu()
         causal = torch.arange(tk)[None, :] <= (q0 + torch.arange(tq))[:, None]  # (Tq, Tk)
         if bool((allowed == causal).all()):
             return
         for r in range(tq):
-            self.mask_rows[layer][q0 + r] = allowed[:, r].clone()  # (Hm, Tk)
+            self.mask_rows[layer][q0 + r] = allowed[:, :, r].clone()  # (B, Hm, Tk)
 
 
 @dataclass
@@ -368,11 +372,12 @@ def allowed_rows(
     """Keys that query rows p0..p1 could attend to: causal, the model's own mask, the edits.
 
     Returns (n, T) bool for one ``head``, or (n_heads, n, T) when ``head`` is None. A mask row
-    is (T,) shared by the heads, or (H, T) where the model masks each head differently.
+    is (T,) shared by the heads, (H, T) where the model masks each head differently, or (1, H, T)
+    as a live single-row recorder keeps those.
     """
     pos = torch.arange(p0, p1)
     base = torch.arange(t)[None, :] <= pos[:, None]  # (n, T) causal
-    rows = [(p, row) for p, row in mask_rows.items() if p0 <= p < p1]
+    rows = [(p, row[0] if row.dim() == 3 else row) for p, row in mask_rows.items() if p0 <= p < p1]
     if any(row.dim() == 2 for _, row in rows):
         base = base.unsqueeze(0).expand(n_heads, -1, -1).clone()  # (H, n, T)
         for p, row in rows:

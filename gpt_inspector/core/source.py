@@ -197,7 +197,7 @@ class RunSource:
         """(T, T) bool: keys each query could attend to (the model's own mask and the edits in force)."""
         layer, head = self.check_layer(layer), self.check_head(head)
         t = self.require_positions()
-        return allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head).numpy()
+        return allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head, self.n_heads).numpy()
 
     def qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q (H, T, d), k (H_kv, T, d), v (H_kv, T, d) as owned float32 numpy arrays."""

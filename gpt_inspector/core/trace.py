@@ -56,10 +56,11 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         rows = source._mask_rows(layer)
         if rows:
             pos = sorted(p for p in rows if p < t)
-            per_head = any(rows[p].dim() == 2 for p in pos)  # a mask per head (doge's dynamic top-k)
+            per_head = any(rows[p].dim() >= 2 for p in pos)  # a mask per head (doge's dynamic top-k)
             m = np.zeros((len(pos), source.n_heads, t) if per_head else (len(pos), t), dtype=bool)
             for i, p in enumerate(pos):
                 r = rows[p].numpy()  # keys past a row's own forward are future keys
+                r = r[0] if r.ndim == 3 else r  # a live session's (1, H, T)
                 m[i, ..., : min(r.shape[-1], t)] = r[..., :t]
             tensors[f"layers.{layer}.mask_positions"] = np.asarray(pos, dtype=np.int64)  # (n,)
             tensors[f"layers.{layer}.mask_rows"] = m  # (n, T) or (n, H, T) bool

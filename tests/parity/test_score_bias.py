@@ -1,0 +1,175 @@
+"""Additive score biases: the shown scores are the model's own, bias included, per bias form.
+
+For each form the test writes the equation out by hand (q·kᵀ × scaling + the family's bias, from
+the family's published definition) and compares it with what the inspector shows, then checks
+that the bias survives a trace, that the math check counts it, and that beams carry their own.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+import gpt_inspector as gi
+import tiny_families
+import tiny_models
+from gpt_inspector.core import mathcheck
+from gpt_inspector.core.models import from_model
+
+PROMPT = "She eats an apple. He reads"
+STEPS = 6
+
+
+@pytest.fixture(scope="module")
+def tokenizer(tmp_path_factory):
+    return tiny_models.build_tokenizer(tmp_path_factory.mktemp("bias_tok"))
+
+
+@pytest.fixture(scope="module")
+def run(tokenizer):
+    """family -> (a session stepped STEPS times through the inspector, the eager reference model)."""
+    cache = {}
+
+    def get(family):
+        if family not in cache:
+            model = tiny_families.build_model(family, tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+            ref = copy.deepcopy(model).eval()
+            s = gi.Session(from_model(model, tokenizer, family), PROMPT)
+            s.run(STEPS)
+            cache[family] = (s, ref)
+        return cache[family]
+
+    return get
+
+
+def _alibi_slopes(n_heads: int) -> torch.Tensor:
+    # the ALiBi paper's slopes for a power-of-two head count: 2^(-8/H), 2^(-16/H), ...
+    return 2.0 ** (-8.0 * torch.arange(1, n_heads + 1, dtype=torch.float64) / n_heads)  # (H,)
+
+
+def _by_hand(s, layer: int, bias: torch.Tensor) -> torch.Tensor:
+    """q·kᵀ × scaling + bias, in float64, every head: (H, T, T)."""
+    q, k, _ = (torch.from_numpy(x).double() for x in s.qkv(layer))  # (H, T, d), (Hkv, T, d)
+    k = k.repeat_interleave(s.n_heads // s.n_kv_heads, dim=0)  # (H, T, d)
+    return q @ k.transpose(-1, -2) * s.scaling(layer) + bias  # (H, T, T)
+
+
+def _shown(s, layer: int, kind: str) -> torch.Tensor:
+    return torch.from_numpy(np.stack([s.attention(layer, h, kind) for h in range(s.n_heads)])).double()
+
+
+def _tol(x: torch.Tensor) -> float:
+    return 2e-5 * max(1.0, float(x.abs().max()))
+
+
+def test_bloom_scores_are_qk_scaled_plus_slope_times_key_position(run):
+    s, _ = run("bloom")
+    t = s.cache_length
+    j = torch.arange(t, dtype=torch.float64)
+    bias = _alibi_slopes(s.n_heads)[:, None, None] * j[None, None, :]  # (H, 1, T): slope_h × j, every row
+    for layer in range(s.n_layers):
+        want = _by_hand(s, layer, bias)
+        torch.testing.assert_close(_shown(s, layer, "scores"), want, atol=_tol(want), rtol=0)
+        # raw stays q·kᵀ; the bias is part of the scores, not of raw
+        torch.testing.assert_close(_shown(s, layer, "raw") * s.scaling(layer), want - bias, atol=_tol(want), rtol=0)
+    torch.testing.assert_close(s.score_bias(0).slopes.double(), _alibi_slopes(s.n_heads))
+
+
+def test_mpt_bias_is_measured_from_each_forwards_last_key(run):
+    # MPT: slope × (j − (Tk − 1)), Tk the key length of the forward that computed the row: the prompt's
+    # rows share the prefill's last key, each stepped row is its own forward (Tk = i + 1)
+    s, _ = run("mpt")
+    t, p = s.cache_length, s.prompt_length
+    ref = torch.tensor([p - 1 if i < p else i for i in range(t)], dtype=torch.float64)  # (T,)
+    dist = torch.arange(t, dtype=torch.float64)[None, :] - ref[:, None]  # (T, T)
+    bias = _alibi_slopes(s.n_heads)[:, None, None] * dist[None]  # (H, T, T)
+    for layer in range(s.n_layers):
+        want = _by_hand(s, layer, bias)
+        torch.testing.assert_close(_shown(s, layer, "scores"), want, atol=_tol(want), rtol=0)
+    # a bias measured from the query instead (slope × (j − i)) would be another model's scores
+    wrong = _by_hand(s, 0, _alibi_slopes(s.n_heads)[:, None, None] * (dist - (torch.arange(t) - ref)[:, None])[None])
+    assert (wrong - _shown(s, 0, "scores"))[:, : p - 1].abs().max() > 0.1
+
+
+@torch.no_grad()
+def _doge_bias(s, layer: int, attn) -> torch.Tensor:
+    """doge's dynamic mask by its definition: exp(A × softplus(dt_proj(v))) per KV head and key: (H, T)."""
+    _, _, v = s.qkv(layer)  # (Hkv, T, d)
+    v = torch.from_numpy(v).double()
+    x = v.transpose(0, 1).reshape(v.shape[1], -1)  # (T, Hkv d)
+    dt = x @ attn.dt_proj.weight.double().T + (0 if attn.dt_proj.bias is None else attn.dt_proj.bias.double())
+    per_kv = torch.exp(attn.A.double() * F.softplus(dt)).T  # (Hkv, T)
+    return per_kv.repeat_interleave(s.n_heads // s.n_kv_heads, dim=0)  # (H, T)
+
+
+def test_doge_scores_carry_its_key_bias_and_each_head_keeps_its_own_top_keys(run):
+    s, ref = run("doge")
+    t = s.cache_length
+    keep, window = ref.config.keep_window_size, ref.config.sliding_window
+    assert keep < window < t  # the top-k window really cuts, inside the sliding window
+    causal = torch.tril(torch.ones(t, t, dtype=torch.bool))
+    for layer in range(s.n_layers):
+        attn = ref.model.layers[layer].self_attn
+        rows = _doge_bias(s, layer, attn)  # (H, T)
+        assert float(rows.std()) > 0.05  # a bias that varies, or the test would show nothing
+        want = _by_hand(s, layer, rows[:, None, :])
+        torch.testing.assert_close(_shown(s, layer, "scores"), want, atol=_tol(want), rtol=0)
+        # the allowed keys: each row's `keep` largest biases among the keys its sliding window allows, per head
+        allowed = np.stack([s.allowed(layer, h) for h in range(s.n_heads)])  # (H, T, T)
+        for h in range(s.n_heads):
+            for i in range(t):
+                lo = max(0, i - window + 1)
+                top = set(range(lo, i + 1))
+                if len(top) > keep:
+                    top = {lo + int(j) for j in rows[h, lo : i + 1].topk(keep).indices}
+                assert set(np.flatnonzero(allowed[h, i]).tolist()) == top, f"layer {layer} head {h} row {i}"
+        assert any((allowed[h] != allowed[0]).any() for h in range(1, s.n_heads))  # heads differ
+        assert (torch.from_numpy(allowed).sum(-1) < causal.sum(-1)).any()
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt", "doge"])
+def test_the_bias_survives_a_trace(family, run, tmp_path):
+    s, _ = run(family)
+    tr = gi.load_trace(s.save_trace(tmp_path / f"{family}.safetensors"))
+    for layer in range(s.n_layers):
+        for kind in ("scores", "probs"):
+            np.testing.assert_array_equal(tr.attention(layer, 1, kind), s.attention(layer, 1, kind))
+        np.testing.assert_array_equal(tr.allowed(layer, 2), s.allowed(layer, 2))
+        torch.testing.assert_close(tr.bias_rows(layer, 0, 3), s.bias_rows(layer, 0, 3), atol=0, rtol=0)
+
+
+@pytest.mark.parametrize("family", ["bloom", "mpt", "doge"])
+def test_the_math_check_counts_the_bias(family, run):
+    s, _ = run(family)
+    report = mathcheck.check_all(s)
+    assert (report.max_diff <= report.tolerance).all()
+    assert mathcheck.check(s, 1, 2, 3).ok
+    # the same recomputation without the bias does not reproduce the model's outputs
+    q, k, v = s.qkv(1)
+    allowed = np.stack([s.allowed(1, h) for h in range(s.n_heads)])
+    group = s.n_heads // s.n_kv_heads
+    _, out = mathcheck._attend(q.astype(np.float64), np.repeat(k, group, 0).astype(np.float64),
+                               np.repeat(v, group, 0).astype(np.float64), allowed, s.scaling(1), None)  # fmt: skip
+    assert np.abs(out - s.attention_output(1)).max() > 1e-3
+
+
+def test_doge_beam_views_keep_each_beams_own_bias(run, tokenizer):
+    from gpt_inspector.core.beams import BeamSearch
+
+    # doge's top-k depends on each key's bias, so beams that took different tokens mask differently
+    s, ref = run("doge")
+    bs = BeamSearch(s.lm, prompt_ids=s.prompt_ids, num_beams=4, num_return_sequences=4, max_new_tokens=8)
+    bs.run()
+    views = [bs.result_view(r) for r in range(4)]
+    assert len({tuple(v.processed_tokens) for v in views}) >= 3  # beams that really diverged
+    for r, view in enumerate(views):
+        ids = view.processed_tokens
+        with torch.no_grad():
+            att = ref(torch.tensor([ids]), output_attentions=True).attentions
+        for layer in range(s.n_layers):
+            np.testing.assert_allclose(view.attention_rows(layer, 0, len(ids), "probs").numpy(),
+                                       att[layer][0].numpy(), atol=5e-5, rtol=0, err_msg=f"beam {r} layer {layer}")  # fmt: skip
