@@ -22,7 +22,6 @@ from dataclasses import dataclass
 
 import torch
 
-
 from .stages import KINDS, STAGE_TITLES, STAGES, check_stage  # noqa: F401  (the vocabulary, re-exported)
 
 

@@ -173,3 +173,45 @@ def test_doge_beam_views_keep_each_beams_own_bias(run, tokenizer):
         for layer in range(s.n_layers):
             np.testing.assert_allclose(view.attention_rows(layer, 0, len(ids), "probs").numpy(),
                                        att[layer][0].numpy(), atol=5e-5, rtol=0, err_msg=f"beam {r} layer {layer}")  # fmt: skip
+
+
+def _rewrite(src, dst, edit):
+    """Copy trace ``src`` to ``dst`` with ``edit(tensors, meta)`` applied."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    with safe_open(str(src), framework="np") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}  # noqa: SIM118  (a safetensors handle, not a dict)
+    edit(tensors, meta)
+    save_file(tensors, str(dst), metadata=meta)
+    return dst
+
+
+@pytest.mark.parametrize(
+    "damage, words",
+    [
+        (lambda t, m: m.update(score_bias='[{"form": "alibi", "slopes": [1.0]}, null]'), "score_bias"),
+        (lambda t, m: m.update(score_bias='[{"form": "relative"}, null]'), "score_bias"),
+        (lambda t, m: t.pop("layers.0.bias_ref"), "bias_ref"),
+        (lambda t, m: t.__setitem__("layers.1.bias_ref", t["layers.1.bias_ref"][:-1].copy()), "bias_ref"),
+        (lambda t, m: t["layers.0.bias_ref"].__setitem__(0, np.nan), "not finite"),
+    ],
+)
+def test_a_damaged_bias_in_a_trace_is_refused_in_one_line(damage, words, run, tmp_path):
+    s, _ = run("mpt")
+    path = _rewrite(s.save_trace(tmp_path / "ok.safetensors"), tmp_path / "bad.safetensors", damage)
+    with pytest.raises(gi.InspectorError) as e:
+        gi.load_trace(path)
+    assert words in str(e.value) and "\n" not in str(e.value)
+
+
+def test_a_per_head_mask_in_a_trace_must_allow_a_key_in_every_head(run, tmp_path):
+    s, _ = run("doge")
+
+    def damage(t, m):
+        t["layers.0.mask_rows"][-1, 2] = False  # head 2 of the last masked row allows nothing
+
+    path = _rewrite(s.save_trace(tmp_path / "ok.safetensors"), tmp_path / "bad.safetensors", damage)
+    with pytest.raises(gi.InspectorError, match="allows no key"):
+        gi.load_trace(path)

@@ -71,4 +71,4 @@ def adapt(model, source: str) -> bool:
     return True
 
 
-from . import biased, classic  # noqa: E402,F401  (register the adapters)
+from . import biased, classic  # noqa: F401  (registers the adapters)
