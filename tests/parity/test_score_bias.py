@@ -215,3 +215,36 @@ def test_a_per_head_mask_in_a_trace_must_allow_a_key_in_every_head(run, tmp_path
     path = _rewrite(s.save_trace(tmp_path / "ok.safetensors"), tmp_path / "bad.safetensors", damage)
     with pytest.raises(gi.InspectorError, match="allows no key"):
         gi.load_trace(path)
+
+
+def test_an_adapted_family_loads_from_a_folder_and_the_cli_traces_it(tokenizer, tmp_path, capsys):
+    # the load path the CLI and the window use (load_model), not only from_model
+    import json
+
+    from gpt_inspector.cli import main
+
+    folder = tmp_path / "tiny-bloom"
+    model = tiny_families.build_model("bloom", tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    model.save_pretrained(folder, safe_serialization=True)
+    tokenizer.save_pretrained(folder)
+    lm = gi.load_model(folder, device="cpu")
+    assert lm.unverified is None and lm.n_heads == 4
+    out = tmp_path / "bloom.safetensors"
+    rc = main(["trace", "--model", str(folder), "--device", "cpu", "--prompt", "She eats", "--steps", "3",
+               "--out", str(out), "--json"])  # fmt: skip
+    assert rc == 0
+    data = json.loads(capsys.readouterr().out)
+    tr = gi.load_trace(out)
+    assert tr.tokens == data["tokens"] and tr.score_bias(0).form == "alibi"
+
+
+def test_the_load_self_test_compares_with_the_models_own_code(tokenizer, monkeypatch):
+    # an adapter that lost the ALiBi bias must be refused at load: the self-test's reference runs
+    # BLOOM's own attention (adapters.native), not the adapter a second time
+    from gpt_inspector.core.adapters import biased
+
+    real = biased.attend
+    monkeypatch.setattr(biased, "attend", lambda *a, score_bias=None, **kw: real(*a, **kw))
+    model = tiny_families.build_model("bloom", tokenizer.convert_tokens_to_ids("<|endoftext|>"))
+    with pytest.raises(gi.InspectorError, match="differ from the model's own eager attention"):
+        from_model(model, tokenizer, "bloom")
