@@ -248,3 +248,25 @@ def test_the_load_self_test_compares_with_the_models_own_code(tokenizer, monkeyp
     model = tiny_families.build_model("bloom", tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     with pytest.raises(gi.InspectorError, match="differ from the model's own eager attention"):
         from_model(model, tokenizer, "bloom")
+
+
+@pytest.mark.parametrize("family", ["falcon", "bloom", "doge", "gpt_neo"])
+def test_mask_edits_reach_an_adapted_familys_attention(family, tokenizer, tmp_path):
+    # loaded from a folder as a user would (Falcon then gets transformers' sdpa-style boolean masks)
+    from gpt_inspector.core.capture import MaskEdit
+
+    folder = tmp_path / family
+    tiny_families.build_model(family, tokenizer.convert_tokens_to_ids("<|endoftext|>")).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    s = gi.Session(gi.load_model(folder, device="cpu"), PROMPT)
+    s.run(3)
+    q = s.cache_length - 1
+    key = int(np.argmax(s.attention(0, 1, "probs")[q]))  # the key head 1 attends to most
+    before = s.current.logits.clone()
+    s.set_mask_edits([MaskEdit(query=q, key=key, layer=0, head=1)])
+    probs = s.attention_rows(0, q, q + 1)[:, 0]  # (H, T)
+    assert float(probs[1, key]) == 0.0 and float(probs[0, key]) > 0 or not s.allowed(0, 0)[q, key]
+    np.testing.assert_allclose(probs.sum(-1).numpy(), 1.0, atol=1e-5)
+    assert float((s.current.logits - before).abs().max()) > 1e-4  # the model itself saw the edit
+    report = mathcheck.check_all(s)  # the recorded outputs are the edited equation's
+    assert (report.max_diff <= report.tolerance).all()

@@ -34,13 +34,25 @@ def patch(module: torch.nn.Module, name: str, fn) -> None:
 
 
 def attend(layer_idx: int, query, key, value, mask, scaling: float, **kwargs):
-    """The inspector's attention over q (B, H, Tq, d), K/V (B, Hkv, Tk, d): ((B, H, Tq, d) output, probs)."""
+    """The inspector's attention over q (B, H, Tq, d), K/V (B, Hkv, Tk, d): ((B, H, Tq, d) output, probs).
+
+    ``mask``: additive, or boolean with True where a query may attend (what transformers builds
+    for a model loaded for sdpa, as Falcon is by default).
+    """
+    mask = allowed_to_additive(mask, query.dtype)  # (B, 1, Tq, Tk)
     out, probs = capture.inspector_attention(LayerRef(layer_idx), query, key, value, mask, scaling=scaling, **kwargs)
     return out.transpose(1, 2), probs  # (B, H, Tq, d)
 
 
-def additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
-    """A boolean "masked" mask (True = may not attend) as the additive mask the capture takes."""
+def blocked_to_additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
+    """A boolean "masked" mask (True = may not attend, MPT's) as the additive mask the capture takes."""
     if mask is None or mask.dtype != torch.bool:
         return mask
     return torch.zeros(mask.shape, dtype=dtype, device=mask.device).masked_fill(mask, torch.finfo(dtype).min)
+
+
+def allowed_to_additive(mask: torch.Tensor | None, dtype) -> torch.Tensor | None:
+    """A boolean "allowed" mask (True = may attend, sdpa's) as the additive mask the capture takes."""
+    if mask is None or mask.dtype != torch.bool:
+        return mask
+    return blocked_to_additive(~mask, dtype)

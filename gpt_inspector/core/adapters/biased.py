@@ -13,7 +13,7 @@ import torch
 
 from .. import capture
 from . import register
-from ._common import additive, attend, patch
+from ._common import attend, blocked_to_additive, patch
 
 
 def _check_alibi(values: torch.Tensor, slopes: torch.Tensor, ref: int, family: str) -> None:
@@ -85,7 +85,7 @@ def mpt(model) -> None:
             s = slopes.to(values.device)
             _check_alibi(values[:, 0], s, tk - 1, "MPT")  # (H, Tk)
             bias = capture.AppliedBias("alibi", values[None], slopes=s, ref=torch.full((tq,), float(tk - 1)), batch=b)
-        mask = additive(attention_mask, query.dtype)  # (B, 1, Tq, Tk)
+        mask = blocked_to_additive(attention_mask, query.dtype)  # (B, 1, Tq, Tk)
         out, probs = attend(self.layer_idx, query, key, value, mask, self.softmax_scale, score_bias=bias)
         context = out.permute(0, 2, 1, 3).contiguous().view(b, tq, -1)  # (B, Tq, D)
         return self.out_proj(context), probs

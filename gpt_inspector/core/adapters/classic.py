@@ -7,7 +7,7 @@ import math
 import torch
 
 from . import register
-from ._common import attend, patch
+from ._common import allowed_to_additive, attend, patch
 
 
 def _upcast(query, key, value):
@@ -46,7 +46,8 @@ def gpt_neo(model) -> None:
         tq, tk = q.shape[-2], k.shape[-2]
         own = self.bias[:, :, tk - tq : tk, :tk]  # (1, 1, Tq, Tk) bool: allowed
         low = torch.finfo(torch.float32).min
-        base = torch.zeros((), dtype=torch.float32, device=q.device) if attention_mask is None else attention_mask
+        base = allowed_to_additive(attention_mask, torch.float32)  # (B, 1, Tq, Tk) or None
+        base = torch.zeros((), dtype=torch.float32, device=q.device) if base is None else base
         mask = torch.where(own, base, low)  # (B, 1, Tq, Tk)
         out, probs = attend(self.layer_id, q, k, v, mask, 1.0)  # (B, H, Tq, d)
         return out.to(value.dtype), probs
