@@ -402,10 +402,12 @@ def allowed_rows(
 
 
 def _check_mask_is_a_mask(mask: torch.Tensor) -> None:
-    """We keep the model's mask as allowed / not allowed, shared by the heads; refuse anything richer.
+    """We keep the model's mask as allowed / not allowed; refuse real values we cannot account for.
 
-    mask: (Hm, Tq, Tk). A real-valued bias (doge's dynamic mask, ALiBi passed as a mask) or a
-    different mask per head would be lost from every derived score, so it must not pass silently.
+    mask: (Hm, Tq, Tk). A real-valued bias no adapter recorded (doge without its adapter, ALiBi
+    passed as a mask) would be lost from every derived score, so it must not pass silently; masks
+    that differ per head are recorded per head by ``_record_head_mask``, which calls this only to
+    name what it found.
     """
     if mask.dtype != torch.bool:
         low = torch.finfo(mask.dtype).min / 2
