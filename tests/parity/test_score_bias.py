@@ -157,7 +157,7 @@ def test_the_math_check_counts_the_bias(family, run):
     assert np.abs(out - s.attention_output(1)).max() > 1e-3
 
 
-def test_doge_beam_views_keep_each_beams_own_bias(run, tokenizer):
+def test_doge_beam_views_keep_each_beams_own_bias(run, tokenizer, tmp_path):
     from gpt_inspector.core.beams import BeamSearch
 
     # doge's top-k depends on each key's bias, so beams that took different tokens mask differently
@@ -173,6 +173,13 @@ def test_doge_beam_views_keep_each_beams_own_bias(run, tokenizer):
         for layer in range(s.n_layers):
             np.testing.assert_allclose(view.attention_rows(layer, 0, len(ids), "probs").numpy(),
                                        att[layer][0].numpy(), atol=5e-5, rtol=0, err_msg=f"beam {r} layer {layer}")  # fmt: skip
+    # a beam saved as a trace keeps its own masks and bias
+    tr = gi.load_trace(views[1].save_trace(tmp_path / "beam.safetensors"))
+    for layer in range(s.n_layers):
+        np.testing.assert_array_equal(tr.attention_rows(layer, 0, tr.cache_length, "scores").numpy(),
+                                      views[1].attention_rows(layer, 0, tr.cache_length, "scores").numpy())  # fmt: skip
+        np.testing.assert_array_equal(tr.allowed_rows(layer, 0, tr.cache_length).numpy(),
+                                      views[1].allowed_rows(layer, 0, tr.cache_length).numpy())  # fmt: skip
 
 
 def _rewrite(src, dst, edit):
