@@ -285,7 +285,7 @@ class Recorder:
             self.bias_rows[layer].write(bias.rows[:, :, q0:, None].detach().float(), q0)  # (B, H, Tq, 1)
 
     def _record_mask(self, layer, mask, q0, tq, tk, bias=None) -> None:
-        if mask.shape[1] > 1 or mask.dtype != torch.bool and bias is not None and bias.form == "key":
+        if mask.shape[1] > 1 or (mask.dtype != torch.bool and bias is not None and bias.form == "key"):
             self._record_head_mask(layer, mask, q0, tq, tk, bias)
             return
         # the same mask tensor is shared by every layer of a forward: inspect it once. The entry keeps
@@ -331,10 +331,10 @@ class Recorder:
 class AppliedBias:
     """An additive score bias a model adds (passed by an adapter, or found on a doge layer).
 
-    ``values``: what the model adds, broadcastable to (B, H, Tq, Tk) (None where the model's
-    mask already carries it, as doge's does), added to the scaled scores. The compact record: ``form`` "alibi" with
-    ``slopes`` (H,) and ``ref`` (Tq,) (the key position each new query row's bias is measured
-    from), or "key" with ``rows`` (B, H, Tk), one value per head and key.
+    ``values``: what the model adds to the scaled scores, broadcastable to (B, H, Tq, Tk) (None
+    where the model's mask already carries it, as doge's does). The compact record: ``form``
+    "alibi" with ``slopes`` (H,) and ``ref`` (Tq,) (the key position each new query row's bias
+    is measured from), or "key" with ``rows`` (B, H, Tk), one value per head and key.
     """
 
     form: str
@@ -468,9 +468,9 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
             base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
             mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
     sinks = kwargs.get("s_aux")  # (H,) one sink logit per head, or None
+    if mask is None and tq > 1:  # a model that left causality to the attention function
+        mask = _causal_additive(tq, tk, query.dtype, query.device)
     if softcap is None and sinks is None and score_bias is None:
-        if mask is None and tq > 1:
-            mask = _causal_additive(tq, tk, query.dtype, query.device)
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)  # (B, H, Tq, d)
         probs = None
     else:
