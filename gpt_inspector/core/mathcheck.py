@@ -1,6 +1,6 @@
 """Attention math check: redo the attention output from the captured q, K, V with the textbook formula.
 
-    out = softmax(q · Kᵀ × scaling + mask) · V
+    out = softmax(q · Kᵀ × scaling + bias + mask) · V
 
 written out in float64 numpy, with the mask from ``allowed`` (the model's own mask plus mask
 edits) and query head h reading KV head h // (H / Hkv). It is compared with the output our
@@ -202,12 +202,16 @@ def _validate_tolerance(tolerance) -> None:
         raise InspectorError(f"tolerance must be a positive number, got {tolerance!r}")
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scaling: float, softcap, sink=None):
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scaling: float, softcap, sink=None,
+            bias=None):  # fmt: skip
     """The formula for a stack of heads; q (H, Tq, d), k, v (H, T, d), allowed (H, Tq, T); float64.
 
     ``sink`` (H,): attention-sink logits (gpt_oss), one more term in each softmax denominator.
+    ``bias`` (H, Tq, T): the model's additive score bias (ALiBi, doge), added to the scaled scores.
     """
     scores = np.einsum("hqd,hkd->hqk", q, k) * scaling  # (H, Tq, T)
+    if bias is not None:
+        scores = scores + bias
     if softcap is not None:
         scores = np.tanh(scores / softcap) * softcap
     scores = np.where(allowed, scores, -np.inf)  # (H, Tq, T)
@@ -222,6 +226,12 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, sc
             denom = denom + np.exp(sink - top)
         w = e / denom  # (H, Tq, T)
     return w, np.einsum("hqk,hkd->hqd", w, v)  # (H, Tq, d)
+
+
+def _bias(source, layer: int, p0: int, p1: int, heads=None) -> np.ndarray | None:
+    rows = getattr(source, "bias_rows", None)  # older sources have no score biases
+    b = None if rows is None else rows(layer, p0, p1, heads)
+    return None if b is None else b.double().numpy()  # (h, n, T)
 
 
 def _sink(source, layer: int) -> np.ndarray | None:
@@ -263,6 +273,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
         scaling,
         softcap,
         None if sink is None else sink[head : head + 1],
+        _bias(source, layer, position, position + 1, (head,)),
     )
     model = source.attention_output(layer)[head, position].astype(np.float64)  # (d,)
     tol = float(_tolerance(source, vk[None], tolerance)[0])
@@ -294,7 +305,7 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         vh = v.astype(np.float64)[kv_map]  # (H, T, d)
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
         _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer),
-                         _sink(source, layer))  # fmt: skip
+                         _sink(source, layer), _bias(source, layer, 0, t))  # fmt: skip
         start = source.head_outputs_from  # rows before it were never kept: nothing to compare
         model = source.attention_output(layer)[:, start:].astype(np.float64)  # (H, T - start, d)
         with np.errstate(invalid="ignore"):
