@@ -28,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         "window (on the embedded demo model unless --model is given); the commands work headless.",
     )
     p.add_argument("--version", action="version", version=f"gpt-inspector {_version()}")
-    common.add_model_args(p, unverified=False)
+    common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="prompt to start the window with")
     p.add_argument("--steps", type=int, default=None, help="with --screenshot: steps to run first")
     p.add_argument("--screenshot", default=None, help="open the window, run --steps, save a PNG of it and exit")

@@ -31,13 +31,37 @@ SMALL = dict(
 # families whose configs nest or derive their sizes where the common names above do not reach
 EXTRA = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+    "xglm": dict(init_std=0.3),
+    # doge's dynamic top-k keeps 3 keys per head inside its 4-key sliding window, so both cut
+    "doge": dict(keep_window_size=3),
 }  # fmt: skip
+
+# variants of a family's config that take another code path: name -> (model_type, config overrides)
+VARIANTS = {
+    "falcon_new_arch": ("falcon", dict(new_decoder_architecture=True, num_kv_heads=2)),
+    "falcon_mha": ("falcon", dict(multi_query=False)),
+    "falcon_alibi": ("falcon", dict(alibi=True)),
+    "mpt_clip_qkv": ("mpt", dict(attn_config=dict(clip_qkv=0.8))),
+}
+
+
+def _doge_bias(model) -> None:
+    # A starts at zero, which makes doge's learned key bias exp(0) = 1 everywhere: a bias that shows nothing
+    for layer in model.model.layers:
+        torch.nn.init.normal_(layer.self_attn.A, 0.0, 1.0)
+
+
+# weights a family initialises to a value that would hide what the tests check
+TWEAKS = {"doge": _doge_bias}
 
 
 def small_config(model_type: str, eos: int):
-    """The family's config with small sizes, or None when it cannot be built."""
+    """The family's (or a ``VARIANTS`` entry's) config with small sizes."""
     from transformers import CONFIG_MAPPING
 
+    overrides = {}
+    if model_type in VARIANTS:
+        model_type, overrides = VARIANTS[model_type]
     cls = CONFIG_MAPPING[model_type]
     default = cls()
     known = set(default.to_dict()) | set(getattr(cls, "attribute_map", {}) or {})
@@ -47,10 +71,11 @@ def small_config(model_type: str, eos: int):
         pass
     kw = {k: v for k, v in SMALL.items() if k in known}
     kw.update(EXTRA.get(model_type, {}))
+    kw.update(overrides)
     kw.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     cfg = cls(**kw)
     for k, v in kw.items():  # some configs ignore constructor arguments they derive
-        if hasattr(cfg, k) and getattr(cfg, k) != v and not isinstance(getattr(cfg, k), (list, dict)):
+        if hasattr(cfg, k) and getattr(cfg, k) != v and not isinstance(getattr(cfg, k), (list, dict)) and not isinstance(v, dict):
             try:
                 setattr(cfg, k, v)
             except (AttributeError, ValueError, TypeError):
@@ -67,4 +92,7 @@ def build_model(model_type: str, eos: int, seed: int = 0):
     if n > 3_000_000:
         raise ValueError(f"too large for a tiny test ({n} parameters)")
     torch.manual_seed(seed)
-    return AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
+    with torch.no_grad():
+        TWEAKS.get(cfg.model_type, lambda m: None)(model)
+    return model

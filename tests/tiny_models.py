@@ -6,6 +6,7 @@ that compares numbers must be able to fail.
 
 from __future__ import annotations
 
+import contextlib
 from pathlib import Path
 
 import torch
@@ -77,3 +78,33 @@ def build(folder: Path, family: str, seed: int = 0) -> Path:
     model = AutoModelForCausalLM.from_config(config_for(family, len(tok), eos))
     model.save_pretrained(folder, safe_serialization=True)
     return folder
+
+
+def build_sinks_model(folder: Path) -> Path:
+    """A tiny gpt_oss with large attention sinks: dropping them moves the logits far beyond rounding."""
+    from safetensors.torch import load_file, save_file
+
+    folder = build(folder, "gpt_oss")
+    weights = load_file(folder / "model.safetensors")
+    for k in [k for k in weights if k.endswith("self_attn.sinks")]:
+        weights[k] = torch.randn(weights[k].shape, generator=torch.Generator().manual_seed(1)) * 3
+    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
+    return folder
+
+
+@contextlib.contextmanager
+def attention_that_drops_sinks():
+    """Our attention with the bug the fidelity self-test exists for: the s_aux keyword silently dropped."""
+    from transformers import AttentionInterface
+
+    from gpt_inspector.core import capture
+
+    def dropping(*args, **kwargs):
+        kwargs.pop("s_aux", None)
+        return capture.inspector_attention(*args, **kwargs)
+
+    AttentionInterface.register(capture.ATTN_NAME, dropping)
+    try:
+        yield
+    finally:
+        AttentionInterface.register(capture.ATTN_NAME, capture.inspector_attention)

@@ -21,7 +21,7 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverifie
                    help="also load pickle (.bin) weights; only for sources you trust")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="run the model repository's own Python code; only for sources you trust")
-    if unverified:  # the window has no way yet to show that its numbers are unverified
+    if unverified:
         g.add_argument("--unverified", action="store_true",
                        help="load a model whose logits through gpt-inspector differ from its own eager attention "
                             "(the load-time self-test failed); outputs are marked unverified")

@@ -47,7 +47,7 @@ def run(args) -> int:
     if args.out is not None:
         from .. import figures
 
-        fig = figures.lens_figure(r, s.lm.name)
+        fig = figures.lens_figure(r, s.lm.name, unverified=s.unverified)
         print(f"lens figure saved to {figures.save(fig, args.out)}", file=sys.stderr)
         figures.close(fig)
     if args.json:

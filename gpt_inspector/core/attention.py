@@ -1,7 +1,9 @@
 """The attention equation, written once, batched over heads.
 
     raw           = q · kᵀ
-    scores        = raw × scaling, then tanh(x / cap) × cap where the model soft-caps
+    scores        = raw × scaling, then tanh(x / cap) × cap where the model soft-caps; where the
+                    model adds a per-head bias (ALiBi, doge's dynamic mask) it joins here, after
+                    the scaling as BLOOM, MPT and doge add it: raw × scaling + bias
     masked_scores = scores, −inf where the query may not attend to the key
     probs         = softmax(masked_scores) along the keys; where the model has an attention sink
                     (gpt_oss) its logit joins each row's softmax and its share is dropped, so a
@@ -16,9 +18,9 @@ purpose: it is the independent check.
 from __future__ import annotations
 
 import math
+from dataclasses import dataclass
 
 import torch
-
 
 from .stages import KINDS, STAGE_TITLES, STAGES, check_stage  # noqa: F401  (the vocabulary, re-exported)
 
@@ -39,9 +41,52 @@ def expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:
     return x if n_rep == 1 else x.repeat_interleave(n_rep, dim=-3)
 
 
-def scores(q: torch.Tensor, k: torch.Tensor, scaling: float, softcap: float | None) -> torch.Tensor:
-    """q (..., n, d), k (..., T, d) -> (..., n, T): scaled, soft-capped, unmasked scores."""
+@dataclass(frozen=True)
+class ScoreBias:
+    """A per-head additive bias on the attention scores, kept compactly (never T x T per head).
+
+    form ``"alibi"``: bias[h, i, j] = slopes[h] × (j − ref[i]), where ``ref[i]`` is the key
+    position query row i's bias is measured from (0 for BLOOM and Falcon, which add slope × j;
+    the last key of that row's forward for MPT). form ``"key"``: bias[h, i, j] = rows[h, j], one
+    learned value per head and key (doge's dynamic mask). Every family we adapt adds it to the
+    scaled scores (Falcon-ALiBi, which adds it before the scaling, is refused; see adapters).
+    """
+
+    form: str
+    slopes: torch.Tensor | None = None  # (H,) float32, alibi
+    ref: torch.Tensor | None = None  # (T,) float32 per query position, alibi
+    rows: torch.Tensor | None = None  # (H, T) float32 per key, key
+
+    def cloned(self) -> ScoreBias:
+        """A copy that no later write to the records it views can change."""
+        c = {n: None if getattr(self, n) is None else getattr(self, n).clone() for n in ("slopes", "ref", "rows")}
+        return ScoreBias(self.form, **c)
+
+    def block(self, p0: int, p1: int, t: int, heads: torch.Tensor | None = None) -> torch.Tensor:
+        """The bias for query rows p0..p1 against keys 0..t: (h, n, t) float32."""
+        if self.form == "alibi":
+            slopes = self.slopes if heads is None else self.slopes[heads]  # (h,)
+            dist = torch.arange(t, dtype=torch.float32)[None, :] - self.ref[p0:p1, None].float()  # (n, t)
+            return slopes.float()[:, None, None] * dist  # (h, n, t)
+        rows = self.rows[:, :t] if heads is None else self.rows[heads, :t]  # (h, t)
+        return rows.float()[:, None, :].expand(-1, p1 - p0, -1)  # (h, n, t)
+
+
+def scores(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scaling: float,
+    softcap: float | None,
+    bias: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """q (..., n, d), k (..., T, d) -> (..., n, T): scaled, biased, soft-capped, unmasked scores.
+
+    ``bias`` (broadcastable to (..., n, T)) is the model's additive score bias, added to the
+    scaled scores before any soft-cap.
+    """
     s = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (..., n, T)
+    if bias is not None:
+        s = s + bias
     if softcap is not None:
         s = torch.tanh(s / softcap) * softcap
     return s
@@ -55,17 +100,19 @@ def equation(
     allowed: torch.Tensor,
     kind: str,
     sink: torch.Tensor | None = None,
+    bias: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One stage of the attention equation in float32.
 
     q: (..., n, d) queries; k: (..., T, d) keys, already mapped to the query heads; allowed:
-    (..., n, T) bool; sink: (...) one sink logit per leading index (per head), or None.
+    (..., n, T) bool; sink: (...) one sink logit per leading index (per head), or None; bias:
+    (..., n, T) the model's additive score bias (``ScoreBias.block``), or None.
     Returns (..., n, T) float32.
     """
     q, k = q.float(), k.float()
     if kind == "raw":
         return torch.matmul(q, k.transpose(-1, -2))  # (..., n, T)
-    s = scores(q, k, scaling, softcap)  # (..., n, T)
+    s = scores(q, k, scaling, softcap, None if bias is None else bias.float())  # (..., n, T)
     if kind == "scores":
         return s
     masked = s.masked_fill(~allowed, -math.inf)  # (..., n, T)

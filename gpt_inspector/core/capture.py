@@ -15,7 +15,10 @@ What is kept per layer (CPU, grown geometrically so a long run re-copies each po
 - q and the attention output per query head and position (B, H, T, d);
 - K and V: on the CPU they are read straight from the model's KV cache (zero copy, the real
   thing); on an accelerator a CPU mirror is filled with asynchronous copies;
-- the base mask only where it deviates from plain causal (sliding windows, padding).
+- the base mask only where it deviates from plain causal (sliding windows, padding), per head
+  where the model masks each head differently (doge's dynamic top-k);
+- an additive score bias where the model adds one, compactly: ALiBi as per-head slopes plus one
+  reference position per query row, doge's dynamic mask as one value per head and key.
 Score and probability matrices are derived on demand by ``core.attention``; nothing T x T is
 stored per head.
 """
@@ -219,14 +222,25 @@ class Recorder:
         self.softcap: list[float | None] = [None] * n_layers
         # attention sinks (gpt_oss): one extra logit per head that takes probability mass and gives no value
         self.sinks: list[torch.Tensor | None] = [None] * n_layers  # (H,) float32 on the CPU
-        # position -> bool (T,) of keys the model's own mask allowed, only where not plain causal
+        # position -> bool (T,) of keys the model's own mask allowed, only where not plain causal;
+        # (B, H, T), one per batch row (beam), where the model masks each head differently
         self.mask_rows: list[dict[int, torch.Tensor]] = [dict() for _ in range(n_layers)]
+        # additive score biases: (form, slopes (H,) or None) per layer, or None;
+        # alibi's reference position per query row (B, 1, T, 1), a key bias per head and key (B, H, T, 1)
+        self.bias_form: list[tuple[str, torch.Tensor | None] | None] = [None] * n_layers
+        self.bias_ref = [_Buffer(pin) for _ in range(n_layers)]
+        self.bias_rows = [_Buffer(pin) for _ in range(n_layers)]
         self.calls = [0] * n_layers
         self.length = 0
+        # head outputs are kept from this position on (out[layer] row i is position out_from + i): a
+        # session sets it to the prompt's last position, where the first step decides a token. Earlier
+        # prompt rows feed no prediction shown; keeping them would cost as much as q (on GQA models that
+        # alone is twice the KV cache)
+        self.out_from = 0
         self.edits = _CompiledEdits()
         # layer -> [(head, None to zero it | (H_src, T_src, d) outputs to patch in from another run)]
         self.head_edits: dict[int, list[tuple[int, torch.Tensor | None]]] = {}
-        self._checked_masks: dict[int, bool] = {}
+        self._checked_masks: dict[int, tuple[bool, torch.Tensor]] = {}
 
     # -- bookkeeping used by the session -------------------------------------------------------
     def crop(self, length: int) -> None:
@@ -236,38 +250,60 @@ class Recorder:
                 del rows[p]
 
     def reorder(self, index: torch.Tensor) -> None:
-        for bufs in (self.q, self.out, self.k or [], self.v or []):
+        for bufs in (self.q, self.out, self.k or [], self.v or [], self.bias_ref, self.bias_rows):
             for b in bufs:
                 b.reorder(index)
+        for rows in self.mask_rows:  # per-row masks (doge's top-k) follow their beams
+            for p, row in rows.items():
+                if row.dim() == 3:
+                    rows[p] = row.index_select(0, index.cpu())
+
+    def _by_position(self) -> list[tuple[_Buffer, int]]:
+        """Every buffer kept along positions, with the position of its row 0."""
+        bufs = [(b, 0) for group in (self.q, self.k or [], self.v or [], self.bias_ref, self.bias_rows) for b in group]
+        return bufs + [(b, self.out_from) for b in self.out]
 
     def save_from(self, start: int) -> dict:
         """Copies of everything a forward from ``start`` overwrites, for ``restore`` to put back exactly."""
         end = self.length
+        rows = []
+        for b, first in self._by_position():
+            lo, hi = max(start - first, 0), end - first
+            rows.append(None if b.t is None or hi <= lo else b.t[:, :, lo:hi].clone())
         return {
             "start": start, "length": end, "calls": list(self.calls), "sinks": list(self.sinks),
-            "scaling": list(self.scaling), "softcap": list(self.softcap),
-            "rows": [None if b.t is None or end <= start else b.t[:, :, start:end].clone()
-                     for bufs in (self.q, self.out, self.k or [], self.v or []) for b in bufs],
-            "mask_rows": [{p: r for p, r in rows.items() if p >= start} for rows in self.mask_rows],
+            "scaling": list(self.scaling), "softcap": list(self.softcap), "bias_form": list(self.bias_form),
+            "rows": rows, "mask_rows": [{p: r for p, r in kept.items() if p >= start} for kept in self.mask_rows],
         }  # fmt: skip
 
     def restore(self, saved: dict) -> None:
         start = saved["start"]
         self.crop(start)
-        bufs = [b for bufs in (self.q, self.out, self.k or [], self.v or []) for b in bufs]
-        for b, rows in zip(bufs, saved["rows"]):
+        for (b, first), rows in zip(self._by_position(), saved["rows"]):
             if rows is not None:
-                b.write(rows, start)
+                b.write(rows, max(start - first, 0))
         for rows, kept in zip(self.mask_rows, saved["mask_rows"]):
             rows.update(kept)
         self.length, self.calls = saved["length"], list(saved["calls"])
         self.sinks, self.scaling, self.softcap = list(saved["sinks"]), list(saved["scaling"]), list(saved["softcap"])
+        self.bias_form = list(saved["bias_form"])
 
     def nbytes(self) -> int:
-        total = 0
-        for bufs in (self.q, self.out, self.k or [], self.v or []):
+        total = sum(b.nbytes(max(0, self.length - self.out_from)) for b in self.out)
+        for bufs in (self.q, self.k or [], self.v or [], self.bias_ref, self.bias_rows):
             total += sum(b.nbytes(self.length) for b in bufs)
         return total
+
+    def score_bias(self, layer: int, length: int, row: int = 0) -> eq.ScoreBias | None:
+        """Layer ``layer``'s additive score bias over positions 0..length of batch row ``row``, or None."""
+        form = self.bias_form[layer]
+        if form is None:
+            return None
+        kind, slopes = form
+        if kind == "alibi":
+            ref = self.bias_ref[layer].view(length)[row, 0, :, 0]  # (T,)
+            return eq.ScoreBias(kind, slopes=slopes, ref=ref)
+        return eq.ScoreBias(kind, rows=self.bias_rows[layer].view(length)[row, :, :, 0])  # (H, T)
 
     @contextlib.contextmanager
     def active(self):
@@ -280,7 +316,7 @@ class Recorder:
             self._checked_masks.clear()
 
     # -- called from inside the model's forward -------------------------------------------------
-    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap, sinks=None) -> None:
+    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap, sinks=None, bias=None) -> None:
         tq, tk = query.shape[2], key.shape[2]
         q0 = tk - tq  # the new queries are the last tq positions of the cache
         self.calls[layer] += 1
@@ -289,19 +325,37 @@ class Recorder:
         if sinks is not None:
             self.sinks[layer] = sinks.detach().float().cpu().clone()  # (H,)
         self.q[layer].write(query.detach(), q0)
-        self.out[layer].write(out.detach(), q0)
+        lo = max(q0, self.out_from)  # the first position whose head output is kept
+        if lo < tk:
+            self.out[layer].write(out[:, :, lo - q0 :].detach(), lo - self.out_from)  # (B, H, tk - lo, d)
         if self.mirror_kv:
             self.k[layer].write(key[:, :, q0:].detach(), q0)
             self.v[layer].write(value[:, :, q0:].detach(), q0)
+        if bias is not None:
+            self._record_bias(layer, bias, q0, tq)
         if attention_mask is not None:
-            self._record_mask(layer, attention_mask, q0, tq, tk)
+            self._record_mask(layer, attention_mask, q0, tq, tk, bias)
         if layer == self.n_layers - 1:
             self.length = tk
 
-    def _record_mask(self, layer, mask, q0, tq, tk) -> None:
-        # the same mask tensor is shared by every layer of a forward: inspect it once
+    def _record_bias(self, layer, bias: AppliedBias, q0: int, tq: int) -> None:
+        slopes = None if bias.slopes is None else bias.slopes.detach().float().cpu().clone()  # (H,)
+        self.bias_form[layer] = (bias.form, slopes)
+        if bias.form == "alibi":
+            ref = bias.ref.detach().float().reshape(1, 1, tq, 1)  # (1, 1, Tq, 1)
+            self.bias_ref[layer].write(ref.expand(bias.batch, -1, -1, -1), q0)
+        else:
+            # one value per key: the rows of this forward's new keys (older keys' rows are already kept)
+            self.bias_rows[layer].write(bias.rows[:, :, q0:, None].detach().float(), q0)  # (B, H, Tq, 1)
+
+    def _record_mask(self, layer, mask, q0, tq, tk, bias=None) -> None:
+        if mask.shape[1] > 1 or (mask.dtype != torch.bool and bias is not None and bias.form == "key"):
+            self._record_head_mask(layer, mask, q0, tq, tk, bias)
+            return
+        # the same mask tensor is shared by every layer of a forward: inspect it once. The entry keeps
+        # the tensor alive, so a mask an adapter builds per layer cannot reuse a checked one's id
         key = id(mask)
-        plain = self._checked_masks.get(key)
+        plain = self._checked_masks.get(key, (None,))[0]
         allowed = None
         if plain is None:
             _check_mask_is_a_mask(mask[0, :, :, :tk])
@@ -309,12 +363,50 @@ class Recorder:
             pos = torch.arange(tk)
             causal = pos[None, :] <= (q0 + torch.arange(tq))[:, None]
             plain = bool(torch.equal(allowed, causal))
-            self._checked_masks[key] = plain
+            self._checked_masks[key] = (plain, mask)
         if not plain:
             if allowed is None:
                 allowed = _allowed(mask[0, 0, :, :tk]).cpu()
             for r in range(tq):
                 self.mask_rows[layer][q0 + r] = allowed[r].clone()
+
+    def _record_head_mask(self, layer, mask, q0, tq, tk, bias) -> None:
+        """A mask per head (doge's dynamic top-k), real-valued where it carries the model's key bias.
+
+        Kept only if the real values are exactly the recorded key bias: anything else would be
+        lost from the derived scores and must not pass silently.
+        """
+        m = mask[:, :, :, :tk]  # (B, Hm, Tq, Tk)
+        allowed = _allowed(m)  # (B, Hm, Tq, Tk)
+        if m.dtype != torch.bool:
+            vals = bias.rows[:, :, None, :tk].to(m.dtype).expand_as(m) if bias is not None else torch.zeros_like(m)
+            if not bool(torch.equal(torch.where(allowed, m, 0), torch.where(allowed, vals, 0))):
+                _check_mask_is_a_mask(m[0])  # names what is wrong (a bias we do not know, or per-head masks)
+                raise NotImplementedError("the model's real-valued attention mask is not its recorded score bias")
+        allowed = allowed.cpu()
+        causal = torch.arange(tk)[None, :] <= (q0 + torch.arange(tq))[:, None]  # (Tq, Tk)
+        if bool((allowed == causal).all()):
+            return
+        for r in range(tq):
+            self.mask_rows[layer][q0 + r] = allowed[:, :, r].clone()  # (B, Hm, Tk)
+
+
+@dataclass
+class AppliedBias:
+    """An additive score bias a model adds (passed by an adapter, or found on a doge layer).
+
+    ``values``: what the model adds to the scaled scores, broadcastable to (B, H, Tq, Tk) (None
+    where the model's mask already carries it, as doge's does). The compact record: ``form``
+    "alibi" with ``slopes`` (H,) and ``ref`` (Tq,) (the key position each new query row's bias
+    is measured from), or "key" with ``rows`` (B, H, Tk), one value per head and key.
+    """
+
+    form: str
+    values: torch.Tensor | None = None
+    slopes: torch.Tensor | None = None
+    ref: torch.Tensor | None = None
+    rows: torch.Tensor | None = None
+    batch: int = 1
 
 
 def scratch_forward(lm, ids, like: Recorder | None = None) -> Recorder:
@@ -343,16 +435,25 @@ def allowed_rows(
 ) -> torch.Tensor:
     """Keys that query rows p0..p1 could attend to: causal, the model's own mask, the edits.
 
-    Returns (n, T) bool for one ``head``, or (n_heads, n, T) when ``head`` is None.
+    Returns (n, T) bool for one ``head``, or (n_heads, n, T) when ``head`` is None. A mask row
+    is (T,) shared by the heads, (H, T) where the model masks each head differently, or (1, H, T)
+    as a live single-row recorder keeps those.
     """
     pos = torch.arange(p0, p1)
     base = torch.arange(t)[None, :] <= pos[:, None]  # (n, T) causal
-    for p, row in mask_rows.items():
-        if p0 <= p < p1:
+    rows = [(p, row[0] if row.dim() == 3 else row) for p, row in mask_rows.items() if p0 <= p < p1]
+    if any(row.dim() == 2 for _, row in rows):
+        base = base.unsqueeze(0).expand(n_heads, -1, -1).clone()  # (H, n, T)
+        for p, row in rows:
+            n = min(row.shape[-1], t)  # a row is as long as the keys of its own forward
+            base[:, p - p0, :n] = row[..., :n]
+        allowed = base if head is None else base[head].clone()
+    else:
+        for p, row in rows:
             # a row is as long as the keys of its own forward; later keys are future ones
             n = min(row.shape[0], t)
             base[p - p0, :n] = row[:n]
-    allowed = base if head is not None else base.unsqueeze(0).expand(n_heads, -1, -1).clone()
+        allowed = base if head is not None else base.unsqueeze(0).expand(n_heads, -1, -1).clone()
     if edits is not None and layer in edits.heads:
         h, i, j = edits.heads[layer], edits.rows[layer], edits.cols[layer]
         sel = (i >= p0) & (i < p1) & (j < t)
@@ -365,10 +466,12 @@ def allowed_rows(
 
 
 def _check_mask_is_a_mask(mask: torch.Tensor) -> None:
-    """We keep the model's mask as allowed / not allowed, shared by the heads; refuse anything richer.
+    """We keep the model's mask as allowed / not allowed; refuse real values we cannot account for.
 
-    mask: (Hm, Tq, Tk). A real-valued bias (doge's dynamic mask, ALiBi passed as a mask) or a
-    different mask per head would be lost from every derived score, so it must not pass silently.
+    mask: (Hm, Tq, Tk). A real-valued bias no adapter recorded (doge without its adapter, ALiBi
+    passed as a mask) would be lost from every derived score, so it must not pass silently; masks
+    that differ per head are recorded per head by ``_record_head_mask``, which calls this only to
+    name what it found.
     """
     if mask.dtype != torch.bool:
         low = torch.finfo(mask.dtype).min / 2
@@ -389,16 +492,23 @@ def _allowed(mask: torch.Tensor) -> torch.Tensor:
 _CHANGES_THE_RESULT = ("position_bias", "block_indices", "indices", "sinks")
 
 
-def inspector_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
+# the attribute a model adapter sets on an attention module whose model passes its key bias inside
+# the mask (doge): (B, H_kv, Tk), read once by the next call
+KEY_BIAS_ATTR = "gpt_inspector_key_bias"
+
+
+def inspector_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None,
+                        score_bias: AppliedBias | None = None, **kwargs):  # fmt: skip
     """The model's attention, computed here so that what we record is what it used.
 
     The cache is already updated, so key and value hold every cached position. We record q and
     the attention output; scores and probabilities are derived on demand from q and K with the
     same equation (``derive``), so nothing T x T is kept. The output comes from PyTorch's fused
     ``scaled_dot_product_attention`` with the model's mask plus our edits, which is as fast as the
-    model's own sdpa path; soft-capped models and models with attention sinks (``s_aux``, gpt_oss)
-    need the scores in hand and take the written-out equation instead, in the order transformers'
-    eager attention computes it.
+    model's own sdpa path; soft-capped models, models with attention sinks (``s_aux``, gpt_oss)
+    and models with an additive score bias (``score_bias`` from an adapter: ALiBi; doge's key
+    bias) need the scores in hand and take the written-out equation instead, in the order the
+    model's eager attention computes it.
     """
     for name in _CHANGES_THE_RESULT:
         if kwargs.get(name) is not None:
@@ -408,11 +518,14 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     tk = key.shape[2]  # key, value: (B, Hkv, Tk, d)
     if scaling is None:
         scaling = d**-0.5
-    mask = None if attention_mask is None else attention_mask[:, :, :, :tk]  # (B, 1, Tq, Tk) additive
+    mask = None if attention_mask is None else attention_mask[:, :, :, :tk]  # (B, 1 or H, Tq, Tk) additive
+    key_bias = module.__dict__.pop(KEY_BIAS_ATTR, None)  # (B, Hkv, Tk): already inside the mask
+    if key_bias is not None:
+        score_bias = AppliedBias("key", rows=eq.expand_kv(key_bias[:, :, None], n_heads)[:, :, 0], batch=b)
     rec = _ACTIVE.get()
     layer = getattr(module, "layer_idx", None)
     sinks = kwargs.get("s_aux")  # (H,) one sink logit per head, or None
-    written_out = softcap is not None or sinks is not None
+    written_out = softcap is not None or sinks is not None or score_bias is not None
     edited = None  # the sdpa path: (offsets (n,), blocked (H, n, Tk)) of the rows our edits touch
     if rec is not None and layer is not None:
         if written_out:  # the scores are in hand anyway: one dense block
@@ -422,7 +535,7 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
                 mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
         else:
             edited = rec.edits.rows_for(layer, n_heads, tk - tq, tq, tk)
-    if mask is None and tq > 1 and (tq != tk or written_out):
+    if mask is None and tq > 1 and (tq != tk or written_out):  # a model that left causality to us
         mask = _causal_additive(tq, tk, query.dtype, query.device)  # (1, 1, Tq, Tk)
     if not written_out:
         # None with tq == tk: plain causal, which sdpa's is_causal computes without a T x T mask;
@@ -437,7 +550,7 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         if edited is not None:  # the edited rows again, each with its own mask per head
             offsets, block = edited[0].to(query.device), edited[1].to(query.device)  # (n,), (H, n, Tk)
             if mask is not None:
-                base = mask.index_select(2, offsets)  # (B, 1, n, Tk)
+                base = mask.index_select(2, offsets)  # (B, 1 or H, n, Tk)
             else:
                 base = _causal_additive(tq, tk, query.dtype, query.device, offsets)  # (1, 1, n, Tk)
             rows = base.masked_fill(block, torch.finfo(query.dtype).min)  # (B, H, n, Tk)
@@ -448,7 +561,8 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     else:
         k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
         v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)
-        scores = eq.scores(query, k, scaling, softcap)  # (B, H, Tq, Tk)
+        added = None if score_bias is None else score_bias.values  # broadcastable to (B, H, Tq, Tk)
+        scores = eq.scores(query, k, scaling, softcap, added)  # (B, H, Tq, Tk)
         if mask is not None:
             scores = scores + mask
         if sinks is None:
@@ -459,7 +573,7 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     if rec is not None and layer is not None:
         if layer in rec.head_edits:
             out = _edit_heads(out, rec.head_edits[layer], tk - tq)
-        rec._record(layer, query, key, value, attention_mask, out, scaling, softcap, sinks)
+        rec._record(layer, query, key, value, attention_mask, out, scaling, softcap, sinks, score_bias)
     return out.transpose(1, 2).contiguous(), probs
 
 

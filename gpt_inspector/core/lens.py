@@ -7,7 +7,9 @@
   output projection, through the final norm with its scale *frozen at the value observed* on this
   position (the norm is linear once its statistics are fixed), projected on the unembedding row of
   the chosen token. What the heads do not explain (embeddings, MLPs, biases, the norm's offset) is
-  reported as one remainder, so the parts add up to the chosen token's logit.
+  reported as one remainder, so the parts add up to the chosen token's logit. Where a layer
+  normalises its attention block's output before the residual (Gemma 2 / 3, OLMo 2, GLM-4), that
+  norm's scale is frozen at the block's observed output as well.
 
 The residual is recorded by forward hooks on the decoder layers during the session's own forward,
 one vector per layer for the newest position (nothing T x D is kept). After a step back or on
@@ -45,8 +47,8 @@ class LensResult:
     token_id: int
     label: str
     layers: list[LensLayer]
-    # (L, H) each head's direct contribution to the chosen token's logit, final-norm scale frozen;
-    # None where the architecture normalises the attention output itself (Gemma 2's sandwich norms)
+    # (L, H) each head's direct contribution to the chosen token's logit, norm scales frozen (the final
+    # norm's, and the attention block's own output norm where there is one: Gemma 2's sandwich norms)
     attribution: np.ndarray | None = field(repr=False)
     remainder: float | None  # logit minus the heads' sum: embeddings, MLPs, biases, norm offset
     logit: float  # the model's logit for the chosen token (before any final soft-cap)
@@ -148,10 +150,28 @@ def _residuals(session) -> torch.Tensor:
     return torch.stack([scratch.residual[i][0] for i in range(L)])  # (L, D)
 
 
+def _attn_out_norm(layer: torch.nn.Module) -> torch.nn.Module | None:
+    """The norm a layer applies to its attention output before adding it to the residual, if any."""
+    if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2 / 3 sandwich norms
+        return layer.post_attention_layernorm
+    if hasattr(layer, "post_self_attn_layernorm"):  # GLM-4
+        return layer.post_self_attn_layernorm
+    if hasattr(layer, "post_attention_layernorm") and not hasattr(layer, "input_layernorm"):  # OLMo 2: norms after only
+        return layer.post_attention_layernorm
+    return None
+
+
+def _out_bias(layer: torch.nn.Module, width: int) -> torch.Tensor:
+    for mod in layer.modules():
+        for name in _OUT_PROJ:
+            proj = getattr(mod, name, None)
+            if proj is not None and getattr(proj, "bias", None) is not None and proj.bias.shape[-1] == width:
+                return proj.bias.detach().float().cpu()  # (D,)
+    return torch.zeros(width)
+
+
 def _out_proj(layer: torch.nn.Module) -> torch.Tensor | None:
     """The layer's attention output projection as (H*d, D), or None if it is not a plain one."""
-    if hasattr(layer, "pre_feedforward_layernorm"):  # the attention output is normalised before the residual
-        return None
     for mod in layer.modules():
         if getattr(mod, "layer_idx", None) is None and not hasattr(mod, "num_heads") and not hasattr(mod, "head_dim"):
             continue
@@ -175,35 +195,50 @@ def lens(session, top_k: int = 5) -> LensResult:
     resid = _residuals(session).to(lm.device)  # (L, D)
     cap = getattr(model.config, "final_logit_softcapping", None)
     with torch.inference_mode():
-        logits = head(norm(resid.to(lm.dtype))).float()  # (L, V)
+        # the last layer's lens is the model's output: show the logits the model computed for this step
+        # (ours would differ in the last bit only, from a matmul of another shape), and skip its unembedding
+        logits = head(norm(resid[:-1].to(lm.dtype))).float()  # (L-1, V)
         if cap:
             logits = torch.tanh(logits / cap) * cap
-    logits = logits.cpu().clone()  # out of inference mode, so the last row can be replaced
-    # the last layer's lens is the model's output: show the logits the model computed for this step
-    # (ours differ in the last bit only, from a matmul of another shape)
-    logits[-1] = cur.logits.float()
+        logits = torch.cat([logits.cpu(), cur.logits.float()[None]])  # (L, V)
     probs = torch.softmax(logits, dim=-1)  # (L, V)
     tok = cur.token_id
     rows = [LensLayer(i, top_entries(probs[i], logits[i], session.label, top_k), float(probs[i, tok]),
                       float(logits[i, tok])) for i in range(lm.n_layers)]  # fmt: skip
 
-    attribution, remainder, note = None, None, "final-norm scale frozen at the value observed on this position"
+    note = "final-norm scale frozen at the value observed on this position"
+    if any(_attn_out_norm(layer) is not None for layer in layers):
+        note = "final-norm and attention-output-norm scales frozen at the values observed on this position"
+    attribution, remainder = None, None
     u = head.weight.detach().float()[tok].cpu()  # (D,) the chosen token's unembedding row
     logit = float(cur.logits[tok]) if not cap else float(head(norm(resid[-1:].to(lm.dtype))).float()[0, tok])
     try:
         gain, _, centers = _norm_affine(norm, resid[-1].cpu())
         attr = np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64)
         pos = session.cache_length - 1
+        z = gain * u  # (D,) what one unit of residual adds to the chosen logit, final norm frozen
+        if centers:
+            z = z - z.mean()  # centring is linear: (c - mean c) . z == c . (z - mean z)
         for i, layer in enumerate(layers):
             w = _out_proj(layer)
             if w is None:
-                raise InspectorError("this architecture normalises the attention output, so heads have no direct path")
-            out = session.head_outputs(i)[:, pos].float().cpu()  # (H, d)
+                raise InspectorError("the attention output projection of this architecture is not a plain linear map")
+            start, kept = session.kept_head_outputs(i)
+            out = kept[:, pos - start].float().cpu()  # (H, d)
             h, d = out.shape
-            c = torch.einsum("hd,hdD->hD", out, w.cpu().reshape(h, d, -1))  # (H, D) each head's write
-            if centers:
-                c = c - c.mean(dim=-1, keepdim=True)
-            attr[i] = (c * gain).double() @ u.double()
+            w = w.cpu()  # (H*d, D)
+            zi = z
+            post = _attn_out_norm(layer)
+            if post is not None:
+                # the block's output is normalised before the residual: freeze that norm's scale at the
+                # block's observed output too, which makes each head's share linear again
+                block = out.reshape(-1) @ w + _out_bias(layer, w.shape[1])  # (D,) what the norm received
+                g, _, cen = _norm_affine(post, block)
+                zi = g * z
+                if cen:
+                    zi = zi - zi.mean()
+            # head h's write is out[h] @ w[h]; its share of the logit is that write . zi
+            attr[i] = (out * (w @ zi).reshape(h, d)).double().sum(dim=-1).numpy()  # (H,)
         attribution, remainder = attr, logit - float(attr.sum())
     except InspectorError as e:
         note = f"no per-head attribution: {e}"

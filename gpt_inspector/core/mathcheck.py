@@ -1,6 +1,6 @@
 """Attention math check: redo the attention output from the captured q, K, V with the textbook formula.
 
-    out = softmax(q · Kᵀ × scaling + mask) · V
+    out = softmax(q · Kᵀ × scaling + bias + mask) · V
 
 written out in float64 numpy, with the mask from ``allowed`` (the model's own mask plus mask
 edits) and query head h reading KV head h // (H / Hkv). It is compared with the output our
@@ -101,6 +101,7 @@ class MathCheckReport:
     worst_position: np.ndarray  # (len(layers), H) int
     tolerance: np.ndarray  # (len(layers), H) float64
     formula: str = FORMULA
+    first_position: int = 0  # positions checked: first_position .. first_position + n_positions - 1
 
     @property
     def ok(self) -> bool:
@@ -123,6 +124,8 @@ class MathCheckReport:
 
     def summary(self) -> str:
         checked = f"{len(self.layers)} layers x {self.n_heads} heads x {self.n_positions} positions"
+        if self.first_position:
+            checked += f" (from position {self.first_position}, where the steps decide tokens)"
         if self.ok:
             return f"all {checked} match the model within tolerance (max |diff| {self.max_abs_diff:.3g})"
         f = self.failures()
@@ -138,6 +141,7 @@ class MathCheckReport:
             "ok": self.ok,
             "max_abs_diff": _num(self.max_abs_diff),
             "positions": self.n_positions,
+            "first_position": self.first_position,
             "layers": [
                 {
                     "layer": layer,
@@ -198,12 +202,16 @@ def _validate_tolerance(tolerance) -> None:
         raise InspectorError(f"tolerance must be a positive number, got {tolerance!r}")
 
 
-def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scaling: float, softcap, sink=None):
+def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, scaling: float, softcap, sink=None,
+            bias=None):  # fmt: skip
     """The formula for a stack of heads; q (H, Tq, d), k, v (H, T, d), allowed (H, Tq, T); float64.
 
     ``sink`` (H,): attention-sink logits (gpt_oss), one more term in each softmax denominator.
+    ``bias`` (H, Tq, T): the model's additive score bias (ALiBi, doge), added to the scaled scores.
     """
     scores = np.einsum("hqd,hkd->hqk", q, k) * scaling  # (H, Tq, T)
+    if bias is not None:
+        scores = scores + bias
     if softcap is not None:
         scores = np.tanh(scores / softcap) * softcap
     scores = np.where(allowed, scores, -np.inf)  # (H, Tq, T)
@@ -218,6 +226,12 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, sc
             denom = denom + np.exp(sink - top)
         w = e / denom  # (H, Tq, T)
     return w, np.einsum("hqk,hkd->hqd", w, v)  # (H, Tq, d)
+
+
+def _bias(source, layer: int, p0: int, p1: int, heads=None) -> np.ndarray | None:
+    rows = getattr(source, "bias_rows", None)  # older sources have no score biases
+    b = None if rows is None else rows(layer, p0, p1, heads)
+    return None if b is None else b.double().numpy()  # (h, n, T)
 
 
 def _sink(source, layer: int) -> np.ndarray | None:
@@ -239,6 +253,12 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
     if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not 0 <= position < t:
         raise InspectorError(f"position must be in [0, {t}), got {position!r}")
     position = int(position)
+    start = source.head_outputs_from
+    if position < start:
+        raise InspectorError(
+            f"the model's attention output at position {position} is not kept (only from position {start}, "
+            "where the steps decide tokens): pick a later query position"
+        )
     q, k, v = source.qkv(layer)  # (H, T, d), (Hkv, T, d), (Hkv, T, d)
     kvh = int(_kv_map(source)[head])
     allowed = np.asarray(source.allowed(layer, head), dtype=bool)[position]  # (T,)
@@ -253,6 +273,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
         scaling,
         softcap,
         None if sink is None else sink[head : head + 1],
+        _bias(source, layer, position, position + 1, (head,)),
     )
     model = source.attention_output(layer)[head, position].astype(np.float64)  # (d,)
     tol = float(_tolerance(source, vk[None], tolerance)[0])
@@ -284,16 +305,19 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         vh = v.astype(np.float64)[kv_map]  # (H, T, d)
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
         _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer),
-                         _sink(source, layer))  # fmt: skip
-        model = source.attention_output(layer).astype(np.float64)  # (H, T, d)
+                         _sink(source, layer), _bias(source, layer, 0, t))  # fmt: skip
+        start = source.head_outputs_from  # rows before it were never kept: nothing to compare
+        model = source.attention_output(layer)[:, start:].astype(np.float64)  # (H, T - start, d)
         with np.errstate(invalid="ignore"):
-            diff = np.abs(out - model).max(axis=-1)  # (H, T)
+            diff = np.abs(out[:, start:] - model).max(axis=-1)  # (H, T - start)
         # NaN must win the max so a broken row cannot hide behind a finite one
-        diff = np.where(np.isnan(diff) | _nonfinite(q, kh, vh, allowed, model), np.inf, diff)
-        worst[i] = diff.argmax(axis=1)
+        bad = _nonfinite(q[:, start:], kh, vh, allowed[:, start:], model)
+        diff = np.where(np.isnan(diff) | bad, np.inf, diff)
+        worst[i] = start + diff.argmax(axis=1)
         max_diff[i] = diff.max(axis=1)
         tol[i] = _tolerance(source, vh[:, :t], tolerance)
-    return MathCheckReport(layers, n_heads, t, max_diff, worst, tol)
+    start = source.head_outputs_from
+    return MathCheckReport(layers, n_heads, t - start, max_diff, worst, tol, first_position=start)
 
 
 __all__ = ["FORMULA", "MathCheck", "MathCheckReport", "check", "check_all"]

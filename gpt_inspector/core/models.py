@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from . import capture
+from . import adapters, capture
 from .errors import InspectorError
 from .fidelity import check_supported, verify_fidelity
 
@@ -278,6 +278,7 @@ def load_model(
         raise InspectorError(
             f"{source} does not dispatch attention through transformers' attention interface: {e}"
         ) from None
+    adapters.adapt(model, source)  # families that compute attention in their own code
     if placement is None:
         try:
             model.to(dev)
@@ -524,6 +525,7 @@ def from_model(model, tokenizer, name: str = "model", *, allow_unverified: bool 
         model.set_attn_implementation(capture.ATTN_NAME)
     except (ValueError, AttributeError) as e:
         raise InspectorError(f"{name} does not dispatch attention through transformers' attention interface: {e}") from None
+    adapters.adapt(model, name)  # families that compute attention in their own code
     model.eval()
     p = next(model.parameters())
     return _probe_and_verify(model, tokenizer, name, p.device, p.dtype, allow_unverified)

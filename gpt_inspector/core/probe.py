@@ -207,7 +207,7 @@ class _KVGrabber(Recorder):
         self.stop_layer = stop_layer
         self.kv: torch.Tensor | None = None
 
-    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap, sinks=None) -> None:
+    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap, sinks=None, bias=None) -> None:
         if layer != self.stop_layer:
             return
         b = key.shape[0]

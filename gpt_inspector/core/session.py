@@ -11,7 +11,7 @@ from transformers import DynamicCache
 
 from . import decoding, validate
 from .attention import KINDS
-from .capture import HeadEdit, MaskEdit, Recorder
+from .capture import HeadEdit, MaskEdit, Recorder, scratch_forward
 from .errors import InspectorError, StepFailed
 from .forward import crop_cache, forward_with_rollback, interrupts_deferred
 from .models import LoadedModel
@@ -71,6 +71,8 @@ class Session(EditingMixin, ModelShape, RunSource):
         # K/V are read straight from the cache where every layer runs on the CPU; a CPU mirror otherwise
         on_cpu = model.device.type == "cpu" and not model.cuda_devices
         self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu, pin=bool(model.cuda_devices))
+        self.recorder.out_from = len(ids) - 1  # head outputs where steps decide tokens (see Recorder.out_from)
+        self._early_outputs: tuple | None = None  # the prompt rows before out_from, recomputed on demand
 
     # ------------------------------------------------------------------ observers
     def subscribe(self, callback: Callable[[str, object], None]) -> None:
@@ -270,8 +272,31 @@ class Session(EditingMixin, ModelShape, RunSource):
     def _values(self, layer: int) -> torch.Tensor:
         return self._kv(layer, "v")
 
+    @property
+    def head_output_start(self) -> int:
+        return self.recorder.out_from
+
+    @property
+    def head_outputs_from(self) -> int:
+        return 0
+
+    def _early_head_outputs(self, layer: int) -> torch.Tensor:
+        """(H, start, d): the prompt rows the recorder does not keep, from the model run again on them.
+
+        The prompt as one forward, as the session's own first step ran it, under the edits in force;
+        kept until the next change of edits (steps do not change these rows).
+        """
+        start = self.recorder.out_from
+        # the edits objects themselves, not their ids: an id can be reused once the old edits are freed
+        key = (tuple(self.tokens[: start + 1]), self.recorder.edits, self.recorder.head_edits)
+        old = self._early_outputs
+        if old is None or old[0][0] != key[0] or old[0][1] is not key[1] or old[0][2] is not key[2]:
+            rec = scratch_forward(self.lm, key[0], like=self.recorder)
+            self._early_outputs = (key, [rec.out[i].view(start + 1)[0, :, :start].clone() for i in range(self.n_layers)])
+        return self._early_outputs[1][layer]
+
     def _head_outputs(self, layer: int) -> torch.Tensor:
-        return self.recorder.out[layer].view(self.cache_length)[0]  # (H, T, d)
+        return self.recorder.out[layer].view(self.cache_length - self.recorder.out_from)[0]  # (H, T - start, d)
 
     def _mask_rows(self, layer: int) -> dict:
         return self.recorder.mask_rows[layer]

@@ -9,11 +9,13 @@ model's attention function received or produced:
 - ``tokens``, ``prompt_ids``, ``prompt``, ``steps_done`` (``Step`` records), ``finished``,
   ``decoding``, ``mask_edits``, ``seed``, and ``label(token_id)`` for readable token text;
 - ``cache_length`` and, per layer, ``_queries`` (H, T, d), ``_keys`` / ``_values`` (Hkv, T, d),
-  ``_head_outputs`` (H, T, d), ``_mask_rows`` (the model's own mask where it is not plain
+  ``_head_outputs`` (H, T - head_output_start, d) (``head_output_start``: 0 unless the source
+  keeps head outputs only from a later position on, as a session does), ``_mask_rows`` (the model's own mask where it is not plain
   causal), ``_edits`` (compiled mask edits or None), ``_scaling`` / ``_softcap`` lists, and
   ``kv_itemsize`` (bytes per cached number, the model's dtype); optionally ``_sinks`` (per layer
-  None or the (H,) attention-sink logits) and ``unverified`` (why the load's fidelity self-test
-  could not vouch for the numbers, or None).
+  None or the (H,) attention-sink logits), ``_score_bias(layer)`` (the model's additive score
+  bias, an ``attention.ScoreBias``, or None) and ``unverified`` (why the load's fidelity
+  self-test could not vouch for the numbers, or None).
 
 ``RunSource`` turns those into the public accessors every reader uses (``attention``,
 ``attention_rows``, ``qkv``, ``allowed``, ``kv_cache_bytes``, ...) through the one equation in
@@ -38,6 +40,10 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 
 class RunSource:
     """The shared reader over a run's primitives (see the module docstring)."""
+
+    # the first position whose attention output per head is kept (a session keeps them from the
+    # prompt's last position on, where the steps decide tokens: the positions the lens looks at)
+    head_output_start: int = 0
 
     read_only: bool = True
     # the reason the model's fidelity self-test failed (loaded with --unverified), or None
@@ -107,10 +113,39 @@ class RunSource:
         return self._values(layer)
 
     def head_outputs(self, layer: int) -> torch.Tensor:
-        """The attention output per head, (H, T, d), before the output projection."""
+        """The attention output per head, (H, T, d), before the output projection.
+
+        Rows before ``head_output_start`` were not kept: a live session has the model recompute
+        them (one forward of the prompt, on the first call after a change); elsewhere they are NaN,
+        never a made-up number.
+        """
+        layer = self.check_layer(layer)
+        t = self.require_positions()
+        kept = self._head_outputs(layer)  # (H, T - start, d)
+        start = self.head_output_start
+        if start == 0:
+            return kept
+        full = torch.full((kept.shape[0], t, kept.shape[2]), float("nan"), dtype=kept.dtype)  # (H, T, d)
+        full[:, start:] = kept
+        early = self._early_head_outputs(layer)  # (H, start, d) or None
+        if early is not None:
+            full[:, :start] = early
+        return full
+
+    @property
+    def head_outputs_from(self) -> int:
+        """The first position whose head output ``head_outputs`` can give (recomputed or kept)."""
+        return self.head_output_start
+
+    def _early_head_outputs(self, layer: int) -> torch.Tensor | None:
+        """Rows before ``head_output_start``, where the source can have the model recompute them."""
+        return None
+
+    def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
+        """(start, (H, T - start, d)): the head outputs the source holds, from position ``start`` on."""
         layer = self.check_layer(layer)
         self.require_positions()
-        return self._head_outputs(layer)
+        return self.head_output_start, self._head_outputs(layer)
 
     def scaling(self, layer: int) -> float:
         return float(self._scaling[self.check_layer(layer)])
@@ -129,6 +164,30 @@ class RunSource:
         layer = self.check_layer(layer)
         sinks = getattr(self, "_sinks", None)  # a source of a model without sinks need not have it
         return None if sinks is None else sinks[layer]
+
+    def score_bias(self, layer: int) -> eq.ScoreBias | None:
+        """The additive bias the model put on this layer's scores (ALiBi, doge's dynamic mask), or None.
+
+        Compact (slopes and reference positions, or one value per head and key); ``bias_rows``
+        gives it as matrix rows. The "scores" stage already includes it.
+        """
+        layer = self.check_layer(layer)
+        own = getattr(self, "_score_bias", None)
+        if own is not None:
+            return own(layer)
+        rec = getattr(self, "recorder", None)  # a live session: the recorder holds it
+        return None if rec is None else rec.score_bias(layer, self.cache_length)
+
+    def bias_rows(self, layer: int, p0: int, p1: int, heads=None) -> torch.Tensor | None:
+        """Query rows p0..p1 of the model's additive score bias, (h, n, T) float32, or None if it adds none."""
+        bias = self.score_bias(layer)
+        if bias is None:
+            return None
+        t = self.require_positions()
+        if not 0 <= p0 <= p1 <= t:
+            raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
+        idx = None if heads is None else torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
+        return bias.block(p0, p1, t, idx)
 
     def allowed_rows(self, layer: int, p0: int, p1: int) -> torch.Tensor:
         """(H, p1 - p0, T) bool: the keys query rows p0..p1 could attend to, for every head.
@@ -152,11 +211,14 @@ class RunSource:
         q = self._queries(layer)[:, p0:p1]  # (H, n, d)
         k = eq.expand_kv(self._keys(layer), self.n_heads)  # (H, T, d)
         sink = self.sink(layer)  # (H,) or None
+        bias = self.score_bias(layer)
+        idx = None
         if heads is not None:
             idx = torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
             q, k, allowed = q[idx], k[idx], allowed[idx]
             sink = None if sink is None else sink[idx]
-        return eq.equation(q, k, self.scaling(layer), self.softcap(layer), allowed, kind, sink)
+        block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)
+        return eq.equation(q, k, self.scaling(layer), self.softcap(layer), allowed, kind, sink, block)
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
         """(T, T) float32 over all processed positions; kind: raw, scores, masked_scores or probs."""
@@ -169,7 +231,7 @@ class RunSource:
         """(T, T) bool: keys each query could attend to (the model's own mask and the edits in force)."""
         layer, head = self.check_layer(layer), self.check_head(head)
         t = self.require_positions()
-        return allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head).numpy()
+        return allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head, self.n_heads).numpy()
 
     def qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q (H, T, d), k (H_kv, T, d), v (H_kv, T, d) as owned float32 numpy arrays."""

@@ -22,10 +22,10 @@ import numpy as np
 import torch
 
 from . import decoding
-from .attention import STAGES
+from .attention import STAGES, ScoreBias
 from .capture import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
-from .source import RunSource
+from .source import RunSource, to_numpy
 from .step import TOP_N, Step
 
 FORMAT = "gpt-inspector-trace/2"
@@ -52,16 +52,24 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         tensors[f"layers.{layer}.q"] = q  # (H, T, d)
         tensors[f"layers.{layer}.k"] = k  # (H_kv, T, d)
         tensors[f"layers.{layer}.v"] = v  # (H_kv, T, d)
-        tensors[f"layers.{layer}.attn_out"] = source.attention_output(layer)  # (H, T, d)
+        start, out = source.kept_head_outputs(layer)
+        tensors[f"layers.{layer}.attn_out"] = to_numpy(out)  # (H, T - start, d)
         rows = source._mask_rows(layer)
         if rows:
             pos = sorted(p for p in rows if p < t)
-            m = np.zeros((len(pos), t), dtype=bool)  # keys past a row's own forward are future keys
+            per_head = any(rows[p].dim() >= 2 for p in pos)  # a mask per head (doge's dynamic top-k)
+            m = np.zeros((len(pos), source.n_heads, t) if per_head else (len(pos), t), dtype=bool)
             for i, p in enumerate(pos):
-                r = rows[p].numpy()
-                m[i, : min(len(r), t)] = r[:t]
+                r = rows[p].numpy()  # keys past a row's own forward are future keys
+                r = r[0] if r.ndim == 3 else r  # a live session's (1, H, T)
+                m[i, ..., : min(r.shape[-1], t)] = r[..., :t]
             tensors[f"layers.{layer}.mask_positions"] = np.asarray(pos, dtype=np.int64)  # (n,)
-            tensors[f"layers.{layer}.mask_rows"] = m  # (n, T) bool
+            tensors[f"layers.{layer}.mask_rows"] = m  # (n, T) or (n, H, T) bool
+        bias = source.score_bias(layer)
+        if bias is not None and bias.form == "alibi":
+            tensors[f"layers.{layer}.bias_ref"] = bias.ref[:t].float().numpy()  # (T,)
+        elif bias is not None:
+            tensors[f"layers.{layer}.bias_rows"] = bias.rows[:, :t].float().numpy()  # (H, T)
         if derived:
             for kind in ("scores", "masked_scores", "probs"):
                 tensors[f"layers.{layer}.{kind}"] = source.attention_rows(layer, 0, t, kind).numpy()  # (H, T, T)
@@ -88,6 +96,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "scaling": json.dumps([source.scaling(layer) for layer in range(L)]),
         "softcap": json.dumps([source.softcap(layer) for layer in range(L)]),
         "sinks": json.dumps([None if source.sink(layer) is None else source.sink(layer).tolist() for layer in range(L)]),
+        "score_bias": json.dumps([_bias_meta(source.score_bias(layer)) for layer in range(L)]),
         "unverified": source.unverified or "",
         "shape": json.dumps(
             {"n_layers": L, "n_heads": source.n_heads, "n_kv_heads": source.n_kv_heads, "head_dim": source.head_dim,
@@ -96,10 +105,19 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         ),
         "finished": source.finished or "",
         "derived": "1" if derived else "0",
+        "attn_out_start": str(source.head_output_start),
     }  # fmt: skip
     _write_atomically(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
                                                   tmp, metadata=meta))  # fmt: skip
     return path
+
+
+def _bias_meta(bias) -> dict | None:
+    if bias is None:
+        return None
+    if bias.form == "alibi":
+        return {"form": "alibi", "slopes": bias.slopes.float().tolist()}
+    return {"form": "key"}
 
 
 def check_destination(path: Path) -> None:
@@ -185,7 +203,9 @@ class Trace(RunSource):
         self._scaling: list[float] = meta["scaling"]
         self._softcap: list[float | None] = meta["softcap"]
         self._sinks = [None if s is None else torch.tensor(s, dtype=torch.float32) for s in meta["sinks"]]
+        self._biases = [self._layer_bias(layer, b) for layer, b in enumerate(meta["score_bias"])]
         self.unverified: str | None = meta["unverified"]
+        self.head_output_start: int = meta["attn_out_start"]
         self._edits = compile_edits(self.mask_edits, self.n_layers, self.n_heads)[1] if self.mask_edits else None
         self._rows = [self._layer_mask_rows(layer) for layer in range(self.n_layers)]
         self._labels = dict(zip(self.tokens, meta["token_labels"]))
@@ -200,6 +220,17 @@ class Trace(RunSource):
             return {}
         rows = self._t[f"layers.{layer}.mask_rows"]
         return {int(p): rows[i] for i, p in enumerate(pos.tolist())}
+
+    def _layer_bias(self, layer: int, b: dict | None) -> ScoreBias | None:
+        if b is None:
+            return None
+        if b["form"] == "alibi":
+            return ScoreBias("alibi", slopes=torch.tensor(b["slopes"], dtype=torch.float32),
+                             ref=self._t[f"layers.{layer}.bias_ref"])  # fmt: skip
+        return ScoreBias("key", rows=self._t[f"layers.{layer}.bias_rows"])
+
+    def _score_bias(self, layer: int) -> ScoreBias | None:
+        return self._biases[layer]
 
     def _step(self, i: int, s: dict) -> Step:
         logits = self._t["step_logits"][i].float()  # (V,)
@@ -393,6 +424,9 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     sinks = _json(name, meta, "sinks", list) if "sinks" in meta else [None] * L
     if len(sinks) != L or not all(x is None or _sink_ok(x, H) for x in sinks):
         raise InspectorError(f"{name}: sinks must hold one list of {H} finite numbers or null per layer")
+    biases = _json(name, meta, "score_bias", list) if "score_bias" in meta else [None] * L
+    if len(biases) != L or not all(_bias_ok(b, H) for b in biases):
+        raise InspectorError(f"{name}: score_bias must hold, per layer, null, an alibi form with {H} slopes or a key form")
 
     tok = header.get("tokens")
     if tok is None or tok[1] != "I64" or len(tok[0]) != 1 or tok[0][0] == 0:
@@ -409,6 +443,10 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     n_steps = len(steps)
     if n_tok != out["prompt_length"] + n_steps:
         raise InspectorError(f"{name}: {n_tok} tokens but prompt {out['prompt_length']} + {n_steps} steps")
+    start = _int(name, meta, "attn_out_start") if "attn_out_start" in meta else 0  # older files kept every row
+    if not 0 <= start < T:
+        raise InspectorError(f"{name}: attn_out_start {start} is outside the {T} processed positions")
+    out["attn_out_start"] = start
     if len(labels) != n_tok or not all(isinstance(x, str) for x in labels):
         raise InspectorError(f"{name}: token_labels do not match the tokens")
 
@@ -416,7 +454,7 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     optional: dict[str, tuple[tuple, str]] = {}
     derived = {k: (H, T, T) for k in ("scores", "masked_scores", "probs")}
     for layer in range(L):
-        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, d)), ("attn_out", (H, T, d))):
+        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, d)), ("attn_out", (H, T - start, d))):
             need[f"layers.{layer}.{n}"] = (s, "F32")
         for n, s in derived.items():
             (need if v1 else optional)[f"layers.{layer}.{n}"] = (s, "F32")
@@ -426,7 +464,13 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
             if n < 0 or n > T:
                 raise InspectorError(f"{name}: tensor 'layers.{layer}.mask_positions' has shape {rows[0]}")
             need[f"layers.{layer}.mask_positions"] = ((n,), "I64")
-            need[f"layers.{layer}.mask_rows"] = ((n, T), "BOOL")
+            per_head = len(header.get(f"layers.{layer}.mask_rows", ((),))[0]) == 3
+            need[f"layers.{layer}.mask_rows"] = ((n, H, T) if per_head else (n, T), "BOOL")
+        bias = biases[layer] if not v1 else None
+        if bias is not None and bias["form"] == "alibi":
+            need[f"layers.{layer}.bias_ref"] = ((T,), "F32")
+        elif bias is not None:
+            need[f"layers.{layer}.bias_rows"] = ((H, T), "F32")
     if n_steps or v1:
         need["step_logits"] = ((n_steps, V), "F32")
     for key, (s, dt) in need.items():
@@ -459,7 +503,7 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
         if not ok:
             raise InspectorError(f"{name}: step {i} metadata is malformed")
     out.update(token_labels=labels, steps=steps, scaling=[float(x) for x in scaling],
-               softcap=[None if x is None else float(x) for x in softcap], sinks=sinks,
+               softcap=[None if x is None else float(x) for x in softcap], sinks=sinks, score_bias=biases,
                unverified=str(meta.get("unverified") or "") or None)  # fmt: skip
     # v1 kept only the matrices' shapes; its masked_scores are read for the mask, not kept
     to_read = {k: v for k, v in need.items() if not (v1 and k.rsplit(".", 1)[-1] in derived)}
@@ -470,6 +514,16 @@ def _sink_ok(x, H: int) -> bool:
     return isinstance(x, list) and len(x) == H and all(
         isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in x
     )
+
+
+def _bias_ok(b, H: int) -> bool:
+    if b is None:
+        return True
+    if not isinstance(b, dict):
+        return False
+    if b.get("form") == "alibi":
+        return set(b) == {"form", "slopes"} and _sink_ok(b["slopes"], H)
+    return b == {"form": "key"}
 
 
 def _top_ok(top, V: int) -> bool:
@@ -494,6 +548,10 @@ def _validate_values(name: str, t: dict[str, torch.Tensor], meta: dict) -> None:
         pos = t.get(f"layers.{layer}.mask_positions")
         if pos is not None and len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= T or len(set(pos.tolist())) != len(pos)):
             raise InspectorError(f"{name}: layer {layer} mask rows name positions outside [0, {T})")
+        for part in ("bias_ref", "bias_rows"):
+            bias = t.get(f"layers.{layer}.{part}")
+            if bias is not None and not bool(torch.isfinite(bias).all()):
+                raise InspectorError(f"{name}: layer {layer} has a score bias that is not finite")
         rows = t.get(f"layers.{layer}.mask_rows")
-        if rows is not None and len(rows) and not bool(rows.any(dim=1).all()):
+        if rows is not None and len(rows) and not bool(rows.any(dim=-1).all()):
             raise InspectorError(f"{name}: layer {layer} has a mask row that allows no key")

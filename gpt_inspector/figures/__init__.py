@@ -28,6 +28,7 @@ from .drawing import (
     HeatmapFigure,
     grid_figure,
     head_figure,
+    mark_unverified,
     matrix_figure,
 )
 from .labels import clean_label, pool_max
@@ -44,6 +45,6 @@ from .output import MIN_SCALE as MIN_SCALE  # isort: skip
 
 __all__ = [
     "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",
-    "check_format", "check_scale", "clean_label", "close", "grid_figure", "head_figure", "lens_figure", "matrix_figure",
+    "check_format", "check_scale", "clean_label", "close", "grid_figure", "head_figure", "lens_figure", "mark_unverified", "matrix_figure",
     "pixel_size", "pool_max", "save", "scale_to_dpi", "to_bytes",
 ]  # fmt: skip

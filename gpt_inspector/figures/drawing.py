@@ -221,6 +221,24 @@ def _headings(fig: HeatmapFigure, ax, title: str, subtitle: str) -> None:
                 ha="left", va="bottom", fontsize=11, weight="bold", color=_TEXT)  # fmt: skip
 
 
+def mark_unverified(fig: Figure, reason: str | None) -> Figure:
+    """A red UNVERIFIED band above the headings when the model failed its fidelity self-test.
+
+    Anchored to the top-left panel in points, like the headings, so it moves with the layout.
+    """
+    if not reason:
+        return fig
+    anchor = (getattr(fig, "heatmaps", None) or fig.axes)[0]
+    text = clean_label(f"UNVERIFIED: these numbers may not be the model's own ({reason})")
+    anchor.annotate(text[:160], (0, 1), xycoords="axes fraction", xytext=(0, 56), textcoords="offset points",
+                    ha="left", va="bottom", fontsize=9, weight="bold", color="white",
+                    bbox={"boxstyle": "square,pad=0.3", "facecolor": "#b00020", "edgecolor": "none"})  # fmt: skip
+    fig.unverified = reason
+    with _style():
+        _fit(fig)
+    return fig
+
+
 def _fit(fig: Figure, pad_in: float = 0.15) -> None:
     """Grow or shrink the canvas to what is drawn, axes keeping their size in inches.
 
@@ -344,10 +362,11 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
         title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {STAGE_LABELS[kind]}"
                  f" · step {source.n_steps}")  # fmt: skip
     subtitle = f"{_stage_note(kind)} · {_positions_text(t)}"
-    return matrix_figure(
+    fig = matrix_figure(
         values, labels, labels, title, subtitle, "key", row_title="query",
         masked=masked if kind in MASKING_KINDS else None, value_label=STAGES[kind], kind=kind, dpi=dpi,
     )  # fmt: skip
+    return mark_unverified(fig, getattr(source, "unverified", None))
 
 
 def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = DPI) -> HeatmapFigure:
@@ -424,4 +443,4 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
         fig.row_labels = fig.col_labels = labels
         _headings(fig, fig.heatmaps[0], title, subtitle)
         _fit(fig)
-    return fig
+    return mark_unverified(fig, getattr(source, "unverified", None))

@@ -85,8 +85,12 @@ class SessionPanel(QWidget):
         self.allow_pickle.setToolTip("Pickle (.bin) files can run code when loaded: only for sources you trust")
         self.trust_code = QCheckBox("trust remote code")
         self.trust_code.setToolTip("Runs the model repository's own Python code: only for sources you trust")
+        self.allow_unverified = QCheckBox("load even if unverified")
+        self.allow_unverified.setToolTip("Load a model whose logits through gpt-inspector differ from its own "
+                                         "attention (the load-time self-test failed); every view is marked UNVERIFIED")
         f.addRow(self.allow_pickle)
         f.addRow(self.trust_code)
+        f.addRow(self.allow_unverified)
         self.load_button = QPushButton("Load model")
         self.load_button.clicked.connect(self.load_requested)
         f.addRow(self.load_button)
@@ -185,8 +189,9 @@ class SessionPanel(QWidget):
         dmap = self.device_map.currentText()
         return ModelSpec(name, self.device.currentText().strip() or "auto", None if dtype == "float32" else dtype,
                          self.allow_pickle.isChecked(), self.trust_code.isChecked(),
-                         None if dmap == "one device" else dmap, self.max_memory.text().strip() or None,
-                         self.offload_folder.text().strip() or None)  # fmt: skip
+                         self.allow_unverified.isChecked(), device_map=None if dmap == "one device" else dmap,
+                         max_memory=self.max_memory.text().strip() or None,
+                         offload_folder=self.offload_folder.text().strip() or None)  # fmt: skip
 
     def set_model_spec(self, spec: ModelSpec) -> None:
         self.model.setCurrentText(spec.model or DEMO_LABEL)
@@ -194,6 +199,7 @@ class SessionPanel(QWidget):
         self.dtype.setCurrentText(spec.dtype or "float32")
         self.allow_pickle.setChecked(spec.allow_pickle)
         self.trust_code.setChecked(spec.trust_remote_code)
+        self.allow_unverified.setChecked(spec.allow_unverified)
         self.device_map.setCurrentText(spec.device_map or "one device")
         self.max_memory.setText(spec.max_memory or "")
         self.offload_folder.setText(spec.offload_folder or "")

@@ -261,10 +261,11 @@ def export_grid(window, layer: int | None, kind: str, *, on_done=None) -> int | 
 
 
 def export_matrix(parent, matrix, row_labels, title: str, default_name: str, *, subtitle: str | None = None,
-                  row_title: str = "position", col_title: str = "dimension") -> Path | None:  # fmt: skip
+                  row_title: str = "position", col_title: str = "dimension", unverified: str | None = None) -> Path | None:  # fmt: skip
     """Export a 2-D matrix the window already holds (the K or V cache of a layer, say)."""
     try:
         fig = figures.matrix_figure(matrix, row_labels, None, title, subtitle or "", col_title, row_title=row_title)
+        figures.mark_unverified(fig, unverified)
     except InspectorError as e:
         QMessageBox.warning(parent, "Export image", str(e))
         return None
@@ -274,9 +275,9 @@ def export_matrix(parent, matrix, row_labels, title: str, default_name: str, *, 
         figures.close(fig)
 
 
-def export_lens(parent, result, model_name: str) -> Path | None:
+def export_lens(parent, result, model_name: str, unverified: str | None = None) -> Path | None:
     """Export a logit lens the panel already shows (a plain value: no session is read)."""
-    fig = figures.lens_figure(result, model_name)
+    fig = figures.lens_figure(result, model_name, unverified=unverified)
     try:
         return _show(parent, fig, f"lens-step{result.step}.png", 2.0, fig.heading)
     finally:

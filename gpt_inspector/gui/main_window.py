@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QProgressBar,
+    QToolBar,
     QWidget,
 )
 
@@ -155,6 +156,18 @@ class MainWindow(DockLayout, QMainWindow):
         sb.addWidget(self.st_progress)
         for w in (self.st_step, self.st_positions, self.st_kv, self.st_time, self.st_device):
             sb.addPermanentWidget(w)
+        # a model loaded with --unverified: a red band across the window above every panel
+        self.unverified_bar = QToolBar("Unverified", self)
+        self.unverified_bar.setObjectName("unverified_bar")
+        self.unverified_bar.setMovable(False)
+        self.unverified_bar.toggleViewAction().setVisible(False)  # not something to switch off by accident
+        self.unverified_label = QLabel("")
+        self.unverified_label.setObjectName("unverified_banner")
+        self.unverified_label.setStyleSheet("background: #b00020; color: white; font-weight: bold; padding: 3px 8px;")
+        self.unverified_bar.addWidget(self.unverified_label)
+        self.addToolBarBreak(Qt.ToolBarArea.TopToolBarArea)
+        self.addToolBar(Qt.ToolBarArea.TopToolBarArea, self.unverified_bar)
+        self.unverified_bar.hide()
 
     # ================================================================== state (the controller's)
     @property
@@ -377,6 +390,11 @@ class MainWindow(DockLayout, QMainWindow):
         else:
             self.st_device.setText(f"{s.device} · {s.dtype}")
             self.setWindowTitle(f"gpt-inspector — {Path(s.model_name).name}")
+        if s.unverified:
+            self.unverified_label.setText(f"UNVERIFIED: these numbers may not be the model's own ({s.unverified})")
+            self.unverified_label.setToolTip(s.unverified)
+            self.setWindowTitle(self.windowTitle() + " — UNVERIFIED")
+        self.unverified_bar.setVisible(bool(s.unverified))
         self.st_positions.setText(f"positions {s.T} / {s.context_length}")
         self.st_kv.setText(f"KV cache {human_bytes(sum(s.kv_bytes))}")
         st = s.step
@@ -463,7 +481,7 @@ class MainWindow(DockLayout, QMainWindow):
             f"{snap.model_name} · layer {layer} · {name} cache · step {snap.n_steps}",
             f"kv-L{layer}-{which}.png",
             subtitle=f"{snap.T} positions × {snap.n_kv_heads} KV heads × {snap.head_dim} dims ({snap.dtype})",
-            col_title="KV head × dimension",
+            col_title="KV head × dimension", unverified=snap.unverified,
         )  # fmt: skip
 
     def _export_from_overview(self, which) -> None:

@@ -102,6 +102,7 @@ class Snapshot:
     t_model_done: float = 0.0  # perf_counter() when the model work behind this snapshot ended
     t_built: float = 0.0
     source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
+    unverified: str | None = None  # why the load's fidelity self-test could not vouch for the numbers
 
     @property
     def empty(self) -> bool:
@@ -362,6 +363,7 @@ class ViewModel:
             read_only=self.read_only,
             source_name=o.source_name,
             model_name=o.model_name,
+            unverified=getattr(o, "unverified", None),
             n_layers=self.L,
             n_heads=self.H,
             n_kv_heads=o.n_kv_heads,

@@ -238,8 +238,8 @@ class Worker(QObject):
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
         lm = load_model(model.model, device=model.device, dtype=model.dtype,
                         allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code,
-                        device_map=model.device_map, max_memory=model.max_memory,
-                        offload_folder=model.offload_folder)  # fmt: skip
+                        allow_unverified=model.allow_unverified, device_map=model.device_map,
+                        max_memory=model.max_memory, offload_folder=model.offload_folder)  # fmt: skip
         sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
         self.lm, self.model_spec, self.spec = lm, model, session
         self.loaded.emit(self._describe())
@@ -253,7 +253,8 @@ class Worker(QObject):
         recipe = cmd.recipe
         load = recipe.get("load") or {}
         spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False,
-                         load.get("device_map"), load.get("max_memory"), load.get("offload_folder"))  # fmt: skip
+                         device_map=load.get("device_map"), max_memory=load.get("max_memory"),
+                         offload_folder=load.get("offload_folder"))  # fmt: skip
         name = spec.model or "the demo model"
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:

@@ -181,7 +181,9 @@ def test_trace_round_trip_is_exact(tiny_lm, tmp_path):
     for layer in range(lm.n_layers):
         for a, b in zip(tr.qkv(layer), s.qkv(layer)):
             np.testing.assert_array_equal(a, b)
-        np.testing.assert_array_equal(tr.attention_output(layer), s.attention_output(layer))
+        start = tr.head_output_start  # head outputs are kept from the prompt's last position on
+        assert start == len(s.prompt_ids) - 1
+        np.testing.assert_array_equal(tr.attention_output(layer)[:, start:], s.attention_output(layer)[:, start:])
         for head in range(lm.n_heads):
             # one equation on the same stored arrays: bit-identical, every stage
             for kind in ("raw", "scores", "masked_scores", "probs"):
@@ -230,8 +232,11 @@ def test_record_memory_is_bounded_by_cache(tiny_lm):
     lm = tiny_lm("gpt2")
     s = gi.Session(lm, PROMPT)
     s.run(20)
-    # q + attention output on the CPU: the size of K + V for multi-head attention
-    assert s.record_bytes() == s.kv_cache_bytes()
+    # on the CPU: q (the size of K for multi-head attention) plus the head outputs of the positions
+    # where steps decided tokens; the prompt's earlier rows are not kept
+    kv, t, start = s.kv_cache_bytes(), s.cache_length, len(s.prompt_ids) - 1
+    out = lm.n_layers * lm.n_heads * (t - start) * lm.head_dim * 4
+    assert s.record_bytes() == kv // 2 + out and out < kv // 2
 
 
 def test_accelerator_kv_mirror_path_matches_cache_on_cpu(tiny_lm):
@@ -242,6 +247,7 @@ def test_accelerator_kv_mirror_path_matches_cache_on_cpu(tiny_lm):
     a = gi.Session(lm, PROMPT, temperature=1.0, seed=9)
     b = gi.Session(lm, PROMPT, temperature=1.0, seed=9)
     b.recorder = Recorder(lm.n_layers, mirror_kv=True)
+    b.recorder.out_from = a.recorder.out_from
     for s in (a, b):
         s.run(4)
         s.step_back()

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import contextlib
 import time
 
 import pytest
@@ -17,30 +16,10 @@ from gpt_inspector.core import capture, fidelity
 
 @pytest.fixture(scope="module")
 def oss_dir(tmp_path_factory):
-    folder = tiny_models.build(tmp_path_factory.mktemp("oss"), "gpt_oss")
-    from safetensors.torch import load_file, save_file
-
-    # large sinks, so dropping them moves the logits far beyond float rounding
-    weights = load_file(folder / "model.safetensors")
-    for k in [k for k in weights if k.endswith("self_attn.sinks")]:
-        weights[k] = torch.randn(weights[k].shape, generator=torch.Generator().manual_seed(1)) * 3
-    save_file(weights, folder / "model.safetensors", metadata={"format": "pt"})
-    return folder
+    return tiny_models.build_sinks_model(tmp_path_factory.mktemp("oss"))
 
 
-@contextlib.contextmanager
-def attention_that_drops_sinks():
-    """Our attention with the bug this self-test exists for: the s_aux keyword silently dropped."""
-
-    def dropping(*args, **kwargs):
-        kwargs.pop("s_aux", None)
-        return capture.inspector_attention(*args, **kwargs)
-
-    AttentionInterface.register(capture.ATTN_NAME, dropping)
-    try:
-        yield
-    finally:
-        AttentionInterface.register(capture.ATTN_NAME, capture.inspector_attention)
+attention_that_drops_sinks = tiny_models.attention_that_drops_sinks
 
 
 def test_a_faithful_model_loads_verified(oss_dir):
@@ -110,3 +89,25 @@ def test_refused_family_from_config_alone(tmp_path):
     with pytest.raises(gi.InspectorError, match=r"\(deepseek_v3\) is not supported: multi-head latent attention"):
         gi.load_model(folder, device="cpu")
     assert time.perf_counter() - t0 < 5
+
+
+def test_every_figure_of_an_unverified_run_carries_the_band(oss_dir, tmp_path):
+    from gpt_inspector import figures
+    from gpt_inspector.core.lens import lens
+
+    with attention_that_drops_sinks():
+        lm = gi.load_model(oss_dir, device="cpu", allow_unverified=True)
+        s = gi.Session(lm, "She eats")
+        s.run(2)
+        t = gi.load_trace(s.save_trace(tmp_path / "u.safetensors"))
+        made = [figures.head_figure(s, 0, 1), figures.grid_figure(t, None), figures.grid_figure(s, 0),
+                figures.lens_figure(lens(s), lm.name, unverified=s.unverified)]  # fmt: skip
+    for fig in made:
+        svg = figures.to_bytes(fig, "svg").decode()
+        assert "UNVERIFIED" in svg and fig.unverified == lm.unverified
+        figures.close(fig)
+    ok = gi.Session(gi.load_model(oss_dir, device="cpu"), "She eats")
+    ok.step()
+    fig = figures.head_figure(ok, 0, 1)
+    assert "UNVERIFIED" not in figures.to_bytes(fig, "svg").decode()
+    figures.close(fig)

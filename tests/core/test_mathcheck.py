@@ -78,14 +78,15 @@ def test_mask_edits_are_part_of_the_formula(tiny_lm):
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_corrupted_output_record_is_flagged(family, tiny_lm):
     s = _session(tiny_lm(family))
-    _corrupt(s.recorder.out, 1, 2, 4, 0, 1e-3)
+    p = s.head_output_start + 2  # the recorder keeps head outputs from the prompt's last position on
+    _corrupt(s.recorder.out, 1, 2, 2, 0, 1e-3)
     r = check_all(s)
     assert not r.ok
-    assert r.failures() == [(1, 2, 4, pytest.approx(1e-3, rel=1e-2), pytest.approx(r.tolerance[1, 2]))]
-    assert "layer 1 head 2 position 4" in r.summary()
-    c = check(s, 1, 2, 4)
+    assert r.failures() == [(1, 2, p, pytest.approx(1e-3, rel=1e-2), pytest.approx(r.tolerance[1, 2]))]
+    assert f"layer 1 head 2 position {p}" in r.summary()
+    c = check(s, 1, 2, p)
     assert not c.ok and c.worst_dim == 0
-    assert check(s, 1, 2, 5).ok and check(s, 1, 1, 4).ok
+    assert check(s, 1, 2, p + 1).ok and check(s, 1, 1, p).ok
 
 
 def test_corrupted_query_record_is_flagged(tiny_lm):
@@ -98,9 +99,10 @@ def test_corrupted_query_record_is_flagged(tiny_lm):
 def test_nan_is_never_ok(tiny_lm):
     s = _session(tiny_lm("gpt_neox"))
     _corrupt(s.recorder.out, 0, 0, 2, 1, float("nan"))
+    p = s.head_output_start + 2
     r = check_all(s, layers=[0])
-    assert not r.ok and r.failures()[0][:3] == (0, 0, 2)
-    assert not check(s, 0, 0, 2).ok
+    assert not r.ok and r.failures()[0][:3] == (0, 0, p)
+    assert not check(s, 0, 0, p).ok
     json.dumps(r.to_json())
 
 
@@ -115,11 +117,11 @@ def test_trace_checks_and_a_tampered_trace_fails(tiny_lm, tmp_path):
     with safe_open(str(path), framework="np") as f:
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    tensors["layers.0.attn_out"][3, 2, 5] += 0.01
+    tensors["layers.0.attn_out"][3, 2, 5] += 0.01  # row 2 of the kept rows
     bad = tmp_path / "bad.safetensors"
     save_file(tensors, str(bad), metadata=meta)
     r = check_all(gi.load_trace(bad))
-    assert [f[:3] for f in r.failures()] == [(0, 3, 2)]
+    assert [f[:3] for f in r.failures()] == [(0, 3, tr.head_output_start + 2)]
 
 
 def test_explicit_tolerance(tiny_lm):
@@ -172,7 +174,7 @@ def test_non_finite_trace_is_a_mismatch_on_both_paths(tiny_lm, tmp_path, what, v
     assert check_all(tr, layers=[0]).ok  # the untouched layer still matches
     for head in range(tr.n_heads):
         assert not r.max_diff[1, head] <= r.tolerance[1, head]
-        for pos in range(tr.cache_length):
+        for pos in range(tr.head_outputs_from, tr.cache_length):
             single = check(tr, 1, head, pos)
             assert not single.ok, single.summary()
     assert json.loads(json.dumps(check(tr, 1, 0).to_json()))["ok"] is False
@@ -190,7 +192,36 @@ def test_single_head_and_report_agree_cell_by_cell_on_a_partial_inf(tiny_lm, tmp
     tr = gi.load_trace(bad)
     r = check_all(tr, layers=[0])
     for head in range(tr.n_heads):
-        singles = [check(tr, 0, head, p).ok for p in range(tr.cache_length)]
+        start = tr.head_outputs_from  # a trace holds head outputs from the prompt's last position on
+        assert start > 4
+        singles = [check(tr, 0, head, p).ok for p in range(start, tr.cache_length)]
         assert all(singles) == bool(r.max_diff[0, head] <= r.tolerance[0, head])
         if tr.kv_head_of(head) == 1:
-            assert singles[:4] == [True] * 4 and not any(singles[4:])
+            assert not any(singles)
+
+
+def test_a_trace_checks_from_the_prompts_last_position_and_says_so(tiny_lm, tmp_path):
+    """A trace keeps head outputs where steps decide tokens; earlier rows are refused, not made up."""
+    s = _session(tiny_lm("gpt2"), steps=3)
+    tr = gi.load_trace(s.save_trace(tmp_path / "t.safetensors"))
+    start = len(s.prompt_ids) - 1
+    assert tr.head_outputs_from == tr.head_output_start == start and s.head_outputs_from == 0
+    r = check_all(tr)
+    assert r.ok and r.first_position == start and r.n_positions == tr.cache_length - start
+    assert f"from position {start}" in r.summary()
+    with pytest.raises(InspectorError, match=f"position 0 is not kept .*from position {start}"):
+        check(tr, 0, 0, 0)
+    assert np.isnan(tr.attention_output(0)[:, :start]).all()
+    np.testing.assert_array_equal(tr.attention_output(0)[:, start:], s.attention_output(0)[:, start:])
+
+
+def test_a_sessions_earlier_prompt_rows_follow_its_edits(tiny_lm):
+    """The rows the recorder does not keep are recomputed under the edits in force, and again after a change."""
+    s = _session(tiny_lm("llama"), steps=2)
+    clean = s.attention_output(0)[:, :4].copy()
+    s.set_mask_edits([MaskEdit(3, 1, layer=0, head=2)])
+    edited = s.attention_output(0)
+    assert not np.allclose(edited[2, 3], clean[2, 3]) and np.array_equal(edited[1, :4], clean[1])
+    assert check_all(s).ok
+    s.set_mask_edits([])
+    np.testing.assert_array_equal(s.attention_output(0)[:, :4], clean)

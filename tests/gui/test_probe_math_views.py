@@ -83,10 +83,11 @@ def test_math_panel_match_and_mismatch(qtbot, session):
     assert not panel.heads.isHidden()
     assert panel.heads.rowCount() == session.n_layers and panel.heads.columnCount() == session.n_heads + 1
 
+    kept = session.cache_length - 1 - session.head_output_start  # the recorder's row of the newest position
     with torch.inference_mode():
-        session.recorder.out[1].t[0, 3, 4, 5] += 0.1
+        session.recorder.out[1].t[0, 3, kept, 5] += 0.1
     try:
-        bad = check(session, 1, 3, 4)
+        bad = check(session, 1, 3)
         panel.show_result(bad)
         assert "MISMATCH" in panel.verdict.text()
         assert panel.table.item(5, 3).background().color().red() > 200
@@ -97,6 +98,6 @@ def test_math_panel_match_and_mismatch(qtbot, session):
         assert not panel.grab().isNull()
     finally:
         with torch.inference_mode():
-            session.recorder.out[1].t[0, 3, 4, 5] -= 0.1
+            session.recorder.out[1].t[0, 3, kept, 5] -= 0.1
     panel.clear()
     assert panel.table.rowCount() == 0 and panel.heads.isHidden()

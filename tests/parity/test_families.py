@@ -3,8 +3,10 @@
 Each family is built from its own config class with tiny sizes (tests/tiny_families.py), weights
 scaled up (initializer_range 0.3) so attention is far from uniform and sliding windows narrower
 than the sequence. For every verified family, per-step logits equal HF eager, the probabilities
-equal ``output_attentions`` and greedy equals ``generate``. ``VERIFIED`` is explicit on purpose:
-a transformers release that breaks one of them fails here, by name.
+equal ``output_attentions`` and greedy equals ``generate``; the families that compute attention
+in their own code (``ADAPTED``, run through gpt-inspector's adapters) also run a beam search
+that must equal ``generate(num_beams=...)``. ``VERIFIED`` is explicit on purpose: a transformers
+release that breaks one of them fails here, by name.
 """
 
 from __future__ import annotations
@@ -36,7 +38,13 @@ helium hunyuan_v1_dense hunyuan_v1_moe hy_v3 hyperclovax internlm3 iquestcoder j
 llama llama4_text mellum mimo_v2_flash minimax_m2 ministral ministral3 mistral
 mixtral modernbert-decoder moshi nanochat nemotron olmo olmo2 olmo3 olmoe opt persimmon phi phi3
 phimoe qwen2 qwen2_moe qwen3 qwen3_moe seed_oss smollm3 solar_open stablelm starcoder2 vaultgemma
+bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm
 """.split()
+# computed in the family's own attention code (or, doge, with a bias inside its mask): gpt-inspector's adapters
+ADAPTED = "bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm".split()
+# other code paths of those families (tests/tiny_families.py VARIANTS): multi-head and new-architecture
+# Falcon, MPT with clip_qkv
+VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv"]
 
 # these report softmax weights before their sink (the sink scales the output afterwards); ours are
 # the weights the values really get, so they equal HF's times each row's share left by the sink
@@ -72,7 +80,7 @@ def _tol(ref: torch.Tensor) -> float:
     return 2e-5 * max(1.0, float(ref.abs().max()))
 
 
-@pytest.mark.parametrize("family", VERIFIED)
+@pytest.mark.parametrize("family", VERIFIED + VARIANTS)
 def test_family_equals_hf_eager(family, built):
     lm, ref = built(family)
     assert lm.unverified is None
@@ -112,7 +120,7 @@ def test_the_sliding_window_is_narrower_than_the_sequence(built):
     assert allowed.sum(-1).max() <= lm.model.config.sliding_window < s.cache_length
 
 
-@pytest.mark.parametrize("family", ["jetmoe", "lfm2", "doge"])
+@pytest.mark.parametrize("family", ["jetmoe", "lfm2", "openai-gpt", "falcon_alibi"])
 def test_refused_families_say_why_in_one_line(family, tokenizer):
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     model = tiny_families.build_model(family, eos)
@@ -121,6 +129,34 @@ def test_refused_families_say_why_in_one_line(family, tokenizer):
     assert "not supported" in str(e.value) and "\n" not in str(e.value)
     if family in REFUSED:
         assert REFUSED[family] in str(e.value)
+    if family == "falcon_alibi":  # the adapter's own limit: transformers' eager and sdpa disagree
+        assert "ALiBi" in str(e.value) and "twice" in str(e.value)
+
+
+@pytest.mark.parametrize("family", ADAPTED + VARIANTS)
+def test_adapted_family_beams_equal_generate(family, built):
+    from gpt_inspector.core.beams import BeamSearch
+
+    lm, ref = built(family)
+    prompt = gi.Session(lm, PROMPT).prompt_ids
+    kw = dict(num_beams=3, num_return_sequences=2, max_new_tokens=5)
+    x = torch.tensor([prompt])
+    with torch.no_grad():
+        want = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, output_scores=True,
+                            return_dict_in_generate=True, pad_token_id=lm.eos_token_ids[0], **kw)  # fmt: skip
+    ours = BeamSearch(lm, prompt_ids=prompt, **kw)
+    ours.run()
+    r = ours.result()
+    assert r.sequences == want.sequences.tolist(), f"{family}: beams differ from generate"
+    np.testing.assert_allclose(r.sequences_scores, want.sequences_scores.float().numpy(), atol=1e-4, rtol=0)
+    # a finished beam's view shows that beam's own attention (its bias included)
+    view = ours.result_view(0)
+    ids = view.processed_tokens
+    with torch.no_grad():
+        att = ref(torch.tensor([ids]), output_attentions=True).attentions
+    for layer in range(lm.n_layers):
+        np.testing.assert_allclose(view.attention_rows(layer, 0, len(ids)).numpy(), att[layer][0].numpy(),
+                                   atol=5e-5, rtol=0, err_msg=f"{family}: beam view, layer {layer}")  # fmt: skip
 
 
 def test_every_refusal_names_a_reason():
@@ -136,9 +172,12 @@ def test_verified_families_are_still_shipped():
     assert not missing, f"transformers {transformers.__version__} no longer maps {missing} to a causal LM"
 
 
-def test_an_additive_bias_is_refused_even_when_not_on_the_list(tokenizer, monkeypatch):
-    # doge passes a learned real-valued bias as its mask; the capture refuses it by itself
-    monkeypatch.delitem(REFUSED, "doge")
+def test_an_additive_bias_is_refused_when_no_adapter_explains_it(tokenizer, monkeypatch):
+    # doge passes a learned real-valued bias as its mask; without its adapter (which hands the capture
+    # that bias) the capture cannot tell bias from mask and refuses by itself
+    from gpt_inspector.core import adapters
+
+    monkeypatch.delitem(adapters.ADAPTERS, "doge")
     model = tiny_families.build_model("doge", tokenizer.convert_tokens_to_ids("<|endoftext|>"))
     with pytest.raises(gi.InspectorError, match="real-valued bias"):
         from_model(model, tokenizer, "doge")

@@ -131,13 +131,62 @@ def test_head_attributions_and_the_other_terms_sum_to_the_logit(family, shaped):
     assert r.remainder == pytest.approx(r.logit - r.attribution.sum(), abs=1e-9)
 
 
-def test_gemma2_has_a_lens_but_no_direct_head_path(shaped):
+def test_gemma2_heads_through_both_frozen_norms_sum_to_each_blocks_share(shaped):
+    """Gemma 2 normalises the attention block's output before the residual (sandwich norms). With that
+    norm's scale frozen too, each layer's heads sum to the block's own share of the chosen logit, and
+    the blocks, the MLPs and the scaled embeddings, recorded by hooks written here, give the logit."""
     lm, _ = shaped("gemma2")
-    s = gi.Session(lm, PROMPT)
-    s.step()
-    r = lens(s)
-    assert r.attribution is None and "normalises the attention output" in r.note
-    assert len(r.layers) == lm.n_layers
+    model = lm.model
+    base = model.base_model
+    layers = base.layers
+    parts: dict[str, torch.Tensor] = {}
+    hooks = []
+
+    def keep(name):
+        def hook(_m, _i, out):
+            out = out[0] if isinstance(out, tuple) else out
+            if out.dim() == 3:  # the model's forward, not the lens checking its linearised norm on one vector
+                parts[name] = out[0, -1].detach().float()
+
+        return hook
+
+    def first_input(_m, args, kwargs):
+        h = args[0] if args else kwargs["hidden_states"]
+        parts["emb"] = h[0, -1].detach().float()  # the embeddings as the model scales them
+
+    hooks.append(layers[0].register_forward_pre_hook(first_input, with_kwargs=True))
+    for i, layer in enumerate(layers):
+        hooks.append(layer.post_attention_layernorm.register_forward_hook(keep(f"attn{i}")))
+        hooks.append(layer.post_feedforward_layernorm.register_forward_hook(keep(f"mlp{i}")))
+    try:
+        s = gi.Session(lm, PROMPT)
+        s.run(2)
+        lens(s)
+        s.step()
+        r = lens(s)
+    finally:
+        for h in hooks:
+            h.remove()
+    assert r.attribution is not None and "attention-output-norm" in r.note
+    resid = sum(parts.values())  # (D,)
+    head = model.get_output_embeddings()
+    with torch.no_grad():
+        assert float(head(base.norm(resid))[s.current.token_id]) == pytest.approx(r.logit, abs=1e-4)
+    from gpt_inspector.core.lens import _norm_affine
+
+    gain, offset, _ = _norm_affine(base.norm, resid)
+    u = head.weight.detach().float()[s.current.token_id]
+
+    def share(v):
+        return float(v @ (gain * u))
+
+    scale = max(1.0, abs(r.logit))
+    for i in range(lm.n_layers):  # no bias in Gemma 2's output projection, no offset in its RMS norms
+        assert r.attribution[i].sum() == pytest.approx(share(parts[f"attn{i}"]), abs=1e-4 * scale)
+    others = sum(share(v) for k, v in parts.items() if not k.startswith("attn"))
+    assert r.attribution.sum() + others == pytest.approx(r.logit, abs=1e-4 * scale)
+    # a wrong frozen scale (the attention-output norm skipped) is far off: the test can fail
+    assert abs(r.attribution.sum() - sum(share(parts[f"attn{i}"]) for i in range(lm.n_layers))) < 1e-4 * scale
 
 
 def test_lens_needs_a_step(shaped):

@@ -311,10 +311,15 @@ class BeamSearch:
         else:
             k = [self.cache.layers[i].keys[row, :, :length] for i in range(nl)]  # (H_kv, T, d)
             v = [self.cache.layers[i].values[row, :, :length] for i in range(nl)]
+        bias = [rec.score_bias(i, length, row) for i in range(nl)]  # None for most models
+        # this row's own masks where the model masks per row and head (doge's top-k); usually none
+        masks = [{p: m[row].clone() for p, m in rec.mask_rows[i].items() if m.dim() == 3 and p < length}
+                 for i in range(nl)]  # fmt: skip
         if clone:
             # a finished hypothesis outlives its row, which the next reorder hands to another beam
             q, out, k, v = ([t.detach().clone() for t in ts] for ts in (q, out, k, v))
-        return _Rows(q, out, k, v)
+            bias = [None if b is None else b.cloned() for b in bias]
+        return _Rows(q, out, k, v, bias, masks)
 
     def _greedy_step(self, logits: torch.Tensor, log_probs: torch.Tensor) -> BeamStep:
         # generate's greedy decoding: the argmax of the (unprocessed) logits, stop at EOS or max_length

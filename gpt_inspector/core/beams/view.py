@@ -16,10 +16,14 @@ if TYPE_CHECKING:
 
 
 class _Rows:
-    """One beam's records: per layer q, out (H, T, d), k, v (H_kv, T, d)."""
+    """One beam's records: per layer q, out (H, T, d), k, v (H_kv, T, d), the score bias or None, and
+    the beam's own mask rows where the model masks each row and head differently (position -> (H, T)).
+    """
 
-    def __init__(self, q, out, k, v):
+    def __init__(self, q, out, k, v, bias=None, masks=None):
         self.q, self.out, self.k, self.v = q, out, k, v
+        self.bias = bias if bias is not None else [None] * len(q)
+        self.masks = masks if masks is not None else [{} for _ in q]
 
 
 class BeamView(ModelShape, RunSource):
@@ -82,8 +86,15 @@ class BeamView(ModelShape, RunSource):
     def _head_outputs(self, layer: int) -> torch.Tensor:
         return self._rows.out[layer]
 
+    def _score_bias(self, layer: int):
+        return None if self._rows is None else self._rows.bias[layer]
+
     def _mask_rows(self, layer: int) -> dict:
-        return self._mask_rows_of[layer]
+        own = None if self._rows is None else self._rows.masks[layer]
+        if not own:
+            return self._mask_rows_of[layer]
+        shared = {p: m for p, m in self._mask_rows_of[layer].items() if m.dim() < 3}  # positional (sliding windows)
+        return {**shared, **own}
 
     def record_bytes(self) -> int:
         if self._rows is None:

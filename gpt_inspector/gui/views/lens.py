@@ -193,7 +193,8 @@ def create_panel(window) -> LensPanel:
 
         snap = window.snapshot
         if panel.result is not None:
-            export_lens(window, panel.result, snap.model_name if snap is not None else "")
+            export_lens(window, panel.result, snap.model_name if snap is not None else "",
+                        snap.unverified if snap is not None else None)  # fmt: skip
 
     panel.export_button.clicked.connect(export)
     _add_interventions(window)

@@ -1,0 +1,43 @@
+"""A model loaded with "load even if unverified" is marked in the window: a red band over every panel."""
+
+from __future__ import annotations
+
+import pytest
+from PySide6.QtCore import Qt
+
+import tiny_models
+
+
+@pytest.fixture(scope="module")
+def oss_dir(tmp_path_factory):
+    return tiny_models.build_sinks_model(tmp_path_factory.mktemp("oss"))
+
+
+def test_unverified_load_is_refused_then_marked_when_the_user_allows_it(shown, qtbot, wait_idle, dialogs, oss_dir):
+    win = shown()
+    panel = win.session_panel
+    assert not win.unverified_bar.isVisible()
+    panel.model.setCurrentText(str(oss_dir))
+    panel.device.setCurrentText("cpu")
+    with tiny_models.attention_that_drops_sinks():
+        qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+        wait_idle(win, timeout=60000)
+        # refused in one line; the session shown before is still there
+        assert dialogs and "max |diff|" in dialogs[-1][1] and "unverified" in dialogs[-1][1]
+        assert not win.unverified_bar.isVisible() and "gpt2" in win.windowTitle()
+        qtbot.mouseClick(panel.allow_unverified, Qt.MouseButton.LeftButton)
+        assert panel.allow_unverified.isChecked()
+        qtbot.mouseClick(panel.load_button, Qt.MouseButton.LeftButton)
+        snap = wait_idle(win, timeout=60000)
+    assert snap.unverified and "max |diff|" in snap.unverified
+    assert win.unverified_bar.isVisible() and win.unverified_label.text().startswith("UNVERIFIED")
+    assert "UNVERIFIED" in win.windowTitle()
+    # the band sits above the panels, across the window
+    band = win.unverified_bar.geometry()
+    assert band.top() < win.docks["scores"].geometry().top() and band.width() > win.width() // 2
+    assert win.width() <= 1400  # a long reason does not widen the window
+
+
+def test_a_verified_model_shows_no_band(shown):
+    win = shown()
+    assert win.snapshot.unverified is None and not win.unverified_bar.isVisible()
