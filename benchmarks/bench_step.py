@@ -4,10 +4,10 @@ Two models, random weights, saved to disk first:
 - ``gpt2``: GPT2Config() defaults (124M parameters), prompts of 32 and 512 tokens;
 - ``llama-gqa``: the Llama-style model of issue 15, 8 layers x 8 heads, 2 KV heads, head size 64,
   float32, contexts of 1,024 / 4,096 / 8,192 tokens (``--t``).
-Both sides decode greedily. generate's per-token time is read off a logits processor that notes
-the clock at every token, (last - first) / (new - 1), so its prefill is not counted (subtracting a
-1-token run from a long one drowns in the prefill's own noise at T = 8,192); the Session's is the
-mean of its decode steps. Runs alternate between the two so machine noise hits both alike.
+Both sides decode greedily and take turns token by token: a logits processor inside generate notes
+the clock as each of its tokens arrives and runs one Session.step() before handing back, so
+generate's per-token time is the time between processor calls less the Session step inside, and
+noise on a shared machine hits both sides alike. Prefills are not counted on either side.
 
     python benchmarks/bench_step.py [--family gpt2|llama-gqa] [--t 1024 4096 8192] [--reps 3] [--new 48] [--threads N]
 """
@@ -67,14 +67,21 @@ def main() -> None:
     import gpt_inspector as gi
     from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
 
-    class _Clock(LogitsProcessor):
-        """Notes the time each token's logits arrive; changes nothing."""
+    class _TakeTurns(LogitsProcessor):
+        """Times generate's tokens and runs one Session step between them; changes no score."""
 
-        def __init__(self):
-            self.t: list[float] = []
+        def __init__(self, session):
+            self.session, self.hf, self.steps = session, [], []
+            self.resumed: float | None = None  # when generate got control back
 
         def __call__(self, input_ids, scores):
-            self.t.append(time.perf_counter())
+            now = time.perf_counter()
+            if self.resumed is not None:
+                self.hf.append(now - self.resumed)
+                t0 = time.perf_counter()
+                self.session.step()
+                self.steps.append(time.perf_counter() - t0)
+            self.resumed = time.perf_counter()
             return scores
 
     tmp = Path(tempfile.mkdtemp())
@@ -96,20 +103,15 @@ def main() -> None:
         for _ in range(args.reps):
             s = gi.Session(lm, prompt_ids=ids)
             s.step()  # prefill, not counted
-            t0 = time.perf_counter()
-            for _ in range(args.new - 1):
-                s.step()
-            sess_tok.append((time.perf_counter() - t0) / (args.new - 1))
-            mem = (s.record_bytes(), s.kv_cache_bytes())
-            del s
-
-            x = torch.tensor([ids])
-            clock = _Clock()
-            kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, logits_processor=LogitsProcessorList([clock]))
+            turns = _TakeTurns(s)
+            kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, logits_processor=LogitsProcessorList([turns]))
             with torch.inference_mode():
-                hf.generate(x, max_new_tokens=args.new, min_new_tokens=args.new, **kw)
-            assert len(clock.t) == args.new
-            hf_tok.append((clock.t[-1] - clock.t[0]) / (args.new - 1))
+                hf.generate(torch.tensor([ids]), max_new_tokens=args.new, min_new_tokens=args.new, **kw)
+            assert len(turns.hf) == len(turns.steps) == args.new - 1
+            sess_tok.append(statistics.mean(turns.steps))
+            hf_tok.append(statistics.mean(turns.hf))
+            mem = (s.record_bytes(), s.kv_cache_bytes())
+            del s, turns
         s_ms = statistics.median(sess_tok) * 1e3
         best = min(sess_tok) / min(hf_tok)
         h_ms = statistics.median(hf_tok) * 1e3
