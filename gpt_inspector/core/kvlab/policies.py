@@ -342,7 +342,7 @@ class Quantization(Policy):
 
     kind = "quantization"
 
-    def __init__(self, name: str, *, group: int = 32, residual: int = 16):
+    def __init__(self, name: str, *, group: int | None = None, residual: int = 16):
         if name not in QUANT:
             raise InspectorError(f"unknown quantization {name!r}; use one of {', '.join(QUANT)}")
         self.name, self.group, self.residual = name, group, residual
@@ -354,6 +354,8 @@ class Quantization(Policy):
         return f"{self.name}{extra} residual {self.residual}"
 
     def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize) -> None:
+        if self.group is None:
+            self.group = min(32, head_dim)  # KIVI's default, or one group per head on small heads
         for what, v in (("group", self.group), ("residual", self.residual)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if what == "group" else 0):
                 raise InspectorError(f"{what} must be a whole number >= {1 if what == 'group' else 0}, got {v!r}")
@@ -371,7 +373,7 @@ class Quantization(Policy):
     def reset(self) -> None:
         self.deq_k = [None] * self.n_layers  # per layer (B, Hkv, Qk, d): dequantized once, fixed after
         self.deq_v = [None] * self.n_layers
-        self.written = [0] * self.n_layers  # rows of the recorder's K/V already holding dequantized values
+        self.written = [(0, 0)] * self.n_layers  # rows of the recorder's K and V already holding dequantized values
         self.quantized = [(0, 0)] * self.n_layers  # boundaries the last forward used
 
     def snapshot(self):
@@ -421,11 +423,13 @@ class Quantization(Policy):
         if rec is not None and rec.mirror_kv:
             # capture records rows q0.. of what attention read; older rows that were quantized since
             # are rewritten here, so the records always hold the cache as the last forward read it
-            lo, hi = self.written[layer], min(max(qk, qv), q0)
-            if hi > lo:
-                rec.k[layer].write(key[:, :, lo:hi].detach(), lo)
-                rec.v[layer].write(value[:, :, lo:hi].detach(), lo)
-            self.written[layer] = max(lo, hi)
+            done = list(self.written[layer])
+            for i, (buf, x, upto) in enumerate(((rec.k[layer], key, qk), (rec.v[layer], value, qv))):
+                lo, hi = done[i], min(upto, q0)
+                if hi > lo:
+                    buf.write(x[:, :, lo:hi].detach(), lo)
+                    done[i] = hi
+            self.written[layer] = tuple(done)
         return key, value, None
 
     def cache_bytes(self, layer, length):
