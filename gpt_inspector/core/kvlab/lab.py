@@ -63,8 +63,9 @@ class LabStep:
             "kl": self.kl, "agree": self.agree,
             "bytes_policy": sum(self.bytes_policy), "bytes_full": sum(self.bytes_full),
             "bytes_policy_per_layer": list(self.bytes_policy), "bytes_full_per_layer": list(self.bytes_full),
-            "lost_mass_max": float(self.lost_mass.max()) if self.lost_mass.size else 0.0,
-            "lost_mass": self.lost_mass.round(6).tolist(), "evicted_per_layer": list(self.evicted_now),
+            "lost_mass_max": None if np.isnan(self.lost_mass).any() else float(self.lost_mass.max()),
+            "lost_mass": None if np.isnan(self.lost_mass).any() else self.lost_mass.round(6).tolist(),
+            "evicted_per_layer": list(self.evicted_now),
         }  # fmt: skip
 
 
@@ -98,7 +99,7 @@ class KVLab:
 
     def __init__(self, lm, prompt: str = "", policy: Policy | None = None, *, free_running: bool = False,
                  prompt_ids: list[int] | None = None, temperature: float = 0.0, top_k=None, top_p=None,
-                 seed: int = 0):  # fmt: skip
+                 seed: int = 0, reference: Session | None = None):  # fmt: skip
         if not isinstance(policy, Policy):
             raise InspectorError(f"policy must come from kvlab.make(...) (or be a Policy), got {policy!r}")
         kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, prompt_ids=prompt_ids)
@@ -106,8 +107,12 @@ class KVLab:
         self.policy = policy
         policy.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length,
                     torch.empty((), dtype=lm.dtype).element_size())  # fmt: skip
-        self.reference = Session(lm, prompt, **kw)
         self.run = Session(lm, prompt, **kw)
+        if reference is not None and (reference.lm is not lm or reference.prompt_ids != self.run.prompt_ids
+                                      or any(s.forced for s in reference.steps_done)):  # fmt: skip
+            raise InspectorError("a shared reference must be a session of the same model and prompt, never forced")
+        # a shared reference (a sweep runs one per prompt) may already be ahead: its steps are read, not re-run
+        self.reference = reference if reference is not None else Session(lm, prompt, **kw)
         rec = Recorder(lm.n_layers, mirror_kv=True, pin=lm.device.type == "cuda")
         self.run.recorder = rec
         policy.attach(rec)
@@ -117,7 +122,9 @@ class KVLab:
     # ------------------------------------------------------------------ state
     @property
     def finished(self) -> str | None:
-        return self.reference.finished or (self.run.finished if self.free_running else None)
+        i = len(self.history)
+        ref = self.reference.steps_done[i - 1].finish_reason if 0 < i <= self.reference.n_steps else None
+        return ref or (self.run.finished if self.free_running else None)
 
     @property
     def first_divergence(self) -> int | None:
@@ -134,9 +141,10 @@ class KVLab:
         if self.finished:
             raise InspectorError(f"the lab run has finished ({self.finished})")
         snap = self.policy.snapshot()
+        i = len(self.history)
         ref_steps = self.reference.n_steps
         try:
-            ref = self.reference.step()
+            ref = self.reference.steps_done[i] if ref_steps > i else self.reference.step()
             try:
                 got = self.run.step()
             except StepFailed as e:
@@ -169,12 +177,15 @@ class KVLab:
     def _measure(self, ref, got, own: int) -> LabStep:
         lm, t = self.lm, self.run.cache_length
         p = t - 1
-        lost = np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64)
+        same = self.reference.tokens[:t] == self.run.tokens[:t]
+        # free-running runs that parted attend over different texts: no mass to compare (NaN)
+        lost = np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64) if same else np.full((lm.n_layers, lm.n_heads), np.nan)
         evicted_now = []
         for layer in range(lm.n_layers):
             ev = self.policy.evicted_rows(layer, p, t, t, lm.n_heads)  # (H, 1, T) what the last query missed
-            if ev is not None and self.reference.cache_length == t:
-                probs = self.reference.attention_rows(layer, p, t)  # (H, 1, T) the reference's own
+            if ev is not None and same:
+                # the reference's own row p (a shared reference may be further on: later keys are causal zeros)
+                probs = self.reference.attention_rows(layer, p, p + 1)[:, :, :t]  # (H, 1, T)
                 lost[layer] = (probs * ev).sum((1, 2)).double().numpy()
             evicted_now.append(int(self.policy.evicted(layer, t).sum()))
         return LabStep(
@@ -182,7 +193,7 @@ class KVLab:
             fed_token=self.run.tokens[-1], kl=kl_divergence(ref.logits, got.logits),
             agree=int(torch.argmax(ref.logits)) == int(torch.argmax(got.logits)),
             bytes_policy=[self.policy.cache_bytes(i, t) for i in range(lm.n_layers)],
-            bytes_full=[self.reference.kv_cache_bytes(i) if self.reference.cache_length else 0 for i in range(lm.n_layers)],
+            bytes_full=[Policy.cache_bytes(self.policy, i, t) for i in range(lm.n_layers)],
             lost_mass=lost, evicted_now=evicted_now, reference_label=self.reference.label(ref.token_id),
             policy_label=self.run.label(own),
         )  # fmt: skip

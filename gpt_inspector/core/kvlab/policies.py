@@ -118,7 +118,7 @@ class Eviction(Policy):
     ``{layer: [n per KV head]}`` overriding it.
     """
 
-    def __init__(self, name: str, budget: int | None, *, sinks: int = 0, recent: int | None = None,
+    def __init__(self, name: str, budget: int | None, *, sinks: int | None = None, recent: int | None = None,
                  layer_budgets: Mapping | None = None, window: int = 8, kernel: int = 5,
                  scorer: Scorer | None = None):  # fmt: skip
         if name not in EVICTION:
@@ -137,6 +137,8 @@ class Eviction(Policy):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
                 raise InspectorError(f"{what} must be a whole number >= 0, got {v!r}")
         base = _budget(self.budget, "budget", context)
+        if self.sinks is None:  # StreamingLLM's 4 attention sinks (fewer under a tiny budget); none elsewhere
+            self.sinks = min(4, max(0, (base or 5) - 1)) if self.name == "streaming" else 0
         self.budgets: list[torch.Tensor | None] = [None] * n_layers  # per layer (Hkv,) long, None: unlimited
         for layer in range(n_layers):
             b = self.layer_budgets.get(layer, base)
