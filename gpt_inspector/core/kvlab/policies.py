@@ -137,8 +137,6 @@ class Eviction(Policy):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
                 raise InspectorError(f"{what} must be a whole number >= 0, got {v!r}")
         base = _budget(self.budget, "budget", context)
-        if self.sinks is None:  # StreamingLLM's 4 attention sinks (fewer under a tiny budget); none elsewhere
-            self.sinks = min(4, max(0, (base or 5) - 1)) if self.name == "streaming" else 0
         self.budgets: list[torch.Tensor | None] = [None] * n_layers  # per layer (Hkv,) long, None: unlimited
         for layer in range(n_layers):
             b = self.layer_budgets.get(layer, base)
@@ -153,6 +151,9 @@ class Eviction(Policy):
         bad = [layer for layer in self.layer_budgets if not (isinstance(layer, int) and 0 <= layer < n_layers)]
         if bad:
             raise InspectorError(f"layer budgets name layers {bad}; the model has layers 0..{n_layers - 1}")
+        if self.sinks is None:  # StreamingLLM's 4 attention sinks (fewer under a tiny budget); none elsewhere
+            low = min((int(b.min()) for b in self.budgets if b is not None), default=5)
+            self.sinks = min(4, low - 1) if self.name == "streaming" else 0
         for layer, b in enumerate(self.budgets):
             if b is None:
                 continue
@@ -297,28 +298,24 @@ class Eviction(Policy):
         return out
 
     def _evict(self, layer, score, budget, tk) -> None:
+        """Cut every KV head over its budget down to it, all heads at once (no per-head loop)."""
         ev = self.evicted_at[layer]  # (Hkv, Tk)
-        held = ev == NEVER
-        for g in range(self.n_kv_heads):
-            b = int(budget[g])
-            n_held = int(held[g].sum())
-            if n_held <= b:
-                continue
-            protect = torch.zeros(tk, dtype=torch.bool)
-            protect[: min(self.sinks, tk)] = True
-            r = min(self._recent(b), tk)
-            if r:
-                protect[tk - r :] = True
-            protect &= held[g]
-            room = b - int(protect.sum())
-            cand = held[g] & ~protect
-            s = score[g].masked_fill(~cand, -math.inf)
-            keep = protect.clone()
-            if room > 0:
-                # ties go to the older entry (stable order), so runs are reproducible
-                order = torch.sort(-s, stable=True).indices[:room]
-                keep[order[cand[order]]] = True
-            ev[g, held[g] & ~keep] = tk  # masked from the next query position on
+        held = ev == NEVER  # (Hkv, Tk)
+        over = held.sum(1) > budget  # (Hkv,)
+        if not bool(over.any()):
+            return
+        pos = torch.arange(tk)
+        recent = torch.tensor([min(self._recent(int(b)), tk) for b in budget])  # (Hkv,)
+        protect = (pos[None, :] < self.sinks) | (pos[None, :] >= tk - recent[:, None])  # (Hkv, Tk)
+        protect &= held
+        room = budget - protect.sum(1)  # (Hkv,)
+        cand = held & ~protect
+        s = score.masked_fill(~cand, -math.inf)  # (Hkv, Tk)
+        # rank of each entry by score, best first; ties go to the older entry (stable), so runs reproduce
+        order = torch.sort(-s, dim=1, stable=True).indices  # (Hkv, Tk)
+        rank = torch.empty_like(order).scatter_(1, order, pos.expand_as(order).contiguous())
+        keep = protect | (cand & (rank < room[:, None]))
+        ev[held & ~keep & over[:, None]] = tk  # masked from the next query position on
 
 
 # ---------------------------------------------------------------------- quantization
