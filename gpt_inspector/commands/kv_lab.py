@@ -34,6 +34,9 @@ def add_arguments(p):
     g.add_argument("--recent", type=int, default=None, help="eviction: newest entries always kept (default per policy)")
     g.add_argument("--window", type=int, default=None, help="snapkv: observation window at the prompt's end (default 8)")
     g.add_argument("--group", type=int, default=None, help="int quantization: group size (default min(32, head size))")
+    g.add_argument("--scheme", default=None, choices=("kivi", "transformers"),
+                   help="int quantization: kivi (keys per channel, values per token; default) or transformers "
+                        "(what transformers' quantized cache does with quanto: int4/int2)")
     g.add_argument("--residual", type=int, default=None, help="quantization: newest entries kept in full precision (default 16)")
     s = p.add_argument_group("sweep")
     s.add_argument("--sweep", action="store_true", help="run every policy at every budget over --prompts")
@@ -89,6 +92,8 @@ def _options(args) -> dict:
         v = getattr(args, key)
         if v is not None:
             out[key] = validate.integer(f"--{key}", v, low)
+    if args.scheme is not None:
+        out["scheme"] = args.scheme
     return out
 
 

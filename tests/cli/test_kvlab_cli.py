@@ -107,6 +107,8 @@ BAD = [
     ["--prompt", "x", "--policy", "int4", "--budget", "8"],
     ["--prompt", "x", "--policy", "int4", "--group", "3"],
     ["--prompt", "x", "--policy", "h2o", "--budget", "two"],
+    ["--prompt", "x", "--policy", "int8", "--scheme", "transformers"],
+    ["--prompt", "x", "--policy", "int4", "--scheme", "gptq"],
     ["--prompt", "x", "--policy", "streaming", "--budget", "3", "--sinks", "3"],
     ["--policy", "h2o"],
     ["--prompt", "x", "--policy", "h2o", "--out", "fig.txt"],

@@ -114,7 +114,8 @@ def test_custom_scorer_sees_keys_and_probs_and_drives_eviction(tiny_lm):
 
 
 @pytest.mark.parametrize("name,opts", [("h2o", {"budget": 6}), ("tova", {"budget": 5}),
-                                       ("int2", {"group": 4, "residual": 3}), ("fp8-e4m3", {"residual": 1})])  # fmt: skip
+                                       ("int2", {"group": 4, "residual": 3}), ("fp8-e4m3", {"residual": 1}),
+                                       ("int4", {"group": 4, "residual": 2, "scheme": "transformers"})])  # fmt: skip
 def test_records_are_what_the_policy_attention_read(name, opts, tiny_lm):
     """The newest row, derived from the run's records by the shared reader, times the recorded
     values, reproduces the recorded head output; evicted entries get exactly 0."""
@@ -217,6 +218,10 @@ BAD = [
     (lambda: make("h2o", 8, layer_budgets={7: 4}), "layers"),
     (lambda: make("h2o", 8, layer_budgets={0: [1, 2, 3]}), "KV heads"),
     (lambda: make("custom", 8), "scoring function"),
+    (lambda: make("int4", scheme="hqq"), "unknown quantization scheme"),
+    (lambda: make("int8", scheme="transformers"), "int4 or int2"),
+    (lambda: make("int4", residual=0, scheme="transformers"), "at least 1"),
+    (lambda: make("int4", residual=-1), "residual must be"),
 ]
 
 

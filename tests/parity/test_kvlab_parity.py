@@ -188,3 +188,32 @@ def test_fp8_is_an_elementwise_cast_round_trip(name, tiny_lm):
         old = t - 2  # the last forward read t entries; its residual window held the newest 2
         torch.testing.assert_close(read[:, :old], full[:, :old].to(dt).to(full.dtype), rtol=0, atol=0)
         torch.testing.assert_close(read[:, old:], full[:, old:], rtol=0, atol=0)
+
+
+# transformers refuses a QuantizedCache on sliding-window models (Gemma 2); qwen2 has one KV head
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2"])
+@pytest.mark.parametrize("bits,group,residual", [(4, 4, 3), (2, 8, 5), (2, 4, 1)])
+def test_transformers_scheme_equals_transformers_quantized_cache_with_quanto(family, bits, group, residual, tiny_lm,
+                                                                             reference_model):  # fmt: skip
+    """transformers' own QuantizedCache (quanto backend), not a copy of it: same tokens, same logits."""
+    pytest.importorskip("optimum.quanto")
+    lm = tiny_lm(family)
+    lab = KVLab(lm, PROMPT, make(f"int{bits}", group=group, residual=residual, scheme="transformers"), free_running=True)
+    lab.run_steps(12)
+    ids = torch.tensor([lab.run.prompt_ids])
+    with torch.no_grad():
+        g = reference_model(family, "eager").generate(
+            ids, do_sample=False, max_new_tokens=12, output_logits=True, return_dict_in_generate=True,
+            cache_implementation="quantized", pad_token_id=lm.eos_token_ids[0],
+            cache_config={"backend": "quanto", "nbits": bits, "q_group_size": group, "residual_length": residual,
+                          "axis_key": 0, "axis_value": 0})  # fmt: skip
+    n = len(lab.run.steps_done)
+    assert lab.run.tokens == g.sequences[0].tolist()[: len(lab.run.tokens)]
+    for st, logits in zip(lab.run.steps_done, g.logits[:n]):
+        np.testing.assert_allclose(st.logits.numpy(), logits[0].numpy(), atol=2e-5, rtol=0)
+    worst = max(float((a.logits - b.logits).abs().max()) for a, b in zip(lab.run.steps_done, lab.reference.steps_done))
+    assert worst > 1e-4  # the quantization matters at this setting
+    # and the KIVI scheme is a different cache: its logits differ from transformers'
+    kivi = KVLab(lm, PROMPT, make(f"int{bits}", group=group, residual=residual), free_running=True)
+    kivi.run_steps(4)
+    assert max(float((a.logits - b[0]).abs().max()) for a, b in zip(kivi.run.steps_done, g.logits)) > 1e-5

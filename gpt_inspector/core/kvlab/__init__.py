@@ -6,7 +6,8 @@ frontier.
 """
 
 from .lab import KVLab, LabStep, PrivacyResult, kl_divergence
-from .policies import EVICTION, NAMES, QUANT, Eviction, Policy, Quantization, make, quantize_groups
+from .policies import EVICTION, NAMES, QUANT, Eviction, Policy, make
+from .quant import SCHEMES, Quantization, quantize_groups
 
-__all__ = ["EVICTION", "NAMES", "QUANT", "Eviction", "KVLab", "LabStep", "Policy", "PrivacyResult", "Quantization",
+__all__ = ["EVICTION", "NAMES", "QUANT", "SCHEMES", "Eviction", "KVLab", "LabStep", "Policy", "PrivacyResult", "Quantization",
            "kl_divergence", "make", "quantize_groups"]  # fmt: skip

@@ -102,7 +102,7 @@ class KVLab:
                  seed: int = 0, reference: Session | None = None):  # fmt: skip
         if not isinstance(policy, Policy):
             raise InspectorError(f"policy must come from kvlab.make(...) (or be a Policy), got {policy!r}")
-        kw = dict(temperature=temperature, top_k=top_k, top_p=top_p, seed=seed, prompt_ids=prompt_ids)
+        kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "prompt_ids": prompt_ids}
         self.lm = lm
         self.policy = policy
         policy.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length,

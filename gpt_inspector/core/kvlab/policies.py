@@ -285,7 +285,7 @@ class Eviction(Policy):
         g = self.n_heads // self.n_kv_heads
         try:
             out = self.scorer(layer, k[0, ::g].detach().clone(), p.detach().clone())
-        except Exception as e:
+        except Exception as e:  # noqa: BLE001  (user code may raise anything; it becomes one clear message)
             raise InspectorError(f"the scoring function raised {type(e).__name__}: {e}") from None
         if not isinstance(out, torch.Tensor):
             out = torch.as_tensor(np.asarray(out))
@@ -318,142 +318,23 @@ class Eviction(Policy):
         ev[held & ~keep & over[:, None]] = tk  # masked from the next query position on
 
 
-# ---------------------------------------------------------------------- quantization
-
-
-def quantize_groups(x: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
-    """Asymmetric min-max fake quantization of ``x`` with one scale and zero per slice along ``dim``.
-
-    x is float; returns the dequantized values in float32: round((x - min) / s) * s + min with
-    s = (max - min) / (2^bits - 1).
-    """
-    x = x.float()
-    lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
-    levels = 2**bits - 1
-    scale = (hi - lo) / levels
-    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
-    q = torch.clamp(torch.round((x - lo) / scale), 0, levels)
-    return q * scale + lo
-
-
-class Quantization(Policy):
-    """KIVI-style int quantization (``int8``/``int4``/``int2``) or an fp8 cast, with a residual window."""
-
-    kind = "quantization"
-
-    def __init__(self, name: str, *, group: int | None = None, residual: int = 16):
-        if name not in QUANT:
-            raise InspectorError(f"unknown quantization {name!r}; use one of {', '.join(QUANT)}")
-        self.name, self.group, self.residual = name, group, residual
-        self.bits = {"int8": 8, "int4": 4, "int2": 2}.get(name, 8)
-        self.fp8 = {"fp8-e4m3": torch.float8_e4m3fn, "fp8-e5m2": torch.float8_e5m2}.get(name)
-
-    def describe(self) -> str:
-        extra = "" if self.fp8 is not None else f" group {self.group}"
-        return f"{self.name}{extra} residual {self.residual}"
-
-    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize) -> None:
-        if self.group is None:
-            self.group = min(32, head_dim)  # KIVI's default, or one group per head on small heads
-        for what, v in (("group", self.group), ("residual", self.residual)):
-            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if what == "group" else 0):
-                raise InspectorError(f"{what} must be a whole number >= {1 if what == 'group' else 0}, got {v!r}")
-        if self.fp8 is None and head_dim % self.group:
-            raise InspectorError(f"group {self.group} does not divide the head size {head_dim} (values are grouped along it)")
-        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize)
-
-    def boundaries(self, length: int) -> tuple[int, int]:
-        """(keys, values) quantized at the front of a cache of ``length`` entries."""
-        old = max(0, length - self.residual)
-        if self.fp8 is not None:
-            return old, old
-        return old // self.group * self.group, old  # keys wait for a whole group of tokens
-
-    def reset(self) -> None:
-        self.deq_k = [None] * self.n_layers  # per layer (B, Hkv, Qk, d): dequantized once, fixed after
-        self.deq_v = [None] * self.n_layers
-        self.written = [(0, 0)] * self.n_layers  # rows of the recorder's K and V already holding dequantized values
-        self.quantized = [(0, 0)] * self.n_layers  # boundaries the last forward used
-
-    def snapshot(self):
-        return list(self.deq_k), list(self.deq_v), list(self.written), list(self.quantized)
-
-    def restore(self, snap) -> None:
-        self.deq_k, self.deq_v, self.written, self.quantized = (list(x) for x in snap)
-
-    def _deq_keys(self, k: torch.Tensor) -> torch.Tensor:
-        if self.fp8 is not None:
-            return k.to(self.fp8).to(k.dtype)
-        b, h, n, d = k.shape  # n is a whole number of groups
-        g = k.reshape(b, h, n // self.group, self.group, d)  # tokens grouped, per channel
-        return quantize_groups(g, self.bits, 3).reshape(b, h, n, d).to(k.dtype)
-
-    def _deq_values(self, v: torch.Tensor) -> torch.Tensor:
-        if self.fp8 is not None:
-            return v.to(self.fp8).to(v.dtype)
-        b, h, n, d = v.shape
-        g = v.reshape(b, h, n, d // self.group, self.group)  # channels grouped, per token
-        return quantize_groups(g, self.bits, 4).reshape(b, h, n, d).to(v.dtype)
-
-    @staticmethod
-    def _extend(cached, full: torch.Tensor, upto: int, fn) -> torch.Tensor:
-        if cached is not None and cached.shape[0] != full.shape[0]:
-            cached = None  # another batch: start over
-        have = 0 if cached is None else cached.shape[2]
-        if have > upto:  # a shorter cache than last time (rolled back): keep what still applies
-            cached, have = cached[:, :, :upto], upto
-        if upto > have:
-            new = fn(full[:, :, have:upto])
-            cached = new if cached is None or have == 0 else torch.cat([cached, new], 2)
-        return full[:, :, :0] if cached is None else cached
-
-    def attend(self, layer, key, value, q0, n_heads):
-        tk = key.shape[2]
-        if q0 == 0:
-            self.quantized[layer] = (0, 0)
-            return key, value, None  # the prompt's own forward attends in full precision
-        qk, qv = self.boundaries(tk)
-        dk = self.deq_k[layer] = self._extend(self.deq_k[layer], key, qk, self._deq_keys)
-        dv = self.deq_v[layer] = self._extend(self.deq_v[layer], value, qv, self._deq_values)
-        key = torch.cat([dk, key[:, :, qk:]], 2)  # (B, Hkv, Tk, d)
-        value = torch.cat([dv, value[:, :, qv:]], 2)
-        self.quantized[layer] = (qk, qv)
-        rec = self.recorder
-        if rec is not None and rec.mirror_kv:
-            # capture records rows q0.. of what attention read; older rows that were quantized since
-            # are rewritten here, so the records always hold the cache as the last forward read it
-            done = list(self.written[layer])
-            for i, (buf, x, upto) in enumerate(((rec.k[layer], key, qk), (rec.v[layer], value, qv))):
-                lo, hi = done[i], min(upto, q0)
-                if hi > lo:
-                    buf.write(x[:, :, lo:hi].detach(), lo)
-                    done[i] = hi
-            self.written[layer] = tuple(done)
-        return key, value, None
-
-    def cache_bytes(self, layer, length):
-        qk, qv = self.boundaries(length)
-        hd, item = self.n_kv_heads * self.head_dim, self.itemsize
-        full = (length - qk + length - qv) * hd * item
-        if self.fp8 is not None:
-            return full + (qk + qv) * hd
-        packed = math.ceil((qk + qv) * hd * self.bits / 8)
-        groups = (qk // self.group) * hd + qv * (hd // self.group)  # one scale and one zero each
-        return full + packed + 2 * groups * item
-
-
 def make(name: str, budget: int | None = None, **options) -> Policy:
     """A policy by name: an eviction policy with ``budget`` entries per KV head, or a quantization.
 
     Options: eviction ``sinks``, ``recent``, ``layer_budgets``, ``window`` and ``kernel`` (SnapKV),
-    ``scorer`` (custom); quantization ``group`` and ``residual``.
+    ``scorer`` (custom); quantization ``group``, ``residual`` and ``scheme`` (kivi or transformers).
     """
     if not isinstance(name, str):
         raise InspectorError(f"policy must be a name, got {name!r}")
     if name in QUANT:
+        from .quant import SCHEMES, Quantization, TransformersQuantization
+
         if budget is not None:
             raise InspectorError(f"{name} is a quantization; it takes no budget (its knobs are group and residual)")
-        return Quantization(name, **options)
+        scheme = options.pop("scheme", "kivi")
+        if scheme not in SCHEMES:
+            raise InspectorError(f"unknown quantization scheme {scheme!r}; use {' or '.join(SCHEMES)}")
+        return (TransformersQuantization if scheme == "transformers" else Quantization)(name, **options)
     if name in EVICTION:
         return Eviction(name, budget, **options)
     raise InspectorError(f"unknown policy {name!r}; use one of {', '.join(NAMES)} (or custom with a scorer)")
