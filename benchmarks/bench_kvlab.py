@@ -26,7 +26,7 @@ import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from bench_step import build  # noqa: E402  (the same random GPT-2-small checkpoint)
+from bench_step import build
 
 
 def per_token(step, n: int) -> float:
@@ -45,10 +45,11 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=256)
     args = ap.parse_args()
 
+    from transformers import AutoModelForCausalLM
+
     import gpt_inspector as gi
     from gpt_inspector.core.capture import Recorder
     from gpt_inspector.core.kvlab import KVLab, make
-    from transformers import AutoModelForCausalLM
 
     folder = build(Path(tempfile.mkdtemp()) / "gpt2-small-random")
     lm = gi.load_model(folder, device="cpu")
@@ -66,7 +67,7 @@ def main() -> None:
         times: dict[str, list[float]] = {}
         for _ in range(args.reps):
             x = torch.tensor([ids])
-            kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None)
+            kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
             with torch.inference_mode():
                 t0 = time.perf_counter()
                 hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)

@@ -115,16 +115,16 @@ def _policy_blocks(lab) -> dict[int, torch.Tensor]:
 
 
 CASES = [
-    ("gpt2", "streaming", dict(budget=10, sinks=2)),
-    ("gpt2", "h2o", dict(budget=9)),
-    ("gpt2", "tova", dict(budget=8)),
-    ("llama", "h2o", dict(budget=9, sinks=1)),
-    ("llama", "snapkv", dict(budget=9, window=3)),
-    ("llama", "keynorm", dict(budget=8)),
-    ("llama", "h2o", dict(budget=12, layer_budgets={1: [6, 10]})),  # per-layer and per-head budgets
-    ("gemma2", "streaming", dict(budget=7, sinks=1)),
-    ("gemma2", "h2o", dict(budget=8)),
-    ("gemma2", "tova", dict(budget=7)),
+    ("gpt2", "streaming", {"budget": 10, "sinks": 2}),
+    ("gpt2", "h2o", {"budget": 9}),
+    ("gpt2", "tova", {"budget": 8}),
+    ("llama", "h2o", {"budget": 9, "sinks": 1}),
+    ("llama", "snapkv", {"budget": 9, "window": 3}),
+    ("llama", "keynorm", {"budget": 8}),
+    ("llama", "h2o", {"budget": 12, "layer_budgets": {1: [6, 10]}}),  # per-layer and per-head budgets
+    ("gemma2", "streaming", {"budget": 7, "sinks": 1}),
+    ("gemma2", "h2o", {"budget": 8}),
+    ("gemma2", "tova", {"budget": 7}),
 ]
 
 
