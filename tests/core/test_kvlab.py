@@ -269,3 +269,35 @@ def test_a_failing_scorer_leaves_everything_as_it_was(scorer, words, tiny_lm):
 def test_a_policy_must_come_from_make(tiny_lm):
     with pytest.raises(InspectorError, match="kvlab.make"):
         KVLab(tiny_lm("gpt2"), PROMPT, "h2o")
+
+
+@pytest.mark.parametrize("name,opts", [("h2o", {"budget": 5}), ("int2", {"group": 4, "residual": 2})])
+def test_an_interrupt_anywhere_in_a_lab_step_leaves_the_lab_as_it_was(name, opts, tiny_lm, monkeypatch):
+    from gpt_inspector.core.kvlab import lab as lab_module
+
+    lm = tiny_lm("gpt2")
+    budget = opts.pop("budget", None)
+    lab = KVLab(lm, PROMPT, make(name, budget, **opts))
+    lab.run_steps(3)
+    real = lab_module.KVLab._measure
+    monkeypatch.setattr(lab_module.KVLab, "_measure", lambda self, *a: (_ for _ in ()).throw(KeyboardInterrupt))
+    with pytest.raises(KeyboardInterrupt):
+        lab.step()
+    assert len(lab.history) == lab.run.n_steps == lab.reference.n_steps == 3
+    assert lab.run.cache_length == lab.reference.cache_length
+    monkeypatch.setattr(lab_module.KVLab, "_measure", real)
+    again = lab.run_steps(3)
+    clean = KVLab(lm, PROMPT, make(name, budget, **opts))
+    want = clean.run_steps(6)[3:]
+    assert [s.kl for s in again] == [s.kl for s in want]
+    assert lab.run.tokens == clean.run.tokens
+    for layer in range(lm.n_layers):
+        assert torch.equal(lab.run.keys(layer), clean.run.keys(layer))
+
+
+def test_a_lab_run_is_not_saved_as_a_trace_that_would_forget_its_evictions(tiny_lm, tmp_path):
+    lab = KVLab(tiny_lm("gpt2"), PROMPT, make("h2o", 5))
+    lab.run_steps(3)
+    with pytest.raises(InspectorError, match="cannot be saved as a trace"):
+        lab.run.save_trace(tmp_path / "t.safetensors")
+    lab.reference.save_trace(tmp_path / "r.safetensors")

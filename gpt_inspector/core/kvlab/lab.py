@@ -28,7 +28,7 @@ import torch
 
 from ..capture import Recorder
 from ..errors import InspectorError, StepFailed
-from ..session import Session
+from ..session import Session, interrupts_deferred
 from .policies import Policy
 
 
@@ -142,7 +142,7 @@ class KVLab:
             raise InspectorError(f"the lab run has finished ({self.finished})")
         snap = self.policy.snapshot()
         i = len(self.history)
-        ref_steps = self.reference.n_steps
+        ref_steps, run_steps = self.reference.n_steps, self.run.n_steps
         try:
             ref = self.reference.steps_done[i] if ref_steps > i else self.reference.step()
             try:
@@ -152,16 +152,21 @@ class KVLab:
                 if isinstance(e.__cause__, InspectorError):
                     raise e.__cause__ from None
                 raise
+            own = got.token_id
+            if not self.free_running and own != ref.token_id:
+                self.run.force_token(ref.token_id)
+            st = self._measure(ref, got, own)
+            with interrupts_deferred():
+                self.history.append(st)
         except BaseException:
-            self.policy.restore(snap)
-            while self.reference.n_steps > ref_steps:
-                self.reference.step_back()
+            # all or nothing (Ctrl+C included): both runs and the policy go back to the last lab step
+            with interrupts_deferred():
+                while self.run.n_steps > run_steps:
+                    self.run.step_back()
+                self.policy.restore(snap)
+                while self.reference.n_steps > ref_steps:
+                    self.reference.step_back()
             raise
-        own = got.token_id
-        if not self.free_running and own != ref.token_id:
-            self.run.force_token(ref.token_id)
-        st = self._measure(ref, got, own)
-        self.history.append(st)
         return st
 
     def steps(self, n: int) -> Iterator[LabStep]:
