@@ -192,6 +192,9 @@ class RunSource:
         if t == 0:
             return 0
         layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
+        policy = getattr(getattr(self, "recorder", None), "kv_policy", None)
+        if policy is not None:  # a KV cache lab run: what the policy's cache would hold, not the simulation's
+            return sum(policy.cache_bytes(i, t) for i in layers)
         return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
 
 

@@ -60,6 +60,22 @@ def test_run_step_and_probe_show_the_labs_numbers(make_window, wait_idle, qtbot,
     # the shown session was never touched: still at its first state
     assert win.snapshot.n_steps == 0
     assert not no_dialogs and not win.errors
+    # Show policy run: the window now shows the policy run; the score matrix masks what it evicted
+    qtbot.mouseClick(panel.show_button, Qt.MouseButton.LeftButton)
+    wait_idle(win)
+    snap = win.snapshot
+    assert snap.n_steps == 7
+    win.select(layer=1, head=2)
+    snap = wait_idle(win)
+    t = len(snap.allowed)
+    gone = (ref.policy.evicted_at[1][2] <= t - 1).numpy()  # (T,) evicted before the newest query ran
+    assert gone.any() and not snap.allowed[t - 1][gone].any()
+    assert sum(snap.kv_bytes) == sum(ref.history[-1].bytes_policy)  # the policy's bytes, not the simulation's
+    # stepping it in the window ends the lab: Step says so instead of mixing runs
+    qtbot.keyClick(win, Qt.Key.Key_F10)
+    wait_idle(win)
+    qtbot.mouseClick(panel.step_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "outside the lab" in panel.status.text(), timeout=10000)
 
 
 def test_quantization_disables_the_budget_and_a_trace_is_refused(make_window, wait_idle, qtbot, tmp_path, no_dialogs):

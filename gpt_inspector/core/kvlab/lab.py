@@ -140,6 +140,8 @@ class KVLab:
     def step(self) -> LabStep:
         if self.finished:
             raise InspectorError(f"the lab run has finished ({self.finished})")
+        if self.run.n_steps != len(self.history) or self.reference.n_steps < len(self.history):
+            raise InspectorError("the lab's runs were stepped outside the lab (in the window?): start a fresh lab")
         snap = self.policy.snapshot()
         i = len(self.history)
         ref_steps, run_steps = self.reference.n_steps, self.run.n_steps

@@ -57,6 +57,7 @@ class KVLabPanel(QWidget):
     run_requested = Signal()
     step_requested = Signal()
     probe_requested = Signal()
+    show_requested = Signal()
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -87,6 +88,11 @@ class KVLabPanel(QWidget):
         self.probe_button.setToolTip("Run the cache probe on layer 0 of the policy's cache: prompt tokens recovered")
         self.probe_button.clicked.connect(self.probe_requested)
         self.probe_button.setEnabled(False)
+        self.show_button = QPushButton("Show policy run")
+        self.show_button.setToolTip("Show the policy run in the window: evicted entries are masked columns in the "
+                                    "score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
+        self.show_button.clicked.connect(self.show_requested)
+        self.show_button.setEnabled(False)
         self.policy.currentTextChanged.connect(lambda name: self.budget.setEnabled(name not in QUANT))
         self.status = QLabel("pick a policy and a budget, then Run: the lab steps it beside the full cache")
         self.status.setWordWrap(True)
@@ -114,7 +120,7 @@ class KVLabPanel(QWidget):
 
         top = QHBoxLayout()
         for w in (QLabel("policy"), self.policy, QLabel("budget"), self.budget, QLabel("steps"), self.steps,
-                  self.free, self.run_button, self.step_button, self.probe_button):  # fmt: skip
+                  self.free, self.run_button, self.step_button, self.probe_button, self.show_button):  # fmt: skip
             top.addWidget(w)
         top.addStretch(1)
         split = QSplitter(Qt.Horizontal)
@@ -133,7 +139,7 @@ class KVLabPanel(QWidget):
         return name, budget, self.steps.value(), self.free.isChecked()
 
     def set_busy(self, busy: bool, text: str = "") -> None:
-        for b in (self.run_button, self.step_button, self.probe_button):
+        for b in (self.run_button, self.step_button, self.probe_button, self.show_button):
             b.setEnabled(not busy and (b is self.run_button or self.view is not None))
         if busy:
             self.status.setText(text)
@@ -256,6 +262,15 @@ def create_panel(window) -> KVLabPanel:
 
         submit(job, panel.show_privacy, "probing the policy's cache for the prompt…")
 
+    def show() -> None:
+        lab = state["lab"]
+        if lab is None or state["busy"]:
+            return
+        # the worker owns the lab's sessions already; from here the window steps the policy run itself
+        window.show_source(lab.run)
+        panel.status.setText("the policy run is shown in the window; press Run for a fresh lab")
+
+    panel.show_requested.connect(show)
     panel.run_requested.connect(run)
     panel.step_requested.connect(step)
     panel.probe_requested.connect(probe)
