@@ -45,6 +45,7 @@ from .output import MIN_SCALE as MIN_SCALE  # isort: skip
 
 __all__ = [
     "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",
-    "check_format", "check_scale", "clean_label", "close", "frontier_figure", "grid_figure", "head_figure", "lab_figure", "lens_figure", "matrix_figure",
+    "check_format", "check_scale", "clean_label", "close", "frontier_figure", "grid_figure", "head_figure",
+    "lab_figure", "lens_figure", "matrix_figure",
     "pixel_size", "pool_max", "save", "scale_to_dpi", "to_bytes",
 ]  # fmt: skip
