@@ -150,7 +150,7 @@ def run(args) -> int:
         figures.close(fig)
     if args.json is not None:
         out = {"model": lm.name, **summary, "steps_detail": [s.to_json() for s in lab.history],
-               "privacy": None if privacy is None else privacy.to_json()}  # fmt: skip
+               "privacy": None if privacy is None else privacy.to_json(), **_final_rows(lab)}  # fmt: skip
         _write_json(out, args.json)
         return 0
     k = lab.first_divergence
@@ -165,6 +165,18 @@ def run(args) -> int:
         print(f"cache probe (layer 0): {privacy.recovered} of {privacy.prompt_tokens} prompt tokens recovered "
               f"({privacy.held} still held)")  # fmt: skip
     return 0
+
+
+def _final_rows(lab) -> dict:
+    """After the last step, per layer and KV head: the evicted positions, or each row's quantization
+    error (relative L2 of what attention read against the full-precision entry, keys and values)."""
+    if not lab.history:
+        return {}
+    n = lab.lm.n_layers
+    if lab.policy.kind == "quantization":
+        errs = [lab.row_error(i) for i in range(n)]
+        return {"row_error": [{"keys": k.round(6).tolist(), "values": v.round(6).tolist()} for k, v in errs]}
+    return {"evicted_rows": [[[int(p) for p in row.nonzero()[0]] for row in lab.evicted(i)] for i in range(n)]}
 
 
 def _write_json(obj, dest) -> None:

@@ -7,6 +7,7 @@ import json
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from gpt_inspector.cli import main
@@ -28,9 +29,23 @@ def test_one_run_json_matches_the_api(tiny_dir, capsys):
     assert [s["agree"] for s in d["steps_detail"]] == [s.agree for s in steps]
     assert d["first_divergence"] == lab.first_divergence and d["bytes_policy"] == sum(steps[-1].bytes_policy)
     assert d["privacy"]["prompt_tokens"] == lab.run.prompt_length and d["privacy"] == lab.probe().to_json()
+    assert d["evicted_rows"] == [[list(map(int, r.nonzero()[0])) for r in lab.evicted(i)] for i in range(lab.lm.n_layers)]
+    held = lab.run.cache_length - np.array([len(r) for r in d["evicted_rows"][1]])
+    assert (held <= 6).all()
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert text.count("step ") >= 5 and "mean KL" in text and "cache probe (layer 0)" in text
+
+
+def test_quantization_json_has_each_rows_error(tiny_dir, tmp_path, capsys):
+    out = tmp_path / "q.json"
+    argv = ["kv-lab", "--model", str(tiny_dir["gpt2"]), "--prompt", PROMPT, "--policy", "int2", "--group", "4",
+            "--residual", "2", "--steps", "3", "--json", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    d = json.loads(out.read_text(encoding="utf-8"))
+    k = np.array(d["row_error"][0]["keys"])  # (Hkv, T)
+    assert k.shape[1] == d["steps_detail"][-1]["position"] + 1
+    assert (k[:, -2:] == 0).all() and (k[:, :4] > 0).all()
 
 
 def test_free_running_says_where_the_texts_part(tiny_dir, capsys):
