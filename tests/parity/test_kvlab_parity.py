@@ -217,3 +217,25 @@ def test_transformers_scheme_equals_transformers_quantized_cache_with_quanto(fam
     kivi = KVLab(lm, PROMPT, make(f"int{bits}", group=group, residual=residual), free_running=True)
     kivi.run_steps(4)
     assert max(float((a.logits - b[0]).abs().max()) for a, b in zip(kivi.run.steps_done, g.logits)) > 1e-5
+
+
+def test_snapkv_keeps_the_top_pooled_votes_of_hf_eager_attention(tiny_lm, reference_model):
+    """SnapKV's choice from HF's own attention probabilities (output_attentions), written out."""
+    import torch.nn.functional as F
+
+    lm = tiny_lm("llama")
+    budget, window = 9, 3
+    lab = KVLab(lm, PROMPT, make("snapkv", budget, window=window))
+    lab.step()
+    p = lab.run.prompt_length
+    with torch.no_grad():
+        att = reference_model("llama", "eager")(torch.tensor([lab.run.prompt_ids]), output_attentions=True).attentions
+    group = lm.n_heads // lm.n_kv_heads
+    for layer in range(lm.n_layers):
+        votes = att[layer][0, :, p - window :, : p - window].double().sum(1)  # (H, P - w)
+        votes = votes.reshape(lm.n_kv_heads, group, -1).sum(1)  # (Hkv, P - w)
+        pooled = F.avg_pool1d(votes[:, None], 5, stride=1, padding=2, count_include_pad=False)[:, 0]
+        for g in range(lm.n_kv_heads):
+            top = set(torch.topk(pooled[g], budget - window).indices.tolist()) | set(range(p - window, p))
+            kept = set((~torch.as_tensor(lab.evicted(layer)[g])).nonzero()[:, 0].tolist())
+            assert kept == top, (layer, g)

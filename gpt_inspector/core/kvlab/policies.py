@@ -272,8 +272,13 @@ class Eviction(Policy):
             return self._group_sum(p[:, -1]).double()  # the newest query's attention, (Hkv, Tk)
         if name == "snapkv":
             s = self._group_sum(p.sum(1)).double()  # (Hkv, Tk) observation-window votes
+            n = max(0, tk - p.shape[1])  # the prefix before the window (the window itself is kept)
             kern = max(1, self.kernel)
-            return F.avg_pool1d(s[:, None], kern, stride=1, padding=kern // 2, count_include_pad=False)[:, 0, :tk]
+            pooled = torch.zeros_like(s)
+            if n:  # pooled over the prefix only, as SnapKV does, so the window's own votes do not bleed in
+                pooled[:, :n] = F.avg_pool1d(s[:, None, :n], kern, stride=1, padding=kern // 2,
+                                             count_include_pad=False)[:, 0, :n]  # fmt: skip
+            return pooled
         if name == "keynorm":
             g = self.n_heads // self.n_kv_heads
             return -k[0, ::g].double().norm(dim=-1)  # low key norm = kept, (Hkv, Tk)
