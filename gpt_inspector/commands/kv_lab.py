@@ -32,6 +32,8 @@ def add_arguments(p):
     g = p.add_argument_group("policy options")
     g.add_argument("--sinks", type=int, default=None, help="eviction: first entries always kept (streaming default 4)")
     g.add_argument("--recent", type=int, default=None, help="eviction: newest entries always kept (default per policy)")
+    g.add_argument("--layer-budget", action="append", default=[], metavar="L=N[,N...]",
+                   help="eviction: layer L keeps N entries per KV head (or one N per KV head); repeatable")
     g.add_argument("--window", type=int, default=None, help="snapkv: observation window at the prompt's end (default 8)")
     g.add_argument("--group", type=int, default=None, help="int quantization: group size (default min(32, head size))")
     g.add_argument("--scheme", default=None, choices=("kivi", "transformers"),
@@ -94,7 +96,22 @@ def _options(args) -> dict:
             out[key] = validate.integer(f"--{key}", v, low)
     if args.scheme is not None:
         out["scheme"] = args.scheme
+    if getattr(args, "layer_budget", None):
+        out["layer_budgets"] = dict(_layer_budget(text) for text in args.layer_budget)
     return out
+
+
+def _layer_budget(text: str) -> tuple[int, int | list[int]]:
+    from ..core.errors import InspectorError
+
+    layer, sep, rest = str(text).partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        per = [int(x) for x in rest.split(",")]
+        return int(layer), per[0] if len(per) == 1 else per
+    except ValueError:
+        raise InspectorError(f"--layer-budget takes L=N or L=N,N,... (one per KV head), got {text!r}") from None
 
 
 def _check_out(path):

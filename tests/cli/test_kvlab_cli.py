@@ -37,6 +37,15 @@ def test_one_run_json_matches_the_api(tiny_dir, capsys):
     assert text.count("step ") >= 5 and "mean KL" in text and "cache probe (layer 0)" in text
 
 
+def test_per_layer_and_per_head_budgets_from_the_cli(tiny_dir, capsys):
+    argv = ["kv-lab", "--model", str(tiny_dir["llama"]), "--prompt", PROMPT, "--policy", "tova", "--budget", "8",
+            "--layer-budget", "0=3,6", "--steps", "3", "--json"]  # fmt: skip
+    assert main(argv) == 0
+    d = json.loads(capsys.readouterr().out)
+    t = d["steps_detail"][-1]["position"] + 1
+    assert [t - len(r) for r in d["evicted_rows"][0]] == [3, 6] and [t - len(r) for r in d["evicted_rows"][1]] == [8, 8]
+
+
 def test_quantization_json_has_each_rows_error(tiny_dir, tmp_path, capsys):
     out = tmp_path / "q.json"
     argv = ["kv-lab", "--model", str(tiny_dir["gpt2"]), "--prompt", PROMPT, "--policy", "int2", "--group", "4",
@@ -123,6 +132,9 @@ BAD = [
     ["--prompt", "x", "--policy", "int4", "--group", "3"],
     ["--prompt", "x", "--policy", "h2o", "--budget", "two"],
     ["--prompt", "x", "--policy", "int8", "--scheme", "transformers"],
+    ["--prompt", "x", "--policy", "h2o", "--budget", "8", "--layer-budget", "1:4"],
+    ["--prompt", "x", "--policy", "h2o", "--budget", "8", "--layer-budget", "9=4"],
+    ["--prompt", "x", "--policy", "h2o", "--budget", "8", "--layer-budget", "1=4,4,4,4,4"],
     ["--prompt", "x", "--policy", "int4", "--scheme", "gptq"],
     ["--prompt", "x", "--policy", "streaming", "--budget", "3", "--sinks", "3"],
     ["--policy", "h2o"],

@@ -132,5 +132,5 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
 def build_policy(name: str, budget: int | None, options: dict | None = None):
     """``make(name, budget, ...)`` with the options that policy takes (the rest are ignored)."""
     options = options or {}
-    keys = ("group", "residual", "scheme") if name in QUANT else ("sinks", "recent", "window", "kernel")
+    keys = ("group", "residual", "scheme") if name in QUANT else ("sinks", "recent", "window", "kernel", "layer_budgets")
     return make(name, budget, **{k: v for k, v in options.items() if k in keys and v is not None})
