@@ -301,3 +301,25 @@ def test_a_lab_run_is_not_saved_as_a_trace_that_would_forget_its_evictions(tiny_
     with pytest.raises(InspectorError, match="cannot be saved as a trace"):
         lab.run.save_trace(tmp_path / "t.safetensors")
     lab.reference.save_trace(tmp_path / "r.safetensors")
+
+
+@pytest.mark.parametrize("excess", [1, 3])
+def test_eviction_keeps_protected_entries_and_the_best_scores_ties_to_the_older(excess):
+    """The eviction rule on its own, against the rule written out (both the one-over fast path and the ranking)."""
+    from gpt_inspector.core.kvlab import Eviction
+
+    g = torch.Generator().manual_seed(excess)
+    pol = Eviction("h2o", 10, sinks=2, recent=3)
+    pol.bind(1, 4, 2, 8, 64, 4)
+    tk = 10 + excess
+    pol.evicted_at[0] = torch.full((2, tk), NEVER)
+    score = torch.randint(0, 4, (2, tk), generator=g).double()  # few distinct values: many ties
+    pol._evict(0, score, torch.tensor([10, 10]), tk)
+    for h in range(2):
+        protect = set(range(2)) | set(range(tk - 3, tk))
+        cand = [j for j in range(tk) if j not in protect]
+        ranked = sorted(cand, key=lambda j: (-float(score[h, j]), j))  # best first, older first among equals
+        keep = protect | set(ranked[: 10 - len(protect)])
+        got = {j for j in range(tk) if pol.evicted_at[0][h, j] == NEVER}
+        assert got == keep
+        assert all(int(pol.evicted_at[0][h, j]) == tk for j in range(tk) if j not in keep)

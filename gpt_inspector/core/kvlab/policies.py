@@ -315,6 +315,14 @@ class Eviction(Policy):
         protect &= held
         room = budget - protect.sum(1)  # (Hkv,)
         cand = held & ~protect
+        if int((held.sum(1) - budget).max()) == 1:
+            # the steady state, one entry over: drop each such head's lowest score (the newest among equals,
+            # as the ranking below would)
+            s = score.masked_fill(~cand, math.inf).flip(1)  # (Hkv, Tk), newest first
+            j = tk - 1 - s.argmin(1)  # (Hkv,)
+            g = over.nonzero()[:, 0]
+            ev[g, j[g]] = tk
+            return
         s = score.masked_fill(~cand, -math.inf)  # (Hkv, Tk)
         # rank of each entry by score, best first; ties go to the older entry (stable), so runs reproduce
         order = torch.sort(-s, dim=1, stable=True).indices  # (Hkv, Tk)

@@ -83,16 +83,18 @@ class Quantization(Policy):
         return old // self.group * self.group, old  # keys wait for a whole group of tokens
 
     def reset(self) -> None:
-        self.deq_k = [None] * self.n_layers  # per layer (B, Hkv, Qk, d): dequantized once, fixed after
-        self.deq_v = [None] * self.n_layers
+        # per layer [K, V] (B, Hkv, capacity, d): what attention reads; rows below ``done`` hold final
+        # dequantized values (an entry is quantized once, from its full-precision value), the rest
+        # are refreshed from the model's full-precision cache at every forward
+        self.read: list[list[torch.Tensor] | None] = [None] * self.n_layers
+        self.done = [(0, 0)] * self.n_layers  # (keys, values) rows already dequantized in ``read``
         self.written = [(0, 0)] * self.n_layers  # rows of the recorder's K and V already holding dequantized values
-        self.quantized = [(0, 0)] * self.n_layers  # boundaries the last forward used
 
     def snapshot(self):
-        return list(self.deq_k), list(self.deq_v), list(self.written), list(self.quantized)
+        return list(self.done), list(self.written)  # rows below ``done`` never change again
 
     def restore(self, snap) -> None:
-        self.deq_k, self.deq_v, self.written, self.quantized = (list(x) for x in snap)
+        self.done, self.written = (list(x) for x in snap)
 
     def _deq_keys(self, k: torch.Tensor) -> torch.Tensor:
         if self.fp8 is not None:
@@ -108,29 +110,37 @@ class Quantization(Policy):
         g = v.reshape(b, h, n, d // self.group, self.group)  # channels grouped, per token
         return quantize_groups(g, self.bits, 4).reshape(b, h, n, d).to(v.dtype)
 
-    @staticmethod
-    def _extend(cached, full: torch.Tensor, upto: int, fn) -> torch.Tensor:
-        if cached is not None and cached.shape[0] != full.shape[0]:
-            cached = None  # another batch: start over
-        have = 0 if cached is None else cached.shape[2]
-        if have > upto:  # a shorter cache than last time (rolled back): keep what still applies
-            cached, have = cached[:, :, :upto], upto
-        if upto > have:
-            new = fn(full[:, :, have:upto])
-            cached = new if cached is None or have == 0 else torch.cat([cached, new], 2)
-        return full[:, :, :0] if cached is None else cached
+    def _buffers(self, layer: int, key: torch.Tensor) -> list[torch.Tensor]:
+        bufs = self.read[layer]
+        b, h, tk, d = key.shape
+        if bufs is not None and (bufs[0].shape[0] != b or bufs[0].dtype != key.dtype or bufs[0].device != key.device):
+            bufs, self.done[layer] = None, (0, 0)  # another batch or dtype: start over
+        if bufs is None or bufs[0].shape[2] < tk:
+            cap = max(tk, 0 if bufs is None else 2 * bufs[0].shape[2]) + 64
+            new = [torch.empty((b, h, cap, d), dtype=key.dtype, device=key.device) for _ in range(2)]
+            if bufs is not None:
+                n = bufs[0].shape[2]
+                new[0][:, :, :n], new[1][:, :, :n] = bufs[0], bufs[1]
+            self.read[layer] = bufs = new
+        return bufs
 
     def attend(self, layer, key, value, q0, n_heads):
         tk = key.shape[2]
         if q0 == 0:
-            self.quantized[layer] = (0, 0)
+            self.done[layer] = (0, 0)
             return key, value, None  # the prompt's own forward attends in full precision
         qk, qv = self.boundaries(tk)
-        dk = self.deq_k[layer] = self._extend(self.deq_k[layer], key, qk, self._deq_keys)
-        dv = self.deq_v[layer] = self._extend(self.deq_v[layer], value, qv, self._deq_values)
-        key = torch.cat([dk, key[:, :, qk:]], 2)  # (B, Hkv, Tk, d)
-        value = torch.cat([dv, value[:, :, qv:]], 2)
-        self.quantized[layer] = (qk, qv)
+        kb, vb = self._buffers(layer, key)
+        dk, dv = (min(a, b) for a, b in zip(self.done[layer], (qk, qv)))  # fewer after a rollback
+        # only the rows that can still change are touched: the full-precision tail and new quantizations
+        kb[:, :, dk:tk].copy_(key[:, :, dk:tk])
+        vb[:, :, dv:tk].copy_(value[:, :, dv:tk])
+        if qk > dk:
+            kb[:, :, dk:qk] = self._deq_keys(key[:, :, dk:qk])
+        if qv > dv:
+            vb[:, :, dv:qv] = self._deq_values(value[:, :, dv:qv])
+        self.done[layer] = (qk, qv)
+        key, value = kb[:, :, :tk], vb[:, :, :tk]  # (B, Hkv, Tk, d)
         rec = self.recorder
         if rec is not None and rec.mirror_kv:
             # capture records rows q0.. of what attention read; older rows that were quantized since
