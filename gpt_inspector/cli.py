@@ -8,10 +8,10 @@ from __future__ import annotations
 import argparse
 import sys
 
-from .commands import compare, export, lens, math_check, probe_cache, trace
+from .commands import compare, export, kv_lab, lens, math_check, probe_cache, trace
 
 # sub-commands in help order; each module imports the engine only when its command runs
-COMMANDS = (trace, compare, export, probe_cache, math_check, lens)
+COMMANDS = (trace, compare, export, probe_cache, math_check, lens, kv_lab)
 
 
 class _Parser(argparse.ArgumentParser):

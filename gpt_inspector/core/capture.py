@@ -240,6 +240,8 @@ class Recorder:
         self.edits = _CompiledEdits()
         # layer -> [(head, None to zero it | (H_src, T_src, d) outputs to patch in from another run)]
         self.head_edits: dict[int, list[tuple[int, torch.Tensor | None]]] = {}
+        # a KV cache policy under study (core.kvlab), or None: see inspector_attention for its two calls
+        self.kv_policy = None
         self._checked_masks: dict[int, tuple[bool, torch.Tensor]] = {}
 
     # -- bookkeeping used by the session -------------------------------------------------------
@@ -518,26 +520,43 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     tk = key.shape[2]  # key, value: (B, Hkv, Tk, d)
     if scaling is None:
         scaling = d**-0.5
+    rec = _ACTIVE.get()
+    layer = getattr(module, "layer_idx", None)
+    policy = rec.kv_policy if rec is not None and layer is not None else None
+    policy_block = None
+    if policy is not None:
+        # the policy's cache as attention reads it (dequantized K/V) and the entries it no longer
+        # holds, masked for these queries: (B, Hkv, Tk, d) twice and (H, Tq, Tk) bool or None
+        key, value, policy_block = policy.attend(layer, key, value, tk - tq, n_heads)
     mask = None if attention_mask is None else attention_mask[:, :, :, :tk]  # (B, 1 or H, Tq, Tk) additive
     key_bias = module.__dict__.pop(KEY_BIAS_ATTR, None)  # (B, Hkv, Tk): already inside the mask
     if key_bias is not None:
         score_bias = AppliedBias("key", rows=eq.expand_kv(key_bias[:, :, None], n_heads)[:, :, 0], batch=b)
-    rec = _ACTIVE.get()
-    layer = getattr(module, "layer_idx", None)
     sinks = kwargs.get("s_aux")  # (H,) one sink logit per head, or None
     written_out = softcap is not None or sinks is not None or score_bias is not None
+    dense = written_out  # one (B, H, Tq, Tk) mask with every block in it
     edited = None  # the sdpa path: (offsets (n,), blocked (H, n, Tk)) of the rows our edits touch
     if rec is not None and layer is not None:
-        if written_out:  # the scores are in hand anyway: one dense block
+        # the scores in hand, or a KV policy's evictions (which it also reads back): one dense block.
+        # A policy that holds everything takes the fast path, so it equals the plain run exactly
+        if written_out or policy is not None:
             block = rec.edits.block_for(layer, n_heads, tk - tq, tq, tk)  # (H, Tq, Tk) or None
+            if policy_block is not None:
+                block = policy_block if block is None else block | policy_block
             if block is not None:
+                dense = True
                 base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
                 mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
         else:
             edited = rec.edits.rows_for(layer, n_heads, tk - tq, tq, tk)
-    if mask is None and tq > 1 and (tq != tk or written_out):  # a model that left causality to us
+    if mask is None and tq > 1 and (tq != tk or dense):  # a model that left causality to us
         mask = _causal_additive(tq, tk, query.dtype, query.device)  # (1, 1, Tq, Tk)
-    if not written_out:
+    if dense and not written_out:
+        k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
+        v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)
+        out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)  # (B, H, Tq, d)
+        probs = None
+    elif not written_out:
         # None with tq == tk: plain causal, which sdpa's is_causal computes without a T x T mask;
         # enable_gqa reads each KV head for its query-head group in place (no repeat of K/V)
         gqa = key.shape[1] != n_heads
@@ -582,6 +601,12 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         else:
             probs = _softmax_with_sink(scores, sinks).to(value.dtype)  # (B, H, Tq, Tk)
         out = torch.matmul(probs, v)  # (B, H, Tq, d)
+    if policy is not None:
+        # the policy scores and evicts from what this forward attended (probs: None where sdpa ran),
+        # read with keys per query head and the causal mask that is_causal stood for
+        k_seen = k if k.shape[1] == n_heads else eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
+        m_seen = mask if mask is not None or tq == 1 else _causal_additive(tq, tk, query.dtype, query.device)
+        policy.observe(layer, query, k_seen, m_seen, scaling, softcap, probs)
     if rec is not None and layer is not None:
         if layer in rec.head_edits:
             out = _edit_heads(out, rec.head_edits[layer], tk - tq)

@@ -198,7 +198,14 @@ class RunSource:
         t = self.require_positions()
         if not 0 <= p0 <= p1 <= t:
             raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
-        return allowed_rows(self._mask_rows(layer), t, p0, p1, self._edits, layer, None, self.n_heads)
+        allowed = allowed_rows(self._mask_rows(layer), t, p0, p1, self._edits, layer, None, self.n_heads)
+        evicted = self._kv_evicted(layer, p0, p1, t)  # (H, n, T) or None
+        return allowed if evicted is None else allowed & ~evicted
+
+    def _kv_evicted(self, layer: int, p0: int, p1: int, t: int) -> torch.Tensor | None:
+        """(H, p1 - p0, T) bool: entries a KV cache policy (core.kvlab) had evicted when those rows ran."""
+        policy = getattr(getattr(self, "recorder", None), "kv_policy", None)
+        return None if policy is None else policy.evicted_rows(layer, p0, p1, t, self.n_heads)
 
     # ------------------------------------------------------------------ derived, one equation
     def attention_rows(self, layer: int, p0: int, p1: int, kind: str = "probs", heads=None) -> torch.Tensor:
@@ -231,7 +238,9 @@ class RunSource:
         """(T, T) bool: keys each query could attend to (the model's own mask and the edits in force)."""
         layer, head = self.check_layer(layer), self.check_head(head)
         t = self.require_positions()
-        return allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head, self.n_heads).numpy()
+        allowed = allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head, self.n_heads)  # (T, T)
+        evicted = self._kv_evicted(layer, 0, t, t)  # (H, T, T) or None: only while a cache policy is attached
+        return (allowed if evicted is None else allowed & ~evicted[head]).numpy()
 
     def qkv(self, layer: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
         """q (H, T, d), k (H_kv, T, d), v (H_kv, T, d) as owned float32 numpy arrays."""
@@ -247,6 +256,9 @@ class RunSource:
         if t == 0:
             return 0
         layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
+        policy = getattr(getattr(self, "recorder", None), "kv_policy", None)
+        if policy is not None:  # a KV cache lab run: what the policy's cache would hold, not the simulation's
+            return sum(policy.cache_bytes(i, t) for i in layers)
         return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
 
 

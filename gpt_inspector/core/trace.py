@@ -45,6 +45,9 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
     t = source.cache_length
     if t == 0:
         raise InspectorError("nothing to save: run a step first")
+    if getattr(getattr(source, "recorder", None), "kv_policy", None) is not None:
+        # the format has no place for a policy's evictions: a reader would attend to evicted entries
+        raise InspectorError("a KV cache lab run cannot be saved as a trace yet; save the reference run instead")
     L = source.n_layers
     tensors: dict[str, np.ndarray] = {"tokens": np.asarray(source.tokens, dtype=np.int64)}
     for layer in range(L):

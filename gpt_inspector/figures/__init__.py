@@ -32,6 +32,7 @@ from .drawing import (
     matrix_figure,
 )
 from .labels import clean_label, pool_max
+from .kvlab import frontier_figure, lab_figure
 from .lens import lens_figure
 from .output import FORMATS, cell_center, check_format, check_scale, close, pixel_size, save, scale_to_dpi, to_bytes
 
@@ -45,6 +46,7 @@ from .output import MIN_SCALE as MIN_SCALE  # isort: skip
 
 __all__ = [
     "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",
-    "check_format", "check_scale", "clean_label", "close", "grid_figure", "head_figure", "lens_figure", "mark_unverified", "matrix_figure",
+    "check_format", "check_scale", "clean_label", "close", "frontier_figure", "grid_figure", "head_figure",
+    "lab_figure", "lens_figure", "mark_unverified", "matrix_figure",
     "pixel_size", "pool_max", "save", "scale_to_dpi", "to_bytes",
 ]  # fmt: skip

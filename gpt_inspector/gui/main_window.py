@@ -37,7 +37,7 @@ from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .viewdata import Selection, Snapshot
-from .views import compare, lens, mathcheck, probe
+from .views import compare, kvlab, lens, mathcheck, probe
 from .views.kv_cache import KVCacheView, human_bytes
 from .views.mask_editor import MaskEditor
 from .views.next_token import NextTokenView
@@ -94,6 +94,7 @@ class MainWindow(DockLayout, QMainWindow):
         self.probe_panel = self.add_panel(probe.PANEL_TITLE, probe.create_panel(self), probe.PANEL_AREA).panel
         self.mathcheck_panel = self.add_panel(mathcheck.PANEL_TITLE, mathcheck.create_panel(self), mathcheck.PANEL_AREA).panel
         self.lens_panel = self.add_panel(lens.PANEL_TITLE, lens.create_panel(self), lens.PANEL_AREA).panel
+        self.kvlab_panel = self.add_panel(kvlab.PANEL_TITLE, kvlab.create_panel(self), kvlab.PANEL_AREA).panel
         self._default_state = self.saveState(STATE_VERSION)
         for d in self.docks.values():
             d.dockLocationChanged.connect(self._user_arranged)

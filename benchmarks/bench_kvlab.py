@@ -1,0 +1,130 @@
+"""Cost of the KV cache lab, side by side, per decoded token.
+
+GPT2Config() defaults (124M parameters, random weights), a prompt of 512 tokens (``--prompts``),
+``--new`` decode steps. Printed per policy:
+
+- policy step / plain step: one Session stepping under the policy against a plain Session
+  (the policy's bookkeeping; target <= 1.10);
+- lab step / HF generate: one lockstep step (reference + policy run + the measures) against HF
+  generate's per-token decode time (target <= 2.2).
+
+Runs alternate so machine noise hits every side alike; medians over ``--reps``.
+
+    python benchmarks/bench_kvlab.py [--reps 3] [--new 32] [--prompts 512] [--policies h2o,streaming,int4]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from bench_step import build
+
+
+def per_token(step, n: int) -> float:
+    t0 = time.perf_counter()
+    for _ in range(n):
+        step()
+    return (time.perf_counter() - t0) / n
+
+
+def _time_calls(policy) -> list[float]:
+    """Wrap the policy's two per-layer calls to add their wall time to the returned cell."""
+    spent = [0.0]
+    for attr in ("attend", "observe"):
+        fn = getattr(policy, attr)
+
+        def timed(*a, _fn=fn):
+            t0 = time.perf_counter()
+            try:
+                return _fn(*a)
+            finally:
+                spent[0] += time.perf_counter() - t0
+
+        setattr(policy, attr, timed)
+    return spent
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--new", type=int, default=32)
+    ap.add_argument("--prompts", default="512")
+    ap.add_argument("--policies", default="h2o,streaming,tova,int4,fp8-e4m3")
+    ap.add_argument("--budget", type=int, default=256)
+    ap.add_argument("--threads", type=int, default=None,
+                    help="torch threads (1 keeps a loaded machine's thread-pool stalls out of small ops)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    from transformers import AutoModelForCausalLM
+
+    import gpt_inspector as gi
+    from gpt_inspector.core.capture import Recorder
+    from gpt_inspector.core.kvlab import KVLab, make
+
+    folder = build(Path(tempfile.mkdtemp()) / "gpt2-small-random")
+    lm = gi.load_model(folder, device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    print(f"model: {lm.describe()}; torch threads {torch.get_num_threads()}")
+    g = torch.Generator().manual_seed(0)
+    names = args.policies.split(",")
+
+    def policy(name):
+        return make(name, None if name.startswith(("int", "fp8")) else args.budget)
+
+    for plen in (int(p) for p in args.prompts.split(",")):
+        ids = torch.randint(0, 50000, (plen,), generator=g).tolist()
+        n = args.new - 2  # decode steps timed after the prefill and one warm-up step
+        times: dict[str, list[float]] = {}
+        for _ in range(args.reps):
+            x = torch.tensor([ids])
+            kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
+            with torch.inference_mode():
+                t0 = time.perf_counter()
+                hf.generate(x, max_new_tokens=1, min_new_tokens=1, **kw)
+                t1 = time.perf_counter()
+                hf.generate(x, max_new_tokens=args.new, min_new_tokens=args.new, **kw)
+                t2 = time.perf_counter()
+            times.setdefault("hf", []).append(((t2 - t1) - (t1 - t0)) / (args.new - 1))
+            plain = gi.Session(lm, prompt_ids=ids)
+            plain.step()
+            plain.step()
+            times.setdefault("plain", []).append(per_token(plain.step, n))
+            for name in names:
+                # the policy run alone: a Session whose recorder carries the policy, as the lab sets it up
+                s = gi.Session(lm, prompt_ids=ids)
+                s.recorder = Recorder(lm.n_layers, mirror_kv=True)
+                p = policy(name)
+                p.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4)
+                p.attach(s.recorder)
+                s.step()
+                s.step()  # the first decode step quantizes the whole prompt once: not the steady state
+                inside = _time_calls(p)
+                times.setdefault(f"run:{name}", []).append(per_token(s.step, n))
+                # the share of those same steps spent inside the policy's calls: robust to machine load
+                times.setdefault(f"share:{name}", []).append(inside[0] / n / times[f"run:{name}"][-1])
+                lab = KVLab(lm, prompt_ids=ids, policy=policy(name))
+                lab.step()
+                lab.step()
+                times.setdefault(f"lab:{name}", []).append(per_token(lab.step, n))
+        med = {k: statistics.median(v) * (1 if k.startswith("share:") else 1e3) for k, v in times.items()}
+        print(f"prompt {plen} + {args.new} new: HF generate {med['hf']:.2f} ms/token, plain Session.step {med['plain']:.2f} ms/token")
+        for name in names:
+            r, lab_ms = med[f"run:{name}"], med[f"lab:{name}"]
+            print(f"  {name:<9} policy step {r:7.2f} ms = {r / med['plain']:.3f}x plain, of which {med[f'share:{name}']:.1%} "
+                  f"inside the policy (target <= 10%); lab step {lab_ms:7.2f} ms = {lab_ms / med['hf']:.3f}x HF generate "
+                  "(target <= 2.2)")  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,265 @@
+"""`gpt-inspector kv-lab`: run a KV cache policy beside the full cache, step by step, or sweep
+policies and budgets over a prompt file and draw the frontier (bytes vs KL, bytes vs probe)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+from . import common
+
+NAME = "kv-lab"
+HELP = "what a KV cache policy (eviction, quantization) costs in bytes, fidelity and privacy, step by step"
+
+# the names the engine offers, written out so --help never imports torch (a test keeps them equal)
+POLICIES = ("streaming", "h2o", "snapkv", "tova", "keynorm", "int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
+
+
+def add_arguments(p):
+    common.add_model_args(p)
+    p.add_argument("--prompt", default=None, help="the text to start from (one run)")
+    p.add_argument("--policy", default=None, help=f"one of {', '.join(POLICIES)}")
+    p.add_argument("--budget", type=int, default=None,
+                   help="eviction: cache entries kept per KV head (default: unlimited, the full cache)")
+    p.add_argument("--steps", type=int, default=8, help="steps to run (default 8)")
+    p.add_argument("--free-running", action="store_true",
+                   help="let the policy run choose its own tokens and show where the texts part "
+                        "(default: teacher-forced, it is fed the reference's tokens)")  # fmt: skip
+    common.add_decoding_args(p)
+    p.add_argument("--probe", action="store_true",
+                   help="one run: also probe layer 0 of the policy's cache for the prompt (one vocabulary pass per position)")
+    g = p.add_argument_group("policy options")
+    g.add_argument("--sinks", type=int, default=None, help="eviction: first entries always kept (streaming default 4)")
+    g.add_argument("--recent", type=int, default=None, help="eviction: newest entries always kept (default per policy)")
+    g.add_argument("--layer-budget", action="append", default=[], metavar="L=N[,N...]",
+                   help="eviction: layer L keeps N entries per KV head (or one N per KV head); repeatable")
+    g.add_argument("--window", type=int, default=None, help="snapkv: observation window at the prompt's end (default 8)")
+    g.add_argument("--group", type=int, default=None, help="int quantization: group size (default min(32, head size))")
+    g.add_argument("--scheme", default=None, choices=("kivi", "transformers"),
+                   help="int quantization: kivi (keys per channel, values per token; default) or transformers "
+                        "(what transformers' quantized cache does with quanto: int4/int2)")
+    g.add_argument("--residual", type=int, default=None, help="quantization: newest entries kept in full precision (default 16)")
+    s = p.add_argument_group("sweep")
+    s.add_argument("--sweep", action="store_true", help="run every policy at every budget over --prompts")
+    s.add_argument("--prompts", default=None, help="sweep: a UTF-8 text file, one prompt per line")
+    s.add_argument("--policies", default=None, help="sweep: comma-separated policies")
+    s.add_argument("--budgets", default=None, help="sweep: comma-separated budgets for the eviction policies")
+    s.add_argument("--no-probe", action="store_true", help="sweep: skip the cache probe (no privacy axis)")
+    p.add_argument("--out", default=None, help="draw the figure (sweep: the frontier; one run: KL per step) to .png, .svg or .pdf")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+                   help="print the result as JSON, or write it to FILE (the sweep's table)")
+
+
+def _ints(text: str, what: str) -> list[int]:
+    from ..core.errors import InspectorError
+
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if part:
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise InspectorError(f"{what} takes comma-separated integers, got {text!r}") from None
+    if not out:
+        raise InspectorError(f"{what} is empty")
+    return out
+
+
+def _names(text: str) -> list[str]:
+    from ..core.errors import InspectorError
+
+    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    if not names:
+        raise InspectorError("--policies is empty; give e.g. streaming,h2o,int4")
+    for n in names:
+        _check_policy(n)
+    return names
+
+
+def _check_policy(name) -> str:
+    from ..core.errors import InspectorError
+
+    if name not in POLICIES:
+        raise InspectorError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)}")
+    return name
+
+
+def _options(args) -> dict:
+    from ..core import validate
+
+    out = {}
+    for key, low in (("sinks", 0), ("recent", 0), ("window", 1), ("group", 1), ("residual", 0)):
+        v = getattr(args, key)
+        if v is not None:
+            out[key] = validate.integer(f"--{key}", v, low)
+    if args.scheme is not None:
+        out["scheme"] = args.scheme
+    if getattr(args, "layer_budget", None):
+        out["layer_budgets"] = dict(_layer_budget(text) for text in args.layer_budget)
+    return out
+
+
+def _layer_budget(text: str) -> tuple[int, int | list[int]]:
+    from ..core.errors import InspectorError
+
+    layer, sep, rest = str(text).partition("=")
+    try:
+        if not sep:
+            raise ValueError
+        per = [int(x) for x in rest.split(",")]
+        return int(layer), per[0] if len(per) == 1 else per
+    except ValueError:
+        raise InspectorError(f"--layer-budget takes L=N or L=N,N,... (one per KV head), got {text!r}") from None
+
+
+def _check_out(path):
+    from ..core.errors import InspectorError
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.path.isdir(folder):
+        raise InspectorError(f"cannot write {path}: folder {folder} does not exist")
+
+
+def run(args) -> int:
+    from ..core import validate
+    from ..core.errors import InspectorError
+
+    validate.count(args.steps)
+    if args.out is not None:
+        from ..figures import check_format
+
+        check_format(args.out)
+        _check_out(args.out)
+    if args.sweep:
+        return _sweep(args)
+    if args.prompt is None or args.policy is None:
+        raise InspectorError("kv-lab needs --prompt and --policy (or --sweep with --prompts, --policies, --budgets)")
+    common.check_run_args(args)
+    name = _check_policy(args.policy)
+    if args.json not in (None, "-"):
+        _check_out(args.json)
+    opts = _options(args)
+    import numpy as np
+
+    from ..core.kvlab import KVLab
+    from ..core.kvlab.sweep import build_policy
+
+    policy = build_policy(name, args.budget, opts)  # refused before the model loads if it makes no sense
+    lm = common.load(args)
+    lab = KVLab(lm, args.prompt, policy, free_running=args.free_running, temperature=args.temperature,
+                top_k=args.top_k, top_p=args.top_p, seed=args.seed)  # fmt: skip
+    for st in lab.steps(args.steps):
+        if args.json is None:
+            mark = "" if st.agree else "  <- top-1 differs"
+            lost = "n/a" if bool(np.isnan(st.lost_mass).any()) else f"{float(st.lost_mass.max()):.3f}"
+            print(f"step {st.index:>3}  ref {st.reference_label!r:<14} policy {st.policy_label!r:<14} "
+                  f"KL {st.kl:.3e}  bytes {sum(st.bytes_policy):>10,} / {sum(st.bytes_full):>10,}  "
+                  f"lost mass max {lost}{mark}")  # fmt: skip
+    summary = lab.summary()
+    privacy = lab.probe() if args.probe else None
+    if args.out is not None:
+        from .. import figures
+
+        fig = figures.lab_figure(lab)
+        print(f"figure saved to {figures.save(fig, args.out)}", file=sys.stderr)
+        figures.close(fig)
+    if args.json is not None:
+        out = {"model": lm.name, **summary, "steps_detail": [s.to_json() for s in lab.history],
+               "privacy": None if privacy is None else privacy.to_json(), **_final_rows(lab)}  # fmt: skip
+        _write_json(out, args.json)
+        return 0
+    k = lab.first_divergence
+    print(f"{summary['policy']}: mean KL {summary['mean_kl']:.3e}, top-1 agreement {summary['agreement']:.0%}, "
+          f"first divergence {'none' if k is None else f'step {k}'}; cache {summary['bytes_policy']:,} of "
+          f"{summary['bytes_full']:,} bytes")  # fmt: skip
+    if args.free_running:
+        parted = lab.parted_at
+        print(f"texts part at step {parted}" if parted is not None else "texts never part")
+        print(f"reference: {summary['reference_text']!r}\npolicy:    {summary['policy_text']!r}")
+    if privacy is not None:
+        print(f"cache probe (layer 0): {privacy.recovered} of {privacy.prompt_tokens} prompt tokens recovered "
+              f"({privacy.held} still held)")  # fmt: skip
+    return 0
+
+
+def _final_rows(lab) -> dict:
+    """After the last step, per layer and KV head: the evicted positions, or each row's quantization
+    error (relative L2 of what attention read against the full-precision entry, keys and values)."""
+    if not lab.history:
+        return {}
+    n = lab.lm.n_layers
+    if lab.policy.kind == "quantization":
+        errs = [lab.row_error(i) for i in range(n)]
+        return {"row_error": [{"keys": k.round(6).tolist(), "values": v.round(6).tolist()} for k, v in errs]}
+    return {"evicted_rows": [[[int(p) for p in row.nonzero()[0]] for row in lab.evicted(i)] for i in range(n)]}
+
+
+def _write_json(obj, dest) -> None:
+    if dest == "-":
+        json.dump(obj, sys.stdout, ensure_ascii=False)
+        sys.stdout.write("\n")
+        return
+    tmp = f"{dest}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        json.dump(obj, f, ensure_ascii=False, indent=1)
+    os.replace(tmp, dest)
+    print(f"table saved to {dest}", file=sys.stderr)
+
+
+def _read_prompts(path) -> list[str]:
+    from ..core import validate
+    from ..core.errors import InspectorError
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            lines = [line.rstrip("\r\n") for line in f]
+    except (OSError, UnicodeDecodeError) as e:
+        raise InspectorError(f"cannot read --prompts {path}: {e}") from None
+    prompts = [validate.text(x, "a prompt in --prompts") for x in lines if x.strip()]
+    if not prompts:
+        raise InspectorError(f"--prompts {path} holds no prompt (one per line)")
+    return prompts
+
+
+def _sweep(args) -> int:
+    from ..core.errors import InspectorError
+
+    if not args.prompts or not args.policies:
+        raise InspectorError("--sweep needs --prompts FILE and --policies (and --budgets for eviction policies)")
+    prompts = _read_prompts(args.prompts)
+    names = _names(args.policies)
+    budgets = _ints(args.budgets, "--budgets") if args.budgets else []
+    if args.json not in (None, "-"):
+        _check_out(args.json)
+    opts = _options(args)
+    from ..core.kvlab.sweep import plan, sweep
+
+    pairs = plan(names, budgets)
+    lm = common.load(args)
+    tty = sys.stderr.isatty()
+
+    def progress(done, total, what):
+        bar = "#" * (20 * done // total)
+        line = f"[{bar:<20}] {done}/{total} {what}"
+        print(("\r" + line) if tty else line, end="" if tty and done < total else "\n", file=sys.stderr, flush=True)
+
+    # Ctrl+C stops the sweep here; nothing is written (the figure and table are written only when complete)
+    result = sweep(lm, prompts, pairs, args.steps, probe=not args.no_probe, options=opts, progress=progress)
+    if args.out is not None:
+        from .. import figures
+
+        fig = figures.frontier_figure(result)
+        print(f"frontier saved to {figures.save(fig, args.out)}", file=sys.stderr)
+        figures.close(fig)
+    if args.json is not None:
+        _write_json(result.to_json(), args.json)
+        if args.json == "-":
+            return 0
+    print(f"{'policy':<10} {'budget':>6} {'bytes':>7} {'mean KL':>10} {'top-1':>6} {'probe':>7}")
+    for p in result.points():
+        rec = "-" if p["recovered_fraction"] is None else f"{p['recovered_fraction']:.0%}"
+        budget = "-" if p["budget"] is None else p["budget"]
+        print(f"{p['policy']:<10} {budget:>6} {p['bytes_ratio']:>7.1%} {p['mean_kl']:>10.3e} {p['agreement']:>6.0%} {rec:>7}")
+    return 0

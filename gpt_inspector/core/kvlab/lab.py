@@ -1,0 +1,266 @@
+"""The lab: a session under a cache policy, in lockstep with the full-cache reference.
+
+    >>> lab = KVLab(lm, "The cat sat", make("h2o", budget=16))
+    >>> for st in lab.steps(20): print(st.index, st.kl, st.agree, st.bytes_ratio)
+    >>> lab.first_divergence, lab.probe().recovered
+
+Two sessions run the same prompt. Teacher-forced (the default), the reference chooses every
+token and the policy run is fed the same one, so each step compares two next-token distributions
+over the same context; free-running, each run chooses its own tokens and ``parted_at`` says where
+the texts part.
+
+What the policy run's records hold: the K/V as its last forward's attention read them (the
+dequantized entries of a quantized cache, every position of an evicted one), and its attention
+reads (``lab.run.attention(...)``) mask each evicted entry from the query where it was evicted
+on. The model's own cache under the policy run keeps the full-precision entries: that is what
+``row_error`` compares against. A quantized entry's value changes when it leaves the residual
+window, so earlier rows re-derived from the records show how the current cache is read; the
+newest row is exactly what attention computed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..capture import Recorder
+from ..errors import InspectorError, StepFailed
+from ..session import Session, interrupts_deferred
+from .policies import Policy
+
+
+@dataclass
+class LabStep:
+    """What one lockstep step compared."""
+
+    index: int
+    position: int  # the query position whose logits were compared
+    reference_token: int  # the reference's choice
+    policy_token: int  # the policy run's own choice (before teacher forcing)
+    fed_token: int  # what the policy run is fed next
+    kl: float  # KL(reference || policy) of the next-token distribution, in nats
+    agree: bool  # the two most likely tokens are the same
+    bytes_policy: list[int]  # per layer, what the policy's cache holds after the step
+    bytes_full: list[int]  # per layer, the full cache
+    lost_mass: np.ndarray  # (L, H): the reference's attention on entries the policy run could not see
+    evicted_now: list[int]  # per layer, entries (summed over KV heads) the policy no longer holds
+    reference_label: str = ""
+    policy_label: str = ""
+
+    @property
+    def bytes_ratio(self) -> float:
+        full = sum(self.bytes_full)
+        return sum(self.bytes_policy) / full if full else 1.0
+
+    def to_json(self) -> dict:
+        return {
+            "index": self.index, "position": self.position,
+            "reference_token": self.reference_token, "reference_label": self.reference_label,
+            "policy_token": self.policy_token, "policy_label": self.policy_label, "fed_token": self.fed_token,
+            "kl": self.kl, "agree": self.agree,
+            "bytes_policy": sum(self.bytes_policy), "bytes_full": sum(self.bytes_full),
+            "bytes_policy_per_layer": list(self.bytes_policy), "bytes_full_per_layer": list(self.bytes_full),
+            "lost_mass_max": None if np.isnan(self.lost_mass).any() else float(self.lost_mass.max()),
+            "lost_mass": None if np.isnan(self.lost_mass).any() else self.lost_mass.round(6).tolist(),
+            "evicted_per_layer": list(self.evicted_now),
+        }  # fmt: skip
+
+
+@dataclass
+class PrivacyResult:
+    """The cache probe run on the policy's cache, over the prompt's positions."""
+
+    prompt_tokens: int
+    held: int  # prompt positions layer 0 still holds in at least one KV head
+    recovered: int  # of those, how many the probe reads back as the right token
+    text: str = ""
+    positions: list = field(default_factory=list)
+
+    def to_json(self) -> dict:
+        return {"prompt_tokens": self.prompt_tokens, "held": self.held, "recovered": self.recovered, "text": self.text}
+
+
+def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
+    """KL(p || q) in nats of the softmax distributions of two (V,) logit vectors, in float64."""
+    lp = torch.log_softmax(p_logits.double(), -1)
+    lq = torch.log_softmax(q_logits.double(), -1)
+    return float((lp.exp() * (lp - lq)).sum().clamp_min(0.0))
+
+
+class KVLab:
+    """Run ``policy`` on ``lm`` from ``prompt`` beside the full-cache reference.
+
+    ``reference`` and ``run`` are ordinary Sessions (the run's recorder mirrors K/V, so its
+    records hold what the policy's attention read); step only through the lab.
+    """
+
+    def __init__(self, lm, prompt: str = "", policy: Policy | None = None, *, free_running: bool = False,
+                 prompt_ids: list[int] | None = None, temperature: float = 0.0, top_k=None, top_p=None,
+                 seed: int = 0, reference: Session | None = None):  # fmt: skip
+        if not isinstance(policy, Policy):
+            raise InspectorError(f"policy must come from kvlab.make(...) (or be a Policy), got {policy!r}")
+        kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "prompt_ids": prompt_ids}
+        self.lm = lm
+        self.policy = policy
+        policy.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length,
+                    torch.empty((), dtype=lm.dtype).element_size())  # fmt: skip
+        self.run = Session(lm, prompt, **kw)
+        if reference is not None and (reference.lm is not lm or reference.prompt_ids != self.run.prompt_ids
+                                      or any(s.forced for s in reference.steps_done)):  # fmt: skip
+            raise InspectorError("a shared reference must be a session of the same model and prompt, never forced")
+        # a shared reference (a sweep runs one per prompt) may already be ahead: its steps are read, not re-run
+        self.reference = reference if reference is not None else Session(lm, prompt, **kw)
+        rec = Recorder(lm.n_layers, mirror_kv=True, pin=lm.device.type == "cuda")
+        self.run.recorder = rec
+        policy.attach(rec)
+        self.free_running = bool(free_running)
+        self.history: list[LabStep] = []
+
+    # ------------------------------------------------------------------ state
+    @property
+    def finished(self) -> str | None:
+        i = len(self.history)
+        ref = self.reference.steps_done[i - 1].finish_reason if 0 < i <= self.reference.n_steps else None
+        return ref or (self.run.finished if self.free_running else None)
+
+    @property
+    def first_divergence(self) -> int | None:
+        """The first step where the policy run's most likely token differs from the reference's."""
+        return next((s.index for s in self.history if not s.agree), None)
+
+    @property
+    def parted_at(self) -> int | None:
+        """Free-running: the first step whose chosen tokens differ (the texts part there)."""
+        return next((s.index for s in self.history if s.policy_token != s.reference_token), None)
+
+    # ------------------------------------------------------------------ stepping
+    def step(self) -> LabStep:
+        if self.finished:
+            raise InspectorError(f"the lab run has finished ({self.finished})")
+        if self.run.n_steps != len(self.history) or self.reference.n_steps < len(self.history):
+            raise InspectorError("the lab's runs were stepped outside the lab (in the window?): start a fresh lab")
+        snap = self.policy.snapshot()
+        i = len(self.history)
+        ref_steps, run_steps = self.reference.n_steps, self.run.n_steps
+        try:
+            ref = self.reference.steps_done[i] if ref_steps > i else self.reference.step()
+            try:
+                got = self.run.step()
+            except StepFailed as e:
+                # a policy's own error (a scoring function that raised) is the user's to fix: say it plainly
+                if isinstance(e.__cause__, InspectorError):
+                    raise e.__cause__ from None
+                raise
+            own = got.token_id
+            if not self.free_running and own != ref.token_id:
+                self.run.force_token(ref.token_id)
+            st = self._measure(ref, got, own)
+            with interrupts_deferred():
+                self.history.append(st)
+        except BaseException:
+            # all or nothing (Ctrl+C included): both runs and the policy go back to the last lab step
+            with interrupts_deferred():
+                while self.run.n_steps > run_steps:
+                    self.run.step_back()
+                self.policy.restore(snap)
+                while self.reference.n_steps > ref_steps:
+                    self.reference.step_back()
+            raise
+        return st
+
+    def steps(self, n: int) -> Iterator[LabStep]:
+        for _ in range(int(n)):
+            if self.finished:
+                return
+            yield self.step()
+
+    def run_steps(self, n: int) -> list[LabStep]:
+        return list(self.steps(n))
+
+    # ------------------------------------------------------------------ measures
+    def _measure(self, ref, got, own: int) -> LabStep:
+        lm, t = self.lm, self.run.cache_length
+        p = t - 1
+        same = self.reference.tokens[:t] == self.run.tokens[:t]
+        # free-running runs that parted attend over different texts: no mass to compare (NaN)
+        lost = np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64) if same else np.full((lm.n_layers, lm.n_heads), np.nan)
+        evicted_now = []
+        for layer in range(lm.n_layers):
+            ev = self.policy.evicted_rows(layer, p, t, t, lm.n_heads)  # (H, 1, T) what the last query missed
+            if ev is not None and same:
+                # the reference's own row p (a shared reference may be further on: later keys are causal zeros)
+                probs = self.reference.attention_rows(layer, p, p + 1)[:, :, :t]  # (H, 1, T)
+                lost[layer] = (probs * ev).sum((1, 2)).double().numpy()
+            evicted_now.append(int(self.policy.evicted(layer, t).sum()))
+        return LabStep(
+            index=ref.index, position=ref.position, reference_token=ref.token_id, policy_token=own,
+            fed_token=self.run.tokens[-1], kl=kl_divergence(ref.logits, got.logits),
+            agree=int(torch.argmax(ref.logits)) == int(torch.argmax(got.logits)),
+            bytes_policy=[self.policy.cache_bytes(i, t) for i in range(lm.n_layers)],
+            bytes_full=[Policy.cache_bytes(self.policy, i, t) for i in range(lm.n_layers)],
+            lost_mass=lost, evicted_now=evicted_now, reference_label=self.reference.label(ref.token_id),
+            policy_label=self.run.label(own),
+        )  # fmt: skip
+
+    def evicted(self, layer: int) -> np.ndarray:
+        """(Hkv, T) bool: the cache rows the policy no longer holds, per KV head."""
+        layer = self.run.check_layer(layer)
+        return self.policy.evicted(layer, self.run.cache_length).numpy()
+
+    def row_error(self, layer: int) -> tuple[np.ndarray, np.ndarray]:
+        """Per KV head and row, relative L2 error of what attention read vs the full-precision entry.
+
+        Returns (keys (Hkv, T), values (Hkv, T)) float32; 0 for rows held in full precision.
+        """
+        layer = self.run.check_layer(layer)
+        t = self.run.require_positions()
+        cl = self.run.cache.layers[layer]
+        out = []
+        for read, exact in ((self.run.keys(layer), cl.keys[0, :, :t]), (self.run.values(layer), cl.values[0, :, :t])):
+            e = exact.detach().float().cpu()
+            err = (read.float() - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-12)  # (Hkv, T)
+            out.append(err.numpy())
+        return out[0], out[1]
+
+    def probe(self, progress=None) -> PrivacyResult:
+        """The cache probe on layer 0 of the policy's cache, as an attacker holding it would see it.
+
+        Evicted rows are gone (zeros in the K/V handed to the probe); quantized rows are their
+        dequantized values. A prompt position counts as recovered when layer 0 still holds it in
+        some KV head and the probe names the right token.
+        """
+        from ..probe import probe_cache
+
+        n = self.run.prompt_length
+        if self.run.cache_length < n:
+            raise InspectorError("nothing cached yet: run a step first")
+        held = ~self.policy.evicted(0, self.run.cache_length)[:, :n]  # (Hkv, P)
+        k = self.run.keys(0)[:, :n].detach().float().clone()  # (Hkv, P, d)
+        v = self.run.values(0)[:, :n].detach().float().clone()
+        k[~held], v[~held] = 0.0, 0.0
+        res = probe_cache(self.lm, {0: (k.to(self.lm.dtype), v.to(self.lm.dtype))}, 0,
+                          true_tokens=self.run.prompt_ids, progress=progress)  # fmt: skip
+        some = held.any(0)  # (P,)
+        positions = res.layer(0).positions
+        recovered = sum(1 for p in positions if p.correct and bool(some[p.position]))
+        return PrivacyResult(n, int(some.sum()), recovered, res.layer(0).text, positions)
+
+    def summary(self) -> dict:
+        h = self.history
+        return {
+            "policy": self.policy.describe(),
+            "steps": len(h),
+            "free_running": self.free_running,
+            "mean_kl": float(np.mean([s.kl for s in h])) if h else 0.0,
+            "max_kl": float(max((s.kl for s in h), default=0.0)),
+            "agreement": float(np.mean([s.agree for s in h])) if h else 1.0,
+            "first_divergence": self.first_divergence,
+            "parted_at": self.parted_at if self.free_running else None,
+            "bytes_policy": sum(h[-1].bytes_policy) if h else 0,
+            "bytes_full": sum(h[-1].bytes_full) if h else 0,
+            "reference_text": self.reference.generated_text,
+            "policy_text": self.run.generated_text,
+        }

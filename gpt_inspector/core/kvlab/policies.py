@@ -1,0 +1,353 @@
+"""KV cache policies, simulated exactly inside the inspector's attention function.
+
+A policy is attached to a session's recorder (``attach``); ``capture.inspector_attention`` then
+makes two calls per layer and forward:
+
+- ``attend(layer, key, value, q0, n_heads)`` before attention: the K/V the policy's cache would
+  hand attention (dequantized for quantization policies) and a per-head block of the entries it
+  has evicted. The model's cache keeps every position (their positions are already encoded in
+  the keys), so masking an evicted entry for every later query of its head equals dropping it.
+- ``observe(...)`` after attention: scoring from what this forward attended, then eviction down
+  to the budget. An entry evicted after the forward whose last query is position p - 1 is
+  masked from query p on (``evicted_at``).
+
+Conventions (the same for every eviction policy): the prompt's forward attends in full, as
+H2O, SnapKV and TOVA's reference code and HF's SinkCache do; the cache is then cut to the budget
+and after every later step again. A budget counts entries per KV head (what a cache stores);
+query heads sharing a KV head (GQA) share its evictions, scores are summed over the group.
+
+Quantization (KIVI): keys per channel over groups of ``group`` tokens, values per token over
+groups of ``group`` channels, asymmetric min-max rounding to ``bits``; the newest ``residual``
+entries stay in full precision, and a key group is quantized once all its tokens have left the
+residual window. The prompt's forward attends in full precision (as KIVI and HF's quantized cache
+do); from the next step on attention reads the dequantized entries. fp8 casts each element to
+float8 (e4m3fn or e5m2) and back, no scale, with the same residual window.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Mapping, Sequence
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+from .. import attention as eq
+from ..errors import InspectorError
+
+NEVER = torch.iinfo(torch.long).max  # evicted_at of an entry still held
+
+EVICTION = ("streaming", "h2o", "snapkv", "tova", "keynorm", "custom")
+QUANT = ("int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
+NAMES = EVICTION[:-1] + QUANT  # what the CLI offers (custom takes a Python function)
+
+# a user scoring function: (layer, keys (Hkv, T, d), probs (H, Tq, T) of this forward) -> (Hkv, T), higher keeps
+Scorer = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
+
+
+def _budget(v, what: str, limit: int) -> int | None:
+    if v is None:
+        return None
+    if isinstance(v, bool) or not isinstance(v, (int, np.integer)):
+        raise InspectorError(f"{what} must be a whole number of cache entries, got {v!r}")
+    if v <= 0:
+        raise InspectorError(f"{what} must be at least 1 cache entry, got {v}")
+    if v > limit:
+        raise InspectorError(f"{what} is {v} entries, more than the model's context of {limit}: use no budget for a full cache")
+    return int(v)
+
+
+class Policy:
+    """Base: a policy's settings and, once ``bind``-ed to a model, its running state."""
+
+    name = "full"
+    kind = "eviction"
+
+    def bind(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, context: int, itemsize: int) -> None:
+        self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
+        self.context, self.itemsize = context, itemsize
+        self.recorder = None
+        self.reset()
+
+    def attach(self, recorder) -> None:
+        """Make ``recorder``'s forwards run under this policy (and keep its K/V records in step)."""
+        self.recorder = recorder
+        recorder.kv_policy = self
+
+    def reset(self) -> None:
+        pass
+
+    def describe(self) -> str:
+        return self.name
+
+    # -- capture's two calls ---------------------------------------------------------------------
+    def attend(self, layer, key, value, q0, n_heads):
+        return key, value, None
+
+    def observe(self, layer, query, k, mask, scaling, softcap, probs) -> None:
+        pass
+
+    # -- readers ---------------------------------------------------------------------------------
+    def evicted_rows(self, layer: int, p0: int, p1: int, length: int, n_heads: int) -> torch.Tensor | None:
+        """(H, p1 - p0, length) bool: entries evicted when query rows p0..p1 ran, or None (nothing)."""
+        return None
+
+    def evicted(self, layer: int, length: int) -> torch.Tensor:
+        """(Hkv, length) bool: entries the policy's cache no longer holds now."""
+        return torch.zeros(self.n_kv_heads, length, dtype=torch.bool)
+
+    def cache_bytes(self, layer: int, length: int) -> int:
+        """Bytes this layer's policy cache holds for ``length`` positions."""
+        return 2 * self.n_kv_heads * length * self.head_dim * self.itemsize
+
+    def snapshot(self):
+        return None
+
+    def restore(self, snap) -> None:
+        pass
+
+
+# ---------------------------------------------------------------------- eviction
+
+
+class Eviction(Policy):
+    """Keep ``sinks`` first entries and ``recent`` newest ones, then the best-scoring rest.
+
+    ``budget``: entries per KV head (None: unlimited); ``layer_budgets``: ``{layer: n}`` or
+    ``{layer: [n per KV head]}`` overriding it.
+    """
+
+    def __init__(self, name: str, budget: int | None, *, sinks: int | None = None, recent: int | None = None,
+                 layer_budgets: Mapping | None = None, window: int = 8, kernel: int = 5,
+                 scorer: Scorer | None = None):  # fmt: skip
+        if name not in EVICTION:
+            raise InspectorError(f"unknown eviction policy {name!r}; use one of {', '.join(EVICTION)}")
+        if name == "custom" and not callable(scorer):
+            raise InspectorError("the custom policy needs a scoring function: scorer(layer, keys, probs) -> (Hkv, T)")
+        self.name, self.budget, self.sinks, self.recent = name, budget, sinks, recent
+        self.layer_budgets = dict(layer_budgets or {})
+        self.window, self.kernel, self.scorer = window, kernel, scorer
+
+    def describe(self) -> str:
+        return f"{self.name} budget {'unlimited' if self.budget is None else self.budget}"
+
+    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize) -> None:
+        for what, v in (("sinks", self.sinks), ("recent", self.recent), ("window", self.window), ("kernel", self.kernel)):
+            if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
+                raise InspectorError(f"{what} must be a whole number >= 0, got {v!r}")
+        base = _budget(self.budget, "budget", context)
+        self.budgets: list[torch.Tensor | None] = [None] * n_layers  # per layer (Hkv,) long, None: unlimited
+        for layer in range(n_layers):
+            b = self.layer_budgets.get(layer, base)
+            if isinstance(b, Sequence) and not isinstance(b, str):
+                if len(b) != n_kv_heads:
+                    raise InspectorError(f"layer {layer} budgets: {len(b)} given, the model has {n_kv_heads} KV heads")
+                per = [_budget(x, f"layer {layer} budget", context) for x in b]
+                self.budgets[layer] = None if any(x is None for x in per) else torch.tensor(per)
+            else:
+                b = _budget(b, f"layer {layer} budget", context)
+                self.budgets[layer] = None if b is None else torch.full((n_kv_heads,), b)
+        bad = [layer for layer in self.layer_budgets if not (isinstance(layer, int) and 0 <= layer < n_layers)]
+        if bad:
+            raise InspectorError(f"layer budgets name layers {bad}; the model has layers 0..{n_layers - 1}")
+        if self.sinks is None:  # StreamingLLM's 4 attention sinks (fewer under a tiny budget); none elsewhere
+            low = min((int(b.min()) for b in self.budgets if b is not None), default=5)
+            self.sinks = min(4, low - 1) if self.name == "streaming" else 0
+        for layer, b in enumerate(self.budgets):
+            if b is None:
+                continue
+            low = int(b.min())
+            protected = self.sinks if self.name == "streaming" else self._protected(low)
+            if low <= protected:
+                raise InspectorError(f"layer {layer}: a budget of {low} leaves no room beyond the {protected} "
+                                     "protected entries (sinks + recent window); raise the budget")  # fmt: skip
+        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize)
+
+    def _recent(self, budget: int) -> int:
+        if self.recent is not None:
+            return self.recent
+        if self.name == "streaming":
+            return budget - self.sinks  # StreamingLLM: what the sinks leave is the window
+        if self.name == "h2o":
+            return budget // 2  # H2O: half heavy hitters, half recent
+        if self.name == "snapkv":
+            return self.window
+        return 0
+
+    def _protected(self, budget: int) -> int:
+        return self.sinks + self._recent(budget) if self.name != "streaming" else budget
+
+    def reset(self) -> None:
+        self.evicted_at = [torch.empty(self.n_kv_heads, 0, dtype=torch.long) for _ in range(self.n_layers)]
+        self.scores = [torch.empty(self.n_kv_heads, 0, dtype=torch.float64) for _ in range(self.n_layers)]
+
+    def snapshot(self):
+        return [t.clone() for t in self.evicted_at], [t.clone() for t in self.scores]
+
+    def restore(self, snap) -> None:
+        self.evicted_at, self.scores = [t.clone() for t in snap[0]], [t.clone() for t in snap[1]]
+
+    def _grow(self, layer: int, tk: int) -> torch.Tensor:
+        ev = self.evicted_at[layer]
+        if ev.shape[1] < tk:
+            ev = torch.cat([ev, torch.full((ev.shape[0], tk - ev.shape[1]), NEVER, dtype=torch.long)], 1)
+            self.evicted_at[layer] = ev
+        else:
+            ev = self.evicted_at[layer] = ev[:, :tk]  # a shorter forward (a recompute) starts over from there
+        return ev
+
+    def attend(self, layer, key, value, q0, n_heads):
+        tk = key.shape[2]
+        ev = self._grow(layer, tk)  # (Hkv, Tk)
+        return key, value, self._block(ev, q0, tk - q0, n_heads)
+
+    @staticmethod
+    def _block(ev: torch.Tensor, p0: int, n: int, n_heads: int) -> torch.Tensor | None:
+        if not bool((ev < NEVER).any()):
+            return None
+        pos = torch.arange(p0, p0 + n)  # (n,)
+        block = ev[:, None, :] <= pos[None, :, None]  # (Hkv, n, T)
+        return eq.expand_kv(block, n_heads)  # (H, n, T)
+
+    def evicted_rows(self, layer, p0, p1, length, n_heads):
+        ev = self.evicted_at[layer][:, :length]
+        if ev.shape[1] < length:
+            ev = torch.cat([ev, torch.full((ev.shape[0], length - ev.shape[1]), NEVER, dtype=torch.long)], 1)
+        return self._block(ev, p0, p1 - p0, n_heads)
+
+    def evicted(self, layer, length):
+        ev = self.evicted_at[layer]
+        out = torch.zeros(self.n_kv_heads, length, dtype=torch.bool)
+        n = min(length, ev.shape[1])
+        out[:, :n] = ev[:, :n] < NEVER
+        return out
+
+    def cache_bytes(self, layer, length):
+        held = int((~self.evicted(layer, length)).sum())
+        return 2 * held * self.head_dim * self.itemsize
+
+    # -- scoring and eviction, after the layer's attention ---------------------------------------
+    def observe(self, layer, query, k, mask, scaling, softcap, probs) -> None:
+        budget = self.budgets[layer]
+        tq, tk = query.shape[2], k.shape[2]
+        q0 = tk - tq
+        if self.name == "snapkv" and q0 > 0:
+            return  # SnapKV compresses the prompt once; generated entries are all kept
+        need_probs = self.name in ("h2o", "snapkv", "tova", "custom")
+        if budget is None and self.name != "h2o":
+            return  # unlimited: nothing is ever evicted, no score needed
+        rows = {"h2o": range(tq), "custom": range(tq), "tova": range(tq - 1, tq),
+                "snapkv": range(max(0, tq - self.window), tq)}.get(self.name)  # fmt: skip
+        p = None
+        if need_probs:
+            p = self._probs(query, k, mask, scaling, softcap, probs, rows)  # (H, n, Tk) float32
+        score = self._score(layer, k, p, tk)  # (Hkv, Tk) float64
+        if budget is not None:
+            self._evict(layer, score, budget, tk)
+
+    def _probs(self, query, k, mask, scaling, softcap, probs, rows) -> torch.Tensor:
+        r0, r1 = rows.start, rows.stop
+        if probs is not None:
+            return probs[0, :, r0:r1].float()
+        s = eq.scores(query[0, :, r0:r1].float(), k[0].float(), scaling, softcap)  # (H, n, Tk)
+        if mask is not None:
+            s = s + mask[0, :, r0:r1].float()  # (H or 1, n, Tk) additive, the mask attention used
+        return torch.softmax(s, dim=-1)
+
+    def _group_sum(self, x: torch.Tensor) -> torch.Tensor:
+        # (H, ...) -> (Hkv, ...): the query heads that read one KV head
+        return x.reshape(self.n_kv_heads, -1, *x.shape[1:]).sum(1)
+
+    def _score(self, layer, k, p, tk) -> torch.Tensor:
+        name = self.name
+        if name == "h2o":
+            acc = self.scores[layer]
+            if acc.shape[1] < tk:
+                acc = torch.cat([acc, torch.zeros(acc.shape[0], tk - acc.shape[1], dtype=torch.float64)], 1)
+            acc = acc[:, :tk] + self._group_sum(p.sum(1)).double()  # accumulated attention, (Hkv, Tk)
+            self.scores[layer] = acc
+            return acc
+        if name == "tova":
+            return self._group_sum(p[:, -1]).double()  # the newest query's attention, (Hkv, Tk)
+        if name == "snapkv":
+            s = self._group_sum(p.sum(1)).double()  # (Hkv, Tk) observation-window votes
+            n = max(0, tk - p.shape[1])  # the prefix before the window (the window itself is kept)
+            kern = max(1, self.kernel)
+            pooled = torch.zeros_like(s)
+            if n:  # pooled over the prefix only, as SnapKV does, so the window's own votes do not bleed in
+                pooled[:, :n] = F.avg_pool1d(s[:, None, :n], kern, stride=1, padding=kern // 2,
+                                             count_include_pad=False)[:, 0, :n]  # fmt: skip
+            return pooled
+        if name == "keynorm":
+            g = self.n_heads // self.n_kv_heads
+            return -k[0, ::g].double().norm(dim=-1)  # low key norm = kept, (Hkv, Tk)
+        if name == "custom":
+            return self._custom(layer, k, p, tk)
+        return torch.zeros(self.n_kv_heads, tk, dtype=torch.float64)  # streaming: position alone decides
+
+    def _custom(self, layer, k, p, tk) -> torch.Tensor:
+        g = self.n_heads // self.n_kv_heads
+        try:
+            out = self.scorer(layer, k[0, ::g].detach().clone(), p.detach().clone())
+        except Exception as e:  # noqa: BLE001  (user code may raise anything; it becomes one clear message)
+            raise InspectorError(f"the scoring function raised {type(e).__name__}: {e}") from None
+        if not isinstance(out, torch.Tensor):
+            out = torch.as_tensor(np.asarray(out))
+        if tuple(out.shape) != (self.n_kv_heads, tk):
+            raise InspectorError(f"the scoring function returned shape {tuple(out.shape)}; "
+                                 f"expected (kv_heads, positions) = ({self.n_kv_heads}, {tk})")  # fmt: skip
+        out = out.detach().to("cpu", torch.float64)
+        if not bool(torch.isfinite(out).all()):
+            raise InspectorError("the scoring function returned NaN or infinite scores")
+        return out
+
+    def _evict(self, layer, score, budget, tk) -> None:
+        """Cut every KV head over its budget down to it, all heads at once (no per-head loop)."""
+        ev = self.evicted_at[layer]  # (Hkv, Tk)
+        held = ev == NEVER  # (Hkv, Tk)
+        over = held.sum(1) > budget  # (Hkv,)
+        if not bool(over.any()):
+            return
+        pos = torch.arange(tk)
+        recent = torch.tensor([min(self._recent(int(b)), tk) for b in budget])  # (Hkv,)
+        protect = (pos[None, :] < self.sinks) | (pos[None, :] >= tk - recent[:, None])  # (Hkv, Tk)
+        protect &= held
+        room = budget - protect.sum(1)  # (Hkv,)
+        cand = held & ~protect
+        if int((held.sum(1) - budget).max()) == 1:
+            # the steady state, one entry over: drop each such head's lowest score (the newest among equals,
+            # as the ranking below would)
+            s = score.masked_fill(~cand, math.inf).flip(1)  # (Hkv, Tk), newest first
+            j = tk - 1 - s.argmin(1)  # (Hkv,)
+            g = over.nonzero()[:, 0]
+            ev[g, j[g]] = tk
+            return
+        s = score.masked_fill(~cand, -math.inf)  # (Hkv, Tk)
+        # rank of each entry by score, best first; ties go to the older entry (stable), so runs reproduce
+        order = torch.sort(-s, dim=1, stable=True).indices  # (Hkv, Tk)
+        rank = torch.empty_like(order).scatter_(1, order, pos.expand_as(order).contiguous())
+        keep = protect | (cand & (rank < room[:, None]))
+        ev[held & ~keep & over[:, None]] = tk  # masked from the next query position on
+
+
+def make(name: str, budget: int | None = None, **options) -> Policy:
+    """A policy by name: an eviction policy with ``budget`` entries per KV head, or a quantization.
+
+    Options: eviction ``sinks``, ``recent``, ``layer_budgets``, ``window`` and ``kernel`` (SnapKV),
+    ``scorer`` (custom); quantization ``group``, ``residual`` and ``scheme`` (kivi or transformers).
+    """
+    if not isinstance(name, str):
+        raise InspectorError(f"policy must be a name, got {name!r}")
+    if name in QUANT:
+        from .quant import SCHEMES, Quantization, TransformersQuantization
+
+        if budget is not None:
+            raise InspectorError(f"{name} is a quantization; it takes no budget (its knobs are group and residual)")
+        scheme = options.pop("scheme", "kivi")
+        if scheme not in SCHEMES:
+            raise InspectorError(f"unknown quantization scheme {scheme!r}; use {' or '.join(SCHEMES)}")
+        return (TransformersQuantization if scheme == "transformers" else Quantization)(name, **options)
+    if name in EVICTION:
+        return Eviction(name, budget, **options)
+    raise InspectorError(f"unknown policy {name!r}; use one of {', '.join(NAMES)} (or custom with a scorer)")

@@ -1,0 +1,244 @@
+"""Quantized KV caches, simulated inside the attention function (see ``policies`` for the hook).
+
+Two schemes:
+
+- ``kivi`` (default): KIVI. Keys per channel over groups of ``group`` tokens, values per token
+  over groups of ``group`` channels, asymmetric min-max rounding to ``bits``; the newest
+  ``residual`` entries stay in full precision and a key group is quantized once all its tokens
+  have left that window. Each entry is quantized once, from its full-precision value.
+- ``transformers``: what transformers' ``QuantizedCache`` does with the quanto backend
+  (``cache_implementation="quantized"``, axis 0): the prompt is quantized whole after its own
+  forward; later entries collect in a full-precision residual and, when it reaches ``residual``
+  entries, the whole cache (its dequantized part and the residual) is quantized again; every
+  group is ``group`` consecutive numbers of the flattened (batch, head, position, channel)
+  tensor. quanto's MaxOptimizer arithmetic: scale = (max - min) / (2^bits - 1), shift = -min,
+  q = clamp(round((x + shift) / scale), 0, 2^bits - 1), x' = scale q - shift.
+
+fp8 (both schemes' residual rule as in ``kivi``) casts each element to float8 (e4m3fn or e5m2)
+and back, no scale. The prompt's own forward always attends in full precision (as KIVI and
+transformers do); later forwards read the dequantized entries.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from ..errors import InspectorError
+from .policies import QUANT, Policy
+
+SCHEMES = ("kivi", "transformers")
+
+
+def quantize_groups(x: torch.Tensor, bits: int, dim: int) -> torch.Tensor:
+    """Asymmetric min-max fake quantization of ``x`` with one scale and zero per slice along ``dim``.
+
+    x is float; returns the dequantized values in float32: round((x - min) / s) * s + min with
+    s = (max - min) / (2^bits - 1).
+    """
+    x = x.float()
+    lo, hi = x.amin(dim, keepdim=True), x.amax(dim, keepdim=True)
+    levels = 2**bits - 1
+    scale = (hi - lo) / levels
+    scale = torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.clamp(torch.round((x - lo) / scale), 0, levels)
+    return q * scale + lo
+
+
+class Quantization(Policy):
+    """KIVI-style int quantization (``int8``/``int4``/``int2``) or an fp8 cast, with a residual window."""
+
+    kind = "quantization"
+
+    scheme = "kivi"
+
+    def __init__(self, name: str, *, group: int | None = None, residual: int = 16):
+        if name not in QUANT:
+            raise InspectorError(f"unknown quantization {name!r}; use one of {', '.join(QUANT)}")
+        self.name, self.group, self.residual = name, group, residual
+        self.bits = {"int8": 8, "int4": 4, "int2": 2}.get(name, 8)
+        self.fp8 = {"fp8-e4m3": torch.float8_e4m3fn, "fp8-e5m2": torch.float8_e5m2}.get(name)
+
+    def describe(self) -> str:
+        extra = "" if self.fp8 is not None else f" group {self.group}"
+        return f"{self.name}{extra} residual {self.residual}"
+
+    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize) -> None:
+        if self.group is None:
+            self.group = min(32, head_dim)  # KIVI's default, or one group per head on small heads
+        for what, v in (("group", self.group), ("residual", self.residual)):
+            if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if what == "group" else 0):
+                raise InspectorError(f"{what} must be a whole number >= {1 if what == 'group' else 0}, got {v!r}")
+        if self.fp8 is None and head_dim % self.group:
+            raise InspectorError(f"group {self.group} does not divide the head size {head_dim} (values are grouped along it)")
+        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize)
+
+    def boundaries(self, length: int) -> tuple[int, int]:
+        """(keys, values) quantized at the front of a cache of ``length`` entries."""
+        old = max(0, length - self.residual)
+        if self.fp8 is not None:
+            return old, old
+        return old // self.group * self.group, old  # keys wait for a whole group of tokens
+
+    def reset(self) -> None:
+        # per layer [K, V] (B, Hkv, capacity, d): what attention reads; rows below ``done`` hold final
+        # dequantized values (an entry is quantized once, from its full-precision value), the rest
+        # are refreshed from the model's full-precision cache at every forward
+        self.read: list[list[torch.Tensor] | None] = [None] * self.n_layers
+        self.done = [(0, 0)] * self.n_layers  # (keys, values) rows already dequantized in ``read``
+        self.written = [(0, 0)] * self.n_layers  # rows of the recorder's K and V already holding dequantized values
+
+    def snapshot(self):
+        return list(self.done), list(self.written)  # rows below ``done`` never change again
+
+    def restore(self, snap) -> None:
+        self.done, self.written = (list(x) for x in snap)
+
+    def _deq_keys(self, k: torch.Tensor) -> torch.Tensor:
+        if self.fp8 is not None:
+            return k.to(self.fp8).to(k.dtype)
+        b, h, n, d = k.shape  # n is a whole number of groups
+        g = k.reshape(b, h, n // self.group, self.group, d)  # tokens grouped, per channel
+        return quantize_groups(g, self.bits, 3).reshape(b, h, n, d).to(k.dtype)
+
+    def _deq_values(self, v: torch.Tensor) -> torch.Tensor:
+        if self.fp8 is not None:
+            return v.to(self.fp8).to(v.dtype)
+        b, h, n, d = v.shape
+        g = v.reshape(b, h, n, d // self.group, self.group)  # channels grouped, per token
+        return quantize_groups(g, self.bits, 4).reshape(b, h, n, d).to(v.dtype)
+
+    def _buffers(self, layer: int, key: torch.Tensor) -> list[torch.Tensor]:
+        bufs = self.read[layer]
+        b, h, tk, d = key.shape
+        if bufs is not None and (bufs[0].shape[0] != b or bufs[0].dtype != key.dtype or bufs[0].device != key.device):
+            bufs, self.done[layer] = None, (0, 0)  # another batch or dtype: start over
+        if bufs is None or bufs[0].shape[2] < tk:
+            cap = max(tk, 0 if bufs is None else 2 * bufs[0].shape[2]) + 64
+            new = [torch.empty((b, h, cap, d), dtype=key.dtype, device=key.device) for _ in range(2)]
+            if bufs is not None:
+                n = bufs[0].shape[2]
+                new[0][:, :, :n], new[1][:, :, :n] = bufs[0], bufs[1]
+            self.read[layer] = bufs = new
+        return bufs
+
+    def attend(self, layer, key, value, q0, n_heads):
+        tk = key.shape[2]
+        if q0 == 0:
+            self.done[layer] = (0, 0)
+            return key, value, None  # the prompt's own forward attends in full precision
+        qk, qv = self.boundaries(tk)
+        kb, vb = self._buffers(layer, key)
+        dk, dv = (min(a, b) for a, b in zip(self.done[layer], (qk, qv)))  # fewer after a rollback
+        # only the rows that can still change are touched: the full-precision tail and new quantizations
+        kb[:, :, dk:tk].copy_(key[:, :, dk:tk])
+        vb[:, :, dv:tk].copy_(value[:, :, dv:tk])
+        if qk > dk:
+            kb[:, :, dk:qk] = self._deq_keys(key[:, :, dk:qk])
+        if qv > dv:
+            vb[:, :, dv:qv] = self._deq_values(value[:, :, dv:qv])
+        self.done[layer] = (qk, qv)
+        key, value = kb[:, :, :tk], vb[:, :, :tk]  # (B, Hkv, Tk, d)
+        rec = self.recorder
+        if rec is not None and rec.mirror_kv:
+            # capture records rows q0.. of what attention read; older rows that were quantized since
+            # are rewritten here, so the records always hold the cache as the last forward read it
+            done = list(self.written[layer])
+            for i, (buf, x, upto) in enumerate(((rec.k[layer], key, qk), (rec.v[layer], value, qv))):
+                lo, hi = done[i], min(upto, q0)
+                if hi > lo:
+                    buf.write(x[:, :, lo:hi].detach(), lo)
+                    done[i] = hi
+            self.written[layer] = tuple(done)
+        return key, value, None
+
+    def cache_bytes(self, layer, length):
+        qk, qv = self.boundaries(length)
+        hd, item = self.n_kv_heads * self.head_dim, self.itemsize
+        full = (length - qk + length - qv) * hd * item
+        if self.fp8 is not None:
+            return full + (qk + qv) * hd
+        packed = math.ceil((qk + qv) * hd * self.bits / 8)
+        groups = (qk // self.group) * hd + qv * (hd // self.group)  # one scale and one zero each
+        return full + packed + 2 * groups * item
+
+
+def quanto_affine(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
+    """quanto's MaxOptimizer + quantize_affine + dequantize on axis 0, written out, in x's dtype.
+
+    Groups are ``group`` consecutive numbers of the flattened tensor (quanto's ``group(axis=0)``).
+    """
+    g = x.reshape(-1, group)  # (n_groups, group)
+    lo, hi = g.amin(1, keepdim=True), g.amax(1, keepdim=True)
+    levels = 2**bits - 1  # qmax - qmin
+    scale, shift = (hi - lo) / levels, -lo
+    data = torch.clamp(torch.round((g + shift) / scale), 0, levels).to(torch.uint8)
+    return (scale * data - shift).reshape(x.shape)  # a zero scale (a flat group) gives back its minimum
+
+
+class TransformersQuantization(Quantization):
+    """transformers' ``QuantizedCache`` with the quanto backend, step for step (see the module doc)."""
+
+    scheme = "transformers"
+
+    def __init__(self, name: str, *, group: int | None = None, residual: int = 16):
+        if name not in ("int4", "int2"):
+            raise InspectorError(f"transformers' quanto cache takes int4 or int2, not {name}")
+        super().__init__(name, group=group, residual=residual)
+
+    def describe(self) -> str:
+        return super().describe() + " (transformers' scheme)"
+
+    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize) -> None:
+        if self.residual < 1:
+            raise InspectorError("residual must be at least 1 in transformers' scheme (it flushes when the window fills)")
+        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize)
+
+    def reset(self) -> None:
+        super().reset()
+        self.store = [None] * self.n_layers  # per layer (K, V) dequantized, (B, Hkv, Lq, d) each
+        self.pending = [0] * self.n_layers  # full-precision entries waiting after the store
+        self.shown = [None] * self.n_layers  # the store whose values the records hold
+
+    def snapshot(self):
+        return list(self.store), list(self.pending), list(self.shown)
+
+    def restore(self, snap) -> None:
+        self.store, self.pending, self.shown = (list(x) for x in snap)
+
+    def _quant(self, x: torch.Tensor) -> torch.Tensor:
+        return quanto_affine(x.contiguous(), self.bits, self.group)
+
+    def attend(self, layer, key, value, q0, n_heads):
+        tk = key.shape[2]
+        if q0 == 0:  # the prompt's forward: full precision, then the whole prompt is quantized
+            self.store[layer] = (self._quant(key), self._quant(value))
+            self.pending[layer] = 0
+            return key, value, None
+        sk, sv = self.store[layer]
+        n = sk.shape[2]
+        key = torch.cat([sk, key[:, :, n:]], 2)  # (B, Hkv, Tk, d): dequantized store, then full precision
+        value = torch.cat([sv, value[:, :, n:]], 2)
+        shown = self.store[layer]
+        if self.pending[layer] + (tk - q0) >= self.residual:
+            self.store[layer] = (self._quant(key), self._quant(value))  # read from the next forward on
+            self.pending[layer] = 0
+        else:
+            self.pending[layer] += tk - q0
+        rec = self.recorder
+        if rec is not None and rec.mirror_kv and self.shown[layer] is not shown:
+            # a flush changed every stored row: the records take what this forward read
+            rec.k[layer].write(key[:, :, :q0].detach(), 0)
+            rec.v[layer].write(value[:, :, :q0].detach(), 0)
+            self.shown[layer] = shown
+        return key, value, None
+
+    def cache_bytes(self, layer, length):
+        n = 0 if self.store[layer] is None else min(self.store[layer][0].shape[2], length)
+        numbers = n * self.n_kv_heads * self.head_dim  # per K and per V
+        packed = 2 * math.ceil(numbers * self.bits / 8)
+        groups = 2 * (numbers // self.group)  # one scale and one shift each
+        return packed + 2 * groups * self.itemsize + 2 * (length - n) * self.n_kv_heads * self.head_dim * self.itemsize
+

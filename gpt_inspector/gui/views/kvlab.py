@@ -1,0 +1,277 @@
+"""KV cache lab panel: run a cache policy beside the full cache and watch what it costs, step by step.
+
+``KVLabPanel`` only displays; ``create_panel(window)`` runs the lab (two sessions: the reference
+and the policy run, built from the shown session's model and prompt) on the worker thread, so
+the GUI thread never runs the model. What comes back is a ``LabView``: copies, never the lab.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import pyqtgraph as pg
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QCheckBox,
+    QComboBox,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QPushButton,
+    QSpinBox,
+    QSplitter,
+    QTableWidget,
+    QTableWidgetItem,
+    QVBoxLayout,
+    QWidget,
+)
+
+PANEL_TITLE = "KV cache lab"
+PANEL_AREA = "bottom"
+# the engine's policy names (core.kvlab.NAMES), written out so building the panel imports no torch
+POLICIES = ("streaming", "h2o", "snapkv", "tova", "keynorm", "int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
+QUANT = ("int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
+
+
+@dataclass(frozen=True)
+class LabView:
+    """What the panel shows of a lab after a run or a step (owned copies)."""
+
+    policy: str
+    free_running: bool
+    steps: tuple  # LabStep records (the lab never changes one after it is made)
+    first_divergence: int | None
+    parted_at: int | None
+
+    @classmethod
+    def of(cls, lab) -> LabView:
+        return cls(lab.policy.describe(), lab.free_running, tuple(lab.history), lab.first_divergence,
+                   lab.parted_at if lab.free_running else None)  # fmt: skip
+
+
+class KVLabPanel(QWidget):
+    """Policy controls, the per-step KL / top-1 plot with the first divergence marked, bytes per layer."""
+
+    run_requested = Signal()
+    step_requested = Signal()
+    probe_requested = Signal()
+    show_requested = Signal()
+
+    def __init__(self, parent: QWidget | None = None):
+        super().__init__(parent)
+        self.view: LabView | None = None
+        self.policy = QComboBox()
+        self.policy.addItems(POLICIES)
+        self.policy.setCurrentText("h2o")
+        self.policy.setToolTip("Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache")
+        self.budget = QSpinBox()
+        self.budget.setRange(0, 1_000_000)
+        self.budget.setValue(32)
+        self.budget.setSpecialValueText("unlimited")
+        self.budget.setToolTip("Cache entries kept per KV head (eviction policies); 0 = unlimited")
+        self.steps = QSpinBox()
+        self.steps.setRange(1, 4096)
+        self.steps.setValue(16)
+        self.steps.setToolTip("Lab steps per Run")
+        self.free = QCheckBox("free-running")
+        self.free.setToolTip("The policy run chooses its own tokens (default: it is fed the reference's)")
+        self.run_button = QPushButton("Run")
+        self.run_button.setToolTip("Start a lab from this session's prompt and run the steps")
+        self.run_button.clicked.connect(self.run_requested)
+        self.step_button = QPushButton("Step")
+        self.step_button.setToolTip("One more lab step")
+        self.step_button.clicked.connect(self.step_requested)
+        self.step_button.setEnabled(False)
+        self.probe_button = QPushButton("Probe cache")
+        self.probe_button.setToolTip("Run the cache probe on layer 0 of the policy's cache: prompt tokens recovered")
+        self.probe_button.clicked.connect(self.probe_requested)
+        self.probe_button.setEnabled(False)
+        self.show_button = QPushButton("Show policy run")
+        self.show_button.setToolTip("Show the policy run in the window: evicted entries are masked columns in the "
+                                    "score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
+        self.show_button.clicked.connect(self.show_requested)
+        self.show_button.setEnabled(False)
+        self.policy.currentTextChanged.connect(lambda name: self.budget.setEnabled(name not in QUANT))
+        self.status = QLabel("pick a policy and a budget, then Run: the lab steps it beside the full cache")
+        self.status.setWordWrap(True)
+        self.bytes_label = QLabel("")
+        self.privacy_label = QLabel("")
+
+        self.plot = pg.PlotWidget()
+        self.plot.setMinimumHeight(120)
+        self.plot.setLabel("bottom", "step")
+        self.plot.setLabel("left", "KL(reference ‖ policy), nats")
+        self.plot.addLegend(offset=(-10, 10))
+        self.kl_curve = self.plot.plot([], [], pen=pg.mkPen((66, 133, 244), width=2), symbol="o", symbolSize=5,
+                                       name="KL")  # fmt: skip
+        self.miss = self.plot.plot([], [], pen=None, symbol="x", symbolSize=9, symbolPen=pg.mkPen((219, 68, 55), width=2),
+                                   name="top-1 differs")  # fmt: skip
+        self.divergence = pg.InfiniteLine(angle=90, pen=pg.mkPen((219, 68, 55), width=1, style=Qt.PenStyle.DashLine))
+        self.divergence.setVisible(False)
+        self.plot.addItem(self.divergence)
+
+        self.table = QTableWidget(0, 5)
+        self.table.setHorizontalHeaderLabels(["layer", "policy bytes", "full bytes", "evicted", "max lost mass"])
+        self.table.verticalHeader().setVisible(False)
+        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+
+        top = QHBoxLayout()
+        for w in (QLabel("policy"), self.policy, QLabel("budget"), self.budget, QLabel("steps"), self.steps,
+                  self.free, self.run_button, self.step_button, self.probe_button, self.show_button):  # fmt: skip
+            top.addWidget(w)
+        top.addStretch(1)
+        split = QSplitter(Qt.Horizontal)
+        split.addWidget(self.plot)
+        split.addWidget(self.table)
+        lay = QVBoxLayout(self)
+        lay.addLayout(top)
+        lay.addWidget(self.status)
+        lay.addWidget(self.bytes_label)
+        lay.addWidget(self.privacy_label)
+        lay.addWidget(split, 1)
+
+    def settings(self) -> tuple[str, int | None, int, bool]:
+        name = self.policy.currentText()
+        budget = None if name in QUANT or self.budget.value() == 0 else self.budget.value()
+        return name, budget, self.steps.value(), self.free.isChecked()
+
+    def set_busy(self, busy: bool, text: str = "") -> None:
+        for b in (self.run_button, self.step_button, self.probe_button, self.show_button):
+            b.setEnabled(not busy and (b is self.run_button or self.view is not None))
+        if busy:
+            self.status.setText(text)
+
+    def clear(self, text: str) -> None:
+        self.view = None
+        self.kl_curve.setData([], [])
+        self.miss.setData([], [])
+        self.divergence.setVisible(False)
+        self.table.setRowCount(0)
+        self.bytes_label.setText("")
+        self.privacy_label.setText("")
+        self.status.setText(text)
+        self.set_busy(False)
+
+    def show_view(self, v: LabView) -> None:
+        self.view = v
+        self.set_busy(False)
+        steps = v.steps
+        if not steps:
+            self.clear("the lab ran no step (the run had finished)")
+            return
+        idx = np.array([s.index for s in steps], dtype=float)
+        kl = np.array([s.kl for s in steps], dtype=float)
+        self.kl_curve.setData(idx, kl)
+        bad = np.array([not s.agree for s in steps])
+        self.miss.setData(idx[bad], kl[bad])
+        k = v.first_divergence
+        self.divergence.setVisible(k is not None)
+        if k is not None:
+            self.divergence.setPos(k)
+        last = steps[-1]
+        fd = "none yet" if k is None else f"step {k}"
+        parted = "" if not v.free_running else (
+            "; the texts have not parted" if v.parted_at is None else f"; the texts part at step {v.parted_at}")  # fmt: skip
+        self.status.setText(f"{v.policy}, {'free-running' if v.free_running else 'teacher-forced'}: {len(steps)} steps, "
+                            f"mean KL {kl.mean():.3e}, top-1 agreement {np.mean([s.agree for s in steps]):.0%}, "
+                            f"first divergence {fd}{parted}")  # fmt: skip
+        pol, full = sum(last.bytes_policy), sum(last.bytes_full)
+        self.bytes_label.setText(f"cache after step {last.index}: {pol:,} of {full:,} bytes ({pol / full:.1%})")
+        self.table.setRowCount(len(last.bytes_policy))
+        lost = last.lost_mass
+        for layer, (bp, bf) in enumerate(zip(last.bytes_policy, last.bytes_full)):
+            mass = "n/a" if np.isnan(lost[layer]).any() else f"{float(lost[layer].max()):.3f}"
+            cells = [str(layer), f"{bp:,}", f"{bf:,}", str(last.evicted_now[layer]), mass]
+            for j, text in enumerate(cells):
+                self.table.setItem(layer, j, QTableWidgetItem(text))
+
+    def show_privacy(self, r) -> None:
+        self.set_busy(False)
+        self.privacy_label.setText(f"cache probe, layer 0 of the policy's cache: {r.recovered} of {r.prompt_tokens} "
+                                   f"prompt tokens recovered ({r.held} still held)")  # fmt: skip
+
+
+def create_panel(window) -> KVLabPanel:
+    """Dock hook: the lab lives on the worker; Run starts it from the shown session's prompt."""
+    panel = KVLabPanel()
+    # the lab object is only ever touched inside worker jobs; the GUI thread keeps the reference
+    state = {"lab": None, "busy": False}
+
+    def submit(job, done, text) -> None:
+        if state["busy"]:
+            return
+        state["busy"] = True
+        panel.set_busy(True, text)
+
+        def finish(result, error) -> None:
+            state["busy"] = False
+            if error is not None:
+                from ...core.errors import InspectorError
+
+                panel.set_busy(False)
+                panel.status.setText(str(error))
+                window.show_error("Cannot run the KV cache lab", str(error),
+                                  "user" if isinstance(error, InspectorError) else "internal")  # fmt: skip
+                return
+            done(result)
+
+        if window.run_in_worker(job, finish) is None:
+            state["busy"] = False
+            panel.set_busy(False)
+
+    def run() -> None:
+        name, budget, n, free = panel.settings()
+
+        def job(src):
+            from ...core.errors import InspectorError
+            from ...core.kvlab import KVLab, make
+
+            if getattr(src, "read_only", True) or not hasattr(src, "lm"):
+                raise InspectorError("the KV cache lab needs a live session (a trace or a beam has no model to run)")
+            d = src.decoding
+            lab = KVLab(src.lm, policy=make(name, budget), prompt_ids=list(src.prompt_ids), free_running=free,
+                        temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=src.seed)  # fmt: skip
+            state["lab"] = lab
+            lab.run_steps(n)
+            return LabView.of(lab)
+
+        submit(job, panel.show_view, f"running {name} for {n} steps beside the full cache…")
+
+    def step() -> None:
+        def job(_src):
+            from ...core.errors import InspectorError
+
+            lab = state["lab"]
+            if lab is None:
+                raise InspectorError("no lab yet: press Run first")
+            lab.step()
+            return LabView.of(lab)
+
+        submit(job, panel.show_view, "one more lab step…")
+
+    def probe() -> None:
+        def job(_src):
+            from ...core.errors import InspectorError
+
+            if state["lab"] is None:
+                raise InspectorError("no lab yet: press Run first")
+            return state["lab"].probe()
+
+        submit(job, panel.show_privacy, "probing the policy's cache for the prompt…")
+
+    def show() -> None:
+        lab = state["lab"]
+        if lab is None or state["busy"]:
+            return
+        # the worker owns the lab's sessions already; from here the window steps the policy run itself
+        window.show_source(lab.run)
+        panel.status.setText("the policy run is shown in the window; press Run for a fresh lab")
+
+    panel.show_requested.connect(show)
+    panel.run_requested.connect(run)
+    panel.step_requested.connect(step)
+    panel.probe_requested.connect(probe)
+    return panel

@@ -1,0 +1,98 @@
+"""The KV cache lab panel, driven as a user would: pick a policy, press Run, read the plot and table.
+
+The window does not register the panel yet (the lead wires it in main_window); the test docks it
+through the window's public ``add_panel``, as the registration line will.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+from PySide6.QtCore import Qt
+
+PROMPT = "She eats an apple. He reads"
+
+
+def _dock(win):
+    from gpt_inspector.gui.views import kvlab
+
+    panel = kvlab.create_panel(win)
+    win.add_panel(kvlab.PANEL_TITLE, panel, kvlab.PANEL_AREA)
+    win.raise_panel(panel)
+    return panel
+
+
+def test_run_step_and_probe_show_the_labs_numbers(make_window, wait_idle, qtbot, tiny_lm, no_dialogs):
+    from gpt_inspector.core.kvlab import KVLab, make
+
+    win = make_window(prompt=PROMPT)
+    panel = _dock(win)
+    qtbot.waitUntil(panel.isVisible, timeout=3000)
+    panel.policy.setCurrentText("streaming")
+    panel.budget.setValue(4)
+    panel.steps.setValue(6)
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.view is not None and len(panel.view.steps) == 6, timeout=20000)
+    wait_idle(win)
+    lm = tiny_lm("gpt2")
+    ref = KVLab(lm, PROMPT, make("streaming", 4))
+    want = ref.run_steps(6)
+    xs, ys = panel.kl_curve.getData()
+    np.testing.assert_array_equal(xs, [s.index for s in want])
+    np.testing.assert_allclose(ys, [s.kl for s in want], rtol=1e-12, atol=0)
+    k = ref.first_divergence
+    assert k is not None and panel.divergence.isVisible() and panel.divergence.value() == k
+    assert len(panel.miss.getData()[0]) == sum(not s.agree for s in want)
+    assert f"first divergence step {k}" in panel.status.text()
+    assert panel.table.rowCount() == lm.n_layers
+    assert panel.table.item(1, 1).text() == f"{want[-1].bytes_policy[1]:,}"
+    assert panel.table.item(1, 2).text() == f"{want[-1].bytes_full[1]:,}"
+    assert f"{sum(want[-1].bytes_policy):,} of {sum(want[-1].bytes_full):,} bytes" in panel.bytes_label.text()
+    # one more step, then the probe
+    qtbot.mouseClick(panel.step_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: len(panel.view.steps) == 7, timeout=20000)
+    ref.step()
+    assert panel.kl_curve.getData()[1][-1] == pytest.approx(ref.history[-1].kl, rel=1e-12)
+    qtbot.mouseClick(panel.probe_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "recovered" in panel.privacy_label.text(), timeout=20000)
+    r = ref.probe()
+    assert f"{r.recovered} of {r.prompt_tokens} prompt tokens recovered ({r.held} still held)" in panel.privacy_label.text()
+    # the shown session was never touched: still at its first state
+    assert win.snapshot.n_steps == 0
+    assert not no_dialogs and not win.errors
+    # Show policy run: the window now shows the policy run; the score matrix masks what it evicted
+    qtbot.mouseClick(panel.show_button, Qt.MouseButton.LeftButton)
+    wait_idle(win)
+    snap = win.snapshot
+    assert snap.n_steps == 7
+    win.select(layer=1, head=2)
+    snap = wait_idle(win)
+    t = len(snap.allowed)
+    gone = (ref.policy.evicted_at[1][2] <= t - 1).numpy()  # (T,) evicted before the newest query ran
+    assert gone.any() and not snap.allowed[t - 1][gone].any()
+    assert sum(snap.kv_bytes) == sum(ref.history[-1].bytes_policy)  # the policy's bytes, not the simulation's
+    # stepping it in the window ends the lab: Step says so instead of mixing runs
+    qtbot.keyClick(win, Qt.Key.Key_F10)
+    wait_idle(win)
+    qtbot.mouseClick(panel.step_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "outside the lab" in panel.status.text(), timeout=10000)
+
+
+def test_quantization_disables_the_budget_and_a_trace_is_refused(make_window, wait_idle, qtbot, tmp_path, no_dialogs):
+    from PySide6.QtWidgets import QApplication
+
+    win = make_window(prompt=PROMPT)
+    panel = _dock(win)
+    panel.policy.setCurrentText("int4")
+    assert not panel.budget.isEnabled() and panel.settings()[1] is None
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    wait_idle(win)
+    path = tmp_path / "t.safetensors"
+    win.save_trace(str(path))
+    wait_idle(win)
+    win.open_trace(str(path))
+    wait_idle(win)
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "live session" in panel.status.text(), timeout=10000)
+    assert no_dialogs and "live session" in no_dialogs[-1][1]
+    assert panel.view is None and panel.run_button.isEnabled()
