@@ -37,8 +37,9 @@ def main() -> None:
         torch.set_num_threads(args.threads)
 
     import bench_step
-    import gpt_inspector as gi
     from transformers import AutoModelForCausalLM, DynamicCache
+
+    import gpt_inspector as gi
 
     folder = bench_step.build_llama_gqa(Path(tempfile.mkdtemp()) / "llama-gqa-random", max(args.t) + 64)
     lm = gi.load_model(folder, device="cpu")

@@ -64,8 +64,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    import gpt_inspector as gi
     from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+
+    import gpt_inspector as gi
 
     class _TakeTurns(LogitsProcessor):
         """Times generate's tokens and runs one Session step between them; changes no score."""
@@ -104,7 +105,7 @@ def main() -> None:
             s = gi.Session(lm, prompt_ids=ids)
             s.step()  # prefill, not counted
             turns = _TakeTurns(s)
-            kw = dict(do_sample=False, pad_token_id=0, eos_token_id=None, logits_processor=LogitsProcessorList([turns]))
+            kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None, "logits_processor": LogitsProcessorList([turns])}
             with torch.inference_mode():
                 hf.generate(torch.tensor([ids]), max_new_tokens=args.new, min_new_tokens=args.new, **kw)
             assert len(turns.hf) == len(turns.steps) == args.new - 1

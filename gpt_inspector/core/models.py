@@ -13,7 +13,6 @@ from .errors import InspectorError
 from .fidelity import check_supported, verify_fidelity
 
 
-
 def _demo_model() -> str:
     """The embedded demo model (a tiny GPT-2 trained here); GPT_INSPECTOR_DEMO_MODEL overrides it.
 
@@ -384,7 +383,7 @@ def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_
     ram = memory_bytes()
     if need is None:
         return
-    gib = lambda n: f"{n / 2**30:.2f} GiB"  # noqa: E731
+    gib = lambda n: f"{n / 2**30:.2f} GiB"
     dt = str(dtype).removeprefix("torch.")
     if placement is not None:
         mem = placement.get("max_memory")

@@ -80,14 +80,14 @@ def test_too_big_for_max_memory_without_an_offload_folder_is_refused_before_load
 
 
 @pytest.mark.parametrize("kw,match", [
-    (dict(device_map="everywhere"), "--device-map must be one of"),
-    (dict(max_memory="cpu=1GiB"), "add --device-map"),
-    (dict(offload_folder="x"), "add --device-map"),
-    (dict(device_map="auto", max_memory="cpu:1GiB"), "DEVICE=SIZE"),
-    (dict(device_map="auto", max_memory="gpu=1GiB"), "GPU indices"),
-    (dict(device_map="auto", max_memory="cpu=0"), "above zero"),
-    (dict(device_map="auto", max_memory="cpu=12 parsecs"), "a size such as"),
-    (dict(device_map="auto", device="cpu"), "give one of them"),
+    ({"device_map": "everywhere"}, "--device-map must be one of"),
+    ({"max_memory": "cpu=1GiB"}, "add --device-map"),
+    ({"offload_folder": "x"}, "add --device-map"),
+    ({"device_map": "auto", "max_memory": "cpu:1GiB"}, "DEVICE=SIZE"),
+    ({"device_map": "auto", "max_memory": "gpu=1GiB"}, "GPU indices"),
+    ({"device_map": "auto", "max_memory": "cpu=0"}, "above zero"),
+    ({"device_map": "auto", "max_memory": "cpu=12 parsecs"}, "a size such as"),
+    ({"device_map": "auto", "device": "cpu"}, "give one of them"),
 ])  # fmt: skip
 def test_bad_placement_arguments_say_what_to_do(tiny_dir, kw, match):
     with pytest.raises(InspectorError, match=match):
