@@ -586,8 +586,10 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
                 base = _causal_additive(tq, tk, query.dtype, query.device, offsets)  # (1, 1, n, Tk)
             rows = base.masked_fill(block, torch.finfo(query.dtype).min)  # (B, H, n, Tk)
             q_rows = query.index_select(2, offsets)  # (B, H, n, d)
-            out[:, :, offsets] = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=rows, scale=scaling,
-                                                                **gqa_kw)  # (B, H, n, d)  # fmt: skip
+            new = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=rows, scale=scaling, **gqa_kw)  # (B, H, n, d)
+            # only the (head, row) pairs an edit touches: the others keep the first pass's numbers exactly
+            h_idx, r_idx = block.any(-1).nonzero(as_tuple=True)  # (m,), (m,)
+            out[:, h_idx, offsets[r_idx]] = new[:, h_idx, r_idx]  # (B, m, d)
         probs = None
     else:
         k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
