@@ -29,8 +29,19 @@ SMALL = dict(
 
 
 # families whose configs nest or derive their sizes where the common names above do not reach
+_MLA = dict(kv_lora_rank=24, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+            num_key_value_heads=4, n_group=1, topk_group=1, head_dim=8, partial_rotary_factor=1.0)  # a value head size unlike the key's, on purpose
 EXTRA = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
+    "deepseek_v2": _MLA,
+    "deepseek_v3": _MLA,
+    "minicpm3": _MLA,
+    "deepseek_v32": dict(_MLA, index_topk=3, index_head_dim=8, index_n_heads=2, layer_types=["indexed_attention"] * 2,
+                         mlp_layer_types=["dense", "sparse"]),
+    # four layers: the last two read the K/V of the last earlier layer of their kind (KV sharing)
+    "gemma3n_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, intermediate_size=[64] * 4,
+                         layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4,
+                         vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8, laurel_rank=8),
 }  # fmt: skip
 
 

@@ -245,8 +245,7 @@ class Recorder:
             self.v[layer].write(value[:, :, q0:].detach(), q0)
         if attention_mask is not None:
             self._record_mask(layer, attention_mask, q0, tq, tk)
-        if layer == self.n_layers - 1:
-            self.length = tk
+        self.length = tk  # every attention layer sees the same keys (hybrids: not every layer attends)
 
     def _record_mask(self, layer, mask, q0, tq, tk) -> None:
         # the same mask tensor is shared by every layer of a forward: inspect it once

@@ -22,17 +22,11 @@ _MLA = (
 
 # model_type -> why its numbers would not be the model's own
 REFUSED: dict[str, str] = {
-    "deepseek_v2": _MLA,
-    "deepseek_v3": _MLA,
     "deepseek_v32": "sparse (indexer-selected) multi-head latent attention",
     "deepseek_v4": "sparse multi-head latent attention with compressed keys",
     "glm_moe_dsa": "DeepSeek sparse attention (an indexer picks the keys)",
-    "minicpm3": _MLA,
     "longcat_flash": _MLA,
     "kimi_linear": "hybrid: linear-attention layers keep a recurrent state, not a KV cache",
-    "jetmoe": "mixture of attention heads: each token's query and output projections are routed among experts, "
-    "so recorded probabilities are not the heads' (19 % of cells off in the tiny test)",
-    "gemma3n_text": "the last layers reuse earlier layers' K and V (KV sharing) and keep no cache of their own",
     "gemma3n": "the last layers reuse earlier layers' K and V (KV sharing) and keep no cache of their own",
     "doge": "dynamic mask attention: a learned, input-dependent additive mask per head",
     "minimax": "hybrid: lightning (linear) attention layers keep a recurrent state, not a KV cache",
@@ -109,8 +103,6 @@ def fidelity_gap(lm) -> tuple[float, int, float]:
     Ours runs the probe as a prefill and then ``STEPPED`` single tokens against the cache, as a
     session does; the reference is one eager forward without a cache.
     """
-    from transformers import DynamicCache
-
     model = lm.model
     ids = _probe_ids(lm.vocab_size, lm.device)  # (1, P)
     half = PROBE_LENGTH - STEPPED
@@ -120,7 +112,7 @@ def fidelity_gap(lm) -> tuple[float, int, float]:
             ref = model(ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()  # (P, V)
         finally:
             model.set_attn_implementation(capture.ATTN_NAME)
-        cache = DynamicCache()
+        cache = lm.new_cache()  # the session's kind (hybrids: the model's own state-space layers)
         parts = [model(ids[:, :half], past_key_values=cache, use_cache=True).logits[0]]  # (half, V)
         for p in range(half, PROBE_LENGTH):
             parts.append(model(ids[:, p : p + 1], past_key_values=cache, use_cache=True).logits[0])  # (1, V)

@@ -179,13 +179,50 @@ class RunSource:
         """The attention output the model computed, per head: (H, T, d) float32, before the output projection."""
         return to_numpy(self.head_outputs(layer))
 
+    # what the cache holds per layer (core.kv_layout.KVLayout); None: an ordinary per-head cache
+    kv_layout = None
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Layers with attention; the others (hybrids' state-space layers) have no K, V or matrices."""
+        lay = self.kv_layout
+        return tuple(range(self.n_layers)) if lay is None else lay.attention_layers
+
+    def has_attention(self, layer: int) -> bool:
+        return self.check_layer(layer) in self.attention_layers
+
+    def cache_layer_of(self, layer: int) -> int | None:
+        """The layer whose cache holds the K/V ``layer`` reads: itself, a shared layer's, or None
+        where the cache holds something else (a latent, untiled heads) or the layer has no attention."""
+        layer = self.check_layer(layer)
+        lk = None if self.kv_layout is None else self.kv_layout.layers[layer]
+        if self.kv_layout is None:
+            return layer
+        return None if lk is None else lk.reads
+
     def kv_cache_bytes(self, layer: int | None = None) -> int:
-        """Bytes the model's KV cache holds for this run (one layer, or all)."""
+        """Bytes the model's KV cache holds for this run (one layer, or all), as the cache really
+        is: a latent (MLA) counts its latent rows, a KV-sharing layer nothing of its own."""
         t = self.cache_length
         if t == 0:
             return 0
         layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
-        return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
+        lay = self.kv_layout
+        if lay is None:
+            return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
+        return sum(lay.layers[i].cache_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
+
+    def kv_per_head_bytes(self, layer: int | None = None) -> int:
+        """Bytes an ordinary per-head cache of the K and V attention received would take (one
+        layer, or all): equal to ``kv_cache_bytes`` for most models, more for a latent cache."""
+        t = self.cache_length
+        if t == 0:
+            return 0
+        layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
+        lay = self.kv_layout
+        if lay is None:
+            return self.kv_cache_bytes(layer)
+        return sum(lay.layers[i].attention_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
 
 
 class ModelShape:
@@ -224,6 +261,10 @@ class ModelShape:
     @property
     def unverified(self) -> str | None:
         return getattr(self.lm, "unverified", None)
+
+    @property
+    def kv_layout(self):
+        return getattr(self.lm, "kv_layout", None)
 
     @property
     def cache_dtype(self) -> str:

@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from .. import decoding, validate
 from ..capture import Recorder
@@ -174,8 +173,8 @@ class BeamSearch:
         self.cur_len = p
         self.done = False
 
-        self.cache = DynamicCache()  # full length even for sliding-window layers, as in Session
-        self.recorder = Recorder(lm.n_layers, mirror_kv=dev.type != "cpu", pin=dev.type == "cuda")
+        self.cache = lm.new_cache()  # full length even for sliding-window layers, as in Session
+        self.recorder = Recorder(lm.n_layers, mirror_kv=dev.type != "cpu" or lm.mirror_kv, pin=dev.type == "cuda")
         self.steps_done: list[BeamStep] = []
         root_text = "".join(token_label(lm.tokenizer, i) for i in self.prompt_ids)
         self.nodes: list[BeamNode] = [BeamNode(0, None, -1, None, root_text, 0.0, 0.0, fate="beam", status="alive")]
@@ -228,10 +227,15 @@ class BeamSearch:
 
     def kv_cache_bytes(self, layer: int | None = None) -> int:
         """Bytes the model's KV cache holds now, every beam together."""
-        layers = self.cache.layers if layer is None else [self.cache.layers[check_index(layer, self.lm.n_layers, "layer")]]
+        if layer is None:
+            layers = self.cache.layers
+        else:
+            i = check_index(layer, self.lm.n_layers, "layer")
+            # a KV-sharing layer keeps no cache of its own (and may have no slot in it)
+            layers = [self.cache.layers[i]] if i < len(self.cache.layers) and self.lm.cache_layer(i) == i else []
         total = 0
         for cl in layers:
-            if getattr(cl, "is_initialized", False) and cl.keys is not None:
+            if getattr(cl, "is_initialized", False) and getattr(cl, "keys", None) is not None:
                 total += cl.keys.numel() * cl.keys.element_size() + cl.values.numel() * cl.values.element_size()
         return total
 
@@ -308,8 +312,9 @@ class BeamSearch:
             k = [rec.k[i].view(length)[row] for i in range(nl)]  # (H_kv, T, d)
             v = [rec.v[i].view(length)[row] for i in range(nl)]
         else:
-            k = [self.cache.layers[i].keys[row, :, :length] for i in range(nl)]  # (H_kv, T, d)
-            v = [self.cache.layers[i].values[row, :, :length] for i in range(nl)]
+            cl = [self.cache.layers[self.lm.cache_layer(i)] for i in range(nl)]  # KV sharing: another layer's
+            k = [c.keys[row, :, :length] for c in cl]  # (H_kv, T, d)
+            v = [c.values[row, :, :length] for c in cl]
         if clone:
             # a finished hypothesis outlives its row, which the next reorder hands to another beam
             q, out, k, v = ([t.detach().clone() for t in ts] for ts in (q, out, k, v))

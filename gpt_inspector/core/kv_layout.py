@@ -1,0 +1,174 @@
+"""What the model's cache holds per layer, next to the K and V its attention function receives.
+
+For most models the two are the same tensors, and the session reads K/V straight from the cache
+(zero copy). Some keep something else:
+
+- multi-head latent attention (deepseek_v2/v3, minicpm3) caches a compressed latent and a shared
+  rotary key, and decompresses per-head K and V from it at every step;
+- jetmoe caches its KV heads once and tiles them over the expert slots after the cache update;
+- gemma3n's last layers keep no cache: they read an earlier layer's (KV sharing).
+
+The load-time probe runs the model once and compares, layer by layer, what attention received
+with what the cache holds (``read_layout``). Where attention received tensors no cache layer
+holds, the session mirrors K/V as attention received them; everywhere else it reads the cache.
+Hybrid models (state-space or convolution layers beside attention) also get their own cache
+class, built from the config, so the state-space layers keep their running state.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from transformers import DynamicCache
+from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
+
+Shape = tuple[int, int]  # (heads, numbers per head) per position
+
+# cache layer types that hold per-position K/V (the rest hold a running state or nothing)
+_ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention", "dummy"}
+
+
+@dataclass(frozen=True)
+class LayerKV:
+    """One attention layer: K and V as attention received them, and where the cache keeps them."""
+
+    keys: Shape  # (H_k, d_k) as attention received them
+    values: Shape  # (H_v, d_v)
+    # the cache layer whose K/V tensors attention received (itself, or the layer it shares);
+    # None: the cache holds something else (a latent, untiled heads) and K/V are mirrored
+    reads: int | None
+    # what this layer's own cache layer stores per position: one (heads, numbers) per cached
+    # tensor; () when it keeps nothing of its own (it reads a shared layer's)
+    cached: tuple[Shape, ...]
+
+    @property
+    def attention_numbers(self) -> int:
+        """Numbers per position an ordinary per-head cache of these K and V would hold."""
+        return self.keys[0] * self.keys[1] + self.values[0] * self.values[1]
+
+    @property
+    def cache_numbers(self) -> int:
+        return sum(h * d for h, d in self.cached)
+
+
+@dataclass(frozen=True)
+class KVLayout:
+    """Per model layer a ``LayerKV``, or None for a layer without attention (state-space)."""
+
+    layers: tuple[LayerKV | None, ...]
+    kind: str = "per-head"  # per-head, latent, tiled or shared
+    hybrid: bool = False  # the cache is the model's own hybrid class (running states beside K/V)
+
+    @property
+    def mirrored(self) -> bool:
+        """Whether the session must keep its own copy of K/V (the cache holds something else)."""
+        return any(lk is not None and lk.reads is None for lk in self.layers)
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        return tuple(i for i, lk in enumerate(self.layers) if lk is not None)
+
+    def layer(self, i: int) -> LayerKV | None:
+        return self.layers[i]
+
+    def describe(self) -> str:
+        """One line on what the cache holds, or "" for an ordinary per-head cache."""
+        att = [lk for lk in self.layers if lk is not None]
+        parts = []
+        if self.kind == "latent":
+            lk = att[0]
+            pieces = " + ".join(f"{d}" for _, d in lk.cached)
+            parts.append(
+                f"KV cache holds a compressed latent ({pieces} = {lk.cache_numbers} numbers per position and layer); "
+                f"per-head K and V would take {lk.attention_numbers} ({lk.attention_numbers / lk.cache_numbers:.1f}x)"
+            )
+        elif self.kind == "tiled":
+            lk = att[0]
+            parts.append(
+                f"KV cache holds {lk.cached[0][0]} KV heads; attention receives them tiled to {lk.keys[0]} heads"
+            )
+        shared = [(i, lk.reads) for i, lk in enumerate(self.layers) if lk is not None and lk.reads not in (None, i)]
+        if shared:
+            parts.append("KV sharing: " + ", ".join(f"layer {i} reads layer {j}'s cache" for i, j in shared))
+        none = [i for i, lk in enumerate(self.layers) if lk is None]
+        if none:
+            parts.append(f"layers {_ranges(none)}: no attention (state-space)")
+        return "; ".join(parts)
+
+
+def _ranges(idx: list[int]) -> str:
+    return ", ".join(str(i) for i in idx) if len(idx) <= 6 else f"{idx[0]}..{idx[-1]} ({len(idx)} layers)"
+
+
+def is_hybrid(config) -> bool:
+    """Whether the model's own cache keeps running states (state-space, convolution) beside K/V."""
+    try:
+        types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+    except (AttributeError, TypeError, ValueError):
+        return False
+    return any(t not in _ATTENTION_TYPES for t in types)
+
+
+def new_cache(config, hybrid: bool) -> DynamicCache:
+    """The cache a session steps with: full length on every attention layer.
+
+    Sliding-window layers keep every position so all stay inspectable (the model's own sliding
+    mask, recorded as mask rows, hides what the window drops). A hybrid model gets its own
+    per-layer cache classes from the config, the sliding ones swapped for full-length ones.
+    """
+    if not hybrid:
+        return DynamicCache()
+    from transformers.cache_utils import LinearAttentionAndFullAttentionLayer, LinearAttentionAndSlidingWindowAttentionLayer
+
+    cache = DynamicCache(config=config)
+    for i, cl in enumerate(cache.layers):
+        if type(cl) is DynamicSlidingWindowLayer:
+            cache.layers[i] = DynamicLayer()
+        elif type(cl) is LinearAttentionAndSlidingWindowAttentionLayer:
+            cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=cl.number_of_states)
+    return cache
+
+
+def _kv_tensors(cl) -> tuple[torch.Tensor, torch.Tensor] | None:
+    k, v = getattr(cl, "keys", None), getattr(cl, "values", None)
+    if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == 4 and v.dim() == 4:
+        return k, v
+    return None
+
+
+def read_layout(rec, cache, n_layers: int, length: int, hybrid: bool) -> KVLayout:
+    """Compare, after one probe forward, what attention received with what the cache holds.
+
+    ``rec`` recorded with ``mirror_kv=True``; layers it never saw have no attention.
+    """
+    held = [_kv_tensors(cl) for cl in cache.layers]
+    held = [None if kv is None else (kv[0].detach().cpu(), kv[1].detach().cpu()) for kv in held]
+    layers: list[LayerKV | None] = []
+    for i in range(n_layers):
+        if rec.calls[i] == 0:
+            layers.append(None)
+            continue
+        t = length
+        k, v = rec.k[i].view(t), rec.v[i].view(t)  # (B, H, T, d) as attention received them
+        reads = None
+        # itself first: a layer that owns its cache reads it; only then another layer's (sharing)
+        for j in [i] + [j for j in range(len(held)) if j != i]:
+            kv = held[j] if j < len(held) else None
+            if kv is not None and kv[0].shape == k.shape and kv[1].shape == v.shape:
+                if torch.equal(kv[0], k) and torch.equal(kv[1], v):
+                    reads = j
+                    break
+        own = held[i] if i < len(held) else None
+        cached = () if own is None else ((own[0].shape[1], own[0].shape[3]), (own[1].shape[1], own[1].shape[3]))
+        if reads is not None and reads != i:
+            cached = ()  # a KV-sharing layer: its cache slot (if any) is an empty placeholder
+        layers.append(LayerKV((k.shape[1], k.shape[3]), (v.shape[1], v.shape[3]), reads, cached))
+    kind = "per-head"
+    att = [lk for lk in layers if lk is not None]
+    if any(lk.reads is None for lk in att):
+        lk = next(lk for lk in att if lk.reads is None)
+        kind = "latent" if any(h == 1 for h, _ in lk.cached) and lk.keys[0] > 1 else "tiled"
+    elif any(lk.reads != i for i, lk in enumerate(layers) if lk is not None):
+        kind = "shared"
+    return KVLayout(tuple(layers), kind, hybrid)
