@@ -199,7 +199,7 @@ class Recorder:
         self.edits = _CompiledEdits()
         # layer -> [(head, None to zero it | (H_src, T_src, d) outputs to patch in from another run)]
         self.head_edits: dict[int, list[tuple[int, torch.Tensor | None]]] = {}
-        self._checked_masks: dict[int, bool] = {}
+        self._checked_masks: dict[int, tuple[bool, torch.Tensor]] = {}
 
     # -- bookkeeping used by the session -------------------------------------------------------
     def crop(self, length: int) -> None:
@@ -250,7 +250,7 @@ class Recorder:
     def _record_mask(self, layer, mask, q0, tq, tk) -> None:
         # the same mask tensor is shared by every layer of a forward: inspect it once
         key = id(mask)
-        plain = self._checked_masks.get(key)
+        plain = self._checked_masks.get(key, (None,))[0]
         allowed = None
         if plain is None:
             _check_mask_is_a_mask(mask[0, :, :, :tk])
@@ -258,7 +258,9 @@ class Recorder:
             pos = torch.arange(tk)
             causal = pos[None, :] <= (q0 + torch.arange(tq))[:, None]
             plain = bool(torch.equal(allowed, causal))
-            self._checked_masks[key] = plain
+            # the mask is kept alive with its verdict: a per-layer mask (a sparse indexer's) freed
+            # after its layer could hand its id to the next layer's, a different mask
+            self._checked_masks[key] = (plain, mask)
         if not plain:
             if allowed is None:
                 allowed = _allowed(mask[0, 0, :, :tk]).cpu()
@@ -335,7 +337,7 @@ def _allowed(mask: torch.Tensor) -> torch.Tensor:
 
 # arguments some families pass to their attention function that change its result and that we do
 # not reproduce (relative position biases, sparse key selections, sinks in another layout than s_aux)
-_CHANGES_THE_RESULT = ("position_bias", "block_indices", "indices", "sinks")
+_CHANGES_THE_RESULT = ("position_bias", "block_indices", "sinks")
 
 
 def inspector_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, softcap=None, **kwargs):
@@ -349,6 +351,9 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     need the scores in hand and take the written-out equation instead, in the order transformers'
     eager attention computes it.
     """
+    if kwargs.get("indices") is not None:
+        # deepseek_v32's sparse attention: the keys its indexer selected are the mask, recorded as such
+        attention_mask = _with_selected_keys(attention_mask, kwargs.pop("indices"), query, key.shape[2])
     for name in _CHANGES_THE_RESULT:
         if kwargs.get(name) is not None:
             # computing without it would be silently wrong; the load's probe turns this into a refusal
@@ -387,6 +392,21 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
             out = _edit_heads(out, rec.head_edits[layer], tk - tq)
         rec._record(layer, query, key, value, attention_mask, out, scaling, softcap, sinks)
     return out.transpose(1, 2).contiguous(), probs
+
+
+def _with_selected_keys(mask: torch.Tensor | None, indices: torch.Tensor, query: torch.Tensor, tk: int) -> torch.Tensor:
+    """The model's mask with every key its sparse indexer did not select masked out.
+
+    indices: (B, Tq, k) key positions per query (shared by the heads). The same ops as the
+    model's own eager path (deepseek_v32), so the probabilities are the model's to the bit.
+    """
+    b, tq, _ = indices.shape
+    dropped = indices.new_ones((b, tq, tk), dtype=torch.bool).scatter(-1, indices.long(), False).unsqueeze(1)  # (B, 1, Tq, Tk)
+    if mask is None:
+        mask = _causal_additive(tq, tk, query.dtype, query.device)  # (1, 1, Tq, Tk)
+    if mask.dtype == torch.bool:
+        return mask & ~dropped
+    return mask.masked_fill(dropped, torch.finfo(query.dtype).min)  # (B, 1, Tq, Tk)
 
 
 def _edit_heads(out: torch.Tensor, edits, q0: int) -> torch.Tensor:

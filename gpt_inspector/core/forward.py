@@ -31,6 +31,9 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
                 layer.keys = keys[..., :length, :]
             if values.shape[-2] > length:
                 layer.values = values[..., :length, :]
+            indexer = getattr(layer, "indexer_keys", None)  # a sparse indexer's own keys (B, T, d): deepseek_v32
+            if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 and indexer.shape[1] > length:
+                layer.indexer_keys = indexer[:, :length]
             continue
         n = layer.get_seq_length()
         if n > length:

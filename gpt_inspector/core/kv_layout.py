@@ -25,8 +25,8 @@ from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, ge
 
 Shape = tuple[int, int]  # (heads, numbers per head) per position
 
-# cache layer types that hold per-position K/V (the rest hold a running state or nothing)
-_ATTENTION_TYPES = {"full_attention", "sliding_attention", "chunked_attention", "dummy"}
+# cache layer types a plain DynamicCache stands in for (the rest: running states, a sparse indexer's keys)
+_PLAIN_TYPES = {"full_attention", "sliding_attention", "chunked_attention", "dummy"}
 
 
 @dataclass(frozen=True)
@@ -58,7 +58,9 @@ class KVLayout:
 
     layers: tuple[LayerKV | None, ...]
     kind: str = "per-head"  # per-head, latent, tiled or shared
-    hybrid: bool = False  # the cache is the model's own hybrid class (running states beside K/V)
+    # the cache is built from the config, layer kinds as the model's own (running states beside
+    # K/V, a sparse indexer's key cache), rather than a plain DynamicCache
+    own_cache: bool = False
 
     @property
     def mirrored(self) -> bool:
@@ -101,23 +103,23 @@ def _ranges(idx: list[int]) -> str:
     return ", ".join(str(i) for i in idx) if len(idx) <= 6 else f"{idx[0]}..{idx[-1]} ({len(idx)} layers)"
 
 
-def is_hybrid(config) -> bool:
-    """Whether the model's own cache keeps running states (state-space, convolution) beside K/V."""
+def needs_own_cache(config) -> bool:
+    """Whether the model's cache keeps more than per-position K/V (running states, indexer keys)."""
     try:
         types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
     except (AttributeError, TypeError, ValueError):
         return False
-    return any(t not in _ATTENTION_TYPES for t in types)
+    return any(t not in _PLAIN_TYPES for t in types)
 
 
-def new_cache(config, hybrid: bool) -> DynamicCache:
+def new_cache(config, own: bool) -> DynamicCache:
     """The cache a session steps with: full length on every attention layer.
 
     Sliding-window layers keep every position so all stay inspectable (the model's own sliding
-    mask, recorded as mask rows, hides what the window drops). A hybrid model gets its own
-    per-layer cache classes from the config, the sliding ones swapped for full-length ones.
+    mask, recorded as mask rows, hides what the window drops). ``own``: the model's own per-layer
+    cache classes from the config (hybrids, sparse indexers), sliding ones swapped for full-length.
     """
-    if not hybrid:
+    if not own:
         return DynamicCache()
     from transformers.cache_utils import LinearAttentionAndFullAttentionLayer, LinearAttentionAndSlidingWindowAttentionLayer
 
@@ -137,7 +139,7 @@ def _kv_tensors(cl) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
-def read_layout(rec, cache, n_layers: int, length: int, hybrid: bool) -> KVLayout:
+def read_layout(rec, cache, n_layers: int, length: int, own_cache: bool) -> KVLayout:
     """Compare, after one probe forward, what attention received with what the cache holds.
 
     ``rec`` recorded with ``mirror_kv=True``; layers it never saw have no attention.
@@ -171,4 +173,4 @@ def read_layout(rec, cache, n_layers: int, length: int, hybrid: bool) -> KVLayou
         kind = "latent" if any(h == 1 for h, _ in lk.cached) and lk.keys[0] > 1 else "tiled"
     elif any(lk.reads != i for i, lk in enumerate(layers) if lk is not None):
         kind = "shared"
-    return KVLayout(tuple(layers), kind, hybrid)
+    return KVLayout(tuple(layers), kind, own_cache)

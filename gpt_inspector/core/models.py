@@ -72,8 +72,8 @@ class LoadedModel:
 
     def new_cache(self):
         """An empty cache for a run: the model's own kind, full length on every attention layer."""
-        hybrid = self.kv_layout is not None and self.kv_layout.hybrid
-        return kv_layout.new_cache(self.model.config, hybrid)
+        own = self.kv_layout is not None and self.kv_layout.own_cache
+        return kv_layout.new_cache(self.model.config, own)
 
     def cache_layer(self, layer: int) -> int:
         """The cache layer holding the K/V that ``layer``'s attention reads (itself, or a shared one)."""
@@ -383,20 +383,21 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
     if n_layers <= 0:
         raise InspectorError(f"{name}: cannot tell the number of layers from its config")
     rec = capture.Recorder(n_layers, mirror_kv=True)
-    hybrid = kv_layout.is_hybrid(cfg)
-    cache = kv_layout.new_cache(cfg, hybrid)  # the kind a session steps with
+    own_cache = kv_layout.needs_own_cache(cfg)
+    cache = kv_layout.new_cache(cfg, own_cache)  # the kind a session steps with
     with torch.inference_mode(), rec.active():
         # two distinct ordinary tokens (not 0, often the pad id, whose embedding may be zero: every
         # layer's K would then look alike and the cache layout could not be told apart)
         vocab = int(model.get_input_embeddings().weight.shape[0])
         ids = torch.tensor([[1, 2]], dtype=torch.long, device=dev) * 7919 % max(vocab - 1, 1) + 1  # (1, 2)
         model(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
-    if not all(c > 0 for c in rec.calls) and not (hybrid and any(rec.calls)):
+    # a hybrid's state-space layers never attend; every layer of any other model must
+    if not all(c > 0 for c in rec.calls) and not (own_cache and any(rec.calls)):
         missing = [i for i, c in enumerate(rec.calls) if c == 0]
         raise InspectorError(
             f"{name}: layers {missing[:5]} did not call transformers' attention interface; this model is not supported"
         )
-    layout = kv_layout.read_layout(rec, cache, n_layers, 2, hybrid)
+    layout = kv_layout.read_layout(rec, cache, n_layers, 2, own_cache)
     first = layout.attention_layers[0]
     _, n_heads, _, head_dim = rec.q[first].t.shape
     n_kv = rec.k[first].t.shape[1]
