@@ -74,6 +74,40 @@ class KVLayout:
     def layer(self, i: int) -> LayerKV | None:
         return self.layers[i]
 
+    def to_json(self) -> dict:
+        return {
+            "kind": self.kind,
+            "layers": [None if lk is None else {"keys": list(lk.keys), "values": list(lk.values), "reads": lk.reads,
+                                                "cached": [list(c) for c in lk.cached]} for lk in self.layers],
+        }  # fmt: skip
+
+    @classmethod
+    def from_json(cls, d, n_layers: int) -> KVLayout:
+        """The layout a trace saved; ValueError when it is not one for ``n_layers`` layers."""
+
+        def shape(x) -> Shape:
+            if not (isinstance(x, list) and len(x) == 2 and all(isinstance(v, int) and v >= 1 for v in x)):
+                raise ValueError(f"bad (heads, size) {x!r}")
+            return (x[0], x[1])
+
+        if not isinstance(d, dict) or not isinstance(d.get("layers"), list) or len(d["layers"]) != n_layers:
+            raise ValueError(f"kv_layout must describe {n_layers} layers")
+        layers = []
+        for x in d["layers"]:
+            if x is None:
+                layers.append(None)
+                continue
+            reads = x.get("reads") if isinstance(x, dict) else -1
+            if reads is not None and not (isinstance(reads, int) and 0 <= reads < n_layers):
+                raise ValueError(f"bad cache layer {reads!r}")
+            cached = x.get("cached")
+            if not isinstance(cached, list):
+                raise ValueError("bad cached shapes")
+            layers.append(LayerKV(shape(x.get("keys")), shape(x.get("values")), reads, tuple(shape(c) for c in cached)))
+        if not any(lk is not None for lk in layers):
+            raise ValueError("kv_layout has no attention layer")
+        return cls(tuple(layers), str(d.get("kind", "per-head")))
+
     def describe(self) -> str:
         """One line on what the cache holds, or "" for an ordinary per-head cache."""
         att = [lk for lk in self.layers if lk is not None]
