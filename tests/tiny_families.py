@@ -48,6 +48,15 @@ EXTRA = {
                   mlp_layer_types=["dense", "sparse"]),
     "deepseek_v32": dict(_MLA, index_topk=3, index_head_dim=8, index_n_heads=2, layer_types=["indexed_attention"] * 2,
                          mlp_layer_types=["dense", "sparse"]),
+    # hybrids: a state-space (or convolution) layer, then an attention layer
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                  mamba_d_state=8, mamba_dt_rank=8),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8),
+    "granitemoehybrid": dict(layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8),
+    "falcon_h1": dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64, mamba_d_state=8),
+    "lfm2": dict(layer_types=["conv", "full_attention"], full_attn_idxs=[1]),
+    "qwen3_next": dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
+                       linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4),
     # four layers: the last two read the K/V of the last earlier layer of their kind (KV sharing)
     "gemma3n_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, intermediate_size=[64] * 4,
                          layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4,

@@ -20,9 +20,12 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
     # per layer: after a fault mid-forward, layers may hold different lengths; and a Ctrl+C between
     # a layer's two concatenations leaves its keys one longer than its values, so each is cut to
     # the absolute length (the layer's relative crop would cut both by the keys' excess)
+    rewind = getattr(cache, "rewind_states", None)  # a hybrid's state-space layers (core.state_cache)
+    if rewind is not None:
+        rewind(length)
     for layer in cache.layers:
-        if not getattr(layer, "is_initialized", True):
-            continue
+        if not getattr(layer, "is_initialized", True) or not hasattr(layer, "get_seq_length"):
+            continue  # not started, or a state-space layer without K/V (rewound above)
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
             if keys.dim() < 2 or values.dim() < 2:  # fresh from lazy initialisation: empty 1-D placeholders
@@ -76,6 +79,9 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
     nothing failed.
     """
     start = cache.get_seq_length()
+    begin = getattr(cache, "begin_forward", None)  # a hybrid's cache keeps its states from here (core.state_cache)
+    if begin is not None:
+        begin(start)
     # an explicit all-ones mask: nothing is padded, even where the pad id is a real token
     seen = torch.ones((ids.shape[0], start + ids.shape[1]), dtype=torch.long, device=ids.device)  # (B, T)
     try:

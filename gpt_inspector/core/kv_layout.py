@@ -61,6 +61,8 @@ class KVLayout:
     # the cache is built from the config, layer kinds as the model's own (running states beside
     # K/V, a sparse indexer's key cache), rather than a plain DynamicCache
     own_cache: bool = False
+    # layers whose cache keeps a running state (state-space, convolution) rather than positions
+    state_layers: tuple[int, ...] = ()
 
     @property
     def mirrored(self) -> bool:
@@ -130,6 +132,9 @@ class KVLayout:
         none = [i for i, lk in enumerate(self.layers) if lk is None]
         if none:
             parts.append(f"layers {_ranges(none)}: no attention (state-space)")
+        both = [i for i in self.state_layers if self.layers[i] is not None]
+        if both:
+            parts.append(f"layers {_ranges(both)}: a state-space block beside attention")
         return "; ".join(parts)
 
 
@@ -157,7 +162,9 @@ def new_cache(config, own: bool) -> DynamicCache:
         return DynamicCache()
     from transformers.cache_utils import LinearAttentionAndFullAttentionLayer, LinearAttentionAndSlidingWindowAttentionLayer
 
-    cache = DynamicCache(config=config)
+    from .state_cache import StateCache
+
+    cache = StateCache(config)  # state-space layers rewound exactly on step back
     for i, cl in enumerate(cache.layers):
         if type(cl) is DynamicSlidingWindowLayer:
             cache.layers[i] = DynamicLayer()
@@ -207,4 +214,7 @@ def read_layout(rec, cache, n_layers: int, length: int, own_cache: bool) -> KVLa
         kind = "latent" if any(h == 1 for h, _ in lk.cached) and lk.keys[0] > 1 else "tiled"
     elif any(lk.reads != i for i, lk in enumerate(layers) if lk is not None):
         kind = "shared"
-    return KVLayout(tuple(layers), kind, own_cache)
+    from .state_cache import is_state_layer
+
+    states = tuple(i for i, cl in enumerate(cache.layers) if is_state_layer(cl))
+    return KVLayout(tuple(layers), kind, own_cache, states)

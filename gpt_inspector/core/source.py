@@ -76,6 +76,16 @@ class RunSource:
     def check_layer(self, layer) -> int:
         return check_index(layer, self.n_layers, "layer")
 
+    def check_attention_layer(self, layer) -> int:
+        """``layer`` checked, and refused in one line where it has no attention (a hybrid's state-space layer)."""
+        layer = self.check_layer(layer)
+        lay = self.kv_layout
+        if lay is not None and lay.layers[layer] is None:
+            raise InspectorError(
+                f"layer {layer} has no attention (state-space); the attention layers are {list(lay.attention_layers)}"
+            )
+        return layer
+
     def check_head(self, head) -> int:
         return check_index(head, self.n_heads, "head")
 
@@ -90,30 +100,30 @@ class RunSource:
     # thread that changes the source, and only until its next change (do not modify)
     def queries(self, layer: int) -> torch.Tensor:
         """q of every processed position as attention received it, (H, T, d)."""
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         self.require_positions()
         return self._queries(layer)
 
     def keys(self, layer: int) -> torch.Tensor:
         """The cached keys, (H_kv, T, d)."""
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         self.require_positions()
         return self._keys(layer)
 
     def values(self, layer: int) -> torch.Tensor:
         """The cached values, (H_kv, T, d)."""
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         self.require_positions()
         return self._values(layer)
 
     def head_outputs(self, layer: int) -> torch.Tensor:
         """The attention output per head, (H, T, d), before the output projection."""
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         self.require_positions()
         return self._head_outputs(layer)
 
     def scaling(self, layer: int) -> float:
-        return float(self._scaling[self.check_layer(layer)])
+        return float(self._scaling[self.check_attention_layer(layer)])
 
     def softcap(self, layer: int) -> float | None:
         """The layer's attention-logit soft-cap (tanh(x / cap) * cap), or None."""
@@ -135,7 +145,7 @@ class RunSource:
 
         Causal, then the model's own mask (sliding windows, ...), then the mask edits in force.
         """
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         t = self.require_positions()
         if not 0 <= p0 <= p1 <= t:
             raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
@@ -160,14 +170,14 @@ class RunSource:
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
         """(T, T) float32 over all processed positions; kind: raw, scores, masked_scores or probs."""
-        layer, head = self.check_layer(layer), self.check_head(head)
+        layer, head = self.check_attention_layer(layer), self.check_head(head)
         eq.check_stage(kind)
         t = self.require_positions()
         return self.attention_rows(layer, 0, t, kind, heads=(head,))[0].numpy()
 
     def allowed(self, layer: int, head: int) -> np.ndarray:
         """(T, T) bool: keys each query could attend to (the model's own mask and the edits in force)."""
-        layer, head = self.check_layer(layer), self.check_head(head)
+        layer, head = self.check_attention_layer(layer), self.check_head(head)
         t = self.require_positions()
         return allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head).numpy()
 

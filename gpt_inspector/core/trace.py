@@ -47,6 +47,9 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
     if t == 0:
         raise InspectorError("nothing to save: run a step first")
     L = source.n_layers
+    if len(source.attention_layers) != L:
+        # the format keeps every layer's q, K and V; a hybrid's state-space layers have none
+        raise InspectorError("traces of hybrid models (layers without attention) are not supported yet")
     tensors: dict[str, np.ndarray] = {"tokens": np.asarray(source.tokens, dtype=np.int64)}
     for layer in range(L):
         q, k, v = source.qkv(layer)

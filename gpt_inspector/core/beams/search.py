@@ -306,18 +306,20 @@ class BeamSearch:
 
     def _row_records(self, row: int, length: int, clone: bool) -> _Rows:
         rec, nl = self.recorder, self.lm.n_layers
-        q = [rec.q[i].view(length)[row] for i in range(nl)]  # (H, T, d) each
-        out = [rec.out[i].view(length)[row] for i in range(nl)]
-        if rec.mirror_kv:
-            k = [rec.k[i].view(length)[row] for i in range(nl)]  # (H_kv, T, d)
-            v = [rec.v[i].view(length)[row] for i in range(nl)]
-        else:
-            cl = [self.cache.layers[self.lm.cache_layer(i)] for i in range(nl)]  # KV sharing: another layer's
-            k = [c.keys[row, :, :length] for c in cl]  # (H_kv, T, d)
-            v = [c.values[row, :, :length] for c in cl]
+        lay = self.lm.kv_layout
+        att = range(nl) if lay is None else lay.attention_layers  # a hybrid's state-space layers record nothing
+        q, out, k, v = ([None] * nl for _ in range(4))
+        for i in att:
+            q[i] = rec.q[i].view(length)[row]  # (H, T, d)
+            out[i] = rec.out[i].view(length)[row]
+            if rec.mirror_kv:
+                k[i], v[i] = rec.k[i].view(length)[row], rec.v[i].view(length)[row]  # (H_kv, T, d)
+            else:
+                c = self.cache.layers[self.lm.cache_layer(i)]  # KV sharing: another layer's
+                k[i], v[i] = c.keys[row, :, :length], c.values[row, :, :length]  # (H_kv, T, d)
         if clone:
             # a finished hypothesis outlives its row, which the next reorder hands to another beam
-            q, out, k, v = ([t.detach().clone() for t in ts] for ts in (q, out, k, v))
+            q, out, k, v = ([None if t is None else t.detach().clone() for t in ts] for ts in (q, out, k, v))
         return _Rows(q, out, k, v)
 
     def _greedy_step(self, logits: torch.Tensor, log_probs: torch.Tensor) -> BeamStep:
