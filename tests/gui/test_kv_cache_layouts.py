@@ -70,3 +70,30 @@ def test_a_kv_sharing_layer_says_whose_cache_it_reads(qtbot, wait_idle, lms):
         np.testing.assert_array_equal(snap.kv_k, k0.transpose(1, 0, 2).reshape(s.cache_length, -1))
     finally:
         win.worker.stop()
+
+
+def test_hybrid_window_steps_and_selects_a_state_space_layer(qtbot, wait_idle, lms_hybrid):
+    win, s = _window(qtbot, wait_idle, lms_hybrid)
+    try:
+        win.run(2)
+        snap = wait_idle(win)
+        assert snap.T == s.cache_length and s.attention_layers == (1,)
+        # jamba's layer 0 is a Mamba layer: choosing it shows the nearest layer that attends
+        for layer in (1, 0):
+            win.kv_cache.layer_clicked.emit(layer)
+            snap = wait_idle(win)
+            assert snap.selection.layer == 1
+            np.testing.assert_array_equal(snap.matrix[~np.isnan(snap.matrix)], s.attention(1, 0)[snap.allowed])
+        assert snap.kv_bytes == (0, s.kv_cache_bytes(1))
+        nb = snap.thumb_bins
+        assert not snap.thumbs[:nb].any() and snap.thumbs[nb:].any()  # the overview's Mamba row is blank
+    finally:
+        win.worker.stop()
+
+
+@pytest.fixture(scope="module")
+def lms_hybrid(tmp_path_factory):
+    from gpt_inspector.core.models import from_model
+
+    tok = tiny_models.build_tokenizer(tmp_path_factory.mktemp("tok"))
+    return from_model(tiny_families.build_model("jamba", tok.convert_tokens_to_ids("<|endoftext|>")), tok, "jamba")
