@@ -35,10 +35,10 @@ deepseek_v32 diffllama dots1 ernie4_5
 ernie4_5_moe exaone4 exaone_moe falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa gpt-sw3
 gpt2 gpt_bigcode gpt_neox gpt_oss granite granite_swa granitemoe granitemoe_swa
 granitemoehybrid granitemoeshared
-helium hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax internlm3 iquestcoder jais2 jamba jetmoe kolibri1 laguna lfm2
+helium hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax internlm3 iquestcoder jais2 jamba jetmoe kolibri1 laguna lfm2 lfm2_moe
 longcat_flash llama llama4_text mellum mimo_v2_flash minicpm3 minimax_m2 ministral ministral3 mistral
-mixtral modernbert-decoder moshi nanochat nemotron nemotron_h olmo olmo2 olmo3 olmoe opt persimmon phi phi3
-phimoe qwen2 qwen2_moe qwen3 qwen3_moe qwen3_next seed_oss smollm3 solar_open stablelm starcoder2 vaultgemma youtu
+mixtral modernbert-decoder moshi nanochat nemotron nemotron_h olmo olmo2 olmo3 olmo_hybrid olmoe opt persimmon phi phi3
+phimoe qwen2 qwen2_moe qwen3 qwen3_5_moe_text qwen3_5_text qwen3_moe qwen3_next seed_oss smollm3 solar_open stablelm starcoder2 vaultgemma youtu
 """.split()
 
 # these report softmax weights before their sink (the sink scales the output afterwards); ours are
@@ -262,7 +262,8 @@ def test_qkv_is_what_attention_received_and_kv_bytes_are_the_real_cache(family, 
         assert "layer 3 reads layer 1's cache" in lm.describe()
 
 
-HYBRIDS = ["falcon_h1", "granitemoehybrid", "jamba", "lfm2", "nemotron_h", "qwen3_next"]
+HYBRIDS = ["falcon_h1", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe", "nemotron_h", "olmo_hybrid", "qwen3_5_text",
+           "qwen3_5_moe_text", "qwen3_next"]
 
 
 @pytest.mark.parametrize("family", [f for f in KV_KINDS if f != "llama"] + HYBRIDS)
