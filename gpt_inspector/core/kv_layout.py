@@ -21,7 +21,11 @@ from dataclasses import dataclass
 
 import torch
 from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, DynamicSlidingWindowLayer, get_layer_types_and_kwargs
+from transformers.cache_utils import (
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    get_layer_types_and_kwargs,
+)
 
 Shape = tuple[int, int]  # (heads, numbers per head) per position
 
@@ -160,7 +164,10 @@ def new_cache(config, own: bool) -> DynamicCache:
     """
     if not own:
         return DynamicCache()
-    from transformers.cache_utils import LinearAttentionAndFullAttentionLayer, LinearAttentionAndSlidingWindowAttentionLayer
+    from transformers.cache_utils import (
+        LinearAttentionAndFullAttentionLayer,
+        LinearAttentionAndSlidingWindowAttentionLayer,
+    )
 
     from .state_cache import StateCache
 
