@@ -53,3 +53,9 @@ def test_trace_reports_the_real_cache_and_the_trace_keeps_it(family, folders, tm
     assert main(argv + ["--force"]) == 0
     err = capsys.readouterr().err
     assert "KV cache: " in err and (family != "deepseek_v3" or "per-head K and V would take" in err)
+
+
+def test_lens_on_a_model_with_several_residual_streams_says_so_in_one_line(folders, capsys):
+    rc = main(["lens", "--model", str(folders["gemma3n_text"]), "--device", "cpu", "--prompt", "She eats an apple"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "AltUp" in err and "Traceback" not in err

@@ -101,3 +101,12 @@ def test_traces_of_hybrids_are_refused_in_one_line(lm_of, tmp_path):
     with pytest.raises(gi.InspectorError, match="hybrid models"):
         s.save_trace(tmp_path / "t.safetensors")
     assert not (tmp_path / "t.safetensors").exists()
+
+
+def test_math_check_covers_the_attention_layers_only(lm_of):
+    from gpt_inspector.core.mathcheck import check_all
+
+    s = gi.Session(lm_of("jamba"), PROMPT)
+    s.run(2)
+    report = check_all(s)
+    assert list(report.layers) == [1] and report.ok
