@@ -133,9 +133,12 @@ class KVLayout:
         shared = [(i, lk.reads) for i, lk in enumerate(self.layers) if lk is not None and lk.reads not in (None, i)]
         if shared:
             parts.append("KV sharing: " + ", ".join(f"layer {i} reads layer {j}'s cache" for i, j in shared))
-        none = [i for i, lk in enumerate(self.layers) if lk is None]
-        if none:
-            parts.append(f"layers {_ranges(none)}: no attention (state-space)")
+        ssm = [i for i, lk in enumerate(self.layers) if lk is None and i in self.state_layers]
+        if ssm:
+            parts.append(f"layers {_ranges(ssm)}: no attention (state-space)")
+        ffn = [i for i, lk in enumerate(self.layers) if lk is None and i not in self.state_layers]
+        if ffn:
+            parts.append(f"layers {_ranges(ffn)}: no attention (feed-forward only)")
         both = [i for i in self.state_layers if self.layers[i] is not None]
         if both:
             parts.append(f"layers {_ranges(both)}: a state-space block beside attention")
@@ -178,6 +181,14 @@ def new_cache(config, own: bool) -> DynamicCache:
         elif type(cl) is LinearAttentionAndSlidingWindowAttentionLayer:
             cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=cl.number_of_states)
     return cache
+
+
+def silent_layers(cache) -> set[int]:
+    """Cache layers that never see attention: state-space / convolution layers, and feed-forward-only
+    layers (a ``DummyLayer`` slot). Only those may skip the attention function in the load probe."""
+    from .state_cache import is_state_layer
+
+    return {i for i, cl in enumerate(cache.layers) if is_state_layer(cl) or type(cl).__name__ == "DummyLayer"}
 
 
 def _kv_tensors(cl) -> tuple[torch.Tensor, torch.Tensor] | None:

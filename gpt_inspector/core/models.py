@@ -391,9 +391,11 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
         vocab = int(model.get_input_embeddings().weight.shape[0])
         ids = torch.tensor([[1, 2]], dtype=torch.long, device=dev) * 7919 % max(vocab - 1, 1) + 1  # (1, 2)
         model(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
-    # a hybrid's state-space layers never attend; every layer of any other model must
-    if not all(c > 0 for c in rec.calls) and not (own_cache and any(rec.calls)):
-        missing = [i for i, c in enumerate(rec.calls) if c == 0]
+    # a hybrid's state-space (and feed-forward-only) layers never attend; every other layer must
+    silent = kv_layout.silent_layers(cache) if own_cache else set()
+    missing = [i for i, c in enumerate(rec.calls) if c == 0 and i not in silent]
+    if missing or not any(rec.calls):
+        missing = missing or list(range(n_layers))
         raise InspectorError(
             f"{name}: layers {missing[:5]} did not call transformers' attention interface; this model is not supported"
         )

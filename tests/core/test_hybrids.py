@@ -33,8 +33,9 @@ def lm_of(tmp_path_factory):
 
 
 # jamba: a Mamba layer (recurrent + convolution state) then attention; lfm2: a short convolution;
-# falcon_h1: Mamba2 beside attention in every layer
-@pytest.mark.parametrize("family", ["jamba", "lfm2", "falcon_h1"])
+# falcon_h1: Mamba2 beside attention in every layer; nemotron_h: Mamba2, MoE-only, attention, MLP-only
+# layers; qwen3_next: gated DeltaNet
+@pytest.mark.parametrize("family", ["jamba", "lfm2", "falcon_h1", "nemotron_h", "qwen3_next"])
 def test_step_back_then_forward_again_is_bit_identical(family, lm_of):
     lm = lm_of(family)
     assert lm.kv_layout.state_layers
@@ -110,3 +111,20 @@ def test_math_check_covers_the_attention_layers_only(lm_of):
     s.run(2)
     report = check_all(s)
     assert list(report.layers) == [1] and report.ok
+
+
+def test_describe_names_state_space_and_feed_forward_only_layers(lm_of):
+    lm = lm_of("nemotron_h")  # Mamba2, MoE, attention, MLP
+    assert lm.kv_layout.attention_layers == (2,) and lm.kv_layout.state_layers == (0,)
+    text = lm.describe()
+    assert "layers 0: no attention (state-space)" in text and "layers 1, 3: no attention (feed-forward only)" in text
+
+
+def test_a_layer_that_skips_the_attention_function_is_still_refused(lm_of, monkeypatch):
+    # only a cache's state-space or feed-forward-only slots may go without attention
+    from gpt_inspector.core import kv_layout
+
+    monkeypatch.setattr(kv_layout, "silent_layers", lambda cache: set())
+    lm = lm_of("jamba")
+    with pytest.raises(gi.InspectorError, match=r"layers \[0\] did not call"):
+        from_model(lm.model, lm.tokenizer, "jamba")
