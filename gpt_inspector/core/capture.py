@@ -11,7 +11,8 @@ computed. Mask edits are applied here too, so an edited model and its records ca
 What is kept per layer (CPU, grown in chunks):
 - q and the attention output per query head and position (B, H, T, d);
 - K and V: on the CPU they are read straight from the model's KV cache (zero copy, the real
-  thing); on an accelerator a CPU mirror is filled with asynchronous copies;
+  thing); on an accelerator, and wherever the cache holds something else than the K/V attention
+  receives (a latent, untiled heads: ``core.kv_layout``), a CPU mirror is filled;
 - the base mask only where it deviates from plain causal (sliding windows, padding).
 Score and probability matrices are derived on demand by ``core.attention``; nothing T x T is
 stored per head.
