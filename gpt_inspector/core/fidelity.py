@@ -23,8 +23,6 @@ REFUSED: dict[str, str] = {
     "gemma3n": "the multimodal (audio, vision) model is not verified; its text model gemma3n_text is",
     "doge": "dynamic mask attention: a learned, input-dependent additive mask per head",
     "minimax": "hybrid: its lightning-attention layers need a cache class of its own (MiniMaxCache)",
-    "bamba": "hybrid: transformers' own cached run of its Mamba2 layers disagrees with its full forward and "
-    "generate (logits 3 apart on the tiny test), so there is no single number to match",
     "zamba": "hybrid: Mamba layers with a shared attention block; not yet verified",
     "zamba2": "hybrid: Mamba2 layers with shared attention blocks; not yet verified",
     "bailing_hybrid": "hybrid: not yet verified; its tiny test model fails inside its own forward",
@@ -78,10 +76,13 @@ def _probe_ids(vocab: int, device) -> torch.Tensor:
 
 def _stepped(model, ids: torch.Tensor, cache) -> torch.Tensor:
     """Logits (P, V) float32 of a prefill of all but ``STEPPED`` positions, then one token at a time."""
+    from .forward import position_kwargs
+
     half = PROBE_LENGTH - STEPPED
-    parts = [model(ids[:, :half], past_key_values=cache, use_cache=True).logits[0]]  # (half, V)
-    for p in range(half, PROBE_LENGTH):
-        parts.append(model(ids[:, p : p + 1], past_key_values=cache, use_cache=True).logits[0])  # (1, V)
+    parts = []
+    for a, b in [(0, half)] + [(p, p + 1) for p in range(half, PROBE_LENGTH)]:
+        x = ids[:, a:b]  # (1, n): with positions as a session (and generate) passes them
+        parts.append(model(x, past_key_values=cache, use_cache=True, **position_kwargs(model, a, x)).logits[0])  # (n, V)
     return torch.cat(parts).float()  # (P, V)
 
 

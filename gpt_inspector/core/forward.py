@@ -7,6 +7,8 @@ were when anything (an error, Ctrl+C) stops a forward halfway.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import signal
 import threading
 
@@ -41,6 +43,20 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
         n = layer.get_seq_length()
         if n > length:
             layer.crop(-(n - length))
+
+
+@functools.cache
+def _takes_position_ids(cls) -> bool:
+    return "position_ids" in inspect.signature(cls.forward).parameters
+
+
+def position_kwargs(model, start: int, ids: torch.Tensor) -> dict:
+    """``position_ids`` for positions start.. where the model's forward takes them, as ``generate``
+    passes them: some models decode differently without (bamba's Mamba2 layers by 3 logits)."""
+    if not _takes_position_ids(type(model)):
+        return {}
+    pos = torch.arange(start, start + ids.shape[1], dtype=torch.long, device=ids.device)  # (n,)
+    return {"position_ids": pos[None].expand(ids.shape[0], -1)}  # (B, n)
 
 
 @contextlib.contextmanager
@@ -86,7 +102,8 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
     seen = torch.ones((ids.shape[0], start + ids.shape[1]), dtype=torch.long, device=ids.device)  # (B, T)
     try:
         with torch.inference_mode(), recorder.active():
-            out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+            out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep,
+                           **position_kwargs(lm.model, start, ids))  # fmt: skip
         logits = take(out.logits)
         if lm.device.type == "cuda":
             torch.cuda.synchronize(lm.device)  # the records were copied asynchronously
