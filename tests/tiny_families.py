@@ -64,6 +64,11 @@ EXTRA = {
                              linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4),
     "olmo_hybrid": dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
                         linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2),
+    "zamba": dict(layers_block_type=["mamba", "hybrid"], attn_layer_period=2, attn_layer_offset=1, mamba_dt_rank=8,
+                  mamba_d_state=8, attention_head_dim=32, n_mamba_heads=2),
+    "zamba2": dict(layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=1,
+                   num_mem_blocks=1, adapter_rank=8),
+    # four layers: the last two read the K/V of the last earlier layer of their kind (KV sharing)
     "gemma3n_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, intermediate_size=[64] * 4,
                          layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4,
                          vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8, laurel_rank=8),

@@ -23,8 +23,8 @@ REFUSED: dict[str, str] = {
     "gemma3n": "the multimodal (audio, vision) model is not verified; its text model gemma3n_text is",
     "doge": "dynamic mask attention: a learned, input-dependent additive mask per head",
     "minimax": "hybrid: its lightning-attention layers need a cache class of its own (MiniMaxCache)",
-    "zamba": "hybrid: Mamba layers with a shared attention block; not yet verified",
-    "zamba2": "hybrid: Mamba2 layers with shared attention blocks; not yet verified",
+    "zamba": "hybrid: its shared attention block does not say which layer it runs in (no layer_idx), so its "
+    "records cannot be placed",
     "bailing_hybrid": "hybrid: not yet verified; its tiny test model fails inside its own forward",
     "qwen3_5": "the multimodal model is not verified; its text model qwen3_5_text is",
     "qwen3_5_moe": "the multimodal model is not verified; its text model qwen3_5_moe_text is",
