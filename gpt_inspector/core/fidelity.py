@@ -18,14 +18,13 @@ from .errors import InspectorError
 # model_type -> why its numbers would not be the model's own
 REFUSED: dict[str, str] = {
     "deepseek_v4": "sparse multi-head latent attention with compressed keys",
-    "kimi_linear": "hybrid (latent attention beside delta-attention layers): not yet verified; its tiny test model "
-    "fails inside its own forward",
+    "kimi_linear": "hybrid (latent attention beside delta-attention layers): not yet verified on a tiny test model",
     "gemma3n": "the multimodal (audio, vision) model is not verified; its text model gemma3n_text is",
     "doge": "dynamic mask attention: a learned, input-dependent additive mask per head",
     "minimax": "hybrid: its lightning-attention layers need a cache class of its own (MiniMaxCache)",
     "zamba": "hybrid: its shared attention block does not say which layer it runs in (no layer_idx), so its "
     "records cannot be placed",
-    "bailing_hybrid": "hybrid: not yet verified; its tiny test model fails inside its own forward",
+    "bailing_hybrid": "hybrid with linear-attention layers; not yet verified on a tiny test model",
     "qwen3_5": "the multimodal model is not verified; its text model qwen3_5_text is",
     "qwen3_5_moe": "the multimodal model is not verified; its text model qwen3_5_moe_text is",
     "recurrent_gemma": "recurrent (RG-LRU) layers with local attention; no transformers attention interface",
