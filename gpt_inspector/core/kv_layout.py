@@ -77,9 +77,6 @@ class KVLayout:
     def attention_layers(self) -> tuple[int, ...]:
         return tuple(i for i, lk in enumerate(self.layers) if lk is not None)
 
-    def layer(self, i: int) -> LayerKV | None:
-        return self.layers[i]
-
     def to_json(self) -> dict:
         return {
             "kind": self.kind,
