@@ -59,3 +59,9 @@ def test_lens_on_a_model_with_several_residual_streams_says_so_in_one_line(folde
     rc = main(["lens", "--model", str(folders["gemma3n_text"]), "--device", "cpu", "--prompt", "She eats an apple"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "AltUp" in err and "Traceback" not in err
+
+
+def test_probe_cache_on_a_latent_cache_says_so_in_one_line(folders, capsys):
+    rc = main(["probe-cache", "--model", str(folders["deepseek_v3"]), "--device", "cpu", "--prompt", "She eats an apple"])
+    err = capsys.readouterr().err
+    assert rc == 2 and err.count("\n") == 1 and "latent" in err and "Traceback" not in err

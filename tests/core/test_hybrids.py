@@ -128,3 +128,13 @@ def test_a_layer_that_skips_the_attention_function_is_still_refused(lm_of, monke
     lm = lm_of("jamba")
     with pytest.raises(gi.InspectorError, match=r"layers \[0\] did not call"):
         from_model(lm.model, lm.tokenizer, "jamba")
+
+
+def test_the_cache_probe_refuses_a_hybrid_in_one_line(lm_of):
+    from gpt_inspector.core.probe import probe_session
+
+    s = gi.Session(lm_of("jamba"), PROMPT)
+    s.run(1)
+    with pytest.raises(gi.InspectorError, match="state-space layers keep a running state") as e:
+        probe_session(s)
+    assert "\n" not in str(e.value)
