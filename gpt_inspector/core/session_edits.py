@@ -123,6 +123,13 @@ class EditingMixin:
             with interrupts_deferred():
                 commit()
             return MaskEditReport(None, 0, before, before)
+        layout = getattr(self.lm, "kv_layout", None)
+        if layout is not None and layout.state_layers:
+            # the running state at a position inside an earlier forward was never kept (core.state_cache)
+            raise InspectorError(
+                "mask and head edits are not available for hybrid models: their state-space layers keep a "
+                "running state that cannot be recomputed from the edited position"
+            )
         try:
             crop_cache(self.cache, earliest)
             self.recorder.crop(earliest)
