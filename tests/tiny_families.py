@@ -29,11 +29,52 @@ SMALL = dict(
 
 
 # families whose configs nest or derive their sizes where the common names above do not reach
+_MLA = dict(kv_lora_rank=24, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
+            num_key_value_heads=4, n_group=1, topk_group=1, head_dim=8, partial_rotary_factor=1.0)  # a value head size unlike the key's, on purpose
 EXTRA = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
     "xglm": dict(init_std=0.3),
     # doge's dynamic top-k keeps 3 keys per head inside its 4-key sliding window, so both cut
     "doge": dict(keep_window_size=3),
+    "deepseek_v2": _MLA,
+    "deepseek_v3": _MLA,
+    "minicpm3": _MLA,
+    "youtu": _MLA,
+    "glm4_moe_lite": _MLA,
+    "axk1": _MLA,
+    "longcat_flash": _MLA,
+    "glm_moe_dsa": dict(_MLA, index_topk=3, index_head_dim=8, index_n_heads=2, layer_types=["indexed_attention"] * 2,
+                        mlp_layer_types=["dense", "sparse"]),
+    "axk2": dict(_MLA, index_topk=3, index_head_dim=8, index_n_heads=2, layer_types=["indexed_attention"] * 2,
+                 mlp_layer_types=["dense", "sparse"]),
+    "hy_v4": dict(_MLA, index_topk=3, index_head_dim=8, index_n_heads=2, layer_types=["indexed_attention"] * 2,
+                  mlp_layer_types=["dense", "sparse"]),
+    "deepseek_v32": dict(_MLA, index_topk=3, index_head_dim=8, index_n_heads=2, layer_types=["indexed_attention"] * 2,
+                         mlp_layer_types=["dense", "sparse"]),
+    # hybrids: a state-space (or convolution) layer, then an attention layer
+    "jamba": dict(attn_layer_period=2, attn_layer_offset=1, expert_layer_period=2, expert_layer_offset=1,
+                  mamba_d_state=8, mamba_dt_rank=8),
+    "bamba": dict(attn_layer_indices=[1], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8),
+    "granitemoehybrid": dict(layer_types=["mamba", "attention"], mamba_n_heads=4, mamba_d_head=32, mamba_d_state=8),
+    "falcon_h1": dict(mamba_n_heads=4, mamba_d_head=16, mamba_d_ssm=64, mamba_d_state=8),
+    "lfm2": dict(layer_types=["conv", "full_attention"], full_attn_idxs=[1]),
+    "qwen3_next": dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
+                       linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4),
+    "lfm2_moe": dict(layer_types=["conv", "full_attention"], num_dense_layers=1),
+    "qwen3_5_text": dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
+                         linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4),
+    "qwen3_5_moe_text": dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
+                             linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=4),
+    "olmo_hybrid": dict(layer_types=["linear_attention", "full_attention"], linear_key_head_dim=8,
+                        linear_value_head_dim=8, linear_num_key_heads=2, linear_num_value_heads=2),
+    "zamba": dict(layers_block_type=["mamba", "hybrid"], attn_layer_period=2, attn_layer_offset=1, mamba_dt_rank=8,
+                  mamba_d_state=8, attention_head_dim=32, n_mamba_heads=2),
+    "zamba2": dict(layers_block_type=["mamba", "hybrid"], mamba_d_state=8, n_mamba_heads=4, mamba_ngroups=1,
+                   num_mem_blocks=1, adapter_rank=8),
+    # four layers: the last two read the K/V of the last earlier layer of their kind (KV sharing)
+    "gemma3n_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, intermediate_size=[64] * 4,
+                         layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4,
+                         vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8, laurel_rank=8),
 }  # fmt: skip
 
 # variants of a family's config that take another code path: name -> (model_type, config overrides)

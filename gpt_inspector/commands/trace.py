@@ -56,10 +56,41 @@ def run(args) -> int:
                 for st in steps
             ],  # fmt: skip
             "trace": str(path),
+            **kv_summary(s),
         }
         json.dump(out, sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
     else:
         print(s.text)
         print(f"{len(steps)} steps, {s.cache_length} positions cached; trace saved to {path}", file=sys.stderr)
+        print(kv_line(s), file=sys.stderr)
     return 0
+
+
+def kv_summary(s) -> dict:
+    """The cache as it really is, next to per-head K/V, and which layers attend (JSON)."""
+    lay = s.kv_layout
+    return {
+        "kv_cache_bytes": s.kv_cache_bytes(),
+        "kv_per_head_bytes": s.kv_per_head_bytes(),
+        "kv_cache": lay.describe() if lay is not None else "",
+        "attention_layers": list(s.attention_layers),
+    }
+
+
+def kv_line(s) -> str:
+    """One line: the real cache's bytes, what per-head K/V would take where that differs, and why."""
+    real, per_head = s.kv_cache_bytes(), s.kv_per_head_bytes()
+    text = f"KV cache: {human_bytes(real)}"
+    if per_head != real:
+        text += f" (per-head K and V would take {human_bytes(per_head)})"
+    note = s.kv_layout.describe() if s.kv_layout is not None else ""
+    return f"{text}; {note}" if note else text
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"

@@ -14,7 +14,8 @@ computed. Mask edits are applied here too, so an edited model and its records ca
 What is kept per layer (CPU, grown geometrically so a long run re-copies each position O(1) times):
 - q and the attention output per query head and position (B, H, T, d);
 - K and V: on the CPU they are read straight from the model's KV cache (zero copy, the real
-  thing); on an accelerator a CPU mirror is filled with asynchronous copies;
+  thing); on an accelerator, and wherever the cache holds something else than the K/V attention
+  receives (a latent, untiled heads: ``core.kv_layout``), a CPU mirror is filled;
 - the base mask only where it deviates from plain causal (sliding windows, padding), per head
   where the model masks each head differently (doge's dynamic top-k);
 - an additive score bias where the model adds one, compactly: ALiBi as per-head slopes plus one
@@ -337,8 +338,7 @@ class Recorder:
             self._record_bias(layer, bias, q0, tq)
         if attention_mask is not None:
             self._record_mask(layer, attention_mask, q0, tq, tk, bias)
-        if layer == self.n_layers - 1:
-            self.length = tk
+        self.length = tk  # every attention layer sees the same keys (hybrids: not every layer attends)
 
     def _record_bias(self, layer, bias: AppliedBias, q0: int, tq: int) -> None:
         slopes = None if bias.slopes is None else bias.slopes.detach().float().cpu().clone()  # (H,)
@@ -491,7 +491,7 @@ def _allowed(mask: torch.Tensor) -> torch.Tensor:
 
 # arguments some families pass to their attention function that change its result and that we do
 # not reproduce (relative position biases, sparse key selections, sinks in another layout than s_aux)
-_CHANGES_THE_RESULT = ("position_bias", "block_indices", "indices", "sinks")
+_CHANGES_THE_RESULT = ("position_bias", "block_indices", "sinks")
 
 
 # the attribute a model adapter sets on an attention module whose model passes its key bias inside
@@ -512,6 +512,9 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     bias) need the scores in hand and take the written-out equation instead, in the order the
     model's eager attention computes it.
     """
+    if kwargs.get("indices") is not None:
+        # deepseek_v32's sparse attention: the keys its indexer selected are the mask, recorded as such
+        attention_mask = _with_selected_keys(attention_mask, kwargs.pop("indices"), query, key.shape[2])
     for name in _CHANGES_THE_RESULT:
         if kwargs.get(name) is not None:
             # computing without it would be silently wrong; the load's probe turns this into a refusal
@@ -614,6 +617,21 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
             out = _edit_heads(out, rec.head_edits[layer], tk - tq)
         rec._record(layer, query, key, value, attention_mask, out, scaling, softcap, sinks, score_bias)
     return out.transpose(1, 2).contiguous(), probs
+
+
+def _with_selected_keys(mask: torch.Tensor | None, indices: torch.Tensor, query: torch.Tensor, tk: int) -> torch.Tensor:
+    """The model's mask with every key its sparse indexer did not select masked out.
+
+    indices: (B, Tq, k) key positions per query (shared by the heads). The same ops as the
+    model's own eager path (deepseek_v32), so the probabilities are the model's to the bit.
+    """
+    b, tq, _ = indices.shape
+    dropped = indices.new_ones((b, tq, tk), dtype=torch.bool).scatter(-1, indices.long(), False).unsqueeze(1)  # (B, 1, Tq, Tk)
+    if mask is None:
+        mask = _causal_additive(tq, tk, query.dtype, query.device)  # (1, 1, Tq, Tk)
+    if mask.dtype == torch.bool:
+        return mask & ~dropped
+    return mask.masked_fill(dropped, torch.finfo(query.dtype).min)  # (B, 1, Tq, Tk)
 
 
 def _edit_heads(out: torch.Tensor, edits, q0: int) -> torch.Tensor:

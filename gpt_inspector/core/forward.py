@@ -7,6 +7,8 @@ were when anything (an error, Ctrl+C) stops a forward halfway.
 from __future__ import annotations
 
 import contextlib
+import functools
+import inspect
 import signal
 import threading
 
@@ -20,9 +22,12 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
     # per layer: after a fault mid-forward, layers may hold different lengths; and a Ctrl+C between
     # a layer's two concatenations leaves its keys one longer than its values, so each is cut to
     # the absolute length (the layer's relative crop would cut both by the keys' excess)
+    rewind = getattr(cache, "rewind_states", None)  # a hybrid's state-space layers (core.state_cache)
+    if rewind is not None:
+        rewind(length)
     for layer in cache.layers:
-        if not getattr(layer, "is_initialized", True):
-            continue
+        if not getattr(layer, "is_initialized", True) or not hasattr(layer, "get_seq_length"):
+            continue  # not started, or a state-space layer without K/V (rewound above)
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
             if keys.dim() < 2 or values.dim() < 2:  # fresh from lazy initialisation: empty 1-D placeholders
@@ -31,19 +36,27 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
                 layer.keys = keys[..., :length, :]
             if values.shape[-2] > length:
                 layer.values = values[..., :length, :]
+            indexer = getattr(layer, "indexer_keys", None)  # a sparse indexer's own keys (B, T, d): deepseek_v32
+            if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 and indexer.shape[1] > length:
+                layer.indexer_keys = indexer[:, :length]
             continue
         n = layer.get_seq_length()
         if n > length:
             layer.crop(-(n - length))
 
 
-def save_state(cache: DynamicCache, recorder, start: int):
-    """A function that puts the cache and the records back exactly as they are now.
+def save_state(cache, recorder, start: int):
+    """A function that puts the cache and the records back exactly as they are now, or None.
 
-    Used by recomputes from ``start``: a cancel or a fault costs no second forward. The cache's
-    tensors are kept by reference (a crop makes views and each update a new tensor, so they stay
-    as they are); the records from ``start`` on are copied.
+    Used by recomputes from ``start``: a cancel or a fault costs no second forward. A plain
+    cache's tensors are kept by reference (a crop makes views and each update a new tensor, so
+    they stay as they are); the records from ``start`` on are copied. None for a cache with other
+    kinds of layers (a model's own cache may write in place): the caller recomputes instead.
     """
+    from transformers.cache_utils import DynamicLayer
+
+    if not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return None
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     saved = recorder.save_from(start)
 
@@ -54,6 +67,20 @@ def save_state(cache: DynamicCache, recorder, start: int):
             recorder.restore(saved)
 
     return put_back
+
+
+@functools.cache
+def _takes_position_ids(cls) -> bool:
+    return "position_ids" in inspect.signature(cls.forward).parameters
+
+
+def position_kwargs(model, start: int, ids: torch.Tensor) -> dict:
+    """``position_ids`` for positions start.. where the model's forward takes them, as ``generate``
+    passes them: some models decode differently without (bamba's Mamba2 layers by 3 logits)."""
+    if not _takes_position_ids(type(model)):
+        return {}
+    pos = torch.arange(start, start + ids.shape[1], dtype=torch.long, device=ids.device)  # (n,)
+    return {"position_ids": pos[None].expand(ids.shape[0], -1)}  # (B, n)
 
 
 @contextlib.contextmanager
@@ -92,11 +119,15 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
     nothing failed.
     """
     start = cache.get_seq_length()
+    begin = getattr(cache, "begin_forward", None)  # a hybrid's cache keeps its states from here (core.state_cache)
+    if begin is not None:
+        begin(start)
     # an explicit all-ones mask: nothing is padded, even where the pad id is a real token
     seen = torch.ones((ids.shape[0], start + ids.shape[1]), dtype=torch.long, device=ids.device)  # (B, T)
     try:
         with torch.inference_mode(), recorder.active():
-            out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep)
+            out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep,
+                           **position_kwargs(lm.model, start, ids))  # fmt: skip
         logits = take(out.logits)
         for dev in lm.cuda_devices:  # the records were copied asynchronously, from every GPU a layer ran on
             torch.cuda.synchronize(dev)

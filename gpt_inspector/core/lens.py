@@ -193,6 +193,10 @@ def lens(session, top_k: int = 5) -> LensResult:
     model = lm.model
     layers, norm, head = _parts(model)
     resid = _residuals(session).to(lm.device)  # (L, D)
+    if resid.dim() != 2:  # gemma3n's AltUp carries several residual streams per layer
+        raise InspectorError(
+            f"the logit lens reads one residual stream per layer; {lm.name} carries several (AltUp)"
+        )
     cap = getattr(model.config, "final_logit_softcapping", None)
     with torch.inference_mode():
         # the last layer's lens is the model's output: show the logits the model computed for this step

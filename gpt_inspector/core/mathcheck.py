@@ -288,7 +288,7 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
     _validate_tolerance(tolerance)
     t = source.require_positions()
     if layers is None:
-        layers = range(source.n_layers)
+        layers = source.attention_layers  # a hybrid's state-space layers have no attention to check
     elif isinstance(layers, (int, np.integer)) and not isinstance(layers, bool):
         layers = [layers]
     layers = [source.check_layer(layer) for layer in layers]

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from . import adapters, capture
+from . import adapters, capture, kv_layout
 from .errors import InspectorError
 from .fidelity import check_supported, verify_fidelity
 
@@ -61,8 +61,25 @@ class LoadedModel:
     # why the fidelity self-test could not vouch for this model (loaded with allow_unverified), or None
     unverified: str | None = None
     warnings: tuple[str, ...] = ()  # load-time doubts a front end should show (the CLI prints them)
+    # what the cache holds per layer next to the K/V attention receives (read off the probe)
+    kv_layout: kv_layout.KVLayout | None = None
     # loaded with accelerate's device_map: module name -> where it lives (GPU index, "cpu", "disk"); else None
     device_map: dict | None = None
+
+    @property
+    def mirror_kv(self) -> bool:
+        """Whether K/V must be recorded as attention received them (the cache holds something else)."""
+        return self.kv_layout is not None and self.kv_layout.mirrored
+
+    def new_cache(self):
+        """An empty cache for a run: the model's own kind, full length on every attention layer."""
+        own = self.kv_layout is not None and self.kv_layout.own_cache
+        return kv_layout.new_cache(self.model.config, own)
+
+    def cache_layer(self, layer: int) -> int:
+        """The cache layer holding the K/V that ``layer``'s attention reads (itself, or a shared one)."""
+        lk = None if self.kv_layout is None else self.kv_layout.layers[layer]
+        return layer if lk is None or lk.reads is None else lk.reads
 
     @property
     def kv_group(self) -> int:
@@ -89,10 +106,12 @@ class LoadedModel:
                 name = f"cuda:{d}" if isinstance(d, int) else str(d)
                 counts[name] = counts.get(name, 0) + 1
             where = "a device map (" + ", ".join(f"{n} {d}" for d, n in counts.items()) + " modules)"
-        return (
+        text = (
             f"{self.name}: {self.n_layers} layers, {self.n_heads} heads{gqa}, d_head {self.head_dim}, "
             f"context {self.context_length}, {str(self.dtype).removeprefix('torch.')} on {where}"
         )
+        cache = "" if self.kv_layout is None else self.kv_layout.describe()
+        return f"{text}; {cache}" if cache else text
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -464,23 +483,31 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
     A model whose layers never reach our attention function is refused here rather than showing
     empty views later.
     """
-    from transformers import DynamicCache
-
     cfg = model.config
     n_layers = int(getattr(cfg, "num_hidden_layers", 0) or 0)
     if n_layers <= 0:
         raise InspectorError(f"{name}: cannot tell the number of layers from its config")
     rec = capture.Recorder(n_layers, mirror_kv=True)
+    own_cache = kv_layout.needs_own_cache(cfg)
+    cache = kv_layout.new_cache(cfg, own_cache)  # the kind a session steps with
     with torch.inference_mode(), rec.active():
-        ids = torch.zeros((1, 2), dtype=torch.long, device=dev)  # (1, 2); token 0 may be the pad id: say it is real
-        model(ids, attention_mask=torch.ones_like(ids), past_key_values=DynamicCache(config=cfg), use_cache=True)
-    if not all(c > 0 for c in rec.calls):
-        missing = [i for i, c in enumerate(rec.calls) if c == 0]
+        # two distinct ordinary tokens (not 0, often the pad id, whose embedding may be zero: every
+        # layer's K would then look alike and the cache layout could not be told apart)
+        vocab = int(model.get_input_embeddings().weight.shape[0])
+        ids = torch.tensor([[1, 2]], dtype=torch.long, device=dev) * 7919 % max(vocab - 1, 1) + 1  # (1, 2)
+        model(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
+    # a hybrid's state-space (and feed-forward-only) layers never attend; every other layer must
+    silent = kv_layout.silent_layers(cache) if own_cache else set()
+    missing = [i for i, c in enumerate(rec.calls) if c == 0 and i not in silent]
+    if missing or not any(rec.calls):
+        missing = missing or list(range(n_layers))
         raise InspectorError(
             f"{name}: layers {missing[:5]} did not call transformers' attention interface; this model is not supported"
         )
-    _, n_heads, _, head_dim = rec.q[0].t.shape
-    n_kv = rec.k[0].t.shape[1]
+    layout = kv_layout.read_layout(rec, cache, n_layers, 2, own_cache)
+    first = layout.attention_layers[0]
+    _, n_heads, _, head_dim = rec.q[first].t.shape
+    n_kv = rec.k[first].t.shape[1]
     ctx = None
     for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
         val = getattr(cfg, attr, None)
@@ -509,6 +536,7 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
         vocab_size=int(model.get_output_embeddings().weight.shape[0]),
         eos_token_ids=eos_ids,
         bos_token_id=bos,
+        kv_layout=layout,
     )
 
 

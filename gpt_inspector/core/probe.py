@@ -401,6 +401,10 @@ def probe_session(session, layers: Iterable[int] | int = (0,), **kwargs) -> Prob
     t = session.cache_length
     if t == 0:
         raise InspectorError("nothing cached yet: run a step first")
+    lay = getattr(session.lm, "kv_layout", None)  # what the cache holds (core.kv_layout)
+    if lay is not None and (lay.state_layers or lay.mirrored):
+        held = "state-space layers keep a running state" if lay.state_layers else f"the cache holds a {lay.kind} form"
+        raise InspectorError(f"the cache probe replays per-head K/V of every layer; in {session.lm.name} {held}, not those")
     kv = {}
     for i, cl in enumerate(session.cache.layers):
         kv[i] = (cl.keys[0, :, :t], cl.values[0, :, :t])  # (Hkv, T, d) each, the real cache

@@ -7,7 +7,6 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from . import decoding, validate
 from .attention import KINDS
@@ -65,12 +64,13 @@ class Session(EditingMixin, ModelShape, RunSource):
         self._ops: list[dict] = []
         self._listeners: list[Callable[[str, object], None]] = []
         self.generator = torch.Generator().manual_seed(seed)
-        # a plain full-length cache even for sliding-window layers: every position stays inspectable,
-        # and the model's own sliding mask (recorded as mask rows) hides what the window drops
-        self.cache = DynamicCache()
-        # K/V are read straight from the cache where every layer runs on the CPU; a CPU mirror otherwise
+        # full length even for sliding-window layers: every position stays inspectable, and the
+        # model's own sliding mask (recorded as mask rows) hides what the window drops
+        self.cache = model.new_cache()
+        # K/V are read from the cache where it holds them (no copy); mirrored on accelerators (every
+        # GPU a device map uses), and where the cache holds something else (see core.kv_layout)
         on_cpu = model.device.type == "cpu" and not model.cuda_devices
-        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu, pin=bool(model.cuda_devices))
+        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu or model.mirror_kv, pin=bool(model.cuda_devices))
         self.recorder.out_from = len(ids) - 1  # head outputs where steps decide tokens (see Recorder.out_from)
         self._early_outputs: tuple | None = None  # the prompt rows before out_from, recomputed on demand
 
@@ -260,7 +260,7 @@ class Session(EditingMixin, ModelShape, RunSource):
         if self.recorder.mirror_kv:
             buf = (self.recorder.k if which == "k" else self.recorder.v)[layer]
             return buf.view(t)[0]  # (Hkv, T, d)
-        cl = self.cache.layers[layer]
+        cl = self.cache.layers[self.lm.cache_layer(layer)]  # a KV-sharing layer reads another's
         return (cl.keys if which == "k" else cl.values)[0, :, :t]  # (Hkv, T, d), the real cache
 
     def _queries(self, layer: int) -> torch.Tensor:
@@ -292,7 +292,7 @@ class Session(EditingMixin, ModelShape, RunSource):
         old = self._early_outputs
         if old is None or old[0][0] != key[0] or old[0][1] is not key[1] or old[0][2] is not key[2]:
             rec = scratch_forward(self.lm, key[0], like=self.recorder)
-            self._early_outputs = (key, [rec.out[i].view(start + 1)[0, :, :start].clone() for i in range(self.n_layers)])
+            self._early_outputs = (key, {i: rec.out[i].view(start + 1)[0, :, :start].clone() for i in self.attention_layers})
         return self._early_outputs[1][layer]
 
     def _head_outputs(self, layer: int) -> torch.Tensor:

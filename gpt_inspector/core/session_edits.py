@@ -139,10 +139,17 @@ class EditingMixin:
             with interrupts_deferred():
                 commit()
             return MaskEditReport(None, 0, before, before)
+        layout = getattr(self.lm, "kv_layout", None)
+        if layout is not None and layout.state_layers:
+            # the running state at a position inside an earlier forward was never kept (core.state_cache)
+            raise InspectorError(
+                "mask and head edits are not available for hybrid models: their state-space layers keep a "
+                "running state that cannot be recomputed from the edited position"
+            )
         decided = [s for s in self.steps_done if s.position >= earliest]
         # logits only where a step decides a token: a (T x V) block at T = 8,192 is a gigabyte
         first = decided[0].position if decided else end - 1
-        put_back = save_state(self.cache, self.recorder, earliest)
+        put_back = save_state(self.cache, self.recorder, earliest)  # None: a cache of another kind
         try:
             crop_cache(self.cache, earliest)
             self.recorder.crop(earliest)
@@ -161,10 +168,17 @@ class EditingMixin:
             # the new logits go in all at once or not at all: an interrupt halfway would mix two masks
             fresh = [(s, logits[s.position - first].clone()) for s in decided]
         except BaseException:
-            # the caller restores the previous edits; the cache and records return as they were
+            # the caller restores the previous edits; the cache and records return as they were:
+            # kept, or, for a cache of another kind, refilled under the previous edits (a second
+            # Ctrl+C waits: stopping the refill would leave the cache short)
             with interrupts_deferred():
                 restore()
-                put_back()
+                if put_back is not None:
+                    put_back()
+                else:
+                    crop_cache(self.cache, earliest)
+                    self.recorder.crop(earliest)
+                    self._forward(self.tokens[earliest:end], 1)
             raise
         with interrupts_deferred():
             for s, row in fresh:

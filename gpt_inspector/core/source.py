@@ -82,6 +82,16 @@ class RunSource:
     def check_layer(self, layer) -> int:
         return check_index(layer, self.n_layers, "layer")
 
+    def check_attention_layer(self, layer) -> int:
+        """``layer`` checked, and refused in one line where it has no attention (a hybrid's state-space layer)."""
+        layer = self.check_layer(layer)
+        lay = self.kv_layout
+        if lay is not None and lay.layers[layer] is None:
+            raise InspectorError(
+                f"layer {layer} has no attention (state-space); the attention layers are {list(lay.attention_layers)}"
+            )
+        return layer
+
     def check_head(self, head) -> int:
         return check_index(head, self.n_heads, "head")
 
@@ -96,19 +106,19 @@ class RunSource:
     # thread that changes the source, and only until its next change (do not modify)
     def queries(self, layer: int) -> torch.Tensor:
         """q of every processed position as attention received it, (H, T, d)."""
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         self.require_positions()
         return self._queries(layer)
 
     def keys(self, layer: int) -> torch.Tensor:
         """The cached keys, (H_kv, T, d)."""
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         self.require_positions()
         return self._keys(layer)
 
     def values(self, layer: int) -> torch.Tensor:
         """The cached values, (H_kv, T, d)."""
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         self.require_positions()
         return self._values(layer)
 
@@ -119,7 +129,7 @@ class RunSource:
         them (one forward of the prompt, on the first call after a change); elsewhere they are NaN,
         never a made-up number.
         """
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         t = self.require_positions()
         kept = self._head_outputs(layer)  # (H, T - start, d)
         start = self.head_output_start
@@ -143,12 +153,12 @@ class RunSource:
 
     def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
         """(start, (H, T - start, d)): the head outputs the source holds, from position ``start`` on."""
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         self.require_positions()
         return self.head_output_start, self._head_outputs(layer)
 
     def scaling(self, layer: int) -> float:
-        return float(self._scaling[self.check_layer(layer)])
+        return float(self._scaling[self.check_attention_layer(layer)])
 
     def softcap(self, layer: int) -> float | None:
         """The layer's attention-logit soft-cap (tanh(x / cap) * cap), or None."""
@@ -194,7 +204,7 @@ class RunSource:
 
         Causal, then the model's own mask (sliding windows, ...), then the mask edits in force.
         """
-        layer = self.check_layer(layer)
+        layer = self.check_attention_layer(layer)
         t = self.require_positions()
         if not 0 <= p0 <= p1 <= t:
             raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
@@ -229,14 +239,14 @@ class RunSource:
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
         """(T, T) float32 over all processed positions; kind: raw, scores, masked_scores or probs."""
-        layer, head = self.check_layer(layer), self.check_head(head)
+        layer, head = self.check_attention_layer(layer), self.check_head(head)
         eq.check_stage(kind)
         t = self.require_positions()
         return self.attention_rows(layer, 0, t, kind, heads=(head,))[0].numpy()
 
     def allowed(self, layer: int, head: int) -> np.ndarray:
         """(T, T) bool: keys each query could attend to (the model's own mask and the edits in force)."""
-        layer, head = self.check_layer(layer), self.check_head(head)
+        layer, head = self.check_attention_layer(layer), self.check_head(head)
         t = self.require_positions()
         allowed = allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head, self.n_heads)  # (T, T)
         evicted = self._kv_evicted(layer, 0, t, t)  # (H, T, T) or None: only while a cache policy is attached
@@ -250,8 +260,30 @@ class RunSource:
         """The attention output the model computed, per head: (H, T, d) float32, before the output projection."""
         return to_numpy(self.head_outputs(layer))
 
+    # what the cache holds per layer (core.kv_layout.KVLayout); None: an ordinary per-head cache
+    kv_layout = None
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:
+        """Layers with attention; the others (hybrids' state-space layers) have no K, V or matrices."""
+        lay = self.kv_layout
+        return tuple(range(self.n_layers)) if lay is None else lay.attention_layers
+
+    def has_attention(self, layer: int) -> bool:
+        return self.check_layer(layer) in self.attention_layers
+
+    def cache_layer_of(self, layer: int) -> int | None:
+        """The layer whose cache holds the K/V ``layer`` reads: itself, a shared layer's, or None
+        where the cache holds something else (a latent, untiled heads) or the layer has no attention."""
+        layer = self.check_layer(layer)
+        lk = None if self.kv_layout is None else self.kv_layout.layers[layer]
+        if self.kv_layout is None:
+            return layer
+        return None if lk is None else lk.reads
+
     def kv_cache_bytes(self, layer: int | None = None) -> int:
-        """Bytes the model's KV cache holds for this run (one layer, or all)."""
+        """Bytes the model's KV cache holds for this run (one layer, or all), as the cache really
+        is: a latent (MLA) counts its latent rows, a KV-sharing layer nothing of its own."""
         t = self.cache_length
         if t == 0:
             return 0
@@ -259,7 +291,22 @@ class RunSource:
         policy = getattr(getattr(self, "recorder", None), "kv_policy", None)
         if policy is not None:  # a KV cache lab run: what the policy's cache would hold, not the simulation's
             return sum(policy.cache_bytes(i, t) for i in layers)
-        return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
+        lay = self.kv_layout
+        if lay is None:
+            return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
+        return sum(lay.layers[i].cache_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
+
+    def kv_per_head_bytes(self, layer: int | None = None) -> int:
+        """Bytes an ordinary per-head cache of the K and V attention received would take (one
+        layer, or all): equal to ``kv_cache_bytes`` for most models, more for a latent cache."""
+        t = self.cache_length
+        if t == 0:
+            return 0
+        layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
+        lay = self.kv_layout
+        if lay is None:
+            return self.kv_cache_bytes(layer)
+        return sum(lay.layers[i].attention_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
 
 
 class ModelShape:
@@ -298,6 +345,10 @@ class ModelShape:
     @property
     def unverified(self) -> str | None:
         return getattr(self.lm, "unverified", None)
+
+    @property
+    def kv_layout(self):
+        return getattr(self.lm, "kv_layout", None)
 
     @property
     def cache_dtype(self) -> str:

@@ -25,6 +25,7 @@ from . import decoding
 from .attention import STAGES, ScoreBias
 from .capture import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
+from .kv_layout import KVLayout
 from .source import RunSource, to_numpy
 from .step import TOP_N, Step
 
@@ -49,6 +50,9 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         # the format has no place for a policy's evictions: a reader would attend to evicted entries
         raise InspectorError("a KV cache lab run cannot be saved as a trace yet; save the reference run instead")
     L = source.n_layers
+    if len(source.attention_layers) != L:
+        # the format keeps every layer's q, K and V; a hybrid's state-space layers have none
+        raise InspectorError("traces of hybrid models (layers without attention) are not supported yet")
     tensors: dict[str, np.ndarray] = {"tokens": np.asarray(source.tokens, dtype=np.int64)}
     for layer in range(L):
         q, k, v = source.qkv(layer)
@@ -104,8 +108,10 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "shape": json.dumps(
             {"n_layers": L, "n_heads": source.n_heads, "n_kv_heads": source.n_kv_heads, "head_dim": source.head_dim,
              "context_length": source.context_length, "vocab_size": source.vocab_size,
-             "cache_dtype": source.cache_dtype}
+             "cache_dtype": source.cache_dtype, **_value_head_dim(source)}
         ),
+        # what the model's cache held per layer (a latent, shared layers): kv_cache_bytes as it really was
+        **({} if source.kv_layout is None else {"kv_layout": json.dumps(source.kv_layout.to_json())}),
         "finished": source.finished or "",
         "derived": "1" if derived else "0",
         "attn_out_start": str(source.head_output_start),
@@ -121,6 +127,13 @@ def _bias_meta(bias) -> dict | None:
     if bias.form == "alibi":
         return {"form": "alibi", "slopes": bias.slopes.float().tolist()}
     return {"form": "key"}
+
+
+def _value_head_dim(source) -> dict:
+    """``{"v_head_dim": dv}`` where V's head size differs from q's and K's (MLA), else nothing."""
+    layers = source.attention_layers
+    dv = source.values(layers[0]).shape[-1] if layers and source.cache_length else source.head_dim
+    return {} if dv == source.head_dim else {"v_head_dim": int(dv)}
 
 
 def check_destination(path: Path) -> None:
@@ -186,6 +199,7 @@ class Trace(RunSource):
         self.n_heads: int = shape["n_heads"]
         self.n_kv_heads: int = shape["n_kv_heads"]
         self.head_dim: int = shape["head_dim"]
+        self.kv_layout = meta.get("kv_layout")  # a KVLayout (validated), or None: an ordinary per-head cache
         self.context_length: int = shape["context_length"]
         self.vocab_size: int = shape["vocab_size"]
         self.cache_dtype: str = shape.get("cache_dtype", "float32") if shape.get("cache_dtype") in _ITEMSIZE else "float32"
@@ -400,6 +414,15 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     if shape["n_heads"] % shape["n_kv_heads"]:
         raise InspectorError(f"{name}: {shape['n_heads']} heads do not split over {shape['n_kv_heads']} KV heads")
     L, H, Hkv, d, V = (shape[k] for k in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "vocab_size"))
+    dv = shape.get("v_head_dim", d)  # V's head size where it differs from K's (multi-head latent attention)
+    if isinstance(dv, bool) or not isinstance(dv, int) or not 1 <= dv <= 65536:
+        raise InspectorError(f"{name}: shape field 'v_head_dim' is not a positive integer")
+    out["kv_layout"] = None
+    if "kv_layout" in meta:
+        try:
+            out["kv_layout"] = KVLayout.from_json(_json(name, meta, "kv_layout", dict), L)
+        except ValueError as e:
+            raise InspectorError(f"{name}: metadata 'kv_layout' is malformed: {e}") from None
     if L > 4096 or H > 4096 or d > 65536 or V > 1 << 24:
         raise InspectorError(f"{name}: implausible shape {shape}")
     out["shape"] = shape
@@ -457,7 +480,7 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     optional: dict[str, tuple[tuple, str]] = {}
     derived = {k: (H, T, T) for k in ("scores", "masked_scores", "probs")}
     for layer in range(L):
-        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, d)), ("attn_out", (H, T - start, d))):
+        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, dv)), ("attn_out", (H, T - start, dv))):
             need[f"layers.{layer}.{n}"] = (s, "F32")
         for n, s in derived.items():
             (need if v1 else optional)[f"layers.{layer}.{n}"] = (s, "F32")

@@ -133,7 +133,14 @@ def _one_thread():
 
 def _probs_rows(source: RunSource):
     """``rows_of(layer, p0, p1)`` -> (H, n, T) softmax rows, for the overview."""
-    return lambda layer, p0, p1: source.attention_rows(layer, p0, p1, "probs").numpy()
+    attending = set(source.attention_layers)
+
+    def rows(layer, p0, p1):
+        if layer not in attending:  # a hybrid's state-space layer: no attention, a blank thumbnail row
+            return np.zeros((source.n_heads, p1 - p0, p1), dtype=np.float32)
+        return source.attention_rows(layer, p0, p1, "probs").numpy()
+
+    return rows
 
 
 # ---------------------------------------------------------------------------------------- overview
@@ -334,6 +341,9 @@ class ViewModel:
 
     def resolve(self, sel: Selection) -> Selection:
         layer = min(max(sel.layer, 0), self.L - 1)
+        attending = self.obj.attention_layers  # a hybrid's state-space layers have nothing to show: the nearest that attends
+        if layer not in attending:
+            layer = min(attending, key=lambda i: (abs(i - layer), i))
         head = min(max(sel.head, 0), self.H - 1)
         kind = sel.kind if sel.kind in KINDS else "probs"
         return replace(sel, layer=layer, head=head, kind=kind)

@@ -82,25 +82,30 @@ def traces(tiny_lm, tmp_path_factory):
     with safe_open(str(good), framework="np") as f:
         meta = f.metadata()
         tensors = {k: f.get_tensor(k) for k in f.keys()}
-    tensors["layers.1.attn_out"][2, 3, 0] += 0.05
+    tensors["layers.1.attn_out"][2, 2, 0] += 0.05  # kept rows start at the prompt's last position
     bad = d / "bad.safetensors"
     save_file(tensors, str(bad), metadata=meta)
-    return good, bad
+    return good, bad, len(s.prompt_ids) - 1 + 2
 
 
 def test_math_check_trace_ok_and_mismatch(traces, capsys):
-    good, bad = traces
+    good, bad, pos = traces
     assert main(["math-check", "--trace", str(good)]) == 0
     out = capsys.readouterr()
     assert "layer  1:" in out.out and "match the model" in out.out and out.err == ""
     assert main(["math-check", "--trace", str(bad)]) == 1
     out = capsys.readouterr()
     assert "✗" in out.out
-    assert "mismatch" in out.err and "layer 1 head 2 position 3" in out.err
+    assert "mismatch" in out.err and f"layer 1 head 2 position {pos}" in out.err
     assert len(out.err.strip().splitlines()) == 1
     assert main(["math-check", "--trace", str(bad), "--layer", "0", "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["ok"]
-    assert main(["math-check", "--trace", str(bad), "--layer", "1", "--head", "2", "--position", "3"]) == 1
+    assert main(["math-check", "--trace", str(bad), "--layer", "1", "--head", "2", "--position", str(pos)]) == 1
+    capsys.readouterr()
+    # a prompt position before the kept head outputs: one line, exit 2, not a made-up verdict
+    assert main(["math-check", "--trace", str(bad), "--layer", "1", "--head", "2", "--position", "0"]) == 2
+    err = capsys.readouterr().err
+    assert "not kept" in err and len(err.strip().splitlines()) == 1
     assert main(["math-check", "--trace", str(bad), "--tolerance", "1"]) == 0
 
 
@@ -126,7 +131,7 @@ BAD = [
 
 @pytest.mark.parametrize("argv", BAD)
 def test_bad_input_exits_2_with_one_line(argv, traces, tiny_dir, tmp_path, capsys):
-    good, _ = traces
+    good, _, _ = traces
     args = []
     for a in argv:
         if a == "{model}":

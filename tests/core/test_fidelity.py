@@ -81,12 +81,12 @@ def test_refused_family_from_config_alone(tmp_path):
 
     folder = tmp_path / "mla"
     tiny_models.build_tokenizer(folder)
-    AutoConfig.for_model("deepseek_v3").save_pretrained(folder)
+    AutoConfig.for_model("deepseek_v4").save_pretrained(folder)
     from safetensors.torch import save_file
 
     save_file({"unused": torch.zeros(1)}, folder / "model.safetensors")  # never read: the refusal comes first
     t0 = time.perf_counter()
-    with pytest.raises(gi.InspectorError, match=r"\(deepseek_v3\) is not supported: multi-head latent attention"):
+    with pytest.raises(gi.InspectorError, match=r"\(deepseek_v4\) is not supported: sparse multi-head latent attention"):
         gi.load_model(folder, device="cpu")
     assert time.perf_counter() - t0 < 5
 

@@ -36,7 +36,6 @@ from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
 from .. import decoding, validate
 from ..capture import Recorder
@@ -174,9 +173,9 @@ class BeamSearch:
         self.cur_len = p
         self.done = False
 
-        self.cache = DynamicCache()  # full length even for sliding-window layers, as in Session
+        self.cache = lm.new_cache()  # full length even for sliding-window layers, as in Session
         gpus = bool(lm.cuda_devices)  # a device map may run some layers on a GPU even when dev is the CPU
-        self.recorder = Recorder(lm.n_layers, mirror_kv=dev.type != "cpu" or gpus, pin=gpus)
+        self.recorder = Recorder(lm.n_layers, mirror_kv=dev.type != "cpu" or gpus or lm.mirror_kv, pin=gpus)
         self.steps_done: list[BeamStep] = []
         root_text = "".join(token_label(lm.tokenizer, i) for i in self.prompt_ids)
         self.nodes: list[BeamNode] = [BeamNode(0, None, -1, None, root_text, 0.0, 0.0, fate="beam", status="alive")]
@@ -229,10 +228,15 @@ class BeamSearch:
 
     def kv_cache_bytes(self, layer: int | None = None) -> int:
         """Bytes the model's KV cache holds now, every beam together."""
-        layers = self.cache.layers if layer is None else [self.cache.layers[check_index(layer, self.lm.n_layers, "layer")]]
+        if layer is None:
+            layers = self.cache.layers
+        else:
+            i = check_index(layer, self.lm.n_layers, "layer")
+            # a KV-sharing layer keeps no cache of its own (and may have no slot in it)
+            layers = [self.cache.layers[i]] if i < len(self.cache.layers) and self.lm.cache_layer(i) == i else []
         total = 0
         for cl in layers:
-            if getattr(cl, "is_initialized", False) and cl.keys is not None:
+            if getattr(cl, "is_initialized", False) and getattr(cl, "keys", None) is not None:
                 total += cl.keys.numel() * cl.keys.element_size() + cl.values.numel() * cl.values.element_size()
         return total
 
@@ -303,21 +307,24 @@ class BeamSearch:
 
     def _row_records(self, row: int, length: int, clone: bool) -> _Rows:
         rec, nl = self.recorder, self.lm.n_layers
-        q = [rec.q[i].view(length)[row] for i in range(nl)]  # (H, T, d) each
-        out = [rec.out[i].view(length)[row] for i in range(nl)]
-        if rec.mirror_kv:
-            k = [rec.k[i].view(length)[row] for i in range(nl)]  # (H_kv, T, d)
-            v = [rec.v[i].view(length)[row] for i in range(nl)]
-        else:
-            k = [self.cache.layers[i].keys[row, :, :length] for i in range(nl)]  # (H_kv, T, d)
-            v = [self.cache.layers[i].values[row, :, :length] for i in range(nl)]
+        lay = self.lm.kv_layout
+        att = range(nl) if lay is None else lay.attention_layers  # a hybrid's state-space layers record nothing
+        q, out, k, v = ([None] * nl for _ in range(4))
+        for i in att:
+            q[i] = rec.q[i].view(length)[row]  # (H, T, d)
+            out[i] = rec.out[i].view(length)[row]
+            if rec.mirror_kv:
+                k[i], v[i] = rec.k[i].view(length)[row], rec.v[i].view(length)[row]  # (H_kv, T, d)
+            else:
+                c = self.cache.layers[self.lm.cache_layer(i)]  # KV sharing: another layer's
+                k[i], v[i] = c.keys[row, :, :length], c.values[row, :, :length]  # (H_kv, T, d)
         bias = [rec.score_bias(i, length, row) for i in range(nl)]  # None for most models
         # this row's own masks where the model masks per row and head (doge's top-k); usually none
         masks = [{p: m[row].clone() for p, m in rec.mask_rows[i].items() if m.dim() == 3 and p < length}
                  for i in range(nl)]  # fmt: skip
         if clone:
             # a finished hypothesis outlives its row, which the next reorder hands to another beam
-            q, out, k, v = ([t.detach().clone() for t in ts] for ts in (q, out, k, v))
+            q, out, k, v = ([None if t is None else t.detach().clone() for t in ts] for ts in (q, out, k, v))
             bias = [None if b is None else b.cloned() for b in bias]
         return _Rows(q, out, k, v, bias, masks)
 

@@ -1,7 +1,9 @@
 """The KV cache: the selected layer's K and V growing one row per step, and what it costs.
 
-Rows are positions (newest outlined), columns are KV heads side by side (thin separators).
-Right: bytes per layer (selected one highlighted) and total cache bytes after each step.
+Rows are positions (newest outlined), columns are KV heads side by side (thin separators): K and V
+as the attention function received them. Right: the bytes the model's cache really holds per layer
+(selected one highlighted) and in all after each step. Where the cache holds something else (a
+compressed latent, untiled heads, another layer's cache) the title says what, next to its bytes.
 """
 
 from __future__ import annotations
@@ -20,6 +22,19 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} GiB"
+
+
+_ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+
+
+def cache_note(cached: float, per_head: float) -> str:
+    """Where the model's cache is not the per-head K/V shown: what it holds instead (bytes of this layer)."""
+    if cached == per_head:
+        return ""
+    if cached == 0:
+        return " · this layer keeps no cache: it reads an earlier layer's K and V (KV sharing)"
+    return (f" · shown: K and V as attention receives them ({human_bytes(per_head)}); "
+            f"the model's cache holds {human_bytes(cached)} for this layer (a compressed latent or fewer heads)")  # fmt: skip
 
 
 class KVCacheView(QWidget):
@@ -94,7 +109,7 @@ class KVCacheView(QWidget):
         self._hint = placeholder_text(None, self.kplot, "empty")
         self._hint.setPos(0.5, 0.5)
         self._last = None
-        self.shape = (0, 0)
+        self.shape = (0, 0, 0)
         self.bplot.scene().sigMouseClicked.connect(self._clicked)
         self._set_empty(True)
         self.title.setText("KV cache: empty (no model yet)")
@@ -132,33 +147,35 @@ class KVCacheView(QWidget):
             self.kimg.clear()
             self.vimg.clear()
             self._last = None
-            self.shape = (0, 0)
+            self.shape = (0, 0, 0)
             self._set_empty(True)
             self.axis.set_labels([])
             self.title.setText("KV cache: empty (no step yet)")
             return
         self._set_empty(False)
         t, w = snap.kv_k.shape
+        wv = snap.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)
         if self._last is not snap.kv_k:
             for img, a in ((self.kimg, snap.kv_k), (self.vimg, snap.kv_v)):
                 m = float(np.abs(a).max()) or 1.0
                 img.setImage(a, autoLevels=False, levels=(-m, m))
             self._last = snap.kv_k
-        if (t, w) != self.shape:
-            d = snap.head_dim
-            xs, ys = [], []
-            for h in range(1, snap.n_kv_heads):
-                xs += [h * d, h * d]
-                ys += [0, t]
-            for sep in self.seps:
-                sep.setData(np.array(xs, float), np.array(ys, float))
+        heads = max(1, snap.n_kv_heads)
+        if (t, w, wv) != self.shape:
+            for sep, width in zip(self.seps, (w, wv)):
+                d = width // heads
+                xs = np.repeat(np.arange(1, heads) * d, 2).astype(float)
+                ys = np.tile([0.0, float(t)], heads - 1)
+                sep.setData(xs, ys)
             self.kplot.setRange(xRange=(0, w), yRange=(0, t), padding=0)
-            self.vplot.setXRange(0, w, padding=0)
-            self.shape = (t, w)
-        for r in self.newest:
-            r.setRect(QRectF(0, t - 1, w, 1))
+            self.vplot.setXRange(0, wv, padding=0)
+            self.shape = (t, w, wv)
+        for r, width in zip(self.newest, (w, wv)):
+            r.setRect(QRectF(0, t - 1, width, 1))
         self.axis.set_labels(snap.labels[:t])
+        dims = f"{w // heads} dims" if w == wv else f"{w // heads} dims in K, {wv // heads} in V"
         self.title.setText(
-            f"layer {layer}: {t} positions × {snap.n_kv_heads} KV heads × {snap.head_dim} dims, K and V · "
+            f"layer {layer}: {t} positions × {heads} KV heads × {dims}, K and V · "
             f"{human_bytes(kvb[layer])} this layer · {human_bytes(total)} all {L} layers ({snap.dtype})"
+            + cache_note(kvb[layer], (snap.kv_k.size + snap.kv_v.size) * _ITEMSIZE.get(snap.dtype, 4))
         )

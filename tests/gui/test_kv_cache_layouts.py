@@ -1,0 +1,99 @@
+"""The KV cache panel on models whose cache is not per-head K/V: MLA's latent, gemma3n's shared layers."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+import tiny_families
+import tiny_models
+
+
+@pytest.fixture(scope="module")
+def lms(tmp_path_factory):
+    from gpt_inspector.core.models import from_model
+
+    tok = tiny_models.build_tokenizer(tmp_path_factory.mktemp("tok"))
+    eos = tok.convert_tokens_to_ids("<|endoftext|>")
+    return {f: from_model(tiny_families.build_model(f, eos), tok, f) for f in ("deepseek_v3", "gemma3n_text")}
+
+
+def _window(qtbot, wait_idle, lm):
+    from gpt_inspector import Session
+    from gpt_inspector.gui.main_window import MainWindow
+
+    win = MainWindow(restore_layout=False)
+    qtbot.addWidget(win)
+    win.resize(1400, 900)
+    win.show()
+    s = Session(lm, "She eats an apple")
+    win.show_source(s)
+    wait_idle(win)
+    return win, s
+
+
+def test_mla_panel_shows_per_head_k_and_v_and_the_latent_bytes(qtbot, wait_idle, lms):
+    win, s = _window(qtbot, wait_idle, lms["deepseek_v3"])
+    try:
+        win.run(2)
+        snap = wait_idle(win)
+        layer = snap.selection.layer
+        _, k, v = s.qkv(layer)  # (4, T, 24), (4, T, 12): K and V differ in head size
+        view = win.kv_cache
+        assert view.kimg.image.shape == (s.cache_length, k.shape[0] * k.shape[2])
+        assert view.vimg.image.shape == (s.cache_length, v.shape[0] * v.shape[2])
+        np.testing.assert_array_equal(view.vimg.image, v.transpose(1, 0, 2).reshape(s.cache_length, -1))
+        # separators between V's heads at V's own head size, not K's
+        xs, _ = view.seps[1].getData()
+        assert sorted(set(xs.tolist())) == [12.0, 24.0, 36.0]
+        # the bars are the real cache: the latent rows, a quarter of what per-head K and V take
+        cache = s.cache.layers[layer]
+        latent = cache.keys.numel() * 4 + cache.values.numel() * 4
+        assert view.bars.opts["height"][layer] == latent == s.kv_cache_bytes(layer) < (k.nbytes + v.nbytes)
+        title = view.title.text()
+        assert "24 dims in K, 12 in V" in title and "the model's cache holds" in title
+    finally:
+        win.worker.stop()
+
+
+def test_a_kv_sharing_layer_says_whose_cache_it_reads(qtbot, wait_idle, lms):
+    win, s = _window(qtbot, wait_idle, lms["gemma3n_text"])
+    try:
+        win.run(1)
+        win.kv_cache.layer_clicked.emit(2)
+        snap = wait_idle(win)
+        assert snap.selection.layer == 2
+        assert win.kv_cache.bars.opts["height"][2] == 0 and win.kv_cache.bars.opts["height"][0] > 0
+        assert "KV sharing" in win.kv_cache.title.text()
+        np.testing.assert_array_equal(win.kv_cache.kimg.image, snap.kv_k)
+        _, k0, _ = s.qkv(0)
+        np.testing.assert_array_equal(snap.kv_k, k0.transpose(1, 0, 2).reshape(s.cache_length, -1))
+    finally:
+        win.worker.stop()
+
+
+def test_hybrid_window_steps_and_selects_a_state_space_layer(qtbot, wait_idle, lms_hybrid):
+    win, s = _window(qtbot, wait_idle, lms_hybrid)
+    try:
+        win.run(2)
+        snap = wait_idle(win)
+        assert snap.T == s.cache_length and s.attention_layers == (1,)
+        # jamba's layer 0 is a Mamba layer: choosing it shows the nearest layer that attends
+        for layer in (1, 0):
+            win.kv_cache.layer_clicked.emit(layer)
+            snap = wait_idle(win)
+            assert snap.selection.layer == 1
+            np.testing.assert_array_equal(snap.matrix[~np.isnan(snap.matrix)], s.attention(1, 0)[snap.allowed])
+        assert snap.kv_bytes == (0, s.kv_cache_bytes(1))
+        nb = snap.thumb_bins
+        assert not snap.thumbs[:nb].any() and snap.thumbs[nb:].any()  # the overview's Mamba row is blank
+    finally:
+        win.worker.stop()
+
+
+@pytest.fixture(scope="module")
+def lms_hybrid(tmp_path_factory):
+    from gpt_inspector.core.models import from_model
+
+    tok = tiny_models.build_tokenizer(tmp_path_factory.mktemp("tok"))
+    return from_model(tiny_families.build_model("jamba", tok.convert_tokens_to_ids("<|endoftext|>")), tok, "jamba")
