@@ -11,6 +11,12 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverifie
                    help="hub id (gpt2, distilgpt2, ...) or local folder; default: the embedded demo model")
     g.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
     g.add_argument("--dtype", default=None, help="float32 (default), float16 or bfloat16")
+    g.add_argument("--device-map", default=None,
+                   help="auto, balanced or sequential: spread the layers over the GPUs, the CPU and disk (accelerate)")
+    g.add_argument("--max-memory", default=None,
+                   help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
+    g.add_argument("--offload-folder", default=None,
+                   help="with --device-map: where the weights that fit nowhere else wait on disk")
     g.add_argument("--allow-pickle", action="store_true",
                    help="also load pickle (.bin) weights; only for sources you trust")
     g.add_argument("--trust-remote-code", action="store_true",
@@ -36,7 +42,8 @@ def load(args):
 
     lm = load_model(args.model, device=args.device, dtype=args.dtype,
                     allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
-                    allow_unverified=getattr(args, "unverified", False))
+                    allow_unverified=getattr(args, "unverified", False), device_map=args.device_map,
+                    max_memory=args.max_memory, offload_folder=args.offload_folder)  # fmt: skip
     if lm.unverified:
         print(f"gpt-inspector: warning: UNVERIFIED model, its numbers may not be the model's own: {lm.unverified}",
               file=sys.stderr)

@@ -1,14 +1,17 @@
 """Capture every attention quantity by *being* the model's attention function.
 
-We register one function under ``ATTN_NAME`` in transformers' ``AttentionInterface`` and the
-eager mask builder under the same name in ``AttentionMaskInterface``. The second registration
-matters: without it ``create_causal_mask`` finds no builder for our name, hands us no mask, and
-the causal mask silently disappears (logits drift by ~0.02 on GPT-2).
+We register one function under ``ATTN_NAME`` in transformers' ``AttentionInterface`` and a mask
+builder under the same name in ``AttentionMaskInterface``. The second registration matters:
+without it ``create_causal_mask`` finds no builder for our name, hands us no mask, and the causal
+mask silently disappears (logits drift by ~0.02 on GPT-2). Our builder is the eager one (an
+additive float mask) except where sdpa's own builder would skip the mask (plain causal, nothing
+padded, no window in reach): then it returns None and we ask sdpa for ``is_causal``, so a prefill
+at T = 8,192 never builds a T x T mask and a decode step passes none.
 
 Because our function computes the attention the model uses, what we record *is* what the model
 computed. Mask edits are applied here too, so an edited model and its records can never disagree.
 
-What is kept per layer (CPU, grown in chunks):
+What is kept per layer (CPU, grown geometrically so a long run re-copies each position O(1) times):
 - q and the attention output per query head and position (B, H, T, d);
 - K and V: on the CPU they are read straight from the model's KV cache (zero copy, the real
   thing); on an accelerator, and wherever the cache holds something else than the K/V attention
@@ -31,7 +34,7 @@ from dataclasses import dataclass, field
 import torch
 import torch.nn.functional as F
 from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, eager_mask
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import attention as eq
 from .errors import InspectorError
@@ -41,7 +44,13 @@ ATTN_NAME = "gpt_inspector"
 # The recorder of the forward pass running in *this* thread (the GUI worker, a script, a test).
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("gpt_inspector_recorder", default=None)
 
-_GROW = 64  # positions added per growth; small so record memory tracks the cache closely
+# sdpa's enable_gqa (torch >= 2.5) reads each KV head for its group of query heads in place;
+# older torch gets K/V repeated to every query head, as transformers' own sdpa path does there
+_SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+# a buffer grows by a quarter of what it holds (at least _GROW positions): each position is
+# re-copied a bounded number of times (≤ 4 on average) at any T, and capacity stays ≤ 1.25x + _GROW
+_GROW = 64
 
 
 @dataclass(frozen=True)
@@ -133,6 +142,23 @@ class _CompiledEdits:
         block[h[sel], i[sel] - q0, j[sel]] = True
         return block
 
+    def rows_for(self, layer: int, n_heads: int, q0: int, tq: int, tk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
+        """The edited query rows of a forward over q0..q0+tq only: (offsets (n,), blocked (H, n, Tk)).
+
+        A recompute at long T has thousands of query rows and edits on a handful; a dense
+        (H, Tq, Tk) block would cost gigabytes to say so.
+        """
+        if layer not in self.heads:
+            return None
+        h, i, j = self.heads[layer], self.rows[layer], self.cols[layer]
+        sel = (i >= q0) & (i < q0 + tq) & (j < tk)
+        if not bool(sel.any()):
+            return None
+        offsets, which = torch.unique(i[sel] - q0, return_inverse=True)  # (n,), (m,)
+        block = torch.zeros(n_heads, offsets.shape[0], tk, dtype=torch.bool)  # (H, n, Tk)
+        block[h[sel], which, j[sel]] = True
+        return offsets, block
+
 
 def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, _CompiledEdits]:
     """Blocked edits expanded to concrete (layer, head, query, key) cells, and compiled for capture."""
@@ -159,7 +185,8 @@ class _Buffer:
         end = start + n
         t = self.t
         if t is None or t.shape[0] != b or t.shape[1] != h or t.shape[3] != d or t.shape[2] < end or t.dtype != rows.dtype:
-            cap = max(end, (t.shape[2] if t is not None else 0)) + _GROW
+            held = t.shape[2] if t is not None else 0
+            cap = max(end, held) + max(_GROW, max(end, held) // 4)
             new = torch.empty((b, h, cap, d), dtype=rows.dtype, pin_memory=self.pin)
             if t is not None and t.shape[0] == b and t.shape[1] == h and t.shape[3] == d:
                 keep = min(start, t.shape[2])
@@ -233,6 +260,36 @@ class Recorder:
             for p, row in rows.items():
                 if row.dim() == 3:
                     rows[p] = row.index_select(0, index.cpu())
+
+    def _by_position(self) -> list[tuple[_Buffer, int]]:
+        """Every buffer kept along positions, with the position of its row 0."""
+        bufs = [(b, 0) for group in (self.q, self.k or [], self.v or [], self.bias_ref, self.bias_rows) for b in group]
+        return bufs + [(b, self.out_from) for b in self.out]
+
+    def save_from(self, start: int) -> dict:
+        """Copies of everything a forward from ``start`` overwrites, for ``restore`` to put back exactly."""
+        end = self.length
+        rows = []
+        for b, first in self._by_position():
+            lo, hi = max(start - first, 0), end - first
+            rows.append(None if b.t is None or hi <= lo else b.t[:, :, lo:hi].clone())
+        return {
+            "start": start, "length": end, "calls": list(self.calls), "sinks": list(self.sinks),
+            "scaling": list(self.scaling), "softcap": list(self.softcap), "bias_form": list(self.bias_form),
+            "rows": rows, "mask_rows": [{p: r for p, r in kept.items() if p >= start} for kept in self.mask_rows],
+        }  # fmt: skip
+
+    def restore(self, saved: dict) -> None:
+        start = saved["start"]
+        self.crop(start)
+        for (b, first), rows in zip(self._by_position(), saved["rows"]):
+            if rows is not None:
+                b.write(rows, max(start - first, 0))
+        for rows, kept in zip(self.mask_rows, saved["mask_rows"]):
+            rows.update(kept)
+        self.length, self.calls = saved["length"], list(saved["calls"])
+        self.sinks, self.scaling, self.softcap = list(saved["sinks"]), list(saved["scaling"]), list(saved["softcap"])
+        self.bias_form = list(saved["bias_form"])
 
     def nbytes(self) -> int:
         total = sum(b.nbytes(max(0, self.length - self.out_from)) for b in self.out)
@@ -474,26 +531,72 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         # the policy's cache as attention reads it (dequantized K/V) and the entries it no longer
         # holds, masked for these queries: (B, Hkv, Tk, d) twice and (H, Tq, Tk) bool or None
         key, value, policy_block = policy.attend(layer, key, value, tk - tq, n_heads)
-    k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
-    v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)
     mask = None if attention_mask is None else attention_mask[:, :, :, :tk]  # (B, 1 or H, Tq, Tk) additive
     key_bias = module.__dict__.pop(KEY_BIAS_ATTR, None)  # (B, Hkv, Tk): already inside the mask
     if key_bias is not None:
         score_bias = AppliedBias("key", rows=eq.expand_kv(key_bias[:, :, None], n_heads)[:, :, 0], batch=b)
-    if rec is not None and layer is not None:
-        block = rec.edits.block_for(layer, n_heads, tk - tq, tq, tk)  # (H, Tq, Tk) or None
-        if policy_block is not None:
-            block = policy_block if block is None else block | policy_block
-        if block is not None:
-            base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
-            mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
     sinks = kwargs.get("s_aux")  # (H,) one sink logit per head, or None
-    if mask is None and tq > 1:  # a model that left causality to the attention function
-        mask = _causal_additive(tq, tk, query.dtype, query.device)
-    if softcap is None and sinks is None and score_bias is None:
+    written_out = softcap is not None or sinks is not None or score_bias is not None
+    dense = written_out  # one (B, H, Tq, Tk) mask with every block in it
+    edited = None  # the sdpa path: (offsets (n,), blocked (H, n, Tk)) of the rows our edits touch
+    if rec is not None and layer is not None:
+        # the scores in hand, or a KV policy's evictions (which it also reads back): one dense block.
+        # A policy that holds everything takes the fast path, so it equals the plain run exactly
+        if written_out or policy is not None:
+            block = rec.edits.block_for(layer, n_heads, tk - tq, tq, tk)  # (H, Tq, Tk) or None
+            if policy_block is not None:
+                block = policy_block if block is None else block | policy_block
+            if block is not None:
+                dense = True
+                base = mask if mask is not None else _causal_additive(tq, tk, query.dtype, query.device)
+                mask = base.masked_fill(block.to(query.device), torch.finfo(query.dtype).min)  # (B, H, Tq, Tk)
+        else:
+            edited = rec.edits.rows_for(layer, n_heads, tk - tq, tq, tk)
+    if mask is None and tq > 1 and (tq != tk or dense):  # a model that left causality to us
+        mask = _causal_additive(tq, tk, query.dtype, query.device)  # (1, 1, Tq, Tk)
+    if dense and not written_out:
+        k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
+        v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)
         out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling)  # (B, H, Tq, d)
         probs = None
+    elif not written_out:
+        # None with tq == tk: plain causal, which sdpa's is_causal computes without a T x T mask;
+        # enable_gqa reads each KV head for its query-head group in place (no repeat of K/V)
+        gqa = key.shape[1] != n_heads
+        k, v = key, value  # (B, Hkv, Tk, d)
+        hkv = key.shape[1]
+        if gqa and tq == 1 and (mask is None or mask.shape[1] in (1, n_heads)):
+            # one new query per head (a decode step): each KV head's group of query heads becomes its
+            # rows, so K/V are read once per KV head (transformers' pack_gqa; 2.5x faster at T = 8,192)
+            packed_q = query.reshape(b, hkv, n_heads // hkv, d)  # (B, Hkv, H/Hkv, d)
+            packed_mask = mask if mask is None or mask.shape[1] == 1 else mask.reshape(b, hkv, n_heads // hkv, -1)
+            out = F.scaled_dot_product_attention(packed_q, k, v, attn_mask=packed_mask, scale=scaling)  # (B, Hkv, H/Hkv, d)
+            out = out.reshape(b, n_heads, 1, value.shape[-1])  # (B, H, 1, d_v)
+            gqa_kw = {"enable_gqa": True} if _SDPA_GQA else {}
+            if not _SDPA_GQA:
+                k, v, gqa_kw = eq.expand_kv(key, n_heads), eq.expand_kv(value, n_heads), {}  # (B, H, Tk, d)
+        else:
+            if gqa and not _SDPA_GQA:
+                k, v, gqa = eq.expand_kv(key, n_heads), eq.expand_kv(value, n_heads), False  # (B, H, Tk, d)
+            gqa_kw = {"enable_gqa": True} if gqa else {}  # the argument exists from torch 2.5 on
+            out = F.scaled_dot_product_attention(query, k, v, attn_mask=mask, scale=scaling,
+                                                 is_causal=mask is None and tq > 1, **gqa_kw)  # (B, H, Tq, d)  # fmt: skip
+        if edited is not None:  # the edited rows again, each with its own mask per head
+            offsets, block = edited[0].to(query.device), edited[1].to(query.device)  # (n,), (H, n, Tk)
+            if mask is not None:
+                base = mask.index_select(2, offsets)  # (B, 1 or H, n, Tk)
+            else:
+                base = _causal_additive(tq, tk, query.dtype, query.device, offsets)  # (1, 1, n, Tk)
+            rows = base.masked_fill(block, torch.finfo(query.dtype).min)  # (B, H, n, Tk)
+            q_rows = query.index_select(2, offsets)  # (B, H, n, d)
+            new = F.scaled_dot_product_attention(q_rows, k, v, attn_mask=rows, scale=scaling, **gqa_kw)  # (B, H, n, d)
+            # only the (head, row) pairs an edit touches: the others keep the first pass's numbers exactly
+            h_idx, r_idx = block.any(-1).nonzero(as_tuple=True)  # (m,), (m,)
+            out[:, h_idx, offsets[r_idx]] = new[:, h_idx, r_idx]  # (B, m, d)
+        probs = None
     else:
+        k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
+        v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)
         added = None if score_bias is None else score_bias.values  # broadcastable to (B, H, Tq, Tk)
         scores = eq.scores(query, k, scaling, softcap, added)  # (B, H, Tq, Tk)
         if mask is not None:
@@ -504,8 +607,11 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
             probs = _softmax_with_sink(scores, sinks).to(value.dtype)  # (B, H, Tq, Tk)
         out = torch.matmul(probs, v)  # (B, H, Tq, d)
     if policy is not None:
-        # the policy scores and evicts from what this forward attended (probs: None where sdpa ran)
-        policy.observe(layer, query, k, mask, scaling, softcap, probs)
+        # the policy scores and evicts from what this forward attended (probs: None where sdpa ran),
+        # read with keys per query head and the causal mask that is_causal stood for
+        k_seen = k if k.shape[1] == n_heads else eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
+        m_seen = mask if mask is not None or tq == 1 else _causal_additive(tq, tk, query.dtype, query.device)
+        policy.observe(layer, query, k_seen, m_seen, scaling, softcap, probs)
     if rec is not None and layer is not None:
         if layer in rec.head_edits:
             out = _edit_heads(out, rec.head_edits[layer], tk - tq)
@@ -556,13 +662,30 @@ def _softmax_with_sink(scores: torch.Tensor, sinks: torch.Tensor) -> torch.Tenso
     return torch.softmax(combined, dim=-1, dtype=combined.dtype)[..., :-1]  # (B, H, Tq, Tk)
 
 
-def _causal_additive(tq: int, tk: int, dtype, device) -> torch.Tensor:
-    q_pos = torch.arange(tk - tq, tk, device=device)[:, None]
-    allowed = torch.arange(tk, device=device)[None, :] <= q_pos  # (Tq, Tk)
+def _causal_additive(tq: int, tk: int, dtype, device, rows: torch.Tensor | None = None) -> torch.Tensor:
+    """The lower-right causal mask of tq queries over tk keys, additive; ``rows``: only those query offsets."""
+    q_pos = torch.arange(tk - tq, tk, device=device)  # (Tq,)
+    if rows is not None:
+        q_pos = q_pos[rows]  # (n,)
+    allowed = torch.arange(tk, device=device)[None, :] <= q_pos[:, None]  # (n, Tk)
     zero = torch.zeros((), dtype=dtype, device=device)
-    return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]  # (1, 1, Tq, Tk)
+    return torch.where(allowed, zero, torch.finfo(dtype).min)[None, None]  # (1, 1, n, Tk)
+
+
+def inspector_mask(*args, dtype: torch.dtype = torch.float32, allow_is_causal_skip: bool = True, **kwargs):
+    """transformers' eager mask (0 allowed, dtype-min blocked), or None where sdpa's would be skipped.
+
+    sdpa's builder returns None only when the mask is plain causal over the keys at hand (or, for
+    a bidirectional mask, all-allowed), which ``inspector_attention`` reproduces with ``is_causal``
+    or with no mask for one query; anything else (padding, a window that bites, custom overlays)
+    comes back materialised and converted exactly as ``eager_mask`` converts it.
+    """
+    mask = sdpa_mask(*args, allow_is_causal_skip=allow_is_causal_skip, **kwargs)  # (B, 1, Tq, Tk) bool or None
+    if mask is None:
+        return None
+    return torch.where(mask, torch.zeros((), device=mask.device, dtype=dtype), torch.finfo(dtype).min)
 
 
 AttentionInterface.register(ATTN_NAME, inspector_attention)
-AttentionMaskInterface.register(ATTN_NAME, eager_mask)
+AttentionMaskInterface.register(ATTN_NAME, inspector_mask)
 

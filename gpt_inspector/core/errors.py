@@ -23,3 +23,7 @@ def check_index(value, n: int, what: str) -> int:
     if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
         raise InspectorError(f"{what} must be in [0, {n}), got {value!r}")
     return int(value)
+
+
+class Cancelled(InspectorError):
+    """The user stopped a long recompute; everything is exactly as it was before it began."""

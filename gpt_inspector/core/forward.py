@@ -45,6 +45,30 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
             layer.crop(-(n - length))
 
 
+def save_state(cache, recorder, start: int):
+    """A function that puts the cache and the records back exactly as they are now, or None.
+
+    Used by recomputes from ``start``: a cancel or a fault costs no second forward. A plain
+    cache's tensors are kept by reference (a crop makes views and each update a new tensor, so
+    they stay as they are); the records from ``start`` on are copied. None for a cache with other
+    kinds of layers (a model's own cache may write in place): the caller recomputes instead.
+    """
+    from transformers.cache_utils import DynamicLayer
+
+    if not all(type(layer) is DynamicLayer for layer in cache.layers):
+        return None
+    kv = [(layer.keys, layer.values) for layer in cache.layers]
+    saved = recorder.save_from(start)
+
+    def put_back() -> None:
+        for layer, (k, v) in zip(cache.layers, kv):
+            layer.keys, layer.values = k, v
+        with torch.inference_mode():  # the record buffers were made in inference mode
+            recorder.restore(saved)
+
+    return put_back
+
+
 @functools.cache
 def _takes_position_ids(cls) -> bool:
     return "position_ids" in inspect.signature(cls.forward).parameters
@@ -105,8 +129,8 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
             out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep,
                            **position_kwargs(lm.model, start, ids))  # fmt: skip
         logits = take(out.logits)
-        if lm.device.type == "cuda":
-            torch.cuda.synchronize(lm.device)  # the records were copied asynchronously
+        for dev in lm.cuda_devices:  # the records were copied asynchronously, from every GPU a layer ran on
+            torch.cuda.synchronize(dev)
         return logits
     except BaseException as e:
         with interrupts_deferred():

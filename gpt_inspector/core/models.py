@@ -13,7 +13,6 @@ from .errors import InspectorError
 from .fidelity import check_supported, verify_fidelity
 
 
-
 def _demo_model() -> str:
     """The embedded demo model (a tiny GPT-2 trained here); GPT_INSPECTOR_DEMO_MODEL overrides it.
 
@@ -64,6 +63,8 @@ class LoadedModel:
     warnings: tuple[str, ...] = ()  # load-time doubts a front end should show (the CLI prints them)
     # what the cache holds per layer next to the K/V attention receives (read off the probe)
     kv_layout: kv_layout.KVLayout | None = None
+    # loaded with accelerate's device_map: module name -> where it lives (GPU index, "cpu", "disk"); else None
+    device_map: dict | None = None
 
     @property
     def mirror_kv(self) -> bool:
@@ -88,11 +89,26 @@ class LoadedModel:
     def kv_head_of(self, head: int) -> int:
         return head // self.kv_group
 
+    @property
+    def cuda_devices(self) -> tuple[torch.device, ...]:
+        """Every CUDA device a forward runs on: the one device, or each GPU of a device map."""
+        gpus = {torch.device("cuda", d) for d in (self.device_map or {}).values() if isinstance(d, int)}
+        if self.device.type == "cuda":
+            gpus.add(self.device if self.device.index is not None else torch.device("cuda", torch.cuda.current_device()))
+        return tuple(sorted(gpus, key=lambda d: d.index))
+
     def describe(self) -> str:
         gqa = f", {self.n_kv_heads} KV heads" if self.n_kv_heads != self.n_heads else ""
+        where = str(self.device)
+        if self.device_map:
+            counts: dict[str, int] = {}
+            for d in self.device_map.values():
+                name = f"cuda:{d}" if isinstance(d, int) else str(d)
+                counts[name] = counts.get(name, 0) + 1
+            where = "a device map (" + ", ".join(f"{n} {d}" for d, n in counts.items()) + " modules)"
         text = (
             f"{self.name}: {self.n_layers} layers, {self.n_heads} heads{gqa}, d_head {self.head_dim}, "
-            f"context {self.context_length}, {str(self.dtype).removeprefix('torch.')} on {self.device}"
+            f"context {self.context_length}, {str(self.dtype).removeprefix('torch.')} on {where}"
         )
         cache = "" if self.kv_layout is None else self.kv_layout.describe()
         return f"{text}; {cache}" if cache else text
@@ -202,6 +218,9 @@ def load_model(
     allow_pickle: bool = False,
     trust_remote_code: bool = False,
     allow_unverified: bool = False,
+    device_map: str | dict | None = None,
+    max_memory: str | dict | None = None,
+    offload_folder: str | os.PathLike | None = None,
 ) -> LoadedModel:
     """Load a causal LM (hub id or local folder) with attention routed through our capture.
 
@@ -209,6 +228,10 @@ def load_model(
     ``trust_remote_code``. Honours ``HF_HUB_OFFLINE`` and the local HF cache. A model whose
     logits through our attention differ from its own eager attention is refused unless
     ``allow_unverified`` (then ``LoadedModel.unverified`` holds the reason).
+
+    ``device_map`` ("auto", "balanced", "sequential" or a dict) spreads the layers over GPUs, the
+    CPU and, past ``max_memory`` ({0: "20GiB", "cpu": "60GiB"} or "0=20GiB,cpu=60GiB"), disk
+    under ``offload_folder``, through accelerate; capture records each layer where it runs.
     """
     from transformers import AutoModelForCausalLM, AutoTokenizer
     from transformers.utils import logging as hf_logging
@@ -217,8 +240,9 @@ def load_model(
     source = str(name_or_path) if name_or_path is not None else DEMO_MODEL
     if not source.strip():
         raise InspectorError("empty model name; give a hub id such as gpt2 or a folder")
-    dev = resolve_device(device)
     dt = resolve_dtype(dtype)
+    placement = _placement(device, device_map, max_memory, offload_folder)
+    dev = resolve_device(device) if placement is None else None
     path = Path(source).expanduser()
     local = path.is_dir()
     if local:
@@ -230,7 +254,7 @@ def load_model(
     _check_causal(config, source)
     check_supported(config, source)
     _check_shapes(config, source)
-    _check_fits_in_memory(config, source, dt, trust_remote_code)
+    _check_fits_in_memory(config, source, dt, trust_remote_code, dev, placement)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as e:
@@ -245,6 +269,7 @@ def load_model(
             use_safetensors=None if allow_pickle else True,
             trust_remote_code=trust_remote_code,
             output_loading_info=True,
+            **(placement or {}),
         )
     except OSError as e:
         msg = _first_line(e)
@@ -272,14 +297,59 @@ def load_model(
             f"{source} does not dispatch attention through transformers' attention interface: {e}"
         ) from None
     adapters.adapt(model, source)  # families that compute attention in their own code
-    try:
-        model.to(dev)
-    except (RuntimeError, torch.OutOfMemoryError) as e:
-        raise InspectorError(f"cannot move the model to {dev}: {str(e).splitlines()[0]}; try --device cpu") from None
+    if placement is None:
+        try:
+            model.to(dev)
+        except (RuntimeError, torch.OutOfMemoryError) as e:
+            raise InspectorError(f"cannot move the model to {dev}: {str(e).splitlines()[0]}; try --device cpu") from None
+    else:
+        dev = _input_device(model)
     model.eval()
     lm = _probe_and_verify(model, tokenizer, source, dev, dt, allow_unverified)
     lm.warnings = warnings
+    lm.device_map = dict(getattr(model, "hf_device_map", None) or {}) or None if placement else None
     return lm
+
+
+def _placement(device, device_map, max_memory, offload_folder) -> dict | None:
+    """from_pretrained's placement arguments for a device map, validated; None for one device."""
+    from . import validate
+
+    dmap, mem = validate.device_map(device_map), validate.max_memory(max_memory)
+    if dmap is None:
+        if mem is not None or offload_folder is not None:
+            what = "--max-memory" if mem is not None else "--offload-folder"
+            raise InspectorError(f"{what} applies to a device map: add --device-map auto")
+        return None
+    if str(device).strip().lower() not in ("auto", "") and not isinstance(device, torch.device):
+        raise InspectorError(f"--device {device} and --device-map both say where the model goes: give one of them")
+    try:
+        import accelerate  # noqa: F401  (transformers needs it for a device map)
+    except ImportError:
+        raise InspectorError("--device-map needs the accelerate package: pip install accelerate") from None
+    if mem is not None and any(isinstance(k, int) for k in mem) and not torch.cuda.is_available():
+        raise InspectorError("--max-memory names a GPU but this machine has no CUDA GPU")
+    out: dict = {"device_map": dmap}
+    if mem is not None:
+        out["max_memory"] = mem
+    if offload_folder is not None:
+        folder = Path(offload_folder).expanduser()
+        if folder.exists() and not folder.is_dir():
+            raise InspectorError(f"offload folder {str(folder)!r} is a file, not a folder")
+        if not folder.exists() and not folder.parent.is_dir():
+            raise InspectorError(f"offload folder {str(folder)!r}: its parent folder does not exist")
+        out["offload_folder"] = str(folder)
+    return out
+
+
+def _input_device(model) -> torch.device:
+    """Where a device-mapped model takes its input ids: its first accelerator, else the CPU (disk runs there)."""
+    for d in (getattr(model, "hf_device_map", None) or {}).values():
+        if isinstance(d, int):
+            return torch.device("cuda", d)
+        if str(d) not in ("cpu", "disk", "meta"):
+            return torch.device(str(d))
+    return torch.device("cpu")
 
 
 def _first_line(e: BaseException) -> str:
@@ -323,12 +393,46 @@ def parameter_bytes(config, dtype: torch.dtype, trust_remote_code: bool = False)
     return floats * dtype.itemsize + others
 
 
-def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_code: bool) -> None:
+def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_code: bool,
+                          dev: torch.device | None = None, placement: dict | None = None) -> None:  # fmt: skip
+    """Refuse, before any weight is read, a model whose config describes more weights than fit."""
     from .validate import memory_bytes
 
     need = parameter_bytes(config, dtype, trust_remote_code)
     ram = memory_bytes()
-    if need is None or not ram or need <= ram:
+    if need is None:
+        return
+    gib = lambda n: f"{n / 2**30:.2f} GiB"
+    dt = str(dtype).removeprefix("torch.")
+    if placement is not None:
+        mem = placement.get("max_memory")
+        if mem is None:  # accelerate's own defaults: every GPU and the machine's memory
+            mem = {i: torch.cuda.get_device_properties(i).total_memory for i in range(torch.cuda.device_count())}
+            mem["cpu"] = ram or 0
+        room = sum(v for k, v in mem.items() if k != "disk")
+        if need <= room:
+            return
+        folder = placement.get("offload_folder")
+        if folder is None:
+            raise InspectorError(f"{source}: about {gib(need)} of weights in {dt}, more than the {gib(room)} the device "
+                                 "map may use; raise --max-memory or give --offload-folder DIR to keep the rest on disk")  # fmt: skip
+        import shutil
+
+        probe = Path(folder)
+        while not probe.exists():
+            probe = probe.parent
+        free = shutil.disk_usage(probe).free
+        if need - room > free:
+            raise InspectorError(f"{source}: {gib(need - room)} of its weights would go to disk under {folder}, "
+                                 f"which has {gib(free)} free")  # fmt: skip
+        return
+    if dev is not None and dev.type == "cuda":
+        total = torch.cuda.get_device_properties(dev).total_memory
+        if need > total:
+            raise InspectorError(f"{source}: about {gib(need)} of weights in {dt}, more than {dev}'s {gib(total)}; "
+                                 "--device-map auto spreads it over the GPUs, the CPU and disk")  # fmt: skip
+        return
+    if not ram or need <= ram:
         return
     hint = ""
     if dtype == torch.float32 and need // 2 <= ram:

@@ -67,10 +67,10 @@ class Session(EditingMixin, ModelShape, RunSource):
         # full length even for sliding-window layers: every position stays inspectable, and the
         # model's own sliding mask (recorded as mask rows) hides what the window drops
         self.cache = model.new_cache()
-        # K/V are read from the cache where it holds them (no copy); mirrored on accelerators, and
-        # where the cache holds something else (a latent, untiled heads: see core.kv_layout)
-        on_cpu = model.device.type == "cpu"
-        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu or model.mirror_kv, pin=model.device.type == "cuda")
+        # K/V are read from the cache where it holds them (no copy); mirrored on accelerators (every
+        # GPU a device map uses), and where the cache holds something else (see core.kv_layout)
+        on_cpu = model.device.type == "cpu" and not model.cuda_devices
+        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu or model.mirror_kv, pin=bool(model.cuda_devices))
         self.recorder.out_from = len(ids) - 1  # head outputs where steps decide tokens (see Recorder.out_from)
         self._early_outputs: tuple | None = None  # the prompt rows before out_from, recomputed on demand
 

@@ -10,8 +10,14 @@ import numpy as np
 import torch
 
 from .capture import HeadEdit, MaskEdit, compile_edits, scratch_forward
-from .errors import InspectorError
-from .forward import crop_cache, interrupts_deferred
+from .errors import Cancelled, InspectorError
+from .forward import crop_cache, interrupts_deferred, save_state
+
+# positions per forward of a recompute: the points where progress is reported and a cancel can
+# land, and a bound on the (chunk x T) mask a forward over a kept prefix needs
+RECOMPUTE_CHUNK = 1024
+
+Progress = Callable[[int, int], None]  # (positions recomputed, positions to recompute)
 
 
 @dataclass
@@ -61,11 +67,15 @@ class EditingMixin:
                 f"cannot {verb} query {e.query} -> key {e.key}: a future position; the causal mask always hides it"
             )
 
-    def set_mask_edits(self, edits: Iterable[MaskEdit]) -> MaskEditReport:
+    def set_mask_edits(self, edits: Iterable[MaskEdit], progress: Progress | None = None,
+                       cancelled: Callable[[], bool] | None = None) -> MaskEditReport:  # fmt: skip
         """Replace the mask edits in force and recompute from the earliest affected position.
 
         Edits apply in order: a block adds a cell for its scope, an allow removes that scope's block.
         Chosen tokens are kept (teacher-forced); the report says how the current distribution moved.
+        ``progress(done, total)`` hears of each chunk of positions recomputed; when ``cancelled()``
+        turns true between chunks the session goes back exactly to where it was and ``Cancelled``
+        is raised.
         """
         edits = list(edits)
         blocked: dict[tuple, MaskEdit] = {}
@@ -96,7 +106,8 @@ class EditingMixin:
             self._blocked = blocked
             self.recorder.edits = compiled
             report = self._recompute_from(min((c[2] for c in changed), default=None),
-                                          lambda: setattr(self.recorder, "edits", prev_edits), commit)  # fmt: skip
+                                          lambda: setattr(self.recorder, "edits", prev_edits), commit,
+                                          progress, cancelled)  # fmt: skip
         except BaseException:
             if not committed:  # an interrupt just after the commit keeps the new, complete state
                 self._blocked, self.recorder.edits = prev_blocked, prev_edits
@@ -104,17 +115,22 @@ class EditingMixin:
         self._emit("mask", report)
         return report
 
-    def add_mask_edit(self, edit: MaskEdit) -> MaskEditReport:
-        return self.set_mask_edits([*self.mask_edits, edit])
+    def add_mask_edit(self, edit: MaskEdit, progress: Progress | None = None,
+                      cancelled: Callable[[], bool] | None = None) -> MaskEditReport:  # fmt: skip
+        return self.set_mask_edits([*self.mask_edits, edit], progress, cancelled)
 
-    def clear_mask_edits(self) -> MaskEditReport:
-        return self.set_mask_edits([])
+    def clear_mask_edits(self, progress: Progress | None = None, cancelled: Callable[[], bool] | None = None) -> MaskEditReport:
+        return self.set_mask_edits([], progress, cancelled)
 
-    def _recompute_from(self, earliest: int | None, restore: Callable[[], None], commit: Callable[[], None]) -> MaskEditReport:
+    def _recompute_from(self, earliest: int | None, restore: Callable[[], None], commit: Callable[[], None],
+                        progress: Progress | None = None, cancelled: Callable[[], bool] | None = None) -> MaskEditReport:  # fmt: skip
         """Re-run positions earliest..end under the edits now in the recorder (tokens kept).
 
-        On a fault ``restore()`` puts the recorder's previous edits back before the cache is
-        refilled; ``commit()`` records the change once the new numbers are all in place.
+        The cache before ``earliest`` is reused; the rest runs in chunks of ``RECOMPUTE_CHUNK``
+        positions, with ``progress`` after each and ``cancelled`` checked before each. On a
+        fault or a cancel ``restore()`` puts the recorder's previous edits back and the cache and
+        records are put back as they were (kept, not recomputed); ``commit()`` records the change
+        once the new numbers are all in place.
         """
         end = self.cache_length
         cur = self.current
@@ -130,20 +146,39 @@ class EditingMixin:
                 "mask and head edits are not available for hybrid models: their state-space layers keep a "
                 "running state that cannot be recomputed from the edited position"
             )
+        decided = [s for s in self.steps_done if s.position >= earliest]
+        # logits only where a step decides a token: a (T x V) block at T = 8,192 is a gigabyte
+        first = decided[0].position if decided else end - 1
+        put_back = save_state(self.cache, self.recorder, earliest)  # None: a cache of another kind
         try:
             crop_cache(self.cache, earliest)
             self.recorder.crop(earliest)
-            logits = self._forward(self.tokens[earliest:end], end - earliest)  # (end-earliest, V)
+            parts = []
+            for a in range(earliest, end, RECOMPUTE_CHUNK):
+                if cancelled is not None and cancelled():
+                    raise Cancelled("the mask edit was cancelled; the session is as it was before it")
+                b = min(a + RECOMPUTE_CHUNK, end)
+                keep = b - max(a, first)  # this chunk's positions at or after the first decided one
+                logits = self._forward(self.tokens[a:b], max(keep, 1))  # (max(keep, 1), V)
+                if keep > 0:
+                    parts.append(logits)
+                if progress is not None:
+                    progress(b - earliest, end - earliest)
+            logits = torch.cat(parts)  # (end - first, V)
             # the new logits go in all at once or not at all: an interrupt halfway would mix two masks
-            fresh = [(s, logits[s.position - earliest].clone()) for s in self.steps_done if s.position >= earliest]
+            fresh = [(s, logits[s.position - first].clone()) for s in decided]
         except BaseException:
-            # the caller restores the previous edits; refill the cache with them so state is as before.
-            # A second Ctrl+C waits: stopping the refill would leave the cache short.
+            # the caller restores the previous edits; the cache and records return as they were:
+            # kept, or, for a cache of another kind, refilled under the previous edits (a second
+            # Ctrl+C waits: stopping the refill would leave the cache short)
             with interrupts_deferred():
                 restore()
-                crop_cache(self.cache, earliest)
-                self.recorder.crop(earliest)
-                self._forward(self.tokens[earliest:end], 1)
+                if put_back is not None:
+                    put_back()
+                else:
+                    crop_cache(self.cache, earliest)
+                    self.recorder.crop(earliest)
+                    self._forward(self.tokens[earliest:end], 1)
             raise
         with interrupts_deferred():
             for s, row in fresh:
@@ -181,7 +216,8 @@ class EditingMixin:
             self._patch_sources[ids] = [rec.out[i].view(len(ids))[0].clone() for i in range(self.n_layers)]
         return self._patch_sources[ids]
 
-    def set_head_edits(self, edits: Iterable[HeadEdit]) -> MaskEditReport:
+    def set_head_edits(self, edits: Iterable[HeadEdit], progress: Progress | None = None,
+                       cancelled: Callable[[], bool] | None = None) -> MaskEditReport:  # fmt: skip
         """Replace the knock-outs and patches in force and recompute the run (teacher-forced).
 
         The report says how the current next-token distribution moved.
@@ -216,7 +252,8 @@ class EditingMixin:
         try:
             self._head_edits, self.recorder.head_edits = edits, compiled
             report = self._recompute_from(0 if (edits or prev) else None,
-                                          lambda: setattr(self.recorder, "head_edits", prev_compiled), commit)  # fmt: skip
+                                          lambda: setattr(self.recorder, "head_edits", prev_compiled), commit,
+                                          progress, cancelled)  # fmt: skip
         except BaseException:
             if not committed:
                 self._head_edits, self.recorder.head_edits = prev, prev_compiled

@@ -27,7 +27,9 @@ class TopEntry:
 def top_entries(probs: torch.Tensor, logits: torch.Tensor, label: Callable[[int], str], n: int = TOP_N) -> list[TopEntry]:
     """The ``n`` most likely tokens of ``probs`` (V,), best first, with their labels and raw logits."""
     vals, idx = torch.topk(probs, min(n, probs.shape[0]))
-    return [TopEntry(int(i), label(int(i)), float(v), float(logits[i])) for v, i in zip(vals, idx)]
+    # one conversion each, not a tensor index per entry: this runs on every step
+    ids, ps, ls = idx.tolist(), vals.tolist(), logits[idx].tolist()
+    return [TopEntry(i, label(i), p, lg) for i, p, lg in zip(ids, ps, ls)]
 
 
 @dataclass

@@ -137,3 +137,67 @@ def memory_bytes() -> int | None:
         return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
         return None
+
+
+# accelerate's placement strategies; a dict (module name -> device) is passed through as given
+DEVICE_MAPS = ("auto", "balanced", "balanced_low_0", "sequential")
+_UNITS = {"": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+          "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40}  # fmt: skip
+
+
+def device_map(v) -> str | dict | None:
+    """None (one device), one of ``DEVICE_MAPS``, or a dict module name -> device as accelerate takes it."""
+    if v is None or isinstance(v, dict):
+        return v
+    s = str(v).strip().lower()
+    if not s or s == "none":
+        return None
+    if s not in DEVICE_MAPS:
+        raise InspectorError(f"--device-map must be one of {', '.join(DEVICE_MAPS)}, got {_short(v)}")
+    return s
+
+
+def size_bytes(v, name: str = "size") -> int:
+    """``20GiB``, ``500MB``, ``1.5GB`` or a plain number of bytes, as an int > 0."""
+    if isinstance(v, (int, np.integer)) and not isinstance(v, bool):
+        n = float(v)
+    else:
+        s = str(v).strip().lower().replace(" ", "")
+        num = s.rstrip("kmgtib")
+        unit = s[len(num):]
+        try:
+            n = float(num) * _UNITS[unit]
+        except (ValueError, KeyError):
+            raise InspectorError(f"{name} must be a size such as 20GiB, 512MB or a number of bytes, got {_short(v)}") from None
+    if not math.isfinite(n) or n <= 0:
+        raise InspectorError(f"{name} must be a size above zero, got {_short(v)}")
+    return int(n)
+
+
+def max_memory(v) -> dict | None:
+    """``0=20GiB,cpu=60GiB`` (or that dict) -> {0: bytes, "cpu": bytes}: per GPU index, cpu, mps or disk."""
+    if v is None:
+        return None
+    if isinstance(v, dict):
+        items = list(v.items())
+    else:
+        s = str(v).strip()
+        if not s:
+            return None
+        items = []
+        for part in s.split(","):
+            key, eq, size = part.partition("=")
+            if not eq:
+                raise InspectorError(f"--max-memory takes DEVICE=SIZE pairs such as 0=20GiB,cpu=60GiB, got {_short(v)}")
+            items.append((key, size))
+    out: dict = {}
+    for key, size in items:
+        k = str(key).strip().lower().removeprefix("cuda:")
+        if k.isdigit():
+            k = int(k)
+        elif k not in ("cpu", "mps", "disk"):
+            raise InspectorError(f"--max-memory devices are GPU indices (0, 1, ...), cpu, mps or disk, got {_short(key)}")
+        if k in out:
+            raise InspectorError(f"--max-memory names {k!r} twice")
+        out[k] = size_bytes(size, f"--max-memory {k}")
+    return out

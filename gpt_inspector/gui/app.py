@@ -136,7 +136,8 @@ def run(args) -> int:
         prompt = win.session_panel.prompt.toPlainText() or DEFAULT_PROMPT
     spec = ModelSpec(_get(args, "model"), _get(args, "device") or "auto", _get(args, "dtype"),
                      bool(_get(args, "allow_pickle")), bool(_get(args, "trust_remote_code")),
-                     bool(_get(args, "unverified")))  # fmt: skip
+                     bool(_get(args, "unverified")), device_map=_get(args, "device_map"),
+                     max_memory=_get(args, "max_memory"), offload_folder=_get(args, "offload_folder"))  # fmt: skip
     win.session_panel.set_model_spec(spec)
     t, k, p = win.session_panel.decoding()
     win.worker.autosave = not screenshot

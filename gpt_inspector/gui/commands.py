@@ -23,6 +23,9 @@ class ModelSpec:
     allow_pickle: bool = False
     trust_remote_code: bool = False
     allow_unverified: bool = False  # load even when the fidelity self-test fails; the window says so
+    device_map: str | None = None  # auto / balanced / sequential (accelerate); None: one device
+    max_memory: str | None = None  # "0=20GiB,cpu=60GiB"
+    offload_folder: str | None = None
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,7 @@ class Controller(QObject):
         """Queue a command for the worker; returns its serial."""
         serial = self.worker.post(command)
         self.pending.add(serial)
-        if isinstance(command, Run):
+        if isinstance(command, (Run, EditCells, SetMaskEdits)):  # long work that Pause (Esc) may stop
             self.runs.add(serial)
         self.state_changed.emit()
         return serial

@@ -66,6 +66,21 @@ class SessionPanel(QWidget):
         dd.addWidget(self.device, 1)
         dd.addWidget(self.dtype, 1)
         f.addRow("device / dtype", dd)
+        self.device_map = QComboBox()
+        self.device_map.addItems(["one device", "auto", "balanced", "sequential"])
+        self.device_map.setToolTip("Spread the layers over the GPUs, the CPU and disk (accelerate); "
+                                   "the device above is then ignored")  # fmt: skip
+        self.max_memory = QLineEdit()
+        self.max_memory.setPlaceholderText("0=20GiB,cpu=60GiB")
+        self.max_memory.setToolTip("With a device map: the most each device may hold (GPU index, cpu, disk)")
+        dm = QHBoxLayout()
+        dm.addWidget(self.device_map, 1)
+        dm.addWidget(self.max_memory, 1)
+        f.addRow("device map / max", dm)
+        self.offload_folder = QLineEdit()
+        self.offload_folder.setPlaceholderText("offload folder (disk), optional")
+        self.offload_folder.setToolTip("With a device map: where the weights that fit nowhere else wait on disk")
+        f.addRow(self.offload_folder)
         self.allow_pickle = QCheckBox("allow pickle weights")
         self.allow_pickle.setToolTip("Pickle (.bin) files can run code when loaded: only for sources you trust")
         self.trust_code = QCheckBox("trust remote code")
@@ -171,9 +186,12 @@ class SessionPanel(QWidget):
         text = self.model.currentText().strip()
         name = None if text in ("", DEMO_LABEL) else text
         dtype = self.dtype.currentText()
+        dmap = self.device_map.currentText()
         return ModelSpec(name, self.device.currentText().strip() or "auto", None if dtype == "float32" else dtype,
                          self.allow_pickle.isChecked(), self.trust_code.isChecked(),
-                         self.allow_unverified.isChecked())  # fmt: skip
+                         self.allow_unverified.isChecked(), device_map=None if dmap == "one device" else dmap,
+                         max_memory=self.max_memory.text().strip() or None,
+                         offload_folder=self.offload_folder.text().strip() or None)  # fmt: skip
 
     def set_model_spec(self, spec: ModelSpec) -> None:
         self.model.setCurrentText(spec.model or DEMO_LABEL)
@@ -182,6 +200,9 @@ class SessionPanel(QWidget):
         self.allow_pickle.setChecked(spec.allow_pickle)
         self.trust_code.setChecked(spec.trust_remote_code)
         self.allow_unverified.setChecked(spec.allow_unverified)
+        self.device_map.setCurrentText(spec.device_map or "one device")
+        self.max_memory.setText(spec.max_memory or "")
+        self.offload_folder.setText(spec.offload_folder or "")
 
     def session_spec(self) -> SessionSpec:
         t, k, p = self.decoding()

@@ -21,7 +21,7 @@ from PySide6.QtCore import QObject, QThread, Signal, Slot
 
 from ..core.breakpoints import Breakpoints, finish, run_until
 from ..core.editing import restart_starts_new_session, toggle_cells
-from ..core.errors import InspectorError, StepFailed
+from ..core.errors import Cancelled, InspectorError, StepFailed
 from . import autosave
 from . import commands as C
 from .commands import ModelSpec, SessionSpec
@@ -162,6 +162,10 @@ class Worker(QObject):
         recipe = self.obj.recipe()
         lm = self.obj.lm
         recipe["load"] = {"device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
+        ms = self.model_spec
+        if lm.device_map and ms is not None and ms.device_map:  # a restore places the model as the load did
+            recipe["load"].update(device="auto", device_map=ms.device_map, max_memory=ms.max_memory,
+                                  offload_folder=ms.offload_folder)  # fmt: skip
         key = json.dumps(recipe)
         if key == self._autosaved:
             return
@@ -234,7 +238,8 @@ class Worker(QObject):
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
         lm = load_model(model.model, device=model.device, dtype=model.dtype,
                         allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code,
-                        allow_unverified=model.allow_unverified)  # fmt: skip
+                        allow_unverified=model.allow_unverified, device_map=model.device_map,
+                        max_memory=model.max_memory, offload_folder=model.offload_folder)  # fmt: skip
         sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
         self.lm, self.model_spec, self.spec = lm, model, session
         self.loaded.emit(self._describe())
@@ -247,11 +252,14 @@ class Worker(QObject):
 
         recipe = cmd.recipe
         load = recipe.get("load") or {}
-        spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False)
+        spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False,
+                         device_map=load.get("device_map"), max_memory=load.get("max_memory"),
+                         offload_folder=load.get("offload_folder"))  # fmt: skip
         name = spec.model or "the demo model"
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
-            self.lm = load_model(spec.model, device=spec.device, dtype=spec.dtype)
+            self.lm = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
+                                 max_memory=spec.max_memory, offload_folder=spec.offload_folder)  # fmt: skip
             self.model_spec = spec
             self.loaded.emit(self._describe())
         name = self.lm.name or name
@@ -353,14 +361,24 @@ class Worker(QObject):
         edits = toggle_cells(old, cmd.cells, cmd.layer, cmd.head, cmd.scope, cmd.block)
         if edits == old:
             return
-        self.busy.emit("Recomputing with the edited mask…")
-        s.set_mask_edits(edits)
-        self._publish()
+        self._recompute_mask(serial, s, edits)
 
     @handles(C.SetMaskEdits)
     def _do_set_mask_edits(self, serial, cmd: C.SetMaskEdits) -> None:
+        self._recompute_mask(serial, self._session(), list(cmd.edits))
+
+    def _recompute_mask(self, serial, s, edits) -> None:
+        """Set the mask edits with the recompute's progress shown; Stop (cancel) leaves the session as it was."""
         self.busy.emit("Recomputing with the edited mask…")
-        self._session().set_mask_edits(list(cmd.edits))
+
+        def progress(done: int, total: int) -> None:
+            self.busy.emit(f"Recomputing with the edited mask: position {done}/{total}")
+            self.progress.emit(done, total)
+
+        try:
+            s.set_mask_edits(edits, progress=progress, cancelled=lambda: self._cancelled(serial))
+        except Cancelled as e:
+            self.notice.emit(str(e))
         self._publish()
 
     @handles(C.Refresh)

@@ -1,0 +1,80 @@
+"""A mask edit at position 5 of a long run against an HF prefill of the span it recomputes, side by side.
+
+Issue 15's Llama-style model (8 layers x 8 heads, 2 KV heads, head size 64, float32, random
+weights). The Session holds T positions (a T-token prompt and 2 steps); blocking query 5 -> key 2
+in every layer and head recomputes positions 5..T-1 over the kept 5-position cache. The reference
+is transformers' own model (sdpa) running those same positions after the same 5-position cache,
+keeping the last logits, as generate's prefill does. Clearing the edit (the restore) recomputes the
+same span and is timed too. Runs alternate so machine noise hits both alike.
+
+    python benchmarks/bench_mask_edit.py [--t 1024 4096 8192] [--reps 3] [--threads N]
+"""
+
+from __future__ import annotations
+
+import argparse
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+# this checkout's package and test helpers, not whichever gpt_inspector the environment installed
+sys.path[:0] = [str(Path(__file__).resolve().parents[1]), str(Path(__file__).resolve().parent)]
+
+EDIT_AT = 5
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--t", type=int, nargs="+", default=[1024, 4096, 8192])
+    ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    args = ap.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    import bench_step
+    from transformers import AutoModelForCausalLM, DynamicCache
+
+    import gpt_inspector as gi
+
+    folder = bench_step.build_llama_gqa(Path(tempfile.mkdtemp()) / "llama-gqa-random", max(args.t) + 64)
+    lm = gi.load_model(folder, device="cpu")
+    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    print(f"model: {lm.describe()}; torch threads {torch.get_num_threads()}", flush=True)
+    g = torch.Generator().manual_seed(0)
+    edit = [gi.MaskEdit(query=EDIT_AT, key=2)]
+    for t in args.t:
+        ids = [i for i in torch.randint(0, 300, (t - 2,), generator=g).tolist() if i not in lm.eos_token_ids]
+        s = gi.Session(lm, prompt_ids=ids)
+        s.run(3)  # T positions in the cache
+        span = s.tokens[EDIT_AT : s.cache_length]
+        with torch.inference_mode():
+            head = torch.tensor([s.tokens[:EDIT_AT]])
+            rest = torch.tensor([span])
+        edit_t, clear_t, hf_t = [], [], []
+        for _ in range(args.reps):
+            t0 = time.perf_counter()
+            rep = s.set_mask_edits(edit)
+            edit_t.append(time.perf_counter() - t0)
+            assert rep.earliest_position == EDIT_AT and rep.recomputed == len(span)
+            with torch.inference_mode():
+                cache = DynamicCache()
+                hf(input_ids=head, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                t0 = time.perf_counter()
+                hf(input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                hf_t.append(time.perf_counter() - t0)
+                del cache
+            t0 = time.perf_counter()
+            s.clear_mask_edits()
+            clear_t.append(time.perf_counter() - t0)
+        e, c, h = (statistics.median(x) for x in (edit_t, clear_t, hf_t))
+        print(f"T {s.cache_length:5d}: mask edit at {EDIT_AT} {e:6.2f} s, clear (restore) {c:6.2f} s, HF prefill of the "
+              f"{len(span)} positions {h:6.2f} s; ratio edit {e / h:.2f}, clear {c / h:.2f} (target <= 1.5)", flush=True)  # fmt: skip
+
+
+if __name__ == "__main__":
+    main()
