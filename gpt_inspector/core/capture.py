@@ -28,8 +28,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
-from collections.abc import Iterable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
@@ -37,7 +36,7 @@ from transformers import AttentionInterface
 from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import attention as eq
-from .errors import InspectorError
+from .edits import HeadEdit, MaskEdit, _CompiledEdits, allowed_rows, compile_edits  # noqa: F401 (the names capture always offered)
 
 ATTN_NAME = "gpt_inspector"
 
@@ -51,125 +50,6 @@ _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 # a buffer grows by a quarter of what it holds (at least _GROW positions): each position is
 # re-copied a bounded number of times (≤ 4 on average) at any T, and capacity stays ≤ 1.25x + _GROW
 _GROW = 64
-
-
-@dataclass(frozen=True)
-class MaskEdit:
-    """Block (or re-allow) attention from query position ``query`` to key position ``key``.
-
-    ``layer=None`` means every layer; ``head=None`` every head of the layer(s).
-    """
-
-    query: int
-    key: int
-    layer: int | None = None
-    head: int | None = None
-    blocked: bool = True
-
-    def scope(self) -> tuple[int | None, int | None, int, int]:
-        return (self.layer, self.head, self.query, self.key)
-
-    def to_json(self) -> dict:
-        return {"query": self.query, "key": self.key, "layer": self.layer, "head": self.head, "blocked": self.blocked}
-
-    @classmethod
-    def from_json(cls, d: dict) -> MaskEdit:
-        try:
-            return cls(
-                query=int(d["query"]),
-                key=int(d["key"]),
-                layer=None if d.get("layer") is None else int(d["layer"]),
-                head=None if d.get("head") is None else int(d["head"]),
-                blocked=bool(d.get("blocked", True)),
-            )
-        except (KeyError, TypeError, ValueError) as e:
-            raise InspectorError(f"bad mask edit {d!r}: {e}") from None
-
-
-@dataclass(frozen=True)
-class HeadEdit:
-    """Knock out head ``head`` of ``layer`` (``head=None``: the layer's whole attention), or, with
-    ``patch_from``, write in that head's output from another run of the same model over those
-    token ids, at the same positions.
-    """
-
-    layer: int
-    head: int | None = None
-    patch_from: tuple[int, ...] | None = None
-
-    def to_json(self) -> dict:
-        return {"layer": self.layer, "head": self.head,
-                "patch_from": None if self.patch_from is None else list(self.patch_from)}  # fmt: skip
-
-    @classmethod
-    def from_json(cls, d: dict) -> HeadEdit:
-        try:
-            src = d.get("patch_from")
-            return cls(int(d["layer"]), None if d.get("head") is None else int(d["head"]),
-                       None if src is None else tuple(int(i) for i in src))  # fmt: skip
-        except (KeyError, TypeError, ValueError, AttributeError) as e:
-            raise InspectorError(f"bad head edit {d!r}: {e}") from None
-
-
-@dataclass
-class _CompiledEdits:
-    """Blocked cells per layer as index tensors, so applying them is one masked_fill."""
-
-    heads: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (n,) long
-    rows: dict[int, torch.Tensor] = field(default_factory=dict)
-    cols: dict[int, torch.Tensor] = field(default_factory=dict)
-
-    @classmethod
-    def build(cls, blocked: set[tuple[int, int, int]], n_layers: int) -> _CompiledEdits:
-        """``blocked`` holds (layer, head, query, key) expanded to concrete layers and heads."""
-        out = cls()
-        per_layer: dict[int, list[tuple[int, int, int]]] = {}
-        for layer, head, i, j in blocked:
-            per_layer.setdefault(layer, []).append((head, i, j))
-        for layer, cells in per_layer.items():
-            t = torch.tensor(sorted(cells), dtype=torch.long)  # (n, 3)
-            out.heads[layer], out.rows[layer], out.cols[layer] = t[:, 0], t[:, 1], t[:, 2]
-        return out
-
-    def block_for(self, layer: int, n_heads: int, q0: int, tq: int, tk: int) -> torch.Tensor | None:
-        if layer not in self.heads:
-            return None
-        h, i, j = self.heads[layer], self.rows[layer], self.cols[layer]
-        sel = (i >= q0) & (i < q0 + tq) & (j < tk)
-        if not bool(sel.any()):
-            return None
-        block = torch.zeros(n_heads, tq, tk, dtype=torch.bool)  # (H, Tq, Tk)
-        block[h[sel], i[sel] - q0, j[sel]] = True
-        return block
-
-    def rows_for(self, layer: int, n_heads: int, q0: int, tq: int, tk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
-        """The edited query rows of a forward over q0..q0+tq only: (offsets (n,), blocked (H, n, Tk)).
-
-        A recompute at long T has thousands of query rows and edits on a handful; a dense
-        (H, Tq, Tk) block would cost gigabytes to say so.
-        """
-        if layer not in self.heads:
-            return None
-        h, i, j = self.heads[layer], self.rows[layer], self.cols[layer]
-        sel = (i >= q0) & (i < q0 + tq) & (j < tk)
-        if not bool(sel.any()):
-            return None
-        offsets, which = torch.unique(i[sel] - q0, return_inverse=True)  # (n,), (m,)
-        block = torch.zeros(n_heads, offsets.shape[0], tk, dtype=torch.bool)  # (H, n, Tk)
-        block[h[sel], which, j[sel]] = True
-        return offsets, block
-
-
-def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, _CompiledEdits]:
-    """Blocked edits expanded to concrete (layer, head, query, key) cells, and compiled for capture."""
-    cells = set()
-    for e in edits:
-        if not e.blocked:
-            continue
-        layers = range(n_layers) if e.layer is None else [e.layer]
-        heads = range(n_heads) if e.head is None else [e.head]
-        cells.update((layer, h, e.query, e.key) for layer in layers for h in heads)
-    return cells, _CompiledEdits.build(cells, n_layers)
 
 
 class _Buffer:
@@ -423,48 +303,6 @@ def scratch_forward(lm, ids, like: Recorder | None = None) -> Recorder:
     with torch.inference_mode(), rec.active():
         lm.model(input_ids=x, attention_mask=torch.ones_like(x), use_cache=False, logits_to_keep=1)
     return rec
-
-
-def allowed_rows(
-    mask_rows: dict[int, torch.Tensor],
-    t: int,
-    p0: int,
-    p1: int,
-    edits: _CompiledEdits | None = None,
-    layer: int = 0,
-    head: int | None = None,
-    n_heads: int = 1,
-) -> torch.Tensor:
-    """Keys that query rows p0..p1 could attend to: causal, the model's own mask, the edits.
-
-    Returns (n, T) bool for one ``head``, or (n_heads, n, T) when ``head`` is None. A mask row
-    is (T,) shared by the heads, (H, T) where the model masks each head differently, or (1, H, T)
-    as a live single-row recorder keeps those.
-    """
-    pos = torch.arange(p0, p1)
-    base = torch.arange(t)[None, :] <= pos[:, None]  # (n, T) causal
-    rows = [(p, row[0] if row.dim() == 3 else row) for p, row in mask_rows.items() if p0 <= p < p1]
-    if any(row.dim() == 2 for _, row in rows):
-        base = base.unsqueeze(0).expand(n_heads, -1, -1).clone()  # (H, n, T)
-        for p, row in rows:
-            n = min(row.shape[-1], t)  # a row is as long as the keys of its own forward
-            base[:, p - p0, :n] = row[..., :n]
-        allowed = base if head is None else base[head].clone()
-    else:
-        for p, row in rows:
-            # a row is as long as the keys of its own forward; later keys are future ones
-            n = min(row.shape[0], t)
-            base[p - p0, :n] = row[:n]
-        allowed = base if head is not None else base.unsqueeze(0).expand(n_heads, -1, -1).clone()
-    if edits is not None and layer in edits.heads:
-        h, i, j = edits.heads[layer], edits.rows[layer], edits.cols[layer]
-        sel = (i >= p0) & (i < p1) & (j < t)
-        if head is not None:
-            sel &= h == head
-            allowed[i[sel] - p0, j[sel]] = False
-        else:
-            allowed[h[sel], i[sel] - p0, j[sel]] = False
-    return allowed
 
 
 def _check_mask_is_a_mask(mask: torch.Tensor) -> None:

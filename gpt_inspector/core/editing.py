@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from .capture import MaskEdit
+from .edits import MaskEdit
 from .errors import InspectorError
 
 SCOPES = ("head", "layer", "all")

@@ -10,7 +10,8 @@ import torch
 
 from . import decoding, validate
 from .attention import KINDS
-from .capture import HeadEdit, MaskEdit, Recorder, scratch_forward
+from .capture import Recorder, scratch_forward
+from .edits import HeadEdit, MaskEdit
 from .errors import InspectorError, StepFailed
 from .forward import crop_cache, forward_with_rollback, interrupts_deferred
 from .models import LoadedModel

@@ -9,7 +9,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .capture import HeadEdit, MaskEdit, compile_edits, scratch_forward
+from .capture import scratch_forward
+from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import Cancelled, InspectorError
 from .forward import crop_cache, interrupts_deferred, save_state
 

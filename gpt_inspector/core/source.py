@@ -29,7 +29,7 @@ import numpy as np
 import torch
 
 from . import attention as eq
-from .capture import allowed_rows
+from .edits import allowed_rows
 from .errors import InspectorError, check_index
 
 

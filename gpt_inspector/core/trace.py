@@ -23,7 +23,7 @@ import torch
 
 from . import decoding
 from .attention import STAGES, ScoreBias
-from .capture import HeadEdit, MaskEdit, compile_edits
+from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
 from .kv_layout import KVLayout
 from .source import RunSource, to_numpy

@@ -40,8 +40,8 @@ import torch
 from .. import decoding, validate
 from ..capture import Recorder
 from ..errors import InspectorError, check_index
-from ..models import LoadedModel
 from ..forward import crop_cache, forward_with_rollback, interrupts_deferred
+from ..models import LoadedModel
 from ..step import Step, top_entries
 from ..tokens import token_label
 from . import tree as beam_tree
