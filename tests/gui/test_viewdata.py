@@ -106,7 +106,7 @@ def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch):
         seen.append(p1 - p0)
         return rows(layer, p0, p1, *a, **k)
 
-    monkeypatch.setattr(vd, "ROWS_BUDGET", 3 * s.n_heads * s.cache_length)  # three rows per evaluation
+    monkeypatch.setattr(vd.pooled, "ROWS_BUDGET", 3 * s.n_heads * s.cache_length)  # three rows per evaluation
     monkeypatch.setattr(s, "attention_rows", spy)
     chunked = full_thumbnails(s, max_bins=4).image()
     assert max(seen) == 3 and len(seen) > s.n_layers
