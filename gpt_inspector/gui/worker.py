@@ -76,6 +76,7 @@ class Worker(QObject):
         self.autosave_owner = autosave.new_owner()  # this window's own file: two windows never share one
         self._autosaved = ""
         self._refining: ViewModel | None = None  # the view model a streamed overview slice is queued for
+        self._streaming = False  # slices ran since the overview was last complete
         self._command.connect(self._dispatch)
 
     # ------------------------------------------------------------------ GUI-thread API
@@ -154,6 +155,9 @@ class Worker(QObject):
             self._pending = True
         if notify:
             self.snapshot_ready.emit()
+        if self._streaming and self.vm.overview_complete:  # the last rows may come with a step's build
+            self._streaming = False
+            self.notice.emit("Overview complete")
         self._schedule_refine()
 
     # -- the streamed overview: a first build or a rebuild after a mask edit at long T ------------
@@ -175,9 +179,10 @@ class Worker(QObject):
         except Exception as e:  # an overview that cannot be computed must not take the session down
             self.error.emit("Internal error", f"the overview could not be computed: {e!r}", "internal")
             return
-        th = vm.thumbs
-        share = 100 * th.rows_done // max(1, th.T)
-        self.notice.emit("Overview complete" if done else f"Overview: {share}% of the query rows so far (refining)…")
+        self._streaming = True
+        if not done:
+            th = vm.thumbs
+            self.notice.emit(f"Overview: {100 * th.rows_done // max(1, th.T)}% of the query rows so far (refining)…")
         self._publish()  # shows the refined overview and queues the next slice
 
     def _autosave(self) -> None:
@@ -222,6 +227,7 @@ class Worker(QObject):
             dev, dt = str(lm.device), str(lm.dtype).removeprefix("torch.")
         self.obj = obj
         self.vm = ViewModel(obj, dev, dt)
+        self._streaming = False
         from ..core.session import Session
 
         if isinstance(obj, Session):
