@@ -53,7 +53,7 @@ DPI = 100.0  # scale 1.0
 # past this many masked runs, hatching costs more than it adds: the colour alone still tells them apart
 MAX_HATCH_RUNS = 20000
 # a grid over more (T x T x heads) cells than this is pooled from row chunks, never per-head T x T
-LONG_GRID_CELLS = 1 << 26
+LONG_GRID_CELLS = 1 << 22
 
 _TEXT = "#202020"
 _DIM = "#555555"

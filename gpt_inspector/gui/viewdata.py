@@ -11,7 +11,6 @@ is computed, never L*H full matrices.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import time
@@ -24,6 +23,7 @@ from ..core import attention as eq
 from ..core.attention import KINDS, STAGE_TITLES
 from ..core.stages import STAGE_LABELS
 from ..core.capture import MaskEdit
+from ..core.pooling import one_thread
 from ..core.source import RunSource
 from ..core.step import Step
 from . import pooled
@@ -122,25 +122,6 @@ class Snapshot:
 
     def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
         return [e for e in self.mask_edits if (e.layer is None or e.layer == layer) and (e.head is None or e.head == head)]
-
-
-@contextlib.contextmanager
-def _one_thread():
-    """Run view math on one torch thread.
-
-    The tensors here are small (one row per head, one T x T matrix); on a busy machine a
-    thread pool's barriers cost ten times more than they save (measured: 600 ms vs 35 ms per
-    snapshot at T=1024 on a loaded 2-core box).
-    """
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 def _probs_rows(source: RunSource):
@@ -305,7 +286,7 @@ class ViewModel:
         th = self.thumbs
         per_row = max(1, th.L * th.H * th.T)
         spent = 0
-        with _one_thread():
+        with one_thread():
             while not th.complete:
                 for p0, p1 in th.pending(max_chunks=8):
                     cost = (p1 - p0) * per_row
@@ -329,7 +310,7 @@ class ViewModel:
 
     # -- the snapshot ------------------------------------------------------------------------------
     def build(self, selection: Selection | None = None) -> Snapshot:
-        with _one_thread():
+        with one_thread():
             return self._build(selection)
 
     def _build(self, selection: Selection | None) -> Snapshot:
