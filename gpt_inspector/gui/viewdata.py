@@ -177,7 +177,7 @@ class ViewModel:
         self._mat: tuple | None = None  # (layer, head, kind), T, display matrix, allowed: the last one built
         self._mat_dirty = 0  # its rows (and keys) >= this are stale
         self._pooled: PooledMatrix | None = None  # the score matrix past EXACT_LIMIT
-        self._tile: tuple | None = None  # (layer, head, kind, view, T), tile: the exact cells last built
+        self._tile: tuple | None = None  # ((layer, head, kind, q0, k0), q1, k1, tile): the exact cells last built
         self._ids: tuple[int, ...] = ()
         self._id_labels: tuple[str, ...] = ()
         self._labels: dict[int, str] = {}
@@ -416,14 +416,24 @@ class ViewModel:
         q1, k1 = min(t, q1), min(t, k1)
         if q1 <= q0 or k1 <= k0 or q1 - q0 > TILE_CELLS or k1 - k0 > TILE_CELLS:
             return None, (0, 0)
-        key = (sel.layer, sel.head, sel.kind, (q0, q1, k0, k1), t)
-        if self._tile is not None and self._tile[0] == key:
-            return self._tile[1], (q0, k0)
-        rows = o.attention_rows(sel.layer, q0, q1, sel.kind, heads=(sel.head,))[0].numpy()[:, k0:k1]  # (n, m)
-        if sel.kind in ("masked_scores", "probs"):
-            rows = np.where(o.allowed_rows(sel.layer, q0, q1)[sel.head].numpy()[:, k0:k1], rows, np.float32(np.nan))
+        key = (sel.layer, sel.head, sel.kind, q0, k0)
+        masked = sel.kind in ("masked_scores", "probs")
+        prev = self._tile  # (key, q1, k1, tile); dropped by any change to earlier rows
+        start = q0
+        if prev is not None and prev[0] == key and prev[1] <= q1 and prev[2] <= k1 and (masked or prev[2] == k1):
+            if (prev[1], prev[2]) == (q1, k1):
+                return prev[3], (q0, k0)
+            # a view that follows the newest rows: keep the rows it has; their new keys are future ones
+            start = prev[1]
+        rows = o.attention_rows(sel.layer, start, q1, sel.kind, heads=(sel.head,))[0].numpy()[:, k0:k1]  # (n, m)
+        if masked:
+            rows = np.where(o.allowed_rows(sel.layer, start, q1)[sel.head].numpy()[:, k0:k1], rows, np.float32(np.nan))
+        if start > q0:
+            old = np.full((start - q0, k1 - k0), np.nan, dtype=np.float32)
+            old[:, : prev[3].shape[1]] = prev[3]
+            rows = np.concatenate([old, rows])
         tile = np.ascontiguousarray(rows, dtype=np.float32)
-        self._tile = (key, tile)
+        self._tile = (key, q1, k1, tile)
         return tile, (q0, k0)
 
     def _selection_arrays(self, sel: Selection, query: int) -> dict:

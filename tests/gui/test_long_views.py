@@ -80,6 +80,22 @@ def test_zoomed_in_view_gets_exact_cells_and_a_too_large_one_does_not(tiny_lm, l
     snap = vm.build(Selection(0, 1, None, "raw", view=(t - 3, t, 0, 5)))
     np.testing.assert_allclose(snap.tile, s.attention(0, 1, "raw")[t - 3 : t, 0:5], rtol=1e-5, atol=1e-6)
     assert vm.build(Selection(0, 1, None, "probs", view=(0, t, 0, t))).tile is None  # more than TILE_CELLS
+    # a view over the newest rows follows the run: each step adds the new row and key to the tile
+    follow = Selection(0, 1, None, "probs", view=(t - 3, t + 2, t - 4, t + 1))
+    vm.build(follow)
+    for _ in range(2):
+        s.step()
+        t = s.cache_length
+        snap = vm.build(follow)
+        want = np.where(s.allowed(0, 1), s.attention(0, 1, "probs"), np.nan)
+        q0, k0 = snap.tile_origin
+        assert snap.tile.shape == (min(t, q0 + 5) - q0, min(t, k0 + 5) - k0)
+        np.testing.assert_allclose(snap.tile, want[q0 : q0 + snap.tile.shape[0], k0 : k0 + snap.tile.shape[1]], rtol=1e-5, atol=1e-7)
+    s.step_back()
+    snap = vm.build(follow)
+    t = s.cache_length
+    want = np.where(s.allowed(0, 1), s.attention(0, 1, "probs"), np.nan)
+    np.testing.assert_allclose(snap.tile, want[snap.tile_origin[0] : t, snap.tile_origin[1] : t], rtol=1e-5, atol=1e-7)
 
 
 def test_first_overview_streams_in_refinement_order_and_ends_exact(tiny_lm, monkeypatch):
