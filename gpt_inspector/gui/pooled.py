@@ -15,6 +15,8 @@ Both compute rows through the run source's one equation, in chunks, never T x T 
 
 from __future__ import annotations
 
+import warnings
+
 import numpy as np
 
 from ..core import attention as eq
@@ -182,6 +184,19 @@ class PooledMatrix:
         self.T = 0
         self.img = np.zeros((0, 0), dtype=np.float32)
         self.dirty = 0
+
+    def regroup(self, block: int) -> None:
+        """Double the block size (T grew past a power of two): the maximum of 2 x 2 maxima is the
+        maximum of the bigger block, so no cell is recomputed; the last, partial blocks are."""
+        assert block == 2 * self.block, (block, self.block)
+        n = self.img.shape[0] // 2  # whole new blocks; a trailing odd block row is recomputed
+        m = self.img[: 2 * n, : 2 * n].reshape(n, 2, n, 2)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks stay NaN (masked)
+            self.img = np.nanmax(m, axis=(1, 3)).astype(np.float32)
+        self.block = block
+        self.T = min(self.T, 2 * n * self.block // 2)
+        self.dirty = min(self.dirty, self.T)
 
     def invalidate(self, position: int) -> None:
         self.dirty = min(self.dirty, position)

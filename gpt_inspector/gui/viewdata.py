@@ -402,7 +402,9 @@ class ViewModel:
         t = self.obj.cache_length
         block = block_for(t, DISPLAY_CELLS)
         p = self._pooled
-        if p is None or (p.layer, p.head, p.kind, p.block) != (layer, head, kind, block):
+        if p is not None and (p.layer, p.head, p.kind) == (layer, head, kind) and block == 2 * p.block:
+            p.regroup(block)  # T crossed a power of two: merge blocks rather than recompute T x T
+        elif p is None or (p.layer, p.head, p.kind, p.block) != (layer, head, kind, block):
             p = self._pooled = PooledMatrix(layer, head, kind, block)
         return p.update(self.obj), block
 

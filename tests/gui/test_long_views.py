@@ -37,7 +37,7 @@ def long_limits(monkeypatch):
 
 
 @pytest.mark.parametrize("kind", ["raw", "scores", "masked_scores", "probs"])
-def test_pooled_matrix_is_the_block_maximum_through_steps_backs_and_edits(tiny_lm, long_limits, kind):
+def test_pooled_matrix_is_the_block_maximum_through_steps_backs_and_edits(tiny_lm, long_limits, monkeypatch, kind):
     s = Session(tiny_lm("qwen2"), PROMPT, temperature=1.0, seed=3)
     vm = ViewModel(s)
     sel = Selection(1, 2, None, kind)
@@ -52,10 +52,14 @@ def test_pooled_matrix_is_the_block_maximum_through_steps_backs_and_edits(tiny_l
         return snap
 
     s.step()
-    check()
-    for _ in range(5):  # the incremental path: one row block per step
+    t0 = s.cache_length  # display cells chosen so that the block size doubles within the steps below
+    cells = next(c for c in range(2, t0) if vd.block_for(t0, c) != vd.block_for(t0 + 4, c) and vd.block_for(t0, c) > 1)
+    monkeypatch.setattr(vd, "DISPLAY_CELLS", cells)
+    blocks = {check().matrix_block}
+    for _ in range(5):  # the incremental path: one row block per step, blocks merged as T doubles
         s.step()
-        check()
+        blocks.add(check().matrix_block)
+    assert len(blocks) > 1
     s.step_back()
     s.step_back()
     check()
