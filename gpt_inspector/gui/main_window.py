@@ -461,11 +461,13 @@ class MainWindow(DockLayout, QMainWindow):
         from . import export_dialog as mod
 
         layer, name = snap.selection.layer, which.upper()
+        b = snap.kv_block  # past the exact limit a row is the mean of b positions, labelled by its first
         mod.export_matrix(
-            self, m, list(snap.labels[: snap.T]),
+            self, m, list(snap.labels[: snap.T : b]),
             f"{snap.model_name} · layer {layer} · {name} cache · step {snap.n_steps}",
             f"kv-L{layer}-{which}.png",
-            subtitle=f"{snap.T} positions × {snap.n_kv_heads} KV heads × {snap.head_dim} dims ({snap.dtype})",
+            subtitle=f"{snap.T} positions × {snap.n_kv_heads} KV heads × {snap.head_dim} dims ({snap.dtype})"
+            + (f" · rows: means of {b} positions" if b > 1 else ""),
             col_title="KV head × dimension",
         )  # fmt: skip
 

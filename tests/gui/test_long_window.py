@@ -110,3 +110,23 @@ def test_a_hidden_panel_does_no_work_until_shown(shown, wait_idle, qtbot, no_dia
     _press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     assert calls == [2, 3] and not no_dialogs and not win.errors
+
+
+def test_kv_export_of_pooled_rows_says_so(shown, wait_idle, qtbot, long_limits, monkeypatch, no_dialogs):
+    from PySide6.QtWidgets import QPushButton
+
+    import gpt_inspector.gui.export_dialog as dlg
+
+    shown_figs = []
+    monkeypatch.setattr(dlg, "_show", lambda parent, fig, name, scale, title: shown_figs.append(
+        (fig.subheading, fig.panel_values[0].shape, list(fig.row_labels))))
+    win = shown(prompt=PROMPT)
+    _press(qtbot, win, Qt.Key.Key_F10)
+    snap = wait_idle(win)
+    b = snap.kv_block
+    assert b > 1 and f"rows: means of {b} positions" in win.kv_cache.title.text()
+    button = next(w for w in win.kv_cache.findChildren(QPushButton) if w.text() == "Export K…")
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    assert len(shown_figs) == 1 and not no_dialogs
+    sub, shape, labels = shown_figs[0]
+    assert f"rows: means of {b} positions" in sub and shape[0] == -(-snap.T // b) == len(labels)
