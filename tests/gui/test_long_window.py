@@ -75,14 +75,20 @@ def test_first_overview_streams_while_the_window_answers(shown, wait_idle, qtbot
     monkeypatch.setattr(vd.pooled.Thumbnails, "add_rows", slow_add)
     win = shown(prompt=PROMPT)
     seen = []
-    win.snapshot_changed.connect(lambda s: seen.append((s.thumb_rows, s.T, win.busy, win.overview.title.text())))
+    win.snapshot_changed.connect(lambda s: seen.append((s.thumb_rows, s.T, s.selection.head, win.overview.title.text())))
+    messages = []
+    win.statusBar().messageChanged.connect(messages.append)
     _press(qtbot, win, Qt.Key.Key_F10)
+    qtbot.waitUntil(lambda: any(0 < r < t for r, t, *_ in seen), timeout=20000)
+    head = win.selection.head
+    _press(qtbot, win, Qt.Key.Key_BracketRight)  # the user picks the next head while the overview streams
     qtbot.waitUntil(lambda: bool(seen) and seen[-1][0] == seen[-1][1] > 0, timeout=20000)
-    partial = [(r, busy, title) for r, t, busy, title in seen if 0 < r < t]
+    partial = [(r, h, title) for r, t, h, title in seen if 0 < r < t]
     assert len(partial) >= 2 and [p[0] for p in partial] == sorted(p[0] for p in partial)  # shown as it grew
-    assert not all(p[1] for p in partial)  # shown while no command ran: the window was free for keys
+    assert any(h == head + 1 for _, h, _ in partial)  # the key was answered before the overview was done
     assert all("% of query rows so far" in p[2] for p in partial)
-    assert win.statusBar().currentMessage() == "Overview complete"
+    assert any(m.startswith("Overview: ") and "% of the query rows so far" in m for m in messages)
+    assert "Overview complete" in messages
     assert "% of query rows" not in win.overview.title.text()
     from gpt_inspector.gui.viewdata import full_thumbnails
 
