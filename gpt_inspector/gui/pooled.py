@@ -181,9 +181,14 @@ class PooledMatrix:
 
     def __init__(self, layer: int, head: int, kind: str, block: int):
         self.layer, self.head, self.kind, self.block = layer, head, kind, block
-        self.T = 0
+        self.T = 0  # positions at the last update
+        self.done = 0  # query rows computed (a first build at long T comes in several updates)
         self.img = np.zeros((0, 0), dtype=np.float32)
         self.dirty = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.T
 
     def regroup(self, block: int) -> None:
         """Double the block size (T grew past a power of two): the maximum of 2 x 2 maxima is the
@@ -195,24 +200,33 @@ class PooledMatrix:
             warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks stay NaN (masked)
             self.img = np.nanmax(m, axis=(1, 3)).astype(np.float32)
         self.block = block
-        self.T = min(self.T, 2 * n * self.block // 2)
+        self.T = min(self.T, n * block)
+        self.done = min(self.done, self.T)
         self.dirty = min(self.dirty, self.T)
 
     def invalidate(self, position: int) -> None:
         self.dirty = min(self.dirty, position)
 
-    def update(self, source) -> np.ndarray:
-        """Bring the image up to ``source.cache_length``; returns a new (owned) array."""
+    def update(self, source, budget: int | None = None) -> np.ndarray:
+        """Bring the image up to ``source.cache_length``, computing at most about ``budget``
+        numbers of rows (one chunk at least; None: all); returns a new (owned) array, NaN in
+        the rows not computed yet (``done``)."""
         t, s = source.cache_length, self.block
         nb = -(-t // s)
-        r0 = min(self.dirty, self.T, t) // s  # first row block to recompute
+        r0 = min(self.dirty, self.done, self.T, t) // s  # first row block to recompute
         img = np.full((nb, nb), np.nan, dtype=np.float32)
         keep = min(r0, self.img.shape[0])
         img[:keep, : min(nb, self.img.shape[1])] = self.img[:keep, :nb]
         masked = self.kind in ("masked_scores", "probs")
         layer, head = self.layer, self.head
         chunk = max(s, (ROWS_BUDGET // max(1, t)) // s * s)
+        if budget is not None:
+            chunk = min(chunk, max(s, (budget // max(1, t)) // s * s))
+        done = t
         for p0 in range(r0 * s, t, chunk):
+            if budget is not None and p0 > r0 * s:
+                done = p0  # the rest comes with the next updates
+                break
             p1 = min(t, p0 + chunk)
             rows = source.attention_rows(layer, p0, p1, self.kind, heads=(head,))[0].numpy()  # (n, t)
             hidden = ~source.allowed_rows(layer, p0, p1)[head].numpy() if masked else np.zeros(rows.shape, bool)
@@ -230,5 +244,5 @@ class PooledMatrix:
             cols = eq.equation(q, k, source.scaling(layer), source.softcap(layer), torch.from_numpy(every), self.kind)
             pv, _ = pool_max(cols.numpy(), np.zeros(every.shape, bool), s, s)  # (keep, nb - c0/s)
             img[:keep, c0 // s :] = pv
-        self.img, self.T, self.dirty = img, t, t
+        self.img, self.T, self.dirty, self.done = img, t, t, done
         return img

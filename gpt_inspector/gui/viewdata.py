@@ -95,6 +95,7 @@ class Snapshot:
     matrix: np.ndarray | None = None  # (T, T) float32, NaN where masked (masked/softmax stages); pooled past EXACT_LIMIT
     allowed: np.ndarray | None = None  # (T, T) bool; None when the matrix is pooled
     matrix_block: int = 1  # positions per matrix cell: > 1 means each cell is the maximum over block x block
+    matrix_rows: int = 0  # query rows of a pooled matrix computed so far (its first build streams in)
     tile: np.ndarray | None = None  # exact cells of the zoomed-in part of a pooled matrix, NaN where masked
     tile_origin: tuple[int, int] = (0, 0)  # (query, key) of tile[0, 0]
     query_allowed: np.ndarray | None = None  # (T,) bool: the keys the selected query may attend to
@@ -300,7 +301,9 @@ class ViewModel:
 
     @property
     def overview_complete(self) -> bool:
-        return self.thumbs.complete and self.thumbs.T == self.obj.cache_length
+        """Nothing left to stream: the overview has every row, and so has a pooled score matrix."""
+        pooled = self._pooled is None or self._pooled.complete
+        return pooled and self.thumbs.complete and self.thumbs.T == self.obj.cache_length
 
     def resolve(self, sel: Selection) -> Selection:
         layer = min(max(sel.layer, 0), self.L - 1)
@@ -406,7 +409,7 @@ class ViewModel:
             p.regroup(block)  # T crossed a power of two: merge blocks rather than recompute T x T
         elif p is None or (p.layer, p.head, p.kind, p.block) != (layer, head, kind, block):
             p = self._pooled = PooledMatrix(layer, head, kind, block)
-        return p.update(self.obj), block
+        return p.update(self.obj, budget=SYNC_BUDGET), block
 
     def _exact_tile(self, sel: Selection) -> tuple[np.ndarray | None, tuple[int, int]]:
         """Exact cells of the part of a pooled matrix the view is zoomed into (None: too big a part)."""
@@ -465,6 +468,7 @@ class ViewModel:
             matrix=m,
             allowed=allowed,
             matrix_block=block,
+            matrix_rows=t if self._pooled is None else self._pooled.done,
             tile=tile,
             tile_origin=origin,
             query_allowed=o.allowed_rows(layer, query, query + 1)[head, 0].numpy().copy(),

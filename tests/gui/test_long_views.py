@@ -143,3 +143,21 @@ def test_kv_cache_rows_are_block_means_past_the_limit(tiny_lm, long_limits):
     assert b > 1 and snap.kv_k.shape == (-(-s.cache_length // b), side.shape[1])
     np.testing.assert_allclose(snap.kv_k[0], side[:b].mean(axis=0), rtol=1e-5, atol=1e-6)
     np.testing.assert_allclose(snap.kv_k[-1], side[(snap.kv_k.shape[0] - 1) * b :].mean(axis=0), rtol=1e-5, atol=1e-6)
+
+
+def test_pooled_matrix_first_build_streams_then_matches(tiny_lm, long_limits, monkeypatch):
+    s = Session(tiny_lm("llama"), PROMPT)
+    s.step()
+    t = s.cache_length
+    monkeypatch.setattr(vd, "SYNC_BUDGET", 1)  # one row block per build
+    vm = ViewModel(s)
+    sel = Selection(1, 2, None, "probs")
+    snap = vm.build(sel)
+    b = snap.matrix_block
+    assert snap.matrix_rows == b < t and not vm.overview_complete
+    assert np.isnan(snap.matrix[1:]).all() and not np.isnan(snap.matrix[0, 0])
+    builds = 1
+    while vm.build(sel).matrix_rows < t:
+        builds += 1
+    assert builds == -(-t // b) - 1
+    np.testing.assert_allclose(vm.build(sel).matrix, _block_max(s, 1, 2, "probs", b), rtol=1e-5, atol=1e-6)

@@ -285,6 +285,8 @@ class ScoreMatrix(QWidget):
         b = snap.matrix_block
         pooled = "" if b == 1 else (f" · pooled {b}×{b} (block max)" + ("; exact cells where zoomed in" if snap.tile is not None
                                     else f"; zoom to ≤ {viewdata.TILE_CELLS} positions for exact cells"))  # fmt: skip
+        if snap.matrix_rows < t:
+            pooled += f" · building: {100 * snap.matrix_rows // t}% of rows"
         self.title.setText(
             f"layer {sel.layer} · head {sel.head} · {KIND_LABELS[sel.kind]} · T = {t} · "
             f"query {snap.query} “{snap.labels[snap.query]}” · scaling {snap.scaling:.4g}{pooled}"
