@@ -279,11 +279,12 @@ class ViewModel:
             th.reset()
         th.extend(t)
         self._dirty_from = t
-        return self.refine(budget=SYNC_BUDGET if budget is None else budget)
+        return self.refine(budget=SYNC_BUDGET if budget is None else budget, matrix=False)
 
-    def refine(self, budget: int | None = None, deadline: float | None = None) -> bool:
+    def refine(self, budget: int | None = None, deadline: float | None = None, matrix: bool = True) -> bool:
         """Add pending overview rows in refinement order until ``budget`` numbers are computed
-        or ``deadline`` (perf_counter) passes (one chunk at least); True when the overview is complete."""
+        or ``deadline`` (perf_counter) passes (one chunk at least), then (``matrix``) rows of a
+        pooled score matrix still building; True when nothing is left to stream."""
         th = self.thumbs
         per_row = max(1, th.L * th.H * th.T)
         spent = 0
@@ -296,8 +297,13 @@ class ViewModel:
                     th.add_rows(self._rows_of, p0, p1)
                     spent += cost
                     if deadline is not None and time.perf_counter() >= deadline:
-                        return th.complete
-        return True
+                        return th.complete and not matrix
+            p = self._pooled
+            while matrix and p is not None and not p.complete and p.T == self.obj.cache_length:
+                p.update(self.obj, budget=SYNC_BUDGET)
+                if budget is not None or (deadline is not None and time.perf_counter() >= deadline):
+                    break
+        return self._pooled is None or self._pooled.complete or not matrix
 
     @property
     def overview_complete(self) -> bool:
