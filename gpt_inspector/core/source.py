@@ -226,16 +226,29 @@ class RunSource:
         eq.check_stage(kind)
         allowed = self.allowed_rows(layer, p0, p1)  # (H, n, T)
         q = self._queries(layer)[:, p0:p1]  # (H, n, d)
-        k = eq.expand_kv(self._keys(layer), self.n_heads)  # (H, T, d)
+        keys = self._keys(layer)  # (Hkv, T, d)
         sink = self.sink(layer)  # (H,) or None
         bias = self.score_bias(layer)
-        idx = None
+        scaling, softcap = self.scaling(layer), self.softcap(layer)
         if heads is not None:
             idx = torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
-            q, k, allowed = q[idx], k[idx], allowed[idx]
+            kv = torch.as_tensor([self.kv_head_of(int(h)) for h in idx], dtype=torch.long)
+            q, k, allowed = q[idx], keys[kv], allowed[idx]
             sink = None if sink is None else sink[idx]
-        block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)
-        return eq.equation(q, k, self.scaling(layer), self.softcap(layer), allowed, kind, sink, block)
+            block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)
+            return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block)
+        block = None if bias is None or kind == "raw" else bias.block(p0, p1, keys.shape[-2], None)  # (H, n, T)
+        if sink is not None:  # one sink logit per head: the equation takes it per leading index
+            k = eq.expand_kv(keys, self.n_heads)  # (H, T, d)
+            return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block)
+        # every head: each KV head's group of query heads in one product, so the keys are read
+        # once per KV head instead of copied to every query head (at long T that copy dominated)
+        hkv, (h, n, d) = keys.shape[0], q.shape
+        qg = q.reshape(hkv, (h // hkv) * n, d)  # (Hkv, g*n, d): query heads h*g .. h*g+g-1 read KV head h
+        grouped = allowed.reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T)
+        gblock = None if block is None else block.expand(h, n, -1).reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T)
+        out = eq.equation(qg, keys, scaling, softcap, grouped, kind, None, gblock)  # (Hkv, g*n, T)
+        return out.reshape(h, n, -1)  # (H, n, T)
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
         """(T, T) float32 over all processed positions; kind: raw, scores, masked_scores or probs."""

@@ -19,6 +19,7 @@ from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
+from ..core import pooling
 from ..core.stages import KINDS, STAGE_LABELS, STAGE_TITLES
 from ..core.errors import InspectorError
 from .labels import (
@@ -51,6 +52,8 @@ HATCH = "///"
 DPI = 100.0  # scale 1.0
 # past this many masked runs, hatching costs more than it adds: the colour alone still tells them apart
 MAX_HATCH_RUNS = 20000
+# a grid over more (T x T x heads) cells than this is pooled from row chunks, never per-head T x T
+LONG_GRID_CELLS = 1 << 22
 
 _TEXT = "#202020"
 _DIM = "#555555"
@@ -387,15 +390,25 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
         gap_x, gap_y, font = 0.25, 0.45, 7.0
     rows = -(-len(layers) * H // columns)
     k = _pool_for(t, side, dpi)
-    # pool each head as it comes: L x H full (T, T) matrices at once could need gigabytes
     panels, spans, any_masked = [], [], False
-    for l in layers:
-        for h in range(H):
-            v, m = _head_data(source, l, h, kind)
-            spans.append(_finite_span(v, m))
-            pv, pm = pool_max(v, m, k, k)
+    sampled = k
+    if t * t * H * len(layers) > LONG_GRID_CELLS and hasattr(source, "attention_rows"):
+        # long contexts: block maxima straight from row chunks of every head of a layer, over a
+        # sample of each block's query rows when the exact maxima would cost too much
+        sampled = pooling.rows_per_block(len(layers) * H, t, int(source.head_dim), k)
+        for l in layers:
+            pv, pm, sp = pooling.head_blocks(source, l, kind, k, sampled)
+            spans += sp
             any_masked = any_masked or bool(pm.any())
-            panels.append((l, h, pv, pm))
+            panels += [(l, h, pv[h], pm[h]) for h in range(H)]
+    else:  # pool each head as it comes: L x H full (T, T) matrices at once could need gigabytes
+        for l in layers:
+            for h in range(H):
+                v, m = _head_data(source, l, h, kind)
+                spans.append(_finite_span(v, m))
+                pv, pm = pool_max(v, m, k, k)
+                any_masked = any_masked or bool(pm.any())
+                panels.append((l, h, pv, pm))
     lo, hi = value_range(spans, kind)
     labels = token_labels(source, t)
     name = display_model_name(source.model_name)
@@ -404,6 +417,8 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
     subtitle = f"{_stage_note(kind)} · {_positions_text(t)} · rows: query, columns: key"
     if k > 1:
         subtitle += f" · {_pool_text(k)}"
+    if sampled < k:
+        subtitle += f" over {sampled} of every {k} query rows (sampled)"
 
     left, bottom = 2.0, 1.8
     grid_w = columns * side + (columns - 1) * gap_x

@@ -206,6 +206,11 @@ class Controller(QObject):
             pos = None  # the newest position: follow the run from now on
         self.set_selection(replace(self.selection, query=pos))
 
+    def select_view(self, view) -> None:
+        """The part (q0, q1, k0, k1) of a pooled score matrix on screen, for its exact cells; None: all of it."""
+        view = None if view is None else tuple(int(x) for x in view)
+        self.set_selection(replace(self.selection, view=view))
+
     def set_selection(self, sel: Selection) -> None:
         if sel == self.selection:
             return

@@ -36,6 +36,7 @@ from .actions import RECENT_TRACES, WindowActions
 from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
+from .deferred import DeferredViews
 from .viewdata import Selection, Snapshot
 from .views import compare, kvlab, lens, mathcheck, probe
 from .views.kv_cache import KVCacheView, human_bytes
@@ -126,6 +127,8 @@ class MainWindow(DockLayout, QMainWindow):
         self.score_matrix.kind_changed.connect(lambda k: ctl.select(kind=k))
         self.score_matrix.key_hovered.connect(lambda q, k: self.qkv.set_key(k) if k >= 0 else None)
         self.score_matrix.cells_edited.connect(ctl.edit_cells)
+        self.score_matrix.view_changed.connect(ctl.select_view)
+        self._deferred = DeferredViews(self, self.views)
         self.score_matrix.export_requested.connect(lambda: self.export_view())
         self.overview.head_clicked.connect(lambda l, h: ctl.select(layer=l, head=h))
         self.overview.export_requested.connect(self._export_from_overview)
@@ -376,7 +379,7 @@ class MainWindow(DockLayout, QMainWindow):
             self.session_panel.set_read_only(snap.read_only)
         for v in self.views:
             try:
-                v.set_snapshot(snap)
+                self._deferred.apply(v, snap)  # a view nobody can see waits until it is shown
             except Exception as e:  # one broken view must not blank the others
                 print(f"gpt-inspector: {type(v).__name__} failed to update: {e!r}", file=sys.stderr)
         self._update_status(snap)
@@ -477,11 +480,13 @@ class MainWindow(DockLayout, QMainWindow):
         from . import export_dialog as mod
 
         layer, name = snap.selection.layer, which.upper()
+        b = snap.kv_block  # past the exact limit a row is the mean of b positions, labelled by its first
         mod.export_matrix(
-            self, m, list(snap.labels[: snap.T]),
+            self, m, list(snap.labels[: snap.T : b]),
             f"{snap.model_name} · layer {layer} · {name} cache · step {snap.n_steps}",
             f"kv-L{layer}-{which}.png",
-            subtitle=f"{snap.T} positions × {snap.n_kv_heads} KV heads × {snap.head_dim} dims ({snap.dtype})",
+            subtitle=f"{snap.T} positions × {snap.n_kv_heads} KV heads × {snap.head_dim} dims ({snap.dtype})"
+            + (f" · rows: means of {b} positions" if b > 1 else ""),
             col_title="KV head × dimension", unverified=snap.unverified,
         )  # fmt: skip
 

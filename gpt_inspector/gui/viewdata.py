@@ -11,7 +11,6 @@ is computed, never L*H full matrices.
 
 from __future__ import annotations
 
-import contextlib
 import copy
 import itertools
 import time
@@ -24,8 +23,13 @@ from ..core import attention as eq
 from ..core.attention import KINDS, STAGE_TITLES
 from ..core.stages import STAGE_LABELS
 from ..core.capture import MaskEdit
+from ..core.pooling import one_thread
 from ..core.source import RunSource
 from ..core.step import Step
+from .pooled import PooledMatrix, Thumbnails, block_for
+
+__all__ = ["KIND_LABELS", "KIND_TITLES", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails", "ViewModel",
+           "full_thumbnails"]  # fmt: skip
 
 KIND_TITLES = STAGE_TITLES
 KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
@@ -40,6 +44,8 @@ class Selection:
     head: int = 0
     query: int | None = None  # None: follow the newest position
     kind: str = "probs"
+    # (q0, q1, k0, k1): the part of a pooled score matrix the view shows, for exact cells there
+    view: tuple[int, int, int, int] | None = None
 
 
 @dataclass(frozen=True)
@@ -85,8 +91,13 @@ class Snapshot:
     selection: Selection
     query: int  # the resolved query position (-1 when T == 0)
     # selection-dependent arrays (None when T == 0)
-    matrix: np.ndarray | None = None  # (T, T) float32, NaN where masked (masked/softmax stages)
-    allowed: np.ndarray | None = None  # (T, T) bool
+    matrix: np.ndarray | None = None  # (T, T) float32, NaN where masked (masked/softmax stages); pooled past EXACT_LIMIT
+    allowed: np.ndarray | None = None  # (T, T) bool; None when the matrix is pooled
+    matrix_block: int = 1  # positions per matrix cell: > 1 means each cell is the maximum over block x block
+    matrix_rows: int = 0  # query rows of a pooled matrix computed so far (its first build streams in)
+    tile: np.ndarray | None = None  # exact cells of the zoomed-in part of a pooled matrix, NaN where masked
+    tile_origin: tuple[int, int] = (0, 0)  # (query, key) of tile[0, 0]
+    query_allowed: np.ndarray | None = None  # (T,) bool: the keys the selected query may attend to
     levels: tuple[float, float] = (0.0, 1.0)
     head_rows: np.ndarray | None = None  # (H, T) softmax row of the query, every head of the layer
     q: np.ndarray | None = None  # (d,) query vector of the selected head at the query position
@@ -99,6 +110,8 @@ class Snapshot:
     thumbs: np.ndarray | None = None  # (L*nb, H*nb) float32 in [0, 1]
     thumb_bins: int = 0  # nb: bins per side of one thumbnail
     thumb_bin_size: int = 1  # positions per bin
+    thumb_rows: int = 0  # query rows in the overview so far: fewer than T while a first build streams in
+    kv_block: int = 1  # positions per row of kv_k / kv_v (mean over each block) past EXACT_LIMIT
     t_model_done: float = 0.0  # perf_counter() when the model work behind this snapshot ended
     t_built: float = 0.0
     source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
@@ -112,126 +125,38 @@ class Snapshot:
         return [e for e in self.mask_edits if (e.layer is None or e.layer == layer) and (e.head is None or e.head == head)]
 
 
-@contextlib.contextmanager
-def _one_thread():
-    """Run view math on one torch thread.
-
-    The tensors here are small (one row per head, one T x T matrix); on a busy machine a
-    thread pool's barriers cost ten times more than they save (measured: 600 ms vs 35 ms per
-    snapshot at T=1024 on a loaded 2-core box).
-    """
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
-
-
 def _probs_rows(source: RunSource):
     """``rows_of(layer, p0, p1)`` -> (H, n, T) softmax rows, for the overview."""
     attending = set(source.attention_layers)
 
     def rows(layer, p0, p1):
         if layer not in attending:  # a hybrid's state-space layer: no attention, a blank thumbnail row
-            return np.zeros((source.n_heads, p1 - p0, p1), dtype=np.float32)
+            return np.zeros((source.n_heads, p1 - p0, source.cache_length), dtype=np.float32)  # (H, n, T)
         return source.attention_rows(layer, p0, p1, "probs").numpy()
 
     return rows
 
 
 # ---------------------------------------------------------------------------------------- overview
-ROWS_BUDGET = 1 << 23  # numbers per evaluation of the overview's rows (32 MB of float32)
-
-
-class Thumbnails:
-    """L x H downsampled attention patterns, kept as binned sums and updated row by row.
-
-    Positions fall into fixed bins of ``size`` positions (a power of two, doubled when T
-    outgrows ``max_bins`` bins, never shrunk until a reset). Each thumbnail cell is the mean,
-    over the bin's query rows, of the attention mass the row gives the key bin, so every
-    thumbnail row sums to 1 like the matrix it summarises.
-    """
-
-    def __init__(self, n_layers: int, n_heads: int, max_bins: int = 32):
-        self.L, self.H, self.B = n_layers, n_heads, max_bins
-        self.reset()
-
-    def reset(self) -> None:
-        self.size = 1
-        self.T = 0
-        self.sums = np.zeros((self.L, self.H, self.B, self.B), dtype=np.float64)
-        self.counts = np.zeros(self.B, dtype=np.int64)
-
-    @property
-    def bins(self) -> int:
-        return max(1, -(-self.T // self.size))
-
-    def _grow(self, t: int) -> None:
-        while -(-t // self.size) > self.B:
-            b2 = self.B // 2
-            s = self.sums.reshape(self.L, self.H, b2, 2, b2, 2).sum(axis=(3, 5))
-            self.sums = np.zeros_like(self.sums)
-            self.sums[:, :, :b2, :b2] = s
-            c = self.counts.reshape(b2, 2).sum(axis=1)
-            self.counts = np.zeros_like(self.counts)
-            self.counts[:b2] = c
-            self.size *= 2
-
-    def add_rows(self, rows_of, p0: int, p1: int) -> None:
-        """Add query rows p0..p1 (``rows_of(layer, p0, p1)`` -> (H, n, T=p1) probs)."""
-        if p1 <= p0:
-            return
-        assert p0 == self.T, (p0, self.T)
-        self._grow(p1)
-        s = self.size
-        key_starts = np.arange(0, p1, s)
-        # rows in chunks, so a first build at long T never holds H x T x T for a layer at once
-        chunk = max(1, ROWS_BUDGET // max(1, self.H * p1))
-        for layer in range(self.L):
-            for c0 in range(p0, p1, chunk):
-                c1 = min(p1, c0 + chunk)
-                rb = np.arange(c0, c1) // s
-                row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
-                r = rows_of(layer, c0, c1)  # (H, n, T)
-                kb = np.add.reduceat(r, key_starts, axis=2)  # (H, n, nbk)
-                kb = np.add.reduceat(kb, row_starts, axis=1)  # (H, n_rowbins, nbk)
-                first_bin = int(rb[0])
-                self.sums[layer, :, first_bin : first_bin + kb.shape[1], : kb.shape[2]] += kb
-        np.add.at(self.counts, np.arange(p0, p1) // s, 1)
-        self.T = p1
-
-    def truncate(self, rows_of, t: int) -> None:
-        """Forget rows >= t (step back, mask edits), recomputing the bin that t cuts through."""
-        if t >= self.T:
-            return
-        if t <= 0:
-            self.reset()
-            return
-        s = self.size
-        b = t // s
-        self.sums[:, :, b:] = 0.0
-        self.counts[b:] = 0
-        self.T = b * s
-        self.add_rows(rows_of, b * s, t)
-
-    def image(self) -> np.ndarray:
-        """(L*nb, H*nb) float32 in [0, 1], each thumbnail scaled by its own maximum."""
-        nb = self.bins
-        c = np.maximum(self.counts[:nb], 1)[None, None, :, None]
-        m = self.sums[:, :, :nb, :nb] / c  # (L, H, nb, nb)
-        mx = m.max(axis=(2, 3), keepdims=True)
-        m = np.sqrt(m / np.where(mx > 0, mx, 1.0))  # sqrt: faint structure stays visible next to a sink
-        return np.ascontiguousarray(m.transpose(0, 2, 1, 3).reshape(self.L * nb, self.H * nb), dtype=np.float32)
+EXACT_LIMIT = 1024  # up to this many positions the score matrix is exact cell for cell
+DISPLAY_CELLS = 1024  # beyond, it is pooled to at most this many blocks per side...
+TILE_CELLS = 512  # ...and a zoomed-in view of at most this many positions per side gets exact cells
+SYNC_BUDGET = 1 << 22  # overview numbers (rows x keys x heads) a build adds before streaming the rest
 
 
 def full_thumbnails(source: RunSource, max_bins: int = 32) -> Thumbnails:
     th = Thumbnails(source.n_layers, source.n_heads, max_bins)
     th.add_rows(_probs_rows(source), 0, source.cache_length)
     return th
+
+
+def _pool_rows(a: np.ndarray, block: int) -> np.ndarray:
+    """(T, w) -> (ceil(T / block), w): the mean of each block of rows (the last block may be short)."""
+    if block == 1:
+        return a
+    starts = np.arange(0, a.shape[0], block)
+    counts = np.diff(np.append(starts, a.shape[0]))[:, None]
+    return np.ascontiguousarray(np.add.reduceat(a, starts, axis=0) / counts, dtype=np.float32)
 
 
 # ---------------------------------------------------------------------------------------- the model
@@ -259,6 +184,10 @@ class ViewModel:
         self._dirty_from = 0  # thumbnail rows >= this are stale
         self._mat: tuple | None = None  # (layer, head, kind), T, display matrix, allowed: the last one built
         self._mat_dirty = 0  # its rows (and keys) >= this are stale
+        self._pooled: PooledMatrix | None = None  # the score matrix past EXACT_LIMIT
+        self._tile: tuple | None = None  # ((layer, head, kind, q0, k0), q1, k1, tile): the exact cells last built
+        self._ids: tuple[int, ...] = ()
+        self._id_labels: tuple[str, ...] = ()
         self._labels: dict[int, str] = {}
         self._probs: dict[int, float] = {}  # step index -> probability of its chosen token
         per_pos = self._bytes_per_position()
@@ -294,6 +223,9 @@ class ViewModel:
     def _invalidate(self, position: int) -> None:
         self._dirty_from = min(self._dirty_from, position)
         self._mat_dirty = min(self._mat_dirty, position)
+        if self._pooled is not None:
+            self._pooled.invalidate(position)
+        self._tile = None
 
     def _bytes_per_position(self) -> int:
         t = self.obj.cache_length
@@ -314,6 +246,16 @@ class ViewModel:
                               before.numpy().copy(), after.numpy().copy())  # fmt: skip
 
     # -- helpers ------------------------------------------------------------------------------
+    def _labels_of(self, ids: tuple[int, ...]) -> tuple[str, ...]:
+        """Token labels, extended rather than rebuilt when a step appended tokens (T can be 8k+)."""
+        n = len(self._ids)
+        if ids[:n] == self._ids:
+            self._id_labels = self._id_labels + tuple(self._label(i) for i in ids[n:])
+        else:
+            self._id_labels = tuple(self._label(i) for i in ids)
+        self._ids = ids
+        return self._id_labels
+
     def _label(self, token_id: int) -> str:
         lab = self._labels.get(token_id)
         if lab is None:
@@ -329,15 +271,52 @@ class ViewModel:
             out.append(p)
         return tuple(out[:n_tokens])
 
-    def reconcile(self) -> None:
-        """Bring the overview up to date with the source (cheap after a single step)."""
+    def reconcile(self, budget: int | None = None) -> bool:
+        """Bring the overview up to date with the source; True when it is complete.
+
+        A step's new row is always added (O(L*H*T*d)); a first build or a rebuild after a mask
+        edit adds at most ``budget`` numbers here and leaves the rest to :meth:`refine`, which
+        the worker runs in slices between commands.
+        """
         t = self.obj.cache_length
-        if self._dirty_from < self.thumbs.T or t < self.thumbs.T:
-            self.thumbs.truncate(self._rows_of, min(self._dirty_from, t))
-        if self.thumbs.T == 0:
-            self.thumbs.reset()
-        self.thumbs.add_rows(self._rows_of, self.thumbs.T, t)
+        th = self.thumbs
+        if self._dirty_from < th.T or t < th.T:
+            th.truncate(min(self._dirty_from, t))
+        if th.T == 0:
+            th.reset()
+        th.extend(t)
         self._dirty_from = t
+        return self.refine(budget=SYNC_BUDGET if budget is None else budget, matrix=False)
+
+    def refine(self, budget: int | None = None, deadline: float | None = None, matrix: bool = True) -> bool:
+        """Add pending overview rows in refinement order until ``budget`` numbers are computed
+        or ``deadline`` (perf_counter) passes (one chunk at least), then (``matrix``) rows of a
+        pooled score matrix still building; True when nothing is left to stream."""
+        th = self.thumbs
+        per_row = max(1, th.L * th.H * th.T)
+        spent = 0
+        with one_thread():
+            while not th.complete:
+                for p0, p1 in th.pending(max_chunks=8):
+                    cost = (p1 - p0) * per_row
+                    if budget is not None and spent and spent + cost > budget:  # one chunk at least: progress
+                        return False
+                    th.add_rows(self._rows_of, p0, p1)
+                    spent += cost
+                    if deadline is not None and time.perf_counter() >= deadline:
+                        return th.complete and not matrix
+            p = self._pooled
+            while matrix and p is not None and not p.complete and p.T == self.obj.cache_length:
+                p.update(self.obj, budget=SYNC_BUDGET)
+                if budget is not None or (deadline is not None and time.perf_counter() >= deadline):
+                    break
+        return self._pooled is None or self._pooled.complete or not matrix
+
+    @property
+    def overview_complete(self) -> bool:
+        """Nothing left to stream: the overview has every row, and so has a pooled score matrix."""
+        matrix_done = self._pooled is None or self._pooled.complete
+        return matrix_done and self.thumbs.complete and self.thumbs.T == self.obj.cache_length
 
     def resolve(self, sel: Selection) -> Selection:
         layer = min(max(sel.layer, 0), self.L - 1)
@@ -350,7 +329,7 @@ class ViewModel:
 
     # -- the snapshot ------------------------------------------------------------------------------
     def build(self, selection: Selection | None = None) -> Snapshot:
-        with _one_thread():
+        with one_thread():
             return self._build(selection)
 
     def _build(self, selection: Selection | None) -> Snapshot:
@@ -383,7 +362,7 @@ class ViewModel:
             dtype=self.dtype,
             T=t,
             token_ids=tuple(tokens),
-            labels=tuple(self._label(i) for i in tokens),
+            labels=self._labels_of(tuple(tokens)),
             prompt_len=prompt_len,
             token_probs=self._token_probs(prompt_len, len(tokens)),
             n_steps=o.n_steps,
@@ -399,6 +378,7 @@ class ViewModel:
             thumbs=self.thumbs.image() if t else None,
             thumb_bins=self.thumbs.bins if t else 0,
             thumb_bin_size=self.thumbs.size,
+            thumb_rows=self.thumbs.rows_done if t else 0,
             t_model_done=self.t_model_done,
             t_built=time.perf_counter(),
             **arrays,
@@ -438,10 +418,59 @@ class ViewModel:
         self._mat, self._mat_dirty = (key, t, m, a), t
         return m, a
 
+    def _pooled_matrix(self, layer: int, head: int, kind: str) -> tuple[np.ndarray, int]:
+        t = self.obj.cache_length
+        block = block_for(t, DISPLAY_CELLS)
+        p = self._pooled
+        if p is not None and (p.layer, p.head, p.kind) == (layer, head, kind) and block == 2 * p.block:
+            p.regroup(block)  # T crossed a power of two: merge blocks rather than recompute T x T
+        elif p is None or (p.layer, p.head, p.kind, p.block) != (layer, head, kind, block):
+            p = self._pooled = PooledMatrix(layer, head, kind, block)
+        return p.update(self.obj, budget=SYNC_BUDGET), block
+
+    def _exact_tile(self, sel: Selection) -> tuple[np.ndarray | None, tuple[int, int]]:
+        """Exact cells of the part of a pooled matrix the view is zoomed into (None: too big a part)."""
+        o, t = self.obj, self.obj.cache_length
+        if sel.view is None:
+            return None, (0, 0)
+        q0, q1, k0, k1 = sel.view
+        q0, k0 = max(0, q0), max(0, k0)
+        q1, k1 = min(t, q1), min(t, k1)
+        if q1 <= q0 or k1 <= k0 or q1 - q0 > TILE_CELLS or k1 - k0 > TILE_CELLS:
+            return None, (0, 0)
+        key = (sel.layer, sel.head, sel.kind, q0, k0)
+        masked = sel.kind in ("masked_scores", "probs")
+        prev = self._tile  # (key, q1, k1, tile); dropped by any change to earlier rows
+        start = q0
+        if prev is not None and prev[0] == key and prev[1] <= q1 and prev[2] <= k1 and (masked or prev[2] == k1):
+            if (prev[1], prev[2]) == (q1, k1):
+                return prev[3], (q0, k0)
+            # a view that follows the newest rows: keep the rows it has; their new keys are future ones
+            start = prev[1]
+        rows = o.attention_rows(sel.layer, start, q1, sel.kind, heads=(sel.head,))[0].numpy()[:, k0:k1]  # (n, m)
+        if masked:
+            rows = np.where(o.allowed_rows(sel.layer, start, q1)[sel.head].numpy()[:, k0:k1], rows, np.float32(np.nan))
+        if start > q0:
+            old = np.full((start - q0, k1 - k0), np.nan, dtype=np.float32)
+            old[:, : prev[3].shape[1]] = prev[3]
+            rows = np.concatenate([old, rows])
+        tile = np.ascontiguousarray(rows, dtype=np.float32)
+        self._tile = (key, q1, k1, tile)
+        return tile, (q0, k0)
+
     def _selection_arrays(self, sel: Selection, query: int) -> dict:
         o = self.obj
         layer, head, kind = sel.layer, sel.head, sel.kind
-        m, allowed = self._matrix(layer, head, kind)
+        t = o.cache_length
+        tile, origin = None, (0, 0)
+        if t <= EXACT_LIMIT:
+            m, allowed = self._matrix(layer, head, kind)
+            block = 1
+            self._pooled = None
+        else:
+            (m, block), allowed = self._pooled_matrix(layer, head, kind), None
+            self._mat = None
+            tile, origin = self._exact_tile(sel)
         if kind == "probs":
             levels = (0.0, 1.0)
         else:
@@ -451,9 +480,15 @@ class ViewModel:
             levels = (lo, hi if hi > lo else lo + 1.0)
         kvh = o.kv_head_of(head)
         keys, values = o.keys(layer), o.values(layer)  # (Hkv, T, d)
+        kv_block = block_for(t, EXACT_LIMIT)
         return dict(
             matrix=m,
             allowed=allowed,
+            matrix_block=block,
+            matrix_rows=t if self._pooled is None else self._pooled.done,
+            tile=tile,
+            tile_origin=origin,
+            query_allowed=o.allowed_rows(layer, query, query + 1)[head, 0].numpy().copy(),
             levels=levels,
             head_rows=np.ascontiguousarray(o.attention_rows(layer, query, query + 1)[:, 0, :].numpy()),
             q=o.queries(layer)[head, query].float().numpy().copy(),  # (d,)
@@ -461,8 +496,9 @@ class ViewModel:
             v=values[kvh].float().numpy().copy(),
             scaling=o.scaling(layer),
             softcap=o.softcap(layer),
-            kv_k=_heads_side_by_side(keys),
-            kv_v=_heads_side_by_side(values),
+            kv_k=_pool_rows(_heads_side_by_side(keys), kv_block),
+            kv_v=_pool_rows(_heads_side_by_side(values), kv_block),
+            kv_block=kv_block,
         )
 
 

@@ -17,7 +17,7 @@ import threading
 import time
 import traceback
 
-from PySide6.QtCore import QObject, QThread, Signal, Slot
+from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from ..core.breakpoints import Breakpoints, finish, run_until
 from ..core.editing import restart_starts_new_session, toggle_cells
@@ -30,6 +30,7 @@ from .viewdata import Selection, Snapshot, ViewModel
 __all__ = ["HANDLERS", "Breakpoints", "ModelSpec", "SessionSpec", "Worker"]
 
 PUBLISH_INTERVAL = 0.08  # seconds between snapshots during a run: the eye needs no more
+REFINE_SLICE = 0.12  # seconds of streamed overview work between two looks at the command queue
 
 HANDLERS: dict[type, object] = {}  # command type -> Worker method(self, serial, command)
 
@@ -74,6 +75,8 @@ class Worker(QObject):
         self.autosave = True
         self.autosave_owner = autosave.new_owner()  # this window's own file: two windows never share one
         self._autosaved = ""
+        self._refining: ViewModel | None = None  # the view model a streamed overview slice is queued for
+        self._streaming = False  # slices ran since the overview was last complete
         self._command.connect(self._dispatch)
 
     # ------------------------------------------------------------------ GUI-thread API
@@ -152,6 +155,35 @@ class Worker(QObject):
             self._pending = True
         if notify:
             self.snapshot_ready.emit()
+        if self._streaming and self.vm.overview_complete:  # the last rows may come with a step's build
+            self._streaming = False
+            self.notice.emit("Overview complete")
+        self._schedule_refine()
+
+    # -- the streamed overview: a first build or a rebuild after a mask edit at long T ------------
+    def _schedule_refine(self) -> None:
+        """Queue one slice of overview work behind the commands already waiting (worker thread)."""
+        vm = self.vm
+        if vm is None or vm.overview_complete or self._refining is vm:
+            return
+        self._refining = vm
+        QTimer.singleShot(0, self._refine_slice)
+
+    @Slot()
+    def _refine_slice(self) -> None:
+        vm, self._refining = self._refining, None
+        if vm is None or vm is not self.vm:
+            return  # stale: another session, model or trace is shown now
+        try:
+            done = vm.refine(deadline=time.perf_counter() + REFINE_SLICE)
+        except Exception as e:  # an overview that cannot be computed must not take the session down
+            self.error.emit("Internal error", f"the overview could not be computed: {e!r}", "internal")
+            return
+        self._streaming = True
+        if not done:
+            th = vm.thumbs
+            self.notice.emit(f"Overview: {100 * th.rows_done // max(1, th.T)}% of the query rows so far (refining)…")
+        self._publish()  # shows the refined overview and queues the next slice
 
     def _autosave(self) -> None:
         """Write the session recipe when it changed (every step of a run included)."""
@@ -199,6 +231,7 @@ class Worker(QObject):
             dev, dt = str(lm.device), str(lm.dtype).removeprefix("torch.")
         self.obj = obj
         self.vm = ViewModel(obj, dev, dt)
+        self._streaming = False
         from ..core.session import Session
 
         if isinstance(obj, Session):

@@ -94,7 +94,7 @@ def test_selected_matrix_grows_by_one_row_and_matches_the_engine(tiny_lm, kind):
 
 def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch):
     """A first build at long T goes through rows in chunks; the bins are the same as in one pass."""
-    import gpt_inspector.gui.viewdata as vd
+    import gpt_inspector.gui.pooled as pooled_mod
 
     s = Session(tiny_lm("llama"), "She eats an apple. He reads a book every evening.")
     s.step()
@@ -106,7 +106,7 @@ def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch):
         seen.append(p1 - p0)
         return rows(layer, p0, p1, *a, **k)
 
-    monkeypatch.setattr(vd, "ROWS_BUDGET", 3 * s.n_heads * s.cache_length)  # three rows per evaluation
+    monkeypatch.setattr(pooled_mod, "ROWS_BUDGET", 3 * s.n_heads * s.cache_length)  # three rows per evaluation
     monkeypatch.setattr(s, "attention_rows", spy)
     chunked = full_thumbnails(s, max_bins=4).image()
     assert max(seen) == 3 and len(seen) > s.n_layers

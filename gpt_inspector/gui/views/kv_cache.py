@@ -153,12 +153,14 @@ class KVCacheView(QWidget):
             self.title.setText("KV cache: empty (no step yet)")
             return
         self._set_empty(False)
-        t, w = snap.kv_k.shape
+        rows, w = snap.kv_k.shape
+        t = snap.T  # past the exact limit a row of the image is the mean of kv_block positions
         wv = snap.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)
         if self._last is not snap.kv_k:
             for img, a in ((self.kimg, snap.kv_k), (self.vimg, snap.kv_v)):
-                m = float(np.abs(a).max()) or 1.0
+                m = float(max(a.max(), -a.min())) or 1.0
                 img.setImage(a, autoLevels=False, levels=(-m, m))
+                img.setRect(QRectF(0, 0, w, rows * snap.kv_block))
             self._last = snap.kv_k
         heads = max(1, snap.n_kv_heads)
         if (t, w, wv) != self.shape:
@@ -177,5 +179,6 @@ class KVCacheView(QWidget):
         self.title.setText(
             f"layer {layer}: {t} positions × {heads} KV heads × {dims}, K and V · "
             f"{human_bytes(kvb[layer])} this layer · {human_bytes(total)} all {L} layers ({snap.dtype})"
-            + cache_note(kvb[layer], (snap.kv_k.size + snap.kv_v.size) * _ITEMSIZE.get(snap.dtype, 4))
+            + cache_note(kvb[layer], t * (w + wv) * _ITEMSIZE.get(snap.dtype, 4))
+            + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
         )

@@ -149,7 +149,7 @@ class QKVView(QWidget):
         kv = f" (KV head {kvh})" if snap.n_kv_heads != snap.n_heads else ""
         self.title.setText(f"layer {sel.layer} · head {sel.head}{kv} · query {snap.query} “{snap.labels[snap.query]}” · d = {d}")
         key = self.key
-        if not 0 <= key < t or snap.allowed is None or not snap.allowed[snap.query, key]:
+        if not 0 <= key < t or snap.query_allowed is None or not snap.query_allowed[key]:
             key = int(np.argmax(snap.head_rows[sel.head])) if snap.head_rows is not None else t - 1
         self.key = -1
         self.set_key(key)
@@ -169,7 +169,7 @@ class QKVView(QWidget):
         score = raw * s.scaling
         if s.softcap is not None:
             score = math.tanh(score / s.softcap) * s.softcap
-        allowed = bool(s.allowed[s.query, key]) if s.allowed is not None else True
+        allowed = bool(s.query_allowed[key]) if s.query_allowed is not None else True
         p = float(s.head_rows[s.selection.head, key]) if s.head_rows is not None else float("nan")
         tail = f"softmax p = <b>{p:.4f}</b>" if allowed else "<span style='color:#ff6b6b'>masked: the softmax never sees it</span>"
         self.readout.setText(

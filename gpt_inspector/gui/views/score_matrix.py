@@ -13,7 +13,7 @@ from __future__ import annotations
 import math
 
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt, Signal
+from PySide6.QtCore import QRectF, Qt, QTimer, Signal
 from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QButtonGroup,
@@ -26,6 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from .. import viewdata
 from ..viewdata import KIND_LABELS, KINDS
 from .common import TOGGLE_STYLE, FlowLayout, show_axes, CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
 
@@ -65,6 +66,7 @@ class ScoreMatrix(QWidget):
     key_hovered = Signal(int, int)  # query, key (-1, -1 when the pointer leaves)
     cells_edited = Signal(object, str)  # [(query, key)], scope
     export_requested = Signal()
+    view_changed = Signal(object)  # (q0, q1, k0, k1) shown of a pooled matrix, or None: ask for exact cells there
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -139,6 +141,24 @@ class ScoreMatrix(QWidget):
         self.plot.addItem(self.backdrop)
         self.image = _MatrixImage(self)
         self.plot.addItem(self.image)
+        # past the exact limit the image holds block maxima; where the view zooms in, the worker
+        # sends exact cells, drawn over it (on their own grey, so masked cells stay grey)
+        self.tile_backdrop = QGraphicsRectItem(0, 0, 1, 1)
+        self.tile_backdrop.setBrush(pg.mkBrush(MASKED_COLOR))
+        self.tile_backdrop.setPen(pg.mkPen(None))
+        self.tile = pg.ImageItem(axisOrder="row-major")
+        for z, item in ((1, self.tile_backdrop), (2, self.tile)):
+            item.setZValue(z)
+            item.setAcceptHoverEvents(False)
+            item.setAcceptedMouseButtons(Qt.MouseButton.NoButton)  # hover and clicks reach the matrix below
+            item.setVisible(False)
+            self.plot.addItem(item)
+        self.tile.setLookupTable(CMAP.getLookupTable(nPts=256))
+        self._view_sent = None
+        self._view_timer = QTimer(self)
+        self._view_timer.setSingleShot(True)
+        self._view_timer.setInterval(120)  # a wheel zoom sends one request when it settles, not one per notch
+        self._view_timer.timeout.connect(self._send_view)
         self.cbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=CMAP, interactive=False, width=12)
         self.cbar.setImageItem(self.image, insert_in=self.plot)
         self.newest = QGraphicsRectItem(0, 0, 1, 1)
@@ -165,12 +185,46 @@ class ScoreMatrix(QWidget):
         foot.addWidget(self.readout, 1)
         lay.addLayout(foot)
         self._show_empty()
+        self.vb.sigRangeChanged.connect(lambda *_: self._view_timer.start())
+
+    def _visible(self) -> tuple[int, int, int, int]:
+        (x0, x1), (y0, y1) = self.vb.viewRange()
+        t = self.T
+        clamp = lambda v: min(max(int(v), 0), t)  # noqa: E731
+        return clamp(math.floor(min(y0, y1))), clamp(math.ceil(max(y0, y1))), clamp(math.floor(x0)), clamp(math.ceil(x1))
+
+    def _send_view(self) -> None:
+        """Ask for exact cells where a pooled matrix is zoomed in far enough to show them."""
+        s = self.snap
+        view = None
+        if s is not None and s.matrix is not None and s.matrix_block > 1:
+            q0, q1, k0, k1 = self._visible()
+            if 0 < q1 - q0 <= viewdata.TILE_CELLS and 0 < k1 - k0 <= viewdata.TILE_CELLS:
+                view = (q0, q1, k0, k1)
+        if view != self._view_sent:
+            self._view_sent = view
+            self.view_changed.emit(view)
+
+    def _show_tile(self, snap) -> None:
+        if snap.tile is None:
+            self.tile.setVisible(False)
+            self.tile_backdrop.setVisible(False)
+            return
+        q0, k0 = snap.tile_origin
+        n, m = snap.tile.shape
+        self.tile.setImage(snap.tile, autoLevels=False, levels=snap.levels)
+        self.tile.setRect(QRectF(k0, q0, m, n))
+        self.tile_backdrop.setRect(QRectF(k0, q0, m, n))
+        self.tile.setVisible(True)
+        self.tile_backdrop.setVisible(True)
 
     def _show_empty(self) -> None:
         """Before the first step: the hint alone, no cell outlines or axes over it."""
         self.T = 0
         self.image.clear()
         self._last_matrix = None
+        self.tile.setVisible(False)
+        self.tile_backdrop.setVisible(False)
         self.edits.setData([], [])
         for item in (self.newest, self.selrow, self.backdrop):
             item.setVisible(False)
@@ -204,8 +258,11 @@ class ScoreMatrix(QWidget):
         follow = self.T == 0 or self._showing_all()
         if snap.matrix is not self._last_matrix:
             self.image.setImage(snap.matrix, autoLevels=False, levels=snap.levels)
+            side = snap.matrix.shape[0] * snap.matrix_block  # a pooled cell covers block x block positions
+            self.image.setRect(QRectF(0, 0, side, side))
             self.cbar.setLevels(snap.levels)
             self._last_matrix = snap.matrix
+        self._show_tile(snap)
         if t != self.T:
             self.backdrop.setRect(QRectF(0, 0, t, t))
             self.T = t
@@ -225,10 +282,17 @@ class ScoreMatrix(QWidget):
         if self._hovered is not None:  # the pointer did not move, but the number under it did (a mask edit)
             self._readout(self._hovered)
         sel = snap.selection
+        b = snap.matrix_block
+        pooled = "" if b == 1 else (f" · pooled {b}×{b} (block max)" + ("; exact cells where zoomed in" if snap.tile is not None
+                                    else f"; zoom to ≤ {viewdata.TILE_CELLS} positions for exact cells"))  # fmt: skip
+        if snap.matrix_rows < t:
+            pooled += f" · building: {100 * snap.matrix_rows // t}% of rows"
         self.title.setText(
             f"layer {sel.layer} · head {sel.head} · {KIND_LABELS[sel.kind]} · T = {t} · "
-            f"query {snap.query} “{snap.labels[snap.query]}” · scaling {snap.scaling:.4g}"
+            f"query {snap.query} “{snap.labels[snap.query]}” · scaling {snap.scaling:.4g}{pooled}"
         )
+        if b > 1:
+            self._send_view()  # T grew past a new block size, or the matrix just became pooled
 
     def _reset_zoom(self) -> None:
         if self.T:
@@ -258,10 +322,23 @@ class ScoreMatrix(QWidget):
             self.key_hovered.emit(-1, -1)
             return
         q, k = cell
-        v = s.matrix[q, k]
-        val = "masked" if not s.allowed[q, k] else f"{v:.4g}"
+        val = self._value_text(s, q, k)
         self.readout.setText(f"query {q} “{s.labels[q]}” → key {k} “{s.labels[k]}”: {val}")
         self.key_hovered.emit(q, k)
+
+    @staticmethod
+    def _value_text(s, q: int, k: int) -> str:
+        """The number under the pointer: exact where the snapshot has it, else the block's maximum."""
+        if s.matrix_block == 1:
+            return "masked" if not s.allowed[q, k] else f"{s.matrix[q, k]:.4g}"
+        if s.tile is not None:
+            tq, tk = q - s.tile_origin[0], k - s.tile_origin[1]
+            if 0 <= tq < s.tile.shape[0] and 0 <= tk < s.tile.shape[1]:
+                v = s.tile[tq, tk]
+                return "masked" if math.isnan(v) else f"{v:.4g}"
+        v = s.matrix[q // s.matrix_block, k // s.matrix_block]
+        b = s.matrix_block
+        return f"block {b}×{b}: all masked" if math.isnan(v) else f"block {b}×{b} max {v:.4g} (zoom in for exact cells)"
 
     def _click(self, pos) -> None:
         cell = self._cell(pos)

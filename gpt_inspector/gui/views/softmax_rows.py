@@ -59,6 +59,9 @@ class SoftmaxRows(QWidget):
             p.getAxis("left").setWidth(28)
             p.getAxis("left").setTicks([[(0, "0"), (0.5, ".5"), (1, "1")]])
             c = pg.PlotDataItem(stepMode="center", fillLevel=0, fillOutline=False, brush=_BRUSH, pen=None)
+            # thousands of keys in a panel a few hundred pixels wide: draw the peaks the pixels can show
+            c.setDownsampling(auto=True, method="peak")
+            c.setClipToView(True)
             p.addItem(c)
             # a plain-text label, not setTitle(): rich-text titles cost ~0.5 ms each, per step
             ti = pg.TextItem("", color=TEXT, anchor=(0, 0), fill=pg.mkBrush(27, 30, 36, 170))
@@ -100,17 +103,32 @@ class SoftmaxRows(QWidget):
         t = rows.shape[1]
         x = np.arange(t + 1, dtype=np.float64)
         labels = snap.labels[:t]
-        self.sums = [float(r.sum()) for r in rows]
+        self.sums = rows.sum(axis=1).tolist()
+        tops = rows.argmax(axis=1).tolist()
+        new_t = t != getattr(self, "_t", -1)
+        self._t = t
+        # per step only the data changes; ranges, colours and label text only when they do (each
+        # of those calls costs a re-layout of its plot, times H plots)
         for h, (p, c, ax) in enumerate(zip(self.plots, self.curves, self.axes)):
-            c.setData(x, rows[h], brush=_SEL_BRUSH if h == head else _BRUSH)
+            brush = _SEL_BRUSH if h == head else _BRUSH
+            if c.opts["fillBrush"] != brush:
+                c.setData(x, rows[h], brush=brush)
+            else:
+                c.setData(x, rows[h], skipFiniteCheck=True)
             ax.set_labels(labels)
-            p.setXRange(0, t, padding=0)
-            top = int(np.argmax(rows[h]))
+            if new_t:
+                p.setXRange(0, t, padding=0)
+            top = tops[h]
             lab = self.labels[h]
             # short lines: a small plot clips a long one ("H0 Σ = 1.")
-            lab.setText(f"H{h} Σ={self.sums[h]:.3f}\nmax {rows[h, top]:.2f} {labels[top]}")
-            lab.setColor("#ffb84f" if h == head else TEXT)
-            lab.setPos(0, 1.0)
+            text = f"H{h} Σ={self.sums[h]:.3f}\nmax {rows[h, top]:.2f} {labels[top]}"
+            if lab.toPlainText() != text:
+                lab.setText(text)
+            color = "#ffb84f" if h == head else TEXT
+            if getattr(lab, "_shown_color", None) != color:
+                lab.setColor(color)
+                lab._shown_color = color
+                lab.setPos(0, 1.0)
         self.title.setText(
             f"softmax of query {snap.query} “{snap.labels[snap.query]}” · layer {snap.selection.layer}, every head"
         )

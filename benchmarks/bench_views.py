@@ -1,0 +1,195 @@
+"""The views at long contexts: first overview, per-step view update, a mask edit and a grid export.
+
+Llama-style GQA model (8 layers x 8 heads, 2 KV heads, head size 64, random weights, float32),
+a prompt of random ids so the cache holds T positions. Headless: the view model the window's
+worker runs (``gui.viewdata.ViewModel``) and the figures the exports write; no Qt.
+
+Per T it prints, side by side:
+  prefill              the model's own forward over the prompt (for scale; not view work)
+  overview: first      the first snapshot (the build adds a budget of rows, the rest streams)
+            readable   every thumbnail bin has rows (refinement order: a few rows of every bin first)
+            complete   every query row in (exact); capped at --cap seconds, else the share done
+            one pass   the old way, every row at once, for comparison (only T <= --one-pass-max)
+  step view update     ViewModel.build after a step (median of --steps): the per-step cost of the views
+  mask edit at pos 5   Session.set_mask_edits (engine recompute) and the first snapshot after it
+  grid export          whole-model grid figure + PNG bytes (pooled, labelled), and the one-pass way
+with peak resident memory above the level before each operation (sampled every 2 ms).
+
+    python benchmarks/bench_views.py [--lengths 1024,4096,8192] [--steps 8] [--cap 120]
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+os.environ.setdefault("HF_HUB_OFFLINE", "1")
+os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+
+def build_model(folder: Path, context: int) -> Path:
+    import torch
+    from transformers import AutoModelForCausalLM, LlamaConfig
+
+    import tiny_models
+
+    if (folder / "config.json").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    tok = tiny_models.build_tokenizer(folder)
+    torch.manual_seed(0)
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+                      num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=context,
+                      bos_token_id=len(tok) - 1, eos_token_id=len(tok) - 1)  # fmt: skip
+    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder, safe_serialization=True)
+    return folder
+
+
+class PeakRSS:
+    """Peak resident memory above the level at entry, sampled in a thread."""
+
+    def __enter__(self):
+        self.base = self.peak = self._rss()
+        self._stop = False
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _rss(self) -> int:
+        with open("/proc/self/statm") as f:
+            return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
+
+    def _run(self):
+        while not self._stop:
+            self.peak = max(self.peak, self._rss())
+            time.sleep(0.002)
+
+    def __exit__(self, *exc):
+        self._stop = True
+        self._t.join()
+        self.peak = max(self.peak, self._rss())
+
+    @property
+    def mb(self) -> float:
+        return (self.peak - self.base) / 2**20
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--lengths", default="1024,4096,8192")
+    ap.add_argument("--steps", type=int, default=8)
+    ap.add_argument("--cap", type=float, default=120.0, help="seconds the complete overview may take before it is cut short")
+    ap.add_argument("--one-pass-max", type=int, default=4096, help="largest T for the old one-pass figures")
+    ap.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "gpt-inspector-bench-llama-gqa"))
+    args = ap.parse_args()
+
+    import numpy as np
+    import torch
+
+    from gpt_inspector import MaskEdit, Session, figures, load_model
+    from gpt_inspector.figures import drawing
+    from gpt_inspector.gui.viewdata import Selection, ViewModel, full_thumbnails
+
+    lengths = [int(x) for x in args.lengths.split(",")]
+    lm = load_model(build_model(Path(args.model_dir), 16384), device="cpu")
+    print(f"model: {lm.describe()}; torch threads {torch.get_num_threads()}; load {os.getloadavg()[0]:.2f}")
+    rows = []
+    for T in lengths:
+        ids = np.random.default_rng(0).integers(0, lm.vocab_size - 1, T - args.steps - 1).tolist()
+        s = Session(lm, prompt_ids=ids)
+        t0 = time.perf_counter()
+        s.step()
+        prefill = time.perf_counter() - t0
+        sel = Selection(layer=5, head=3)
+        vm = ViewModel(s)
+        with PeakRSS() as mem_ov:
+            t0 = time.perf_counter()
+            vm.build(sel)
+            first = time.perf_counter() - t0
+            th = vm.thumbs
+            readable = None
+            while not (th.counts[: th.bins] > 0).all():
+                vm.refine(deadline=time.perf_counter() + 0.1)
+            readable = time.perf_counter() - t0
+            while not vm.refine(deadline=time.perf_counter() + 0.5) and time.perf_counter() - t0 < args.cap:
+                pass
+            complete = time.perf_counter() - t0
+            share = th.rows_done / th.T
+        one_pass = None
+        if T <= args.one_pass_max:
+            t1 = time.perf_counter()
+            full_thumbnails(s)
+            one_pass = time.perf_counter() - t1
+        vm.refine()  # complete (if the cap cut it short) before the steps are timed
+        step_times, view_times = [], []
+        with PeakRSS() as mem_step:
+            for _ in range(args.steps):
+                t1 = time.perf_counter()
+                s.step()
+                t2 = time.perf_counter()
+                vm.build(sel)
+                step_times.append(t2 - t1)
+                view_times.append(time.perf_counter() - t2)
+        with PeakRSS() as mem_edit:
+            t1 = time.perf_counter()
+            s.set_mask_edits([MaskEdit(5, 2)])
+            t2 = time.perf_counter()
+            vm.build(sel)
+            edit_view = time.perf_counter() - t2
+            edit_engine = t2 - t1
+        with PeakRSS() as mem_grid:
+            t1 = time.perf_counter()
+            fig = figures.grid_figure(s, None, "probs")
+            figures.to_bytes(fig, "png")
+            grid = time.perf_counter() - t1
+            note = fig.subheading.split(" · ", 2)[-1]
+            figures.close(fig)
+        grid_old = None
+        if T <= args.one_pass_max:
+            saved = drawing.LONG_GRID_CELLS
+            drawing.LONG_GRID_CELLS = 1 << 62  # the per-head (T, T) path every grid took before
+            try:
+                t1 = time.perf_counter()
+                fig = figures.grid_figure(s, None, "probs")
+                figures.to_bytes(fig, "png")
+                grid_old = time.perf_counter() - t1
+                figures.close(fig)
+            finally:
+                drawing.LONG_GRID_CELLS = saved
+        rows.append(dict(T=s.cache_length, prefill=prefill, first=first, readable=readable, complete=complete,
+                         share=share, one_pass=one_pass, mem_ov=mem_ov.mb, step=statistics.median(step_times),
+                         view=statistics.median(view_times), view_max=max(view_times), mem_step=mem_step.mb,
+                         edit_engine=edit_engine, edit_view=edit_view, mem_edit=mem_edit.mb, grid=grid,
+                         grid_old=grid_old, mem_grid=mem_grid.mb, note=note))  # fmt: skip
+        del s, vm
+        r = rows[-1]
+        fmt = lambda x: "-" if x is None else f"{x:.2f} s"  # noqa: E731
+        print(f"\nT = {r['T']}: prefill {r['prefill']:.1f} s")
+        print(f"  overview: first snapshot {r['first']:.2f} s · readable (every bin) {r['readable']:.2f} s · "
+              f"complete {r['complete']:.1f} s ({100 * r['share']:.0f}% of rows) · one pass, old way {fmt(r['one_pass'])}"
+              f" · peak +{r['mem_ov']:.0f} MB")  # fmt: skip
+        print(f"  per step: view update {1000 * r['view']:.1f} ms median (max {1000 * r['view_max']:.1f}) "
+              f"vs the model's step {1000 * r['step']:.0f} ms · peak +{r['mem_step']:.0f} MB")
+        print(f"  mask edit at position 5: engine {r['edit_engine']:.2f} s, first snapshot after it "
+              f"{r['edit_view']:.2f} s (the rest streams) · peak +{r['mem_edit']:.0f} MB")
+        print(f"  grid export (PNG): {r['grid']:.2f} s vs old way {fmt(r['grid_old'])} · peak +{r['mem_grid']:.0f} MB · {r['note']}")
+    print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (2 cores shared)")
+    print("| T | first overview (readable / complete) | per-step view update | mask edit: engine / view | grid export |")
+    print("|---|---|---|---|---|")
+    for r in rows:
+        print(f"| {r['T']:,} | {r['readable']:.2f} s / {r['complete']:.1f} s ({100 * r['share']:.0f}%), +{r['mem_ov']:.0f} MB "
+              f"| {1000 * r['view']:.0f} ms | {r['edit_engine']:.1f} s / {r['edit_view']:.2f} s | {r['grid']:.2f} s, +{r['mem_grid']:.0f} MB |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,248 @@
+"""Zoomed-out pictures of attention, computed where the user looks (no Qt here).
+
+Quadratic work is the enemy at long contexts: a model with L x H heads has L*H*T*T attention
+weights, 275 G multiply-adds for a small 8-layer model at T = 8,192. So:
+
+- :class:`Thumbnails` (the L x H overview) keeps binned sums and adds query rows in any order. A
+  step adds its one new row (O(L*H*T*d)); a first build or a rebuild after a mask edit is a
+  stream of row chunks in *refinement order* (a few rows of every bin first, then the rest), so
+  the whole overview is readable after a small share of the work and is exact once complete.
+- :class:`PooledMatrix` is one head's T x T matrix at display resolution: the maximum over
+  ``block`` x ``block`` cells (a single strong weight stays visible), one row block per step.
+
+Both compute rows through the run source's one equation, in chunks, never T x T for all heads.
+"""
+
+from __future__ import annotations
+
+import warnings
+
+import numpy as np
+
+from ..core import attention as eq
+from ..figures import pool_max
+
+ROWS_BUDGET = 1 << 23  # numbers per evaluation of a chunk of rows (32 MB of float32)
+CHUNK_ROWS = 16  # rows per streamed chunk of the overview: the unit of its refinement order
+
+
+def block_for(t: int, max_cells: int) -> int:
+    """The smallest power of two ``b`` with ceil(t / b) <= max_cells."""
+    b = 1
+    while -(-t // b) > max_cells:
+        b *= 2
+    return b
+
+
+def _spread(n: int) -> list[int]:
+    """0..n-1 in an order that halves the gaps first (0, n/2, n/4, 3n/4, ...): coarse to fine."""
+    order, seen, step = [], set(), 1 << max(0, (n - 1).bit_length())
+    while step >= 1:
+        for i in range(0, n, step):
+            if i not in seen:
+                seen.add(i)
+                order.append(i)
+        step //= 2
+    return order
+
+
+class Thumbnails:
+    """L x H downsampled attention patterns, kept as binned sums of query rows.
+
+    Positions fall into fixed bins of ``size`` positions (a power of two, doubled when T
+    outgrows ``max_bins`` bins, never shrunk until a reset). Each thumbnail cell is the mean,
+    over the bin's query rows added so far, of the attention mass the row gives the key bin, so
+    every thumbnail row sums to 1 like the matrix it summarises. ``have[p]`` says whether query
+    row p is in the sums; rows may be added in any order (see :meth:`pending`).
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, max_bins: int = 32):
+        self.L, self.H, self.B = n_layers, n_heads, max_bins
+        self.reset()
+
+    def reset(self) -> None:
+        self.size = 1
+        self.T = 0
+        self.sums = np.zeros((self.L, self.H, self.B, self.B), dtype=np.float64)
+        self.counts = np.zeros(self.B, dtype=np.int64)
+        self.have = np.zeros(0, dtype=bool)
+        self._image = None
+
+    @property
+    def bins(self) -> int:
+        return max(1, -(-self.T // self.size))
+
+    @property
+    def rows_done(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def complete(self) -> bool:
+        return self.rows_done >= self.T
+
+    def _grow(self, t: int) -> None:
+        while -(-t // self.size) > self.B:
+            b2 = self.B // 2
+            s = self.sums.reshape(self.L, self.H, b2, 2, b2, 2).sum(axis=(3, 5))
+            self.sums = np.zeros_like(self.sums)
+            self.sums[:, :, :b2, :b2] = s
+            c = self.counts.reshape(b2, 2).sum(axis=1)
+            self.counts = np.zeros_like(self.counts)
+            self.counts[:b2] = c
+            self.size *= 2
+
+    def extend(self, t: int) -> None:
+        """The run now has ``t`` positions; rows >= the old T are pending until added."""
+        if t <= self.T:
+            return
+        self._grow(t)
+        self.have = np.concatenate([self.have, np.zeros(t - self.T, dtype=bool)])
+        self.T = t
+
+    def add_rows(self, rows_of, p0: int, p1: int) -> None:
+        """Add query rows p0..p1 (``rows_of(layer, p0, p1)`` -> (H, n, T) probs), none added before."""
+        if p1 <= p0:
+            return
+        self.extend(p1)
+        assert not self.have[p0:p1].any(), (p0, p1)
+        s, t = self.size, self.T
+        key_starts = np.arange(0, t, s)
+        # rows in chunks, so a first build at long T never holds H x T x T for a layer at once
+        chunk = max(1, ROWS_BUDGET // max(1, self.H * t))
+        for layer in range(self.L):
+            for c0 in range(p0, p1, chunk):
+                c1 = min(p1, c0 + chunk)
+                rb = np.arange(c0, c1) // s
+                row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
+                r = rows_of(layer, c0, c1)  # (H, n, t)
+                kb = np.add.reduceat(r, key_starts, axis=2)  # (H, n, nbk)
+                kb = np.add.reduceat(kb, row_starts, axis=1)  # (H, n_rowbins, nbk)
+                first_bin = int(rb[0])
+                self.sums[layer, :, first_bin : first_bin + kb.shape[1], : kb.shape[2]] += kb
+        np.add.at(self.counts, np.arange(p0, p1) // s, 1)
+        self.have[p0:p1] = True
+        self._image = None
+
+    def truncate(self, t: int) -> None:
+        """Forget rows >= t (step back, mask edits); the rest of the bin that t cuts through becomes pending.
+
+        Rows before t keep their sums: a causal row p < t never attends to a key >= t.
+        """
+        if t >= self.T:
+            return
+        if t <= 0:
+            self.reset()
+            return
+        b = t // self.size
+        self.sums[:, :, b:] = 0.0
+        self.counts[b:] = 0
+        self.have = self.have[:t].copy()
+        self.have[b * self.size :] = False
+        self.T = t
+        self._image = None
+
+    def pending(self, max_chunks: int | None = None) -> list[tuple[int, int]]:
+        """Row chunks not added yet, in refinement order: a chunk of every bin, then the next, ..."""
+        s, c = self.size, min(self.size, CHUNK_ROWS)
+        order = _spread(s // c if s >= c else 1)
+        out: list[tuple[int, int]] = []
+        for j in order:
+            for b in range(self.bins):
+                p0 = b * s + j * c
+                p1 = min(p0 + c, (b + 1) * s, self.T)
+                if p0 < p1 and not self.have[p0:p1].all():
+                    # a chunk may be partly added (a step added its newest row): take its missing run
+                    missing = np.flatnonzero(~self.have[p0:p1])
+                    out.append((p0 + int(missing[0]), p0 + int(missing[-1]) + 1))
+                    if max_chunks is not None and len(out) >= max_chunks:
+                        return out
+        return out
+
+    def image(self) -> np.ndarray:
+        """(L*nb, H*nb) float32 in [0, 1], each thumbnail scaled by its own maximum."""
+        if self._image is not None:
+            return self._image
+        nb = self.bins
+        c = np.maximum(self.counts[:nb], 1)[None, None, :, None]
+        m = self.sums[:, :, :nb, :nb] / c  # (L, H, nb, nb)
+        mx = m.max(axis=(2, 3), keepdims=True)
+        m = np.sqrt(m / np.where(mx > 0, mx, 1.0))  # sqrt: faint structure stays visible next to a sink
+        self._image = np.ascontiguousarray(m.transpose(0, 2, 1, 3).reshape(self.L * nb, self.H * nb), dtype=np.float32)
+        return self._image
+
+
+class PooledMatrix:
+    """One head's T x T matrix at one stage, as the maximum over ``block`` x ``block`` cells.
+
+    NaN where every cell of a block is masked (the masked stages). A step recomputes only the
+    last row block (and, for the stages that show future keys, the newest key block of the
+    earlier rows); ``invalidate(p)`` makes rows >= p stale.
+    """
+
+    def __init__(self, layer: int, head: int, kind: str, block: int):
+        self.layer, self.head, self.kind, self.block = layer, head, kind, block
+        self.T = 0  # positions at the last update
+        self.done = 0  # query rows computed (a first build at long T comes in several updates)
+        self.img = np.zeros((0, 0), dtype=np.float32)
+        self.dirty = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.T
+
+    def regroup(self, block: int) -> None:
+        """Double the block size (T grew past a power of two): the maximum of 2 x 2 maxima is the
+        maximum of the bigger block, so no cell is recomputed; the last, partial blocks are."""
+        assert block == 2 * self.block, (block, self.block)
+        n = self.img.shape[0] // 2  # whole new blocks; a trailing odd block row is recomputed
+        m = self.img[: 2 * n, : 2 * n].reshape(n, 2, n, 2)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks stay NaN (masked)
+            self.img = np.nanmax(m, axis=(1, 3)).astype(np.float32)
+        self.block = block
+        self.T = min(self.T, n * block)
+        self.done = min(self.done, self.T)
+        self.dirty = min(self.dirty, self.T)
+
+    def invalidate(self, position: int) -> None:
+        self.dirty = min(self.dirty, position)
+
+    def update(self, source, budget: int | None = None) -> np.ndarray:
+        """Bring the image up to ``source.cache_length``, computing at most about ``budget``
+        numbers of rows (one chunk at least; None: all); returns a new (owned) array, NaN in
+        the rows not computed yet (``done``)."""
+        t, s = source.cache_length, self.block
+        nb = -(-t // s)
+        r0 = min(self.dirty, self.done, self.T, t) // s  # first row block to recompute
+        img = np.full((nb, nb), np.nan, dtype=np.float32)
+        keep = min(r0, self.img.shape[0])
+        img[:keep, : min(nb, self.img.shape[1])] = self.img[:keep, :nb]
+        masked = self.kind in ("masked_scores", "probs")
+        layer, head = self.layer, self.head
+        chunk = max(s, (ROWS_BUDGET // max(1, t)) // s * s)
+        if budget is not None:
+            chunk = min(chunk, max(s, (budget // max(1, t)) // s * s))
+        done = t
+        for p0 in range(r0 * s, t, chunk):
+            if budget is not None and p0 > r0 * s:
+                done = p0  # the rest comes with the next updates
+                break
+            p1 = min(t, p0 + chunk)
+            rows = source.attention_rows(layer, p0, p1, self.kind, heads=(head,))[0].numpy()  # (n, t)
+            hidden = ~source.allowed_rows(layer, p0, p1)[head].numpy() if masked else np.zeros(rows.shape, bool)
+            pv, pm = pool_max(rows, hidden, s, s)  # (n/s, nb)
+            img[p0 // s : p0 // s + pv.shape[0]] = np.where(pm, np.nan, pv)
+        if not masked and keep and t != self.T:
+            # the raw stages show every key: the earlier rows gain the new keys' columns (or, after
+            # a step back, lose the cut ones from their last key block)
+            c0 = (min(self.T, t) // s) * s
+            q = source.queries(layer)[head, : keep * s]  # (keep*s, d)
+            k = source.keys(layer)[source.kv_head_of(head), c0:t]  # (t - c0, d)
+            every = np.ones((q.shape[0], k.shape[0]), dtype=bool)
+            import torch
+
+            cols = eq.equation(q, k, source.scaling(layer), source.softcap(layer), torch.from_numpy(every), self.kind)
+            pv, _ = pool_max(cols.numpy(), np.zeros(every.shape, bool), s, s)  # (keep, nb - c0/s)
+            img[:keep, c0 // s :] = pv
+        self.img, self.T, self.dirty, self.done = img, t, t, done
+        return img
