@@ -98,6 +98,7 @@ class Snapshot:
     tile: np.ndarray | None = None  # exact cells of the zoomed-in part of a pooled matrix, NaN where masked
     tile_origin: tuple[int, int] = (0, 0)  # (query, key) of tile[0, 0]
     query_allowed: np.ndarray | None = None  # (T,) bool: the keys the selected query may attend to
+    query_bias: np.ndarray | None = None  # (T,) the model's additive score bias on that row (ALiBi), or None
     levels: tuple[float, float] = (0.0, 1.0)
     head_rows: np.ndarray | None = None  # (H, T) softmax row of the query, every head of the layer
     q: np.ndarray | None = None  # (d,) query vector of the selected head at the query position
@@ -414,7 +415,9 @@ class ViewModel:
                 q = o.queries(layer)[head, :v]  # (v, d)
                 k = o.keys(layer)[o.kv_head_of(head), v:t]  # (t - v, d)
                 every = torch.ones(v, t - v, dtype=torch.bool)
-                m[:v, v:] = eq.equation(q, k, o.scaling(layer), o.softcap(layer), every, kind).numpy()
+                bias = None if kind == "raw" else o.bias_rows(layer, 0, v, (head,))  # (1, v, T): ALiBi, doge
+                bias = None if bias is None else bias[0, :, v:t]  # (v, t - v)
+                m[:v, v:] = eq.equation(q, k, o.scaling(layer), o.softcap(layer), every, kind, None, bias).numpy()
         self._mat, self._mat_dirty = (key, t, m, a), t
         return m, a
 
@@ -496,10 +499,17 @@ class ViewModel:
             v=values[kvh].float().numpy().copy(),
             scaling=o.scaling(layer),
             softcap=o.softcap(layer),
+            query_bias=_query_bias(o, layer, head, query),
             kv_k=_pool_rows(_heads_side_by_side(keys), kv_block),
             kv_v=_pool_rows(_heads_side_by_side(values), kv_block),
             kv_block=kv_block,
         )
+
+
+def _query_bias(o: RunSource, layer: int, head: int, query: int) -> np.ndarray | None:
+    """(T,) the model's additive score bias on the selected query's row (ALiBi, doge), or None."""
+    bias = o.bias_rows(layer, query, query + 1, (head,))  # (1, 1, T) or None
+    return None if bias is None else bias[0, 0].numpy().copy()
 
 
 def _heads_side_by_side(x: torch.Tensor) -> np.ndarray:

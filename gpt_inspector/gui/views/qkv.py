@@ -167,6 +167,9 @@ class QKVView(QWidget):
         self.bars.setOpts(x=np.arange(d), height=prod, width=0.8, brushes=[_POS if v >= 0 else _NEG for v in prod])
         raw = float(prod.sum())
         score = raw * s.scaling
+        bias = None if s.query_bias is None else float(s.query_bias[key])  # ALiBi / a learned bias: part of the score
+        if bias is not None:
+            score += bias
         if s.softcap is not None:
             score = math.tanh(score / s.softcap) * s.softcap
         allowed = bool(s.query_allowed[key]) if s.query_allowed is not None else True
@@ -174,5 +177,6 @@ class QKVView(QWidget):
         tail = f"softmax p = <b>{p:.4f}</b>" if allowed else "<span style='color:#ff6b6b'>masked: the softmax never sees it</span>"
         self.readout.setText(
             f"q<sub>{s.query}</sub> · k<sub>{key}</sub> “{html.escape(s.labels[key])}”: Σ<sub>i</sub> q<sub>i</sub>k<sub>i</sub> = "
-            f"<b>{raw:.4f}</b> × scaling {s.scaling:.4g} = score <b>{score:.4f}</b> → {tail}"
+            f"<b>{raw:.4f}</b> × scaling {s.scaling:.4g}" + ("" if bias is None else f" + bias {bias:+.4g}")
+            + f" = score <b>{score:.4f}</b> → {tail}"
         )
