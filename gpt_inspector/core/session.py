@@ -264,6 +264,18 @@ class Session(EditingMixin, ModelShape, RunSource):
         cl = self.cache.layers[self.lm.cache_layer(layer)]  # a KV-sharing layer reads another's
         return (cl.keys if which == "k" else cl.values)[0, :, :t]  # (Hkv, T, d), the real cache
 
+    def cached_rows(self, layer: int) -> torch.Tensor | None:
+        lay = self.lm.kv_layout
+        kv = None if lay is None else lay.layers[self.check_layer(layer)]
+        if kv is None or kv.reads is not None or not kv.cached or self.cache_length == 0:
+            return None  # the cache holds the per-head K and V the views show (or nothing of its own)
+        t, cl = self.cache_length, self.cache.layers[layer]
+        parts = [x[0, :, :t] for x in (getattr(cl, "keys", None), getattr(cl, "values", None))
+                 if isinstance(x, torch.Tensor) and x.dim() == 4]  # (h, T, n) each, as the cache stores them
+        if not parts:
+            return None
+        return torch.cat([p.transpose(0, 1).reshape(t, -1) for p in parts], dim=1)  # (T, cache numbers)
+
     def _queries(self, layer: int) -> torch.Tensor:
         return self.recorder.q[layer].view(self.cache_length)[0]  # (H, T, d)
 

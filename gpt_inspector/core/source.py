@@ -151,6 +151,11 @@ class RunSource:
         """Rows before ``head_output_start``, where the source can have the model recompute them."""
         return None
 
+    def cached_rows(self, layer: int) -> torch.Tensor | None:
+        """(T, n) the model's own cache rows for ``layer`` where they are not the per-head K and V
+        (multi-head latent attention's compressed latent, untiled heads), else None."""
+        return None
+
     def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
         """(start, (H, T - start, d)): the head outputs the source holds, from position ``start`` on."""
         layer = self.check_attention_layer(layer)

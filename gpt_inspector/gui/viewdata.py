@@ -99,6 +99,7 @@ class Snapshot:
     tile_origin: tuple[int, int] = (0, 0)  # (query, key) of tile[0, 0]
     query_allowed: np.ndarray | None = None  # (T,) bool: the keys the selected query may attend to
     query_bias: np.ndarray | None = None  # (T,) the model's additive score bias on that row (ALiBi), or None
+    kv_cached: np.ndarray | None = None  # (T, n) the layer's cache rows as stored, where not per-head K/V (MLA's latent)
     levels: tuple[float, float] = (0.0, 1.0)
     head_rows: np.ndarray | None = None  # (H, T) softmax row of the query, every head of the layer
     q: np.ndarray | None = None  # (d,) query vector of the selected head at the query position
@@ -503,7 +504,13 @@ class ViewModel:
             kv_k=_pool_rows(_heads_side_by_side(keys), kv_block),
             kv_v=_pool_rows(_heads_side_by_side(values), kv_block),
             kv_block=kv_block,
+            kv_cached=_cached(o, layer, kv_block),
         )
+
+
+def _cached(o: RunSource, layer: int, block: int) -> np.ndarray | None:
+    rows = o.cached_rows(layer)  # (T, n) or None
+    return None if rows is None else _pool_rows(rows.float().numpy(), block)
 
 
 def _query_bias(o: RunSource, layer: int, head: int, query: int) -> np.ndarray | None:

@@ -97,3 +97,34 @@ def lms_hybrid(tmp_path_factory):
 
     tok = tiny_models.build_tokenizer(tmp_path_factory.mktemp("tok"))
     return from_model(tiny_families.build_model("jamba", tok.convert_tokens_to_ids("<|endoftext|>")), tok, "jamba")
+
+
+def test_mla_panel_shows_the_latent_rows_as_cached(qtbot, wait_idle, lms):
+    """"as cached" swaps the per-head K and V for the rows the model's cache really stores."""
+    from PySide6.QtCore import Qt
+
+    win, s = _window(qtbot, wait_idle, lms["deepseek_v3"])
+    try:
+        win.run(2)
+        snap = wait_idle(win)
+        view = win.kv_cache
+        layer = snap.selection.layer
+        assert view.as_cached.isVisible() and not view.as_cached.isChecked()
+        qtbot.mouseClick(view.as_cached, Qt.MouseButton.LeftButton)
+        cl = s.cache.layers[layer]
+        t = s.cache_length
+        want = np.concatenate([x[0, :, :t].numpy().transpose(1, 0, 2).reshape(t, -1) for x in (cl.keys, cl.values)], 1)
+        np.testing.assert_array_equal(view.kimg.image, want)  # the latent rows, exactly as stored
+        assert want.nbytes == s.kv_cache_bytes(layer) and not view.vplot.isVisible()
+        assert "as stored" in view.title.text() and f"{want.shape[1]} numbers" in view.title.text()
+        qtbot.mouseClick(view.as_cached, Qt.MouseButton.LeftButton)  # back to per-head K and V
+        _, k, _ = s.qkv(layer)
+        np.testing.assert_array_equal(view.kimg.image, k.transpose(1, 0, 2).reshape(t, -1))
+        assert view.vplot.isVisible()
+    finally:
+        win.worker.stop()
+
+
+def test_a_per_head_cache_offers_no_cached_view(shown):
+    win = shown()
+    assert win.snapshot.kv_cached is None and not win.kv_cache.as_cached.isVisible()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
-from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QGraphicsRectItem, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
 from .common import show_axes, BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, info_label, placeholder_text
 
@@ -49,6 +49,13 @@ class KVCacheView(QWidget):
         head = QHBoxLayout()
         self.title = info_label("")
         head.addWidget(self.title, 1)
+        # where the model caches something else than per-head K/V (MLA's latent): show that instead
+        self.as_cached = QCheckBox("as cached")
+        self.as_cached.setToolTip("Show the rows the model's cache really stores (a compressed latent) "
+                                  "instead of the per-head K and V attention receives")
+        self.as_cached.hide()
+        self.as_cached.toggled.connect(self._refresh)
+        head.addWidget(self.as_cached)
         for which in ("k", "v"):
             b = QPushButton(f"Export {which.upper()}…")
             b.setToolTip(f"Save this layer's {which.upper()} cache as PNG or SVG")
@@ -109,6 +116,7 @@ class KVCacheView(QWidget):
         self._hint = placeholder_text(None, self.kplot, "empty")
         self._hint.setPos(0.5, 0.5)
         self._last = None
+        self.snap = None
         self.shape = (0, 0, 0)
         self.bplot.scene().sigMouseClicked.connect(self._clicked)
         self._set_empty(True)
@@ -133,7 +141,14 @@ class KVCacheView(QWidget):
         if 0 <= i < self.laxis.n:
             self.layer_clicked.emit(i)
 
+    def _refresh(self, *_args) -> None:
+        if self.snap is not None:
+            self._last = None
+            self.set_snapshot(self.snap)
+
     def set_snapshot(self, snap) -> None:
+        self.snap = snap
+        self.as_cached.setVisible(snap.kv_cached is not None)
         L = snap.n_layers
         self.laxis.set_count(L)
         layer = snap.selection.layer
@@ -153,14 +168,19 @@ class KVCacheView(QWidget):
             self.title.setText("KV cache: empty (no step yet)")
             return
         self._set_empty(False)
+        if snap.kv_cached is not None and self.as_cached.isChecked():
+            self._show_cached(snap, kvb[layer], total)
+            return
+        self.kplot.setTitle("K cache", size="8pt")
+        self.vplot.show()
         rows, w = snap.kv_k.shape
         t = snap.T  # past the exact limit a row of the image is the mean of kv_block positions
         wv = snap.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)
         if self._last is not snap.kv_k:
-            for img, a in ((self.kimg, snap.kv_k), (self.vimg, snap.kv_v)):
+            for img, a, width in ((self.kimg, snap.kv_k, w), (self.vimg, snap.kv_v, wv)):
                 m = float(max(a.max(), -a.min())) or 1.0
                 img.setImage(a, autoLevels=False, levels=(-m, m))
-                img.setRect(QRectF(0, 0, w, rows * snap.kv_block))
+                img.setRect(QRectF(0, 0, width, rows * snap.kv_block))
             self._last = snap.kv_k
         heads = max(1, snap.n_kv_heads)
         if (t, w, wv) != self.shape:
@@ -180,5 +200,28 @@ class KVCacheView(QWidget):
             f"layer {layer}: {t} positions × {heads} KV heads × {dims}, K and V · "
             f"{human_bytes(kvb[layer])} this layer · {human_bytes(total)} all {L} layers ({snap.dtype})"
             + cache_note(kvb[layer], t * (w + wv) * _ITEMSIZE.get(snap.dtype, 4))
+            + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
+        )
+
+    def _show_cached(self, snap, layer_bytes: float, total: float) -> None:
+        """The selected layer's cache rows as the model stores them (one image; V's plot hidden)."""
+        a = snap.kv_cached  # (rows, n)
+        rows, n = a.shape
+        t = snap.T
+        m = float(max(a.max(), -a.min())) or 1.0
+        self.kimg.setImage(a, autoLevels=False, levels=(-m, m))
+        self.kimg.setRect(QRectF(0, 0, n, rows * snap.kv_block))
+        self._last, self.shape = None, (0, 0, 0)
+        for sep in self.seps:
+            sep.setData([], [])
+        self.vplot.hide()
+        self.kplot.setTitle("the cache as stored", size="8pt")
+        self.kplot.setRange(xRange=(0, n), yRange=(0, t), padding=0)
+        self.newest[0].setRect(QRectF(0, t - 1, n, 1))
+        self.axis.set_labels(snap.labels[:t])
+        self.title.setText(
+            f"layer {snap.selection.layer}: the model's cache as stored, {t} positions × {n} numbers "
+            f"(a compressed latent, not per-head K and V) · {human_bytes(layer_bytes)} this layer · "
+            f"{human_bytes(total)} all {snap.n_layers} layers ({snap.dtype})"
             + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
         )
