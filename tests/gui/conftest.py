@@ -86,3 +86,26 @@ def make_window(qtbot, tiny_lm, wait_idle):
     for w in made:
         w.worker.stop()
 
+
+@pytest.fixture
+def window_on(qtbot, wait_idle):
+    """``window_on(lm, prompt)`` -> (window, session): a window showing a fresh session of ``lm``."""
+    from gpt_inspector import Session
+    from gpt_inspector.gui.main_window import MainWindow
+
+    made = []
+
+    def make(lm, prompt="She eats an apple"):
+        win = MainWindow(restore_layout=False)
+        qtbot.addWidget(win)
+        win.resize(1400, 900)
+        win.show()
+        s = Session(lm, prompt)
+        win.show_source(s)
+        wait_idle(win)
+        made.append(win)
+        return win, s
+
+    yield make
+    for w in made:
+        w.worker.stop()

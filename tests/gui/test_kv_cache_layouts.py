@@ -18,21 +18,12 @@ def lms(tmp_path_factory):
     return {f: from_model(tiny_families.build_model(f, eos), tok, f) for f in ("deepseek_v3", "gemma3n_text")}
 
 
-def _window(qtbot, wait_idle, lm):
-    from gpt_inspector import Session
-    from gpt_inspector.gui.main_window import MainWindow
-
-    win = MainWindow(restore_layout=False)
-    qtbot.addWidget(win)
-    win.resize(1400, 900)
-    win.show()
-    s = Session(lm, "She eats an apple")
-    win.show_source(s)
-    wait_idle(win)
-    return win, s
+@pytest.fixture
+def _window(window_on):
+    return lambda qtbot, wait_idle, lm: window_on(lm)
 
 
-def test_mla_panel_shows_per_head_k_and_v_and_the_latent_bytes(qtbot, wait_idle, lms):
+def test_mla_panel_shows_per_head_k_and_v_and_the_latent_bytes(qtbot, wait_idle, lms, _window):
     win, s = _window(qtbot, wait_idle, lms["deepseek_v3"])
     try:
         win.run(2)
@@ -56,7 +47,7 @@ def test_mla_panel_shows_per_head_k_and_v_and_the_latent_bytes(qtbot, wait_idle,
         win.worker.stop()
 
 
-def test_a_kv_sharing_layer_says_whose_cache_it_reads(qtbot, wait_idle, lms):
+def test_a_kv_sharing_layer_says_whose_cache_it_reads(qtbot, wait_idle, lms, _window):
     win, s = _window(qtbot, wait_idle, lms["gemma3n_text"])
     try:
         win.run(1)
@@ -72,7 +63,7 @@ def test_a_kv_sharing_layer_says_whose_cache_it_reads(qtbot, wait_idle, lms):
         win.worker.stop()
 
 
-def test_hybrid_window_steps_and_selects_a_state_space_layer(qtbot, wait_idle, lms_hybrid):
+def test_hybrid_window_steps_and_selects_a_state_space_layer(qtbot, wait_idle, lms_hybrid, _window):
     win, s = _window(qtbot, wait_idle, lms_hybrid)
     try:
         win.run(2)
@@ -99,7 +90,7 @@ def lms_hybrid(tmp_path_factory):
     return from_model(tiny_families.build_model("jamba", tok.convert_tokens_to_ids("<|endoftext|>")), tok, "jamba")
 
 
-def test_mla_panel_shows_the_latent_rows_as_cached(qtbot, wait_idle, lms):
+def test_mla_panel_shows_the_latent_rows_as_cached(qtbot, wait_idle, lms, _window):
     """"as cached" swaps the per-head K and V for the rows the model's cache really stores."""
     from PySide6.QtCore import Qt
 

@@ -19,33 +19,21 @@ def bloom(tmp_path_factory):
     return from_model(tiny_families.build_model("bloom", tok.convert_tokens_to_ids("<|endoftext|>")), tok, "bloom")
 
 
-def test_alibi_scores_and_readout_carry_the_bias(qtbot, wait_idle, bloom):
-    from gpt_inspector import Session
-    from gpt_inspector.gui.main_window import MainWindow
-
-    win = MainWindow(restore_layout=False)
-    qtbot.addWidget(win)
-    win.resize(1400, 900)
-    win.show()
-    s = Session(bloom, "She eats an apple. He reads")
-    win.show_source(s)
+def test_alibi_scores_and_readout_carry_the_bias(qtbot, wait_idle, window_on, bloom):
+    win, s = window_on(bloom, "She eats an apple. He reads")
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)  # scores
     wait_idle(win)
-    try:
-        qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)  # scores
+    for _ in range(3):  # each step extends the shown matrix: earlier rows gain the new keys' cells
+        win.acts.step.trigger()
         wait_idle(win)
-        for _ in range(3):  # each step extends the shown matrix: earlier rows gain the new keys' cells
-            win.acts.step.trigger()
-            wait_idle(win)
-        snap = wait_idle(win)
-        sel = snap.selection
-        assert sel.kind == "scores"
-        want = s.attention(sel.layer, sel.head, "scores")  # (T, T): q.k x scale + ALiBi, future keys included
-        raw = s.attention(sel.layer, sel.head, "raw") * s.scaling(sel.layer)
-        assert not np.allclose(want, raw)  # the bias is really there
-        np.testing.assert_allclose(snap.matrix, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
-        key = win.qkv.key
-        text = win.qkv.readout.text()
-        bias = float(s.bias_rows(sel.layer, snap.query, snap.query + 1, (sel.head,))[0, 0, key])
-        assert f"+ bias {bias:+.4g}" in text and f"score <b>{want[snap.query, key]:.4f}</b>" in text
-    finally:
-        win.worker.stop()
+    snap = wait_idle(win)
+    sel = snap.selection
+    assert sel.kind == "scores"
+    want = s.attention(sel.layer, sel.head, "scores")  # (T, T): q.k x scale + ALiBi, future keys included
+    raw = s.attention(sel.layer, sel.head, "raw") * s.scaling(sel.layer)
+    assert not np.allclose(want, raw)  # the bias is really there
+    np.testing.assert_allclose(snap.matrix, want, rtol=0, atol=1e-5 * max(1.0, float(np.abs(want).max())))
+    key = win.qkv.key
+    text = win.qkv.readout.text()
+    bias = float(s.bias_rows(sel.layer, snap.query, snap.query + 1, (sel.head,))[0, 0, key])
+    assert f"+ bias {bias:+.4g}" in text and f"score <b>{want[snap.query, key]:.4f}</b>" in text

@@ -306,8 +306,8 @@ HYBRIDS = ["bamba", "falcon_h1", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe"
            "qwen3_5_moe_text", "qwen3_next", "zamba2"]
 
 
-@pytest.mark.parametrize("family", [f for f in KV_KINDS if f != "llama"] + HYBRIDS)
-def test_beams_equal_generate(family, built):
+def _beams_equal_generate(family, built):
+    """Our beam search and HF generate(num_beams=3) on the same prompt: ids and scores equal."""
     from gpt_inspector.core.beams import BeamSearch
 
     lm, ref = built(family)
@@ -317,9 +317,16 @@ def test_beams_equal_generate(family, built):
     x = torch.tensor([bs.prompt_ids])
     with torch.no_grad():
         gen = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, num_beams=3, num_return_sequences=2,
-                           max_new_tokens=4, output_scores=True, return_dict_in_generate=True)  # fmt: skip
+                           max_new_tokens=4, output_scores=True, return_dict_in_generate=True,
+                           pad_token_id=lm.eos_token_ids[0])  # fmt: skip
     assert r.sequences == gen.sequences.tolist(), f"{family}: beams differ from generate"
     np.testing.assert_allclose(r.sequences_scores, gen.sequences_scores.float().numpy(), atol=1e-4, rtol=0)
+    return lm, bs
+
+
+@pytest.mark.parametrize("family", [f for f in KV_KINDS if f != "llama"] + HYBRIDS)
+def test_beams_equal_generate(family, built):
+    lm, bs = _beams_equal_generate(family, built)
     # a beam's records read K/V the same way the session does (mirrored or from its shared cache layer)
     view = bs.result_view(0)
     last = lm.kv_layout.attention_layers[-1]
@@ -335,16 +342,4 @@ _BEAMS_ELSEWHERE.add("moshi")
 @pytest.mark.parametrize("family", [f for f in VERIFIED if f not in _BEAMS_ELSEWHERE])
 def test_every_verified_family_beams_equal_generate(family, built):
     """Beam search (the port of HF's) equals generate(num_beams) on every verified family: ids and scores."""
-    from gpt_inspector.core.beams import BeamSearch
-
-    lm, ref = built(family)
-    bs = BeamSearch(lm, PROMPT, num_beams=3, num_return_sequences=2, max_new_tokens=4)
-    bs.run()
-    r = bs.result()
-    x = torch.tensor([bs.prompt_ids])
-    with torch.no_grad():
-        gen = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, num_beams=3, num_return_sequences=2,
-                           max_new_tokens=4, output_scores=True, return_dict_in_generate=True,
-                           pad_token_id=lm.eos_token_ids[0])  # fmt: skip
-    assert r.sequences == gen.sequences.tolist(), f"{family}: beams differ from generate"
-    np.testing.assert_allclose(r.sequences_scores, gen.sequences_scores.float().numpy(), atol=1e-4, rtol=0)
+    _beams_equal_generate(family, built)
