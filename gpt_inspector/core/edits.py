@@ -94,15 +94,23 @@ class _CompiledEdits:
             out.heads[layer], out.rows[layer], out.cols[layer] = t[:, 0], t[:, 1], t[:, 2]
         return out
 
-    def block_for(self, layer: int, n_heads: int, q0: int, tq: int, tk: int) -> torch.Tensor | None:
+    def _cells(self, layer: int, q0: int, tq: int, tk: int) -> tuple[torch.Tensor, ...] | None:
+        """(heads, rows, cols) of the blocked cells a forward over queries q0..q0+tq and tk keys meets."""
         if layer not in self.heads:
             return None
         h, i, j = self.heads[layer], self.rows[layer], self.cols[layer]
         sel = (i >= q0) & (i < q0 + tq) & (j < tk)
         if not bool(sel.any()):
             return None
+        return h[sel], i[sel], j[sel]
+
+    def block_for(self, layer: int, n_heads: int, q0: int, tq: int, tk: int) -> torch.Tensor | None:
+        cells = self._cells(layer, q0, tq, tk)
+        if cells is None:
+            return None
+        h, i, j = cells
         block = torch.zeros(n_heads, tq, tk, dtype=torch.bool)  # (H, Tq, Tk)
-        block[h[sel], i[sel] - q0, j[sel]] = True
+        block[h, i - q0, j] = True
         return block
 
     def rows_for(self, layer: int, n_heads: int, q0: int, tq: int, tk: int) -> tuple[torch.Tensor, torch.Tensor] | None:
@@ -111,15 +119,13 @@ class _CompiledEdits:
         A recompute at long T has thousands of query rows and edits on a handful; a dense
         (H, Tq, Tk) block would cost gigabytes to say so.
         """
-        if layer not in self.heads:
+        cells = self._cells(layer, q0, tq, tk)
+        if cells is None:
             return None
-        h, i, j = self.heads[layer], self.rows[layer], self.cols[layer]
-        sel = (i >= q0) & (i < q0 + tq) & (j < tk)
-        if not bool(sel.any()):
-            return None
-        offsets, which = torch.unique(i[sel] - q0, return_inverse=True)  # (n,), (m,)
+        h, i, j = cells
+        offsets, which = torch.unique(i - q0, return_inverse=True)  # (n,), (m,)
         block = torch.zeros(n_heads, offsets.shape[0], tk, dtype=torch.bool)  # (H, n, Tk)
-        block[h[sel], which, j[sel]] = True
+        block[h, which, j] = True
         return offsets, block
 
 

@@ -15,27 +15,25 @@ def _upcast(query, key, value):
     return query.to(torch.float32), key.to(torch.float32), value.to(torch.float32)
 
 
+def _scaled_attn(self, query, key, value, attention_mask=None):
+    """GPT-J's and CodeGen's attention core: float32 scores divided by their scale_attn."""
+    q, k, v = _upcast(query, key, value)
+    out, probs = attend(self.layer_idx, q, k, v, attention_mask, 1.0 / self.scale_attn)  # (B, H, Tq, d)
+    return out.to(value.dtype), probs
+
+
 @register("gptj")
 def gptj(model) -> None:
-    def _attn(self, query, key, value, attention_mask=None):
-        q, k, v = _upcast(query, key, value)
-        out, probs = attend(self.layer_idx, q, k, v, attention_mask, 1.0 / self.scale_attn)  # (B, H, Tq, d)
-        return out.to(value.dtype), probs
-
     for block in model.transformer.h:
-        patch(block.attn, "_attn", _attn)
+        patch(block.attn, "_attn", _scaled_attn)
 
 
 @register("codegen")
 def codegen(model) -> None:
-    # CodeGen adds the mask before dividing by sqrt(d): a masked score stays far below any allowed one
-    def _attn(self, query, key, value, attention_mask=None):
-        q, k, v = _upcast(query, key, value)
-        out, probs = attend(self.layer_idx, q, k, v, attention_mask, 1.0 / self.scale_attn)  # (B, H, Tq, d)
-        return out.to(value.dtype), probs
-
+    # CodeGen adds the mask before dividing by sqrt(d): a masked score stays far below any allowed one,
+    # so the same core as GPT-J's gives its numbers
     for block in model.transformer.h:
-        patch(block.attn, "_attn", _attn)
+        patch(block.attn, "_attn", _scaled_attn)
 
 
 @register("gpt_neo")
