@@ -22,7 +22,7 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 from ..core.breakpoints import Breakpoints, finish, run_until
 from ..core.editing import restart_starts_new_session, toggle_cells
 from ..core.errors import Cancelled, InspectorError, StepFailed
-from . import autosave
+from . import autosave, gc_guard
 from . import commands as C
 from .commands import ModelSpec, SessionSpec
 from .viewdata import Selection, Snapshot, ViewModel
@@ -81,6 +81,7 @@ class Worker(QObject):
 
     # ------------------------------------------------------------------ GUI-thread API
     def start(self) -> None:
+        gc_guard.hold()  # before the thread exists: it must never collect
         self._thread = QThread()
         self._thread.setObjectName("gpt-inspector worker")
         self.moveToThread(self._thread)
@@ -92,6 +93,7 @@ class Worker(QObject):
             self._thread.quit()
             self._thread.wait()
             self._thread = None
+            gc_guard.release()
 
     def post(self, command) -> int:
         if type(command) not in HANDLERS:
