@@ -99,8 +99,10 @@ def main() -> int:
     win.snapshot_changed.connect(painted)
 
     def wait():
+        # sleep in the event loop until something arrives, as the app's own exec() does: a loop that
+        # polls processEvents would keep a core busy and slow the worker it is waiting for
         while win.busy:
-            app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+            app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
         app.processEvents()
 
     t0 = time.perf_counter()
@@ -112,7 +114,7 @@ def main() -> int:
     t1 = time.perf_counter()
     print(f"prefill of {len(ids)} tokens + first snapshot: {t1 - t0:.1f} s")
     while win.snapshot.thumb_rows < win.snapshot.T:  # the overview streams in behind; steps are measured after it
-        app.processEvents(QEventLoop.ProcessEventsFlag.AllEvents, 50)
+        app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
     print(f"overview complete {time.perf_counter() - t1:.1f} s later (the window stayed responsive)")
     measuring["on"] = True
     while not win.snapshot.finished:

@@ -84,11 +84,13 @@ def scores(
     ``bias`` (broadcastable to (..., n, T)) is the model's additive score bias, added to the
     scaled scores before any soft-cap.
     """
-    s = torch.matmul(q, k.transpose(-1, -2)) * scaling  # (..., n, T)
+    # in place on the product, which nobody else holds: the same operations in the same order (so
+    # the same numbers) without a fresh (..., n, T) buffer per operation
+    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)  # (..., n, T)
     if bias is not None:
-        s = s + bias
+        s = s.add_(bias) if s.shape == torch.broadcast_shapes(s.shape, bias.shape) else s + bias
     if softcap is not None:
-        s = torch.tanh(s / softcap) * softcap
+        s = s.div_(softcap).tanh_().mul_(softcap)
     return s
 
 
@@ -115,7 +117,7 @@ def equation(
     s = scores(q, k, scaling, softcap, None if bias is None else bias.float())  # (..., n, T)
     if kind == "scores":
         return s
-    masked = s.masked_fill(~allowed, -math.inf)  # (..., n, T)
+    masked = s.masked_fill_(~allowed, -math.inf)  # (..., n, T) in place: s is this call's own
     if kind == "masked_scores":
         return masked
     if kind == "probs":

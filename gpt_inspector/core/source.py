@@ -204,15 +204,14 @@ class RunSource:
         idx = None if heads is None else torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
         return bias.block(p0, p1, t, idx)
 
-    def allowed_rows(self, layer: int, p0: int, p1: int) -> torch.Tensor:
+    def allowed_rows(self, layer: int, p0: int, p1: int, keys: int | None = None) -> torch.Tensor:
         """(H, p1 - p0, T) bool: the keys query rows p0..p1 could attend to, for every head.
 
         Causal, then the model's own mask (sliding windows, ...), then the mask edits in force.
+        ``keys``: only the first ``keys`` key positions, (H, n, keys) (see ``attention_rows``).
         """
         layer = self.check_attention_layer(layer)
-        t = self.require_positions()
-        if not 0 <= p0 <= p1 <= t:
-            raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
+        t = self._key_span(p0, p1, keys)
         allowed = allowed_rows(self._mask_rows(layer), t, p0, p1, self._edits, layer, None, self.n_heads)
         evicted = self._kv_evicted(layer, p0, p1, t)  # (H, n, T) or None
         return allowed if evicted is None else allowed & ~evicted
@@ -223,15 +222,30 @@ class RunSource:
         return None if policy is None else policy.evicted_rows(layer, p0, p1, t, self.n_heads)
 
     # ------------------------------------------------------------------ derived, one equation
-    def attention_rows(self, layer: int, p0: int, p1: int, kind: str = "probs", heads=None) -> torch.Tensor:
+    def _key_span(self, p0: int, p1: int, keys: int | None) -> int:
+        t = self.require_positions()
+        if not 0 <= p0 <= p1 <= t:
+            raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
+        if keys is None:
+            return t
+        if not p1 <= keys <= t:
+            raise InspectorError(f"keys must lie in [{p1}, {t}] for query rows {p0}..{p1}, got {keys}")
+        return keys
+
+    def attention_rows(self, layer: int, p0: int, p1: int, kind: str = "probs", heads=None,
+                       keys: int | None = None) -> torch.Tensor:  # fmt: skip
         """Query rows p0..p1 of ``kind`` for ``heads`` (default every head): (h, n, T) float32.
 
-        One batched evaluation of the equation; the caller owns the result.
+        One batched evaluation of the equation; the caller owns the result. ``keys`` (at least
+        ``p1``) limits the key positions to the first ``keys``: (h, n, keys). Query rows never
+        attend past themselves, so ``keys=p1`` drops only cells that are masked at every stage
+        from ``masked_scores`` on, and halves the work of a pass over all rows.
         """
         eq.check_stage(kind)
-        allowed = self.allowed_rows(layer, p0, p1)  # (H, n, T)
+        kt = self._key_span(p0, p1, keys)
+        allowed = self.allowed_rows(layer, p0, p1, kt)  # (H, n, kt)
         q = self._queries(layer)[:, p0:p1]  # (H, n, d)
-        keys = self._keys(layer)  # (Hkv, T, d)
+        keys = self._keys(layer)[:, :kt]  # (Hkv, kt, d)
         sink = self.sink(layer)  # (H,) or None
         bias = self.score_bias(layer)
         scaling, softcap = self.scaling(layer), self.softcap(layer)

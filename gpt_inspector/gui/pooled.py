@@ -100,7 +100,11 @@ class Thumbnails:
         self.T = t
 
     def add_rows(self, rows_of, p0: int, p1: int) -> None:
-        """Add query rows p0..p1 (``rows_of(layer, p0, p1)`` -> (H, n, T) probs), none added before."""
+        """Add query rows p0..p1, none added before.
+
+        ``rows_of(layer, p0, p1)`` -> (H, n, k) probs over the first k keys, p1 <= k <= T (the
+        keys it leaves out have probability 0: rows never attend past themselves).
+        """
         if p1 <= p0:
             return
         self.extend(p1)
@@ -114,8 +118,8 @@ class Thumbnails:
                 c1 = min(p1, c0 + chunk)
                 rb = np.arange(c0, c1) // s
                 row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
-                r = rows_of(layer, c0, c1)  # (H, n, t)
-                kb = np.add.reduceat(r, key_starts, axis=2)  # (H, n, nbk)
+                r = rows_of(layer, c0, c1)  # (H, n, k)
+                kb = np.add.reduceat(r, key_starts[key_starts < r.shape[2]], axis=2)  # (H, n, nbk)
                 kb = np.add.reduceat(kb, row_starts, axis=1)  # (H, n_rowbins, nbk)
                 first_bin = int(rb[0])
                 self.sums[layer, :, first_bin : first_bin + kb.shape[1], : kb.shape[2]] += kb

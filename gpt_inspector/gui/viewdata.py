@@ -128,13 +128,14 @@ class Snapshot:
 
 
 def _probs_rows(source: RunSource):
-    """``rows_of(layer, p0, p1)`` -> (H, n, T) softmax rows, for the overview."""
+    """``rows_of(layer, p0, p1)`` -> (H, n, p1) softmax rows over the keys they can reach, for the overview."""
     attending = set(source.attention_layers)
 
     def rows(layer, p0, p1):
         if layer not in attending:  # a hybrid's state-space layer: no attention, a blank thumbnail row
-            return np.zeros((source.n_heads, p1 - p0, source.cache_length), dtype=np.float32)  # (H, n, T)
-        return source.attention_rows(layer, p0, p1, "probs").numpy()
+            return np.zeros((source.n_heads, p1 - p0, p1), dtype=np.float32)  # (H, n, p1)
+        # keys past the last row get probability 0 at every head: leaving them out halves a full pass
+        return source.attention_rows(layer, p0, p1, "probs", keys=p1).numpy()  # (H, n, p1)
 
     return rows
 

@@ -149,6 +149,21 @@ def test_mask_edit_single_layer_against_written_out_attention(tiny_lm):
     np.testing.assert_allclose(p1, e / e.sum(-1, keepdims=True), atol=1e-6)
 
 
+def test_key_limited_rows_keep_the_mask_edits_and_refuse_short_spans(tiny_lm):
+    lm = tiny_lm("gpt2")
+    s = gi.Session(lm, PROMPT)
+    s.run(3)
+    t = s.cache_length
+    s.set_mask_edits([MaskEdit(t - 2, 1, layer=1, head=0)])
+    full = s.attention_rows(1, t - 3, t - 1, "masked_scores")  # (H, 2, T)
+    short = s.attention_rows(1, t - 3, t - 1, "masked_scores", keys=t - 1)  # (H, 2, T - 1)
+    assert torch.equal(short, full[..., : t - 1])  # same operations on the same cells: exact
+    assert short[0, 1, 1] == -np.inf and short[1, 1, 1] > -np.inf  # the edit, on its head only
+    for bad in (t - 2, t + 1):  # fewer keys than the rows reach, or more than there are
+        with pytest.raises(gi.InspectorError, match="keys must lie"):
+            s.attention_rows(1, t - 3, t - 1, keys=bad)
+
+
 def test_mask_edit_refusals_keep_session(tiny_lm):
     lm = tiny_lm("gpt2")
     s = gi.Session(lm, PROMPT)

@@ -137,6 +137,12 @@ def test_family_equals_hf_eager(family, built):
         # 5e-5: peaked rows turn float32 rounding of q (stepped vs full forward) into ~2e-5 here
         np.testing.assert_allclose(ours.numpy(), want.numpy(), atol=5e-5, rtol=0,
                                    err_msg=f"{family}: probabilities of layer {layer}")  # fmt: skip
+        # the overview's key-limited rows: the same probabilities, the keys past the rows left out
+        p0, p1 = t // 3, t // 2
+        short = s.attention_rows(layer, p0, p1, "probs", keys=p1)  # (H, n, p1)
+        assert short.shape == (ours.shape[0], p1 - p0, p1) and not ours[:, p0:p1, p1:].any()
+        np.testing.assert_allclose(short.numpy(), ours[:, p0:p1, :p1].numpy(), atol=1e-6, rtol=0,
+                                   err_msg=f"{family}: key-limited rows of layer {layer}")  # fmt: skip
     if family in GENERATE_UNRELIABLE:
         assert s.tokens[len(s.prompt_ids):] == logits[len(s.prompt_ids) - 1 :].argmax(-1).tolist()
     else:
