@@ -118,6 +118,8 @@ class Recorder:
         # prompt rows feed no prediction shown; keeping them would cost as much as q (on GQA models that
         # alone is twice the KV cache)
         self.out_from = 0
+        # out_from never goes below this on a crop (the session's prompt's last position)
+        self.out_floor = 0
         self.edits = _CompiledEdits()
         # layer -> [(head, None to zero it | (H_src, T_src, d) outputs to patch in from another run)]
         self.head_edits: dict[int, list[tuple[int, torch.Tensor | None]]] = {}
@@ -128,6 +130,8 @@ class Recorder:
     # -- bookkeeping used by the session -------------------------------------------------------
     def crop(self, length: int) -> None:
         self.length = min(self.length, length)
+        if length < self.out_from:  # the rows kept before were cut: the next forward writes from here
+            self.out_from = max(length, self.out_floor)
         for rows in self.mask_rows:
             for p in [p for p in rows if p >= length]:
                 del rows[p]
@@ -140,6 +144,18 @@ class Recorder:
             for p, row in rows.items():
                 if row.dim() == 3:
                     rows[p] = row.index_select(0, index.cpu())
+
+    def keep_outputs_from(self, position: int) -> None:
+        """Let go of the head outputs before ``position`` (they can be recomputed: see Session)."""
+        drop = position - self.out_from
+        if drop <= 0:
+            return
+        n = max(0, self.length - position)
+        with torch.inference_mode():  # the buffers were made under it, by the forwards that wrote them
+            for b in self.out:
+                if b.t is not None:
+                    b.t[:, :, :n] = b.t[:, :, drop : drop + n].clone()  # (B, H, n, d) to the front
+        self.out_from = position
 
     def _by_position(self) -> list[tuple[_Buffer, int]]:
         """Every buffer kept along positions, with the position of its row 0."""
@@ -154,7 +170,7 @@ class Recorder:
             lo, hi = max(start - first, 0), end - first
             rows.append(None if b.t is None or hi <= lo else b.t[:, :, lo:hi].clone())
         return {
-            "start": start, "length": end, "calls": list(self.calls), "sinks": list(self.sinks),
+            "start": start, "length": end, "out_from": self.out_from, "calls": list(self.calls), "sinks": list(self.sinks),
             "scaling": list(self.scaling), "softcap": list(self.softcap), "bias_form": list(self.bias_form),
             "rows": rows, "mask_rows": [{p: r for p, r in kept.items() if p >= start} for kept in self.mask_rows],
         }  # fmt: skip
@@ -162,6 +178,7 @@ class Recorder:
     def restore(self, saved: dict) -> None:
         start = saved["start"]
         self.crop(start)
+        self.out_from = saved["out_from"]  # the saved rows' offsets count from it
         for (b, first), rows in zip(self._by_position(), saved["rows"]):
             if rows is not None:
                 b.write(rows, max(start - first, 0))

@@ -227,8 +227,7 @@ def lens(session, top_k: int = 5) -> LensResult:
             w = _out_proj(layer)
             if w is None:
                 raise InspectorError("the attention output projection of this architecture is not a plain linear map")
-            start, kept = session.kept_head_outputs(i)
-            out = kept[:, pos - start].float().cpu()  # (H, d)
+            out = session.head_output_row(i, pos).float().cpu()  # (H, d)
             h, d = out.shape
             w = w.cpu()  # (H*d, D)
             zi = z

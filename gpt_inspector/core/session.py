@@ -20,6 +20,8 @@ from .source import ModelShape, RunSource
 from .step import TOP_N, Step, TopEntry
 
 RECIPE_FORMAT = "gpt-inspector-recipe/1"
+# head outputs kept for the newest 128 to 256 positions (see Session._window_outputs)
+OUTPUT_WINDOW = 128
 
 
 class Session(EditingMixin, ModelShape, RunSource):
@@ -72,8 +74,9 @@ class Session(EditingMixin, ModelShape, RunSource):
         # GPU a device map uses), and where the cache holds something else (see core.kv_layout)
         on_cpu = model.device.type == "cpu" and not model.cuda_devices
         self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu or model.mirror_kv, pin=bool(model.cuda_devices))
-        self.recorder.out_from = len(ids) - 1  # head outputs where steps decide tokens (see Recorder.out_from)
-        self._early_outputs: tuple | None = None  # the prompt rows before out_from, recomputed on demand
+        # head outputs where steps decide tokens (see Recorder.out_from), the newest OUTPUT_WINDOW of them
+        self.recorder.out_from = self.recorder.out_floor = len(ids) - 1
+        self._early_outputs: tuple | None = None  # the rows before out_from, recomputed on demand
 
     # ------------------------------------------------------------------ observers
     def subscribe(self, callback: Callable[[str, object], None]) -> None:
@@ -149,6 +152,7 @@ class Session(EditingMixin, ModelShape, RunSource):
                 self.finished = s.finish_reason
                 self._ops.append({"op": "step"})
                 committed = True
+            self._window_outputs()
         except BaseException:
             # Ctrl+C can land after the forward but before the commit: undo the cache and sampler too
             if not committed:
@@ -287,29 +291,59 @@ class Session(EditingMixin, ModelShape, RunSource):
 
     @property
     def head_output_start(self) -> int:
-        return self.recorder.out_from
+        return self.recorder.out_floor
 
     @property
     def head_outputs_from(self) -> int:
         return 0
 
-    def _early_head_outputs(self, layer: int) -> torch.Tensor:
-        """(H, start, d): the prompt rows the recorder does not keep, from the model run again on them.
+    def _window_outputs(self) -> None:
+        """Keep the head outputs of the newest OUTPUT_WINDOW to 2 * OUTPUT_WINDOW positions only.
 
-        The prompt as one forward, as the session's own first step ran it, under the edits in force;
-        kept until the next change of edits (steps do not change these rows).
+        A fixed buffer instead of a row per generated token (on GQA models q alone is already 2x
+        the KV cache); the views read the newest row, older ones are recomputed when asked for.
+        A KV policy under study keeps them all: a scratch forward would not replay its evictions.
+        """
+        rec = self.recorder
+        if rec.kv_policy is None and rec.length - rec.out_from > 2 * OUTPUT_WINDOW:
+            rec.keep_outputs_from(rec.length - OUTPUT_WINDOW)
+
+    def _recomputed_outputs(self, layer: int) -> torch.Tensor:
+        """(H, out_from, d): the rows the recorder does not keep, from the model run again on them.
+
+        The processed tokens as one forward, under the edits in force (teacher-forced, as the
+        session ran them); kept until those tokens or the edits change.
         """
         start = self.recorder.out_from
         # the edits objects themselves, not their ids: an id can be reused once the old edits are freed
         key = (tuple(self.tokens[: start + 1]), self.recorder.edits, self.recorder.head_edits)
         old = self._early_outputs
         if old is None or old[0][0] != key[0] or old[0][1] is not key[1] or old[0][2] is not key[2]:
+            self._early_outputs = None  # the old rows go before the new forward allocates
             rec = scratch_forward(self.lm, key[0], like=self.recorder)
             self._early_outputs = (key, {i: rec.out[i].view(start + 1)[0, :, :start].clone() for i in self.attention_layers})
         return self._early_outputs[1][layer]
 
+    def _early_head_outputs(self, layer: int) -> torch.Tensor:
+        return self._recomputed_outputs(layer)[:, : self.recorder.out_floor]  # (H, floor, d)
+
     def _head_outputs(self, layer: int) -> torch.Tensor:
-        return self.recorder.out[layer].view(self.cache_length - self.recorder.out_from)[0]  # (H, T - start, d)
+        rec = self.recorder
+        kept = rec.out[layer].view(self.cache_length - rec.out_from)[0]  # (H, T - out_from, d)
+        if rec.out_from <= rec.out_floor:
+            return kept
+        middle = self._recomputed_outputs(layer)[:, rec.out_floor :]  # (H, out_from - floor, d)
+        return torch.cat([middle, kept], dim=1)  # (H, T - floor, d)
+
+    def head_output_row(self, layer: int, position: int) -> torch.Tensor:
+        """(H, d) one position's head outputs: the kept row, recomputed only if it left the window."""
+        layer = self.check_attention_layer(layer)
+        t, rec = self.require_positions(), self.recorder
+        if not 0 <= position < t:
+            raise InspectorError(f"position must lie in [0, {t}), got {position}")
+        if position < rec.out_from:
+            return self.head_outputs(layer)[:, position]
+        return rec.out[layer].view(t - rec.out_from)[0, :, position - rec.out_from]
 
     def _mask_rows(self, layer: int) -> dict:
         return self.recorder.mask_rows[layer]

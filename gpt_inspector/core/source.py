@@ -156,6 +156,13 @@ class RunSource:
         (multi-head latent attention's compressed latent, untiled heads), else None."""
         return None
 
+    def head_output_row(self, layer: int, position: int) -> torch.Tensor:
+        """(H, d) the head outputs of one position (NaN where the source cannot give them)."""
+        t = self.require_positions()
+        if not 0 <= position < t:
+            raise InspectorError(f"position must lie in [0, {t}), got {position}")
+        return self.head_outputs(layer)[:, position]
+
     def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
         """(start, (H, T - start, d)): the head outputs the source holds, from position ``start`` on."""
         layer = self.check_attention_layer(layer)
