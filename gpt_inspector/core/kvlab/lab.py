@@ -90,6 +90,43 @@ def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum().clamp_min(0.0))
 
 
+def policy_of(source) -> Policy | None:
+    """The KV cache policy a run source's forwards run under (a lab's policy run), or None."""
+    return getattr(getattr(source, "recorder", None), "kv_policy", None)
+
+
+def row_error(session: Session, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per KV head and row of a policy run: relative L2 error of what attention read (its records)
+    against the full-precision entry the model's cache keeps. (keys (Hkv, T), values (Hkv, T)) float32."""
+    layer = session.check_layer(layer)
+    t = session.require_positions()
+    cl = session.cache.layers[layer]
+    out = []
+    for read, exact in ((session.keys(layer), cl.keys[0, :, :t]), (session.values(layer), cl.values[0, :, :t])):
+        e = exact.detach().float().cpu()
+        err = (read.float() - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-12)  # (Hkv, T)
+        out.append(err.numpy())
+    return out[0], out[1]
+
+
+def policy_rows(source, layer: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """What a view of a policy run's cache marks, or None for a source under no policy.
+
+    (evicted (Hkv, T) bool: rows the policy's cache no longer holds, for the next query;
+    error (2, Hkv, T) float32: keys' and values' relative quantization error per row, or None for
+    an eviction policy, whose kept rows are exact).
+    """
+    policy = policy_of(source)
+    t = source.cache_length
+    if policy is None or t == 0:
+        return None
+    evicted = policy.evicted(layer, t).numpy()  # (Hkv, T)
+    if policy.kind != "quantization":
+        return evicted, None
+    k, v = row_error(source, layer)
+    return evicted, np.stack([k, v])
+
+
 class KVLab:
     """Run ``policy`` on ``lm`` from ``prompt`` beside the full-cache reference.
 
@@ -215,15 +252,7 @@ class KVLab:
 
         Returns (keys (Hkv, T), values (Hkv, T)) float32; 0 for rows held in full precision.
         """
-        layer = self.run.check_layer(layer)
-        t = self.run.require_positions()
-        cl = self.run.cache.layers[layer]
-        out = []
-        for read, exact in ((self.run.keys(layer), cl.keys[0, :, :t]), (self.run.values(layer), cl.values[0, :, :t])):
-            e = exact.detach().float().cpu()
-            err = (read.float() - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-12)  # (Hkv, T)
-            out.append(err.numpy())
-        return out[0], out[1]
+        return row_error(self.run, layer)
 
     def probe(self, progress=None) -> PrivacyResult:
         """The cache probe on layer 0 of the policy's cache, as an attacker holding it would see it.
