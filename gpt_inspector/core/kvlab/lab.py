@@ -3,6 +3,7 @@
     >>> lab = KVLab(lm, "The cat sat", make("h2o", budget=16))
     >>> for st in lab.steps(20): print(st.index, st.kl, st.agree, st.bytes_ratio)
     >>> lab.first_divergence, lab.probe().recovered
+    >>> lab.step_back()  # both runs and the policy's own state go back; step again: the same numbers
 
 Two sessions run the same prompt. Teacher-forced (the default), the reference chooses every
 token and the policy run is fed the same one, so each step compares two next-token distributions
@@ -155,6 +156,25 @@ class KVLab:
         policy.attach(rec)
         self.free_running = bool(free_running)
         self.history: list[LabStep] = []
+        # the policy's state after each step of its run, by cache length: any step back of the run
+        # (the lab's, the window's on the shown policy run, lab.run.step_back()) puts it back exactly
+        self._states: list[tuple[int, object]] = [(0, policy.snapshot())]
+        self._own_reference = reference is None
+        self.run.subscribe(self._on_run)
+
+    def _on_run(self, event: str, payload) -> None:
+        if event == "step":
+            self._states.append((self.run.cache_length, self.policy.snapshot()))
+        elif event in ("step_back", "fault"):
+            t = self.run.cache_length
+            while len(self._states) > 1 and self._states[-1][0] > t:
+                self._states.pop()
+            self.policy.restore(self._states[-1][1])
+            # a step back past a lab step undoes it, the reference's step with it (a shared reference is only read)
+            while len(self.history) > self.run.n_steps:
+                self.history.pop()
+                if self._own_reference and self.reference.n_steps > len(self.history):
+                    self.reference.step_back()
 
     # ------------------------------------------------------------------ state
     @property
@@ -179,7 +199,7 @@ class KVLab:
             raise InspectorError(f"the lab run has finished ({self.finished})")
         if self.run.n_steps != len(self.history) or self.reference.n_steps < len(self.history):
             raise InspectorError("the lab's runs were stepped outside the lab (in the window?): start a fresh lab")
-        snap = self.policy.snapshot()
+        snap = self._states[-1][1]  # the policy's state now
         i = len(self.history)
         ref_steps, run_steps = self.reference.n_steps, self.run.n_steps
         try:
@@ -207,6 +227,18 @@ class KVLab:
                     self.reference.step_back()
             raise
         return st
+
+    def step_back(self) -> LabStep:
+        """Undo the last lab step exactly: both runs and the policy's own state (scores, evictions,
+        quantized rows) go back, so stepping again gives the same numbers. Returns the undone step."""
+        if not self.history:
+            raise InspectorError("nothing to step back: the lab is at its prompt (no lab step has run)")
+        last, target = self.history[-1], len(self.history) - 1
+        with interrupts_deferred():
+            # steps the run took outside the lab since (the window's) go too; the event handler does the rest
+            while self.run.n_steps > target:
+                self.run.step_back()
+        return last
 
     def steps(self, n: int) -> Iterator[LabStep]:
         for _ in range(int(n)):

@@ -56,6 +56,7 @@ class KVLabPanel(QWidget):
 
     run_requested = Signal()
     step_requested = Signal()
+    back_requested = Signal()
     probe_requested = Signal()
     show_requested = Signal()
 
@@ -84,6 +85,11 @@ class KVLabPanel(QWidget):
         self.step_button.setToolTip("One more lab step")
         self.step_button.clicked.connect(self.step_requested)
         self.step_button.setEnabled(False)
+        self.back_button = QPushButton("Back")
+        self.back_button.setToolTip("Undo the last lab step exactly: both runs and the policy's own state "
+                                    "(scores, evictions, quantized rows)")  # fmt: skip
+        self.back_button.clicked.connect(self.back_requested)
+        self.back_button.setEnabled(False)
         self.probe_button = QPushButton("Probe cache")
         self.probe_button.setToolTip("Run the cache probe on layer 0 of the policy's cache: prompt tokens recovered")
         self.probe_button.clicked.connect(self.probe_requested)
@@ -120,7 +126,8 @@ class KVLabPanel(QWidget):
 
         top = QHBoxLayout()
         for w in (QLabel("policy"), self.policy, QLabel("budget"), self.budget, QLabel("steps"), self.steps,
-                  self.free, self.run_button, self.step_button, self.probe_button, self.show_button):  # fmt: skip
+                  self.free, self.run_button, self.step_button, self.back_button, self.probe_button,
+                  self.show_button):  # fmt: skip
             top.addWidget(w)
         top.addStretch(1)
         split = QSplitter(Qt.Horizontal)
@@ -139,7 +146,7 @@ class KVLabPanel(QWidget):
         return name, budget, self.steps.value(), self.free.isChecked()
 
     def set_busy(self, busy: bool, text: str = "") -> None:
-        for b in (self.run_button, self.step_button, self.probe_button, self.show_button):
+        for b in (self.run_button, self.step_button, self.back_button, self.probe_button, self.show_button):
             b.setEnabled(not busy and (b is self.run_button or self.view is not None))
         if busy:
             self.status.setText(text)
@@ -160,7 +167,9 @@ class KVLabPanel(QWidget):
         self.set_busy(False)
         steps = v.steps
         if not steps:
-            self.clear("the lab ran no step (the run had finished)")
+            self.clear("the lab is at its prompt: Step runs its first step")
+            self.view = v
+            self.set_busy(False)
             return
         idx = np.array([s.index for s in steps], dtype=float)
         kl = np.array([s.kl for s in steps], dtype=float)
@@ -252,6 +261,18 @@ def create_panel(window) -> KVLabPanel:
 
         submit(job, panel.show_view, "one more lab step…")
 
+    def back() -> None:
+        def job(_src):
+            from ...core.errors import InspectorError
+
+            lab = state["lab"]
+            if lab is None:
+                raise InspectorError("no lab yet: press Run first")
+            lab.step_back()
+            return LabView.of(lab)
+
+        submit(job, panel.show_view, "stepping the lab back…")
+
     def probe() -> None:
         def job(_src):
             from ...core.errors import InspectorError
@@ -273,5 +294,6 @@ def create_panel(window) -> KVLabPanel:
     panel.show_requested.connect(show)
     panel.run_requested.connect(run)
     panel.step_requested.connect(step)
+    panel.back_requested.connect(back)
     panel.probe_requested.connect(probe)
     return panel
