@@ -127,3 +127,13 @@ def test_a_session_under_no_policy_shows_no_veil(make_window, wait_idle, qtbot):
     assert snap.kv_evicted is None and snap.kv_error is None
     assert all(not v.isVisible() for v in win.kv_cache.evicted_veils) and not win.kv_cache.eplot.isVisible()
     assert not any(lab_.startswith(EVICTED_LABEL) for lab_ in win.kv_cache.axis.labels)
+
+
+def test_pooled_rows_are_veiled_in_proportion_to_their_evicted_positions():
+    from gpt_inspector.gui.views.kv_cache import _pool_share
+
+    ev = np.zeros((2, 5), dtype=bool)  # (Hkv, T)
+    ev[0, [0, 1, 4]] = True
+    ev[1, 2] = True
+    np.testing.assert_array_equal(_pool_share(ev, 1), ev.T)
+    np.testing.assert_allclose(_pool_share(ev, 2), [[1.0, 0.0], [0.0, 0.5], [1.0, 0.0]])  # the last block is short

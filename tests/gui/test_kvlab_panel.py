@@ -146,6 +146,7 @@ def test_back_in_the_panel_and_the_windows_step_back_undo_a_lab_step_exactly(mak
     qtbot.keyClick(win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
     snap = wait_idle(win)
     assert snap.n_steps == 3
+    shown(3)  # the panel follows: the undone lab step is gone from its plot
     twin = KVLab(lm, PROMPT, make("h2o", 5))
     twin.run_steps(3)
     np.testing.assert_array_equal(snap.kv_evicted, twin.evicted(snap.selection.layer))

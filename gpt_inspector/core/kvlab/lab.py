@@ -122,7 +122,8 @@ def policy_rows(source, layer: int) -> tuple[np.ndarray, np.ndarray | None] | No
     if policy is None or t == 0:
         return None
     evicted = policy.evicted(layer, t).numpy()  # (Hkv, T)
-    if policy.kind != "quantization":
+    if policy.kind != "quantization" or source.cache_layer_of(layer) != layer:
+        # exact rows; or a cache holding something else (a latent, another layer's): no row to compare with
         return evicted, None
     k, v = row_error(source, layer)
     return evicted, np.stack([k, v])

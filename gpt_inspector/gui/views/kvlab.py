@@ -50,6 +50,13 @@ class LabView:
         return cls(lab.policy.describe(), lab.free_running, tuple(lab.history), lab.first_divergence,
                    lab.parted_at if lab.free_running else None)  # fmt: skip
 
+    def first(self, n: int) -> LabView:
+        """The view after the lab's first ``n`` steps (a step back in the window undid the rest)."""
+        steps = self.steps[:n]
+        first = next((s.index for s in steps if not s.agree), None)
+        parted = next((s.index for s in steps if s.policy_token != s.reference_token), None)
+        return LabView(self.policy, self.free_running, steps, first, parted if self.free_running else None)
+
 
 class KVLabPanel(QWidget):
     """Policy controls, the per-step KL / top-1 plot with the first divergence marked, bytes per layer."""
@@ -233,6 +240,8 @@ def create_panel(window) -> KVLabPanel:
 
     def run() -> None:
         name, budget, n, free = panel.settings()
+        if not state["busy"]:
+            state.pop("before", None)  # a fresh lab: not the one shown in the window
 
         def job(src):
             from ...core.errors import InspectorError
@@ -288,10 +297,24 @@ def create_panel(window) -> KVLabPanel:
         if lab is None or state["busy"]:
             return
         # the worker owns the lab's sessions already; from here the window steps the policy run itself
+        snap = window.snapshot
+        state["before"], state["shown"] = (None if snap is None else snap.source_id), None
         window.show_source(lab.run)
-        panel.status.setText("the policy run is shown in the window; press Run for a fresh lab")
+        panel.status.setText("the policy run is shown in the window; its Step back undoes lab steps too")
+
+    def follow(snap) -> None:
+        # the window's Step back on the shown policy run undoes lab steps (the lab follows its run's
+        # events): show the steps that remain, read off the view already here, not the lab
+        if state["lab"] is None or snap is None or "before" not in state:
+            return
+        if state["shown"] is None and snap.source_id != state["before"]:
+            state["shown"] = snap.source_id
+        v = panel.view
+        if snap.source_id == state["shown"] and v is not None and not state["busy"] and snap.n_steps < len(v.steps):
+            panel.show_view(v.first(snap.n_steps))
 
     panel.show_requested.connect(show)
+    window.snapshot_changed.connect(follow)
     panel.run_requested.connect(run)
     panel.step_requested.connect(step)
     panel.back_requested.connect(back)
