@@ -213,18 +213,36 @@ class Eviction(Policy):
     def snapshot(self):
         # evicted_at needs no copy: an entry evicted after the forward that left the cache at n keys
         # holds n, so the state at n is the first n columns with every later eviction undone. Only
-        # H2O's accumulated scores are state that cannot be rebuilt (float sums do not subtract back)
+        # H2O's accumulated scores cannot be rebuilt (float sums do not subtract back): those of the
+        # entries still held are kept (at most the budget per KV head, so a step costs O(budget), not
+        # O(T)); an evicted entry's score never decides anything again. A layer without a budget
+        # evicts nothing: its scores are kept whole
         lengths = [ev.shape[1] for ev in self.evicted_at]
-        return lengths, [t.clone() for t in self.scores] if self.name == "h2o" else None
+        if self.name != "h2o":
+            return lengths, None
+        held = [self.scores[i].clone() if b is None else self.scores[i][self._held(i)].clone()
+                for i, b in enumerate(self.budgets)]  # fmt: skip
+        return lengths, held
+
+    def _held(self, layer: int) -> torch.Tensor:
+        n = self.scores[layer].shape[1]
+        ev = self.evicted_at[layer][:, :n]  # (Hkv, n)
+        return torch.cat([ev, torch.full((ev.shape[0], n - ev.shape[1]), NEVER, dtype=ev.dtype)], 1) == NEVER
 
     def restore(self, snap) -> None:
-        lengths, scores = snap
+        lengths, held = snap
         for layer, n in enumerate(lengths):
             ev = self.evicted_at[layer][:, :n].clone()  # (Hkv, n)
             ev[ev > n] = NEVER
             self.evicted_at[layer] = ev
-        if scores is not None:
-            self.scores = [t.clone() for t in scores]
+        if held is None:
+            return
+        for layer, kept in enumerate(held):
+            if self.budgets[layer] is None:
+                self.scores[layer] = kept.clone()
+                continue
+            self.scores[layer] = torch.zeros(self.n_kv_heads, lengths[layer], dtype=torch.float64)
+            self.scores[layer][self._held(layer)] = kept
 
     def _grow(self, layer: int, tk: int) -> torch.Tensor:
         ev = self.evicted_at[layer]
