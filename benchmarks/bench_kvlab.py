@@ -6,7 +6,8 @@ GPT2Config() defaults (124M parameters, random weights), a prompt of 512 tokens 
 - policy step / plain step: one Session stepping under the policy against a plain Session
   (the policy's bookkeeping; target <= 1.10);
 - lab step / HF generate: one lockstep step (reference + policy run + the measures) against HF
-  generate's per-token decode time (target <= 2.2).
+  generate's per-token decode time (target <= 2.2);
+- the state the lab keeps after each step for an exact step back, against a lab step.
 
 Then the sweep (``--sweep-jobs N``, default 2; 0 skips it): the same sweep (policies x budgets
 over ``--sweep-prompts`` prompts) with jobs=1 and jobs=N, wall time side by side (worker start-up
@@ -158,6 +159,8 @@ def main() -> None:
                 lab.step()
                 lab.step()
                 times.setdefault(f"lab:{name}", []).append(per_token(lab.step, n))
+                # what the lab keeps after each step so a step back restores the policy exactly
+                times.setdefault(f"keep:{name}", []).append(per_token(lab.policy.snapshot, n))
         med = {k: statistics.median(v) * (1 if k.startswith("share:") else 1e3) for k, v in times.items()}
         print(f"prompt {plen} + {args.new} new: HF generate {med['hf']:.2f} ms/token, plain Session.step {med['plain']:.2f} ms/token")
         for name in names:
@@ -165,6 +168,8 @@ def main() -> None:
             print(f"  {name:<9} policy step {r:7.2f} ms = {r / med['plain']:.3f}x plain, of which {med[f'share:{name}']:.1%} "
                   f"inside the policy (target <= 10%); lab step {lab_ms:7.2f} ms = {lab_ms / med['hf']:.3f}x HF generate "
                   "(target <= 2.2)")  # fmt: skip
+            keep = med[f"keep:{name}"]
+            print(f"  {'':<9} state kept per step for step back {keep:.3f} ms = {keep / lab_ms:.2%} of a lab step")
     if args.sweep_jobs > 1:
         bench_sweep(lm, folder, args)
 
