@@ -6,11 +6,17 @@ GPT2Config() defaults (124M parameters, random weights), a prompt of 512 tokens 
 - policy step / plain step: one Session stepping under the policy against a plain Session
   (the policy's bookkeeping; target <= 1.10);
 - lab step / HF generate: one lockstep step (reference + policy run + the measures) against HF
-  generate's per-token decode time (target <= 2.2).
+  generate's per-token decode time (target <= 2.2);
+- the state the lab keeps after each step for an exact step back, against a lab step.
+
+Then the sweep (``--sweep-jobs N``, default 2; 0 skips it): the same sweep (policies x budgets
+over ``--sweep-prompts`` prompts) with jobs=1 and jobs=N, wall time side by side (worker start-up
+and model loads included), and the ratio (ideal: 1/N on N free cores).
 
 Runs alternate so machine noise hits every side alike; medians over ``--reps``.
 
     python benchmarks/bench_kvlab.py [--reps 3] [--new 32] [--prompts 512] [--policies h2o,streaming,int4]
+                                     [--sweep-jobs 2] [--sweep-prompts 4] [--sweep-len 256] [--sweep-steps 16]
 """
 
 from __future__ import annotations
@@ -53,6 +59,33 @@ def _time_calls(policy) -> list[float]:
     return spent
 
 
+def bench_sweep(lm, folder, args) -> None:
+    """jobs=1 against jobs=N on one sweep, alternating, medians over --reps."""
+    import os
+
+    from gpt_inspector.core.kvlab.sweep import plan, sweep
+
+    g = torch.Generator().manual_seed(1)
+    prompts = [lm.tokenizer.decode(torch.randint(0, 50000, (args.sweep_len,), generator=g).tolist())
+               for _ in range(args.sweep_prompts)]  # fmt: skip
+    pairs = plan(args.policies.split(","), [args.budget // 2, args.budget])
+    pairs = [(n, b if b is None else min(b, args.sweep_len // 2)) for n, b in pairs]
+    load = {"name_or_path": str(folder), "device": "cpu"}
+    times: dict[int, list[float]] = {1: [], args.sweep_jobs: []}
+    rows = {}
+    for _ in range(args.reps):
+        for jobs in times:
+            t0 = time.perf_counter()
+            r = sweep(lm, prompts, pairs, args.sweep_steps, probe=False, jobs=jobs, load=load)
+            times[jobs].append(time.perf_counter() - t0)
+            rows[jobs] = [(x.mean_kl, x.bytes_policy) for x in r.rows]
+    one, many = (statistics.median(times[j]) for j in times)
+    same = "the same rows" if rows[1] == rows[args.sweep_jobs] else "DIFFERENT rows"
+    print(f"sweep of {len(pairs)} (policy, budget) x {len(prompts)} prompts of {args.sweep_len} tokens, "
+          f"{args.sweep_steps} steps, {os.cpu_count()} cores: jobs=1 {one:.2f} s, jobs={args.sweep_jobs} {many:.2f} s "
+          f"= {many / one:.3f}x ({same}; ideal {1 / args.sweep_jobs:.3f}x on free cores)")  # fmt: skip
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--reps", type=int, default=3)
@@ -62,6 +95,11 @@ def main() -> None:
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument("--threads", type=int, default=None,
                     help="torch threads (1 keeps a loaded machine's thread-pool stalls out of small ops)")
+    ap.add_argument("--sweep-jobs", type=int, default=2, help="worker processes to compare with one (0: no sweep)")
+    ap.add_argument("--sweep-prompts", type=int, default=4)
+    ap.add_argument("--sweep-len", type=int, default=256)
+    ap.add_argument("--sweep-steps", type=int, default=16)
+    ap.add_argument("--only-sweep", action="store_true", help="skip the per-token measures")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -74,8 +112,12 @@ def main() -> None:
 
     folder = build(Path(tempfile.mkdtemp()) / "gpt2-small-random")
     lm = gi.load_model(folder, device="cpu")
-    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
     print(f"model: {lm.describe()}; torch threads {torch.get_num_threads()}")
+    if args.only_sweep:
+        if args.sweep_jobs > 1:
+            bench_sweep(lm, folder, args)
+        return
+    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
     g = torch.Generator().manual_seed(0)
     names = args.policies.split(",")
 
@@ -117,6 +159,8 @@ def main() -> None:
                 lab.step()
                 lab.step()
                 times.setdefault(f"lab:{name}", []).append(per_token(lab.step, n))
+                # what the lab keeps after each step so a step back restores the policy exactly
+                times.setdefault(f"keep:{name}", []).append(per_token(lab.policy.snapshot, n))
         med = {k: statistics.median(v) * (1 if k.startswith("share:") else 1e3) for k, v in times.items()}
         print(f"prompt {plen} + {args.new} new: HF generate {med['hf']:.2f} ms/token, plain Session.step {med['plain']:.2f} ms/token")
         for name in names:
@@ -124,6 +168,10 @@ def main() -> None:
             print(f"  {name:<9} policy step {r:7.2f} ms = {r / med['plain']:.3f}x plain, of which {med[f'share:{name}']:.1%} "
                   f"inside the policy (target <= 10%); lab step {lab_ms:7.2f} ms = {lab_ms / med['hf']:.3f}x HF generate "
                   "(target <= 2.2)")  # fmt: skip
+            keep = med[f"keep:{name}"]
+            print(f"  {'':<9} state kept per step for step back {keep:.3f} ms = {keep / lab_ms:.2%} of a lab step")
+    if args.sweep_jobs > 1:
+        bench_sweep(lm, folder, args)
 
 
 if __name__ == "__main__":

@@ -46,6 +46,9 @@ def add_arguments(p):
     s.add_argument("--policies", default=None, help="sweep: comma-separated policies")
     s.add_argument("--budgets", default=None, help="sweep: comma-separated budgets for the eviction policies")
     s.add_argument("--no-probe", action="store_true", help="sweep: skip the cache probe (no privacy axis)")
+    s.add_argument("--jobs", type=int, default=1,
+                   help="sweep: worker processes running (policy, budget) labs side by side, each loading the model "
+                        "and using cores/N threads (default 1: this process)")  # fmt: skip
     p.add_argument("--out", default=None, help="draw the figure (sweep: the frontier; one run: KL per step) to .png, .svg or .pdf")
     p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
                    help="print the result as JSON, or write it to FILE (the sweep's table)")
@@ -234,10 +237,15 @@ def _sweep(args) -> int:
     if args.json not in (None, "-"):
         _check_out(args.json)
     opts = _options(args)
-    from ..core.kvlab.sweep import plan, sweep
+    from ..core.kvlab.sweep import check_jobs, plan, sweep
 
+    jobs = check_jobs(args.jobs, "--jobs")
     pairs = plan(names, budgets)
     lm = common.load(args)
+    # each worker loads the model exactly as this process did
+    load = {"name_or_path": args.model, "device": args.device, "dtype": args.dtype, "allow_pickle": args.allow_pickle,
+            "trust_remote_code": args.trust_remote_code, "allow_unverified": getattr(args, "unverified", False),
+            "device_map": args.device_map, "max_memory": args.max_memory, "offload_folder": args.offload_folder}  # fmt: skip
     tty = sys.stderr.isatty()
 
     def progress(done, total, what):
@@ -246,7 +254,8 @@ def _sweep(args) -> int:
         print(("\r" + line) if tty else line, end="" if tty and done < total else "\n", file=sys.stderr, flush=True)
 
     # Ctrl+C stops the sweep here; nothing is written (the figure and table are written only when complete)
-    result = sweep(lm, prompts, pairs, args.steps, probe=not args.no_probe, options=opts, progress=progress)
+    result = sweep(lm, prompts, pairs, args.steps, probe=not args.no_probe, options=opts, progress=progress,
+                   jobs=jobs, load=load)  # fmt: skip
     if args.out is not None:
         from .. import figures
 

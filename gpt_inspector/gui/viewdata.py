@@ -23,6 +23,7 @@ from ..core import attention as eq
 from ..core.attention import KINDS, STAGE_TITLES
 from ..core.stages import STAGE_LABELS
 from ..core.capture import MaskEdit
+from ..core.kvlab import policy_rows
 from ..core.pooling import one_thread
 from ..core.source import RunSource
 from ..core.step import Step
@@ -114,6 +115,11 @@ class Snapshot:
     thumb_bin_size: int = 1  # positions per bin
     thumb_rows: int = 0  # query rows in the overview so far: fewer than T while a first build streams in
     kv_block: int = 1  # positions per row of kv_k / kv_v (mean over each block) past EXACT_LIMIT
+    kv_head: int = 0  # the KV head the selected head reads
+    # a run under a KV cache policy (core.kvlab), else None: the layer's rows the policy's cache no
+    # longer holds, (Hkv, T) bool, and each row's quantization error (keys, values), (2, Hkv, T) float32
+    kv_evicted: np.ndarray | None = None
+    kv_error: np.ndarray | None = None
     t_model_done: float = 0.0  # perf_counter() when the model work behind this snapshot ended
     t_built: float = 0.0
     source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
@@ -506,7 +512,17 @@ class ViewModel:
             kv_v=_pool_rows(_heads_side_by_side(values), kv_block),
             kv_block=kv_block,
             kv_cached=_cached(o, layer, kv_block),
+            kv_head=kvh,
+            **_policy_rows(o, layer),
         )
+
+
+def _policy_rows(o: RunSource, layer: int) -> dict:
+    got = policy_rows(o, layer)
+    if got is None:
+        return {}
+    evicted, error = got
+    return {"kv_evicted": np.ascontiguousarray(evicted), "kv_error": None if error is None else np.ascontiguousarray(error)}
 
 
 def _cached(o: RunSource, layer: int, block: int) -> np.ndarray | None:

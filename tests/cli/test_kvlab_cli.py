@@ -4,6 +4,7 @@ bad input is one line with exit 2; Ctrl+C exits 130 and writes nothing."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 
@@ -122,6 +123,51 @@ def test_sweep_ctrl_c_exits_130_and_writes_nothing(tiny_dir, tmp_path, capsys, m
     assert "interrupted" in capsys.readouterr().err
 
 
+def test_sweep_with_jobs_writes_the_same_table_as_one_process(tiny_dir, tmp_path, capsys):
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PROMPT + "\n", encoding="utf-8")
+    tables = {}
+    for jobs in ("1", "2"):
+        tables[jobs] = tmp_path / f"t{jobs}.json"
+        argv = ["kv-lab", "--model", str(tiny_dir["gpt2"]), "--sweep", "--prompts", str(prompts), "--policies",
+                "h2o,int4", "--budgets", "4,8", "--residual", "2", "--steps", "3", "--json", str(tables[jobs]),
+                "--jobs", jobs]  # fmt: skip
+        assert main(argv) == 0
+        assert "3/3" in capsys.readouterr().err  # the progress bar, as with one process
+    one, two = (json.loads(tables[j].read_text(encoding="utf-8")) for j in ("1", "2"))
+    for r in one["rows"] + two["rows"]:
+        r.pop("seconds")
+    assert two == one
+
+
+def test_sweep_with_jobs_ctrl_c_terminates_the_workers_and_writes_nothing(tiny_dir, tmp_path, capsys, monkeypatch):
+    import multiprocessing.pool
+
+    real = multiprocessing.pool.IMapIterator.__next__
+    got = []
+
+    def interrupted(self, timeout=None):
+        got.append(real(self, timeout))
+        if len(got) == 1:
+            raise KeyboardInterrupt  # Ctrl+C in the parent while the workers are busy
+        return got[-1]
+
+    monkeypatch.setattr(multiprocessing.pool.IMapIterator, "__next__", interrupted)
+    terminated = []
+    real_terminate = multiprocessing.pool.Pool.terminate
+    monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", lambda self: terminated.append(1) or real_terminate(self))
+    prompts = tmp_path / "p.txt"
+    prompts.write_text(PROMPT + "\n", encoding="utf-8")
+    out, table = tmp_path / "f.png", tmp_path / "t.json"
+    argv = ["kv-lab", "--model", str(tiny_dir["gpt2"]), "--sweep", "--prompts", str(prompts), "--policies", "h2o",
+            "--budgets", "4,8,12", "--steps", "2", "--out", str(out), "--json", str(table), "--no-probe",
+            "--jobs", "2"]  # fmt: skip
+    assert main(argv) == 130
+    assert got and not out.exists() and not table.exists() and list(tmp_path.iterdir()) == [prompts]
+    assert "interrupted" in capsys.readouterr().err
+    assert terminated and not multiprocessing.active_children()  # killed, not left to finish their labs
+
+
 BAD = [
     ["--prompt", "x", "--policy", "h2o", "--steps", "0"],
     ["--prompt", "x", "--policy", "lru"],
@@ -147,6 +193,9 @@ BAD = [
     ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o"],
     ["--sweep", "--prompts", "EMPTY", "--policies", "h2o", "--budgets", "4"],
     ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o", "--budgets", "0"],
+    ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o", "--budgets", "4", "--jobs", "0"],
+    ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o", "--budgets", "4", "--jobs", "-2"],
+    ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o", "--budgets", "4", "--jobs", str((os.cpu_count() or 1) + 1)],
 ]
 
 

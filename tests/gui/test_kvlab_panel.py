@@ -96,3 +96,60 @@ def test_quantization_disables_the_budget_and_a_trace_is_refused(make_window, wa
     qtbot.waitUntil(lambda: "live session" in panel.status.text(), timeout=10000)
     assert no_dialogs and "live session" in no_dialogs[-1][1]
     assert panel.view is None and panel.run_button.isEnabled()
+
+
+def test_back_in_the_panel_and_the_windows_step_back_undo_a_lab_step_exactly(make_window, wait_idle, qtbot, tiny_lm,
+                                                                             no_dialogs):  # fmt: skip
+    from gpt_inspector.core.kvlab import KVLab, make
+
+    lm = tiny_lm("llama")
+    win = make_window("llama", prompt=PROMPT)
+    panel = win.kvlab_panel
+    win.raise_panel(panel)
+    panel.policy.setCurrentText("h2o")
+    panel.budget.setValue(5)
+    panel.steps.setValue(4)
+    clean = KVLab(lm, PROMPT, make("h2o", 5))
+    want = clean.run_steps(5)
+
+    def shown(n):
+        qtbot.waitUntil(lambda: panel.view is not None and len(panel.view.steps) == n and not win.busy, timeout=20000)
+        for got, w in zip(panel.view.steps, want):
+            assert (got.index, got.kl, got.agree, got.bytes_policy, got.evicted_now) == \
+                (w.index, w.kl, w.agree, w.bytes_policy, w.evicted_now)  # fmt: skip
+        np.testing.assert_array_equal(panel.kl_curve.getData()[1], [s.kl for s in want[:n]])
+
+    def click(button):
+        qtbot.waitUntil(button.isEnabled, timeout=20000)
+        qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+
+    click(panel.run_button)
+    shown(4)
+    click(panel.back_button)
+    shown(3)
+    click(panel.step_button)  # the same step again: the same numbers (H2O's scores were put back)
+    shown(4)
+    for n in (3, 2, 1, 0):
+        click(panel.back_button)
+        qtbot.waitUntil(lambda: panel.view is not None and len(panel.view.steps) == n, timeout=20000)
+    assert "at its prompt" in panel.status.text()
+    click(panel.back_button)
+    qtbot.waitUntil(lambda: "nothing to step back" in panel.status.text(), timeout=20000)
+    assert no_dialogs and "the lab is at its prompt" in no_dialogs[-1][1]
+    no_dialogs.clear()
+    for n in (1, 2, 3, 4):
+        click(panel.step_button)
+        shown(n)
+    # the window's Step back (Shift+F10) on the shown policy run undoes a lab step too
+    click(panel.show_button)
+    wait_idle(win)
+    qtbot.keyClick(win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
+    snap = wait_idle(win)
+    assert snap.n_steps == 3
+    shown(3)  # the panel follows: the undone lab step is gone from its plot
+    twin = KVLab(lm, PROMPT, make("h2o", 5))
+    twin.run_steps(3)
+    np.testing.assert_array_equal(snap.kv_evicted, twin.evicted(snap.selection.layer))
+    click(panel.step_button)
+    shown(4)
+    assert not no_dialogs and [e[1] for e in win.errors] == ["nothing to step back: the lab is at its prompt (no lab step has run)"]

@@ -3,6 +3,7 @@
     >>> lab = KVLab(lm, "The cat sat", make("h2o", budget=16))
     >>> for st in lab.steps(20): print(st.index, st.kl, st.agree, st.bytes_ratio)
     >>> lab.first_divergence, lab.probe().recovered
+    >>> lab.step_back()  # both runs and the policy's own state go back; step again: the same numbers
 
 Two sessions run the same prompt. Teacher-forced (the default), the reference chooses every
 token and the policy run is fed the same one, so each step compares two next-token distributions
@@ -90,6 +91,44 @@ def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum().clamp_min(0.0))
 
 
+def policy_of(source) -> Policy | None:
+    """The KV cache policy a run source's forwards run under (a lab's policy run), or None."""
+    return getattr(getattr(source, "recorder", None), "kv_policy", None)
+
+
+def row_error(session: Session, layer: int) -> tuple[np.ndarray, np.ndarray]:
+    """Per KV head and row of a policy run: relative L2 error of what attention read (its records)
+    against the full-precision entry the model's cache keeps. (keys (Hkv, T), values (Hkv, T)) float32."""
+    layer = session.check_layer(layer)
+    t = session.require_positions()
+    cl = session.cache.layers[layer]
+    out = []
+    for read, exact in ((session.keys(layer), cl.keys[0, :, :t]), (session.values(layer), cl.values[0, :, :t])):
+        e = exact.detach().float().cpu()
+        err = (read.float() - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-12)  # (Hkv, T)
+        out.append(err.numpy())
+    return out[0], out[1]
+
+
+def policy_rows(source, layer: int) -> tuple[np.ndarray, np.ndarray | None] | None:
+    """What a view of a policy run's cache marks, or None for a source under no policy.
+
+    (evicted (Hkv, T) bool: rows the policy's cache no longer holds, for the next query;
+    error (2, Hkv, T) float32: keys' and values' relative quantization error per row, or None for
+    an eviction policy, whose kept rows are exact).
+    """
+    policy = policy_of(source)
+    t = source.cache_length
+    if policy is None or t == 0:
+        return None
+    evicted = policy.evicted(layer, t).numpy()  # (Hkv, T)
+    if policy.kind != "quantization" or source.cache_layer_of(layer) != layer:
+        # exact rows; or a cache holding something else (a latent, another layer's): no row to compare with
+        return evicted, None
+    k, v = row_error(source, layer)
+    return evicted, np.stack([k, v])
+
+
 class KVLab:
     """Run ``policy`` on ``lm`` from ``prompt`` beside the full-cache reference.
 
@@ -118,6 +157,25 @@ class KVLab:
         policy.attach(rec)
         self.free_running = bool(free_running)
         self.history: list[LabStep] = []
+        # the policy's state after each step of its run, by cache length: any step back of the run
+        # (the lab's, the window's on the shown policy run, lab.run.step_back()) puts it back exactly
+        self._states: list[tuple[int, object]] = [(0, policy.snapshot())]
+        self._own_reference = reference is None
+        self.run.subscribe(self._on_run)
+
+    def _on_run(self, event: str, payload) -> None:
+        if event == "step":
+            self._states.append((self.run.cache_length, self.policy.snapshot()))
+        elif event in ("step_back", "fault"):
+            t = self.run.cache_length
+            while len(self._states) > 1 and self._states[-1][0] > t:
+                self._states.pop()
+            self.policy.restore(self._states[-1][1])
+            # a step back past a lab step undoes it, the reference's step with it (a shared reference is only read)
+            while len(self.history) > self.run.n_steps:
+                self.history.pop()
+                if self._own_reference and self.reference.n_steps > len(self.history):
+                    self.reference.step_back()
 
     # ------------------------------------------------------------------ state
     @property
@@ -142,7 +200,7 @@ class KVLab:
             raise InspectorError(f"the lab run has finished ({self.finished})")
         if self.run.n_steps != len(self.history) or self.reference.n_steps < len(self.history):
             raise InspectorError("the lab's runs were stepped outside the lab (in the window?): start a fresh lab")
-        snap = self.policy.snapshot()
+        snap = self._states[-1][1]  # the policy's state now
         i = len(self.history)
         ref_steps, run_steps = self.reference.n_steps, self.run.n_steps
         try:
@@ -170,6 +228,18 @@ class KVLab:
                     self.reference.step_back()
             raise
         return st
+
+    def step_back(self) -> LabStep:
+        """Undo the last lab step exactly: both runs and the policy's own state (scores, evictions,
+        quantized rows) go back, so stepping again gives the same numbers. Returns the undone step."""
+        if not self.history:
+            raise InspectorError("nothing to step back: the lab is at its prompt (no lab step has run)")
+        last, target = self.history[-1], len(self.history) - 1
+        with interrupts_deferred():
+            # steps the run took outside the lab since (the window's) go too; the event handler does the rest
+            while self.run.n_steps > target:
+                self.run.step_back()
+        return last
 
     def steps(self, n: int) -> Iterator[LabStep]:
         for _ in range(int(n)):
@@ -215,15 +285,7 @@ class KVLab:
 
         Returns (keys (Hkv, T), values (Hkv, T)) float32; 0 for rows held in full precision.
         """
-        layer = self.run.check_layer(layer)
-        t = self.run.require_positions()
-        cl = self.run.cache.layers[layer]
-        out = []
-        for read, exact in ((self.run.keys(layer), cl.keys[0, :, :t]), (self.run.values(layer), cl.values[0, :, :t])):
-            e = exact.detach().float().cpu()
-            err = (read.float() - e).norm(dim=-1) / e.norm(dim=-1).clamp_min(1e-12)  # (Hkv, T)
-            out.append(err.numpy())
-        return out[0], out[1]
+        return row_error(self.run, layer)
 
     def probe(self, progress=None) -> PrivacyResult:
         """The cache probe on layer 0 of the policy's cache, as an attacker holding it would see it.

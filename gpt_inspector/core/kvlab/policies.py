@@ -102,10 +102,38 @@ class Policy:
         return 2 * self.n_kv_heads * length * self.head_dim * self.itemsize
 
     def snapshot(self):
+        """The policy's state now (taken after each step), for ``restore`` to put back exactly after a
+        step back or a failed step; it includes any record rows the next forward may rewrite."""
         return None
 
     def restore(self, snap) -> None:
+        """Put the state ``snapshot`` took back; the session's cache and records are already cropped."""
         pass
+
+    # -- records a quantizing policy rewrites (rows of what attention read that it quantized since) --
+    def _save_records(self, lows: list[tuple[int, int]]) -> list | None:
+        """Copies of the K and V record rows from ``lows[layer]`` = (keys' row, values' row) on."""
+        rec = self.recorder
+        if rec is None or not rec.mirror_kv:
+            return None
+        out = []
+        for layer, los in enumerate(lows):
+            rows = []
+            for buf, lo in zip((rec.k[layer], rec.v[layer]), los):
+                t = buf.t
+                rows.append(None if t is None or lo >= rec.length else (lo, t[:, :, lo : rec.length].clone()))
+            out.append(rows)
+        return out
+
+    def _restore_records(self, saved: list | None) -> None:
+        rec = self.recorder
+        if saved is None or rec is None or not rec.mirror_kv:
+            return
+        with torch.inference_mode():  # the record buffers are inference tensors
+            for layer, rows in enumerate(saved):
+                for buf, got in zip((rec.k[layer], rec.v[layer]), rows):
+                    if got is not None:
+                        buf.write(got[1], got[0])
 
 
 # ---------------------------------------------------------------------- eviction
@@ -183,10 +211,38 @@ class Eviction(Policy):
         self.scores = [torch.empty(self.n_kv_heads, 0, dtype=torch.float64) for _ in range(self.n_layers)]
 
     def snapshot(self):
-        return [t.clone() for t in self.evicted_at], [t.clone() for t in self.scores]
+        # evicted_at needs no copy: an entry evicted after the forward that left the cache at n keys
+        # holds n, so the state at n is the first n columns with every later eviction undone. Only
+        # H2O's accumulated scores cannot be rebuilt (float sums do not subtract back): those of the
+        # entries still held are kept (at most the budget per KV head, so a step costs O(budget), not
+        # O(T)); an evicted entry's score never decides anything again. A layer without a budget
+        # evicts nothing: its scores are kept whole
+        lengths = [ev.shape[1] for ev in self.evicted_at]
+        if self.name != "h2o":
+            return lengths, None
+        held = [self.scores[i].clone() if b is None else self.scores[i][self._held(i)].clone()
+                for i, b in enumerate(self.budgets)]  # fmt: skip
+        return lengths, held
+
+    def _held(self, layer: int) -> torch.Tensor:
+        n = self.scores[layer].shape[1]
+        ev = self.evicted_at[layer][:, :n]  # (Hkv, n)
+        return torch.cat([ev, torch.full((ev.shape[0], n - ev.shape[1]), NEVER, dtype=ev.dtype)], 1) == NEVER
 
     def restore(self, snap) -> None:
-        self.evicted_at, self.scores = [t.clone() for t in snap[0]], [t.clone() for t in snap[1]]
+        lengths, held = snap
+        for layer, n in enumerate(lengths):
+            ev = self.evicted_at[layer][:, :n].clone()  # (Hkv, n)
+            ev[ev > n] = NEVER
+            self.evicted_at[layer] = ev
+        if held is None:
+            return
+        for layer, kept in enumerate(held):
+            if self.budgets[layer] is None:
+                self.scores[layer] = kept.clone()
+                continue
+            self.scores[layer] = torch.zeros(self.n_kv_heads, lengths[layer], dtype=torch.float64)
+            self.scores[layer][self._held(layer)] = kept
 
     def _grow(self, layer: int, tk: int) -> torch.Tensor:
         ev = self.evicted_at[layer]

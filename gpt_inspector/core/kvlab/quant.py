@@ -91,10 +91,13 @@ class Quantization(Policy):
         self.written = [(0, 0)] * self.n_layers  # rows of the recorder's K and V already holding dequantized values
 
     def snapshot(self):
-        return list(self.done), list(self.written)  # rows below ``done`` never change again
+        # rows below ``done`` never change again; the record rows from ``written`` on may be
+        # rewritten (quantized) by the next forward, so they are kept as they are now
+        return list(self.done), list(self.written), self._save_records(self.written)
 
     def restore(self, snap) -> None:
-        self.done, self.written = (list(x) for x in snap)
+        self.done, self.written = list(snap[0]), list(snap[1])
+        self._restore_records(snap[2])
 
     def _deq_keys(self, k: torch.Tensor) -> torch.Tensor:
         if self.fp8 is not None:
@@ -203,10 +206,30 @@ class TransformersQuantization(Quantization):
         self.shown = [None] * self.n_layers  # the store whose values the records hold
 
     def snapshot(self):
-        return list(self.store), list(self.pending), list(self.shown)
+        # the forward after a flush rewrites every record row with the new store; the records then
+        # hold the shown store's rows (put back from it) and full-precision rows after them (kept)
+        nothing = 1 << 62  # no row: the next forward rewrites none of this layer's records
+        lows = [(nothing,) * 2 if self.shown[i] is self.store[i] or self.store[i] is None else
+                (self._shown_rows(i),) * 2 for i in range(self.n_layers)]  # fmt: skip
+        saved = self._save_records(lows) if any(lo < nothing for lo, _ in lows) else None
+        return list(self.store), list(self.pending), list(self.shown), saved
+
+    def _shown_rows(self, layer: int) -> int:
+        shown = self.shown[layer]
+        return 0 if shown is None else shown[0].shape[2]
 
     def restore(self, snap) -> None:
-        self.store, self.pending, self.shown = (list(x) for x in snap)
+        self.store, self.pending, self.shown = (list(x) for x in snap[:3])
+        saved, rec = snap[3], self.recorder
+        if saved is None or rec is None:
+            return
+        with torch.inference_mode():  # the record buffers are inference tensors
+            for layer, rows in enumerate(saved):
+                shown = self.shown[layer]
+                if rows[0] is not None and shown is not None:
+                    rec.k[layer].write(shown[0].detach(), 0)
+                    rec.v[layer].write(shown[1].detach(), 0)
+        self._restore_records(saved)
 
     def _quant(self, x: torch.Tensor) -> torch.Tensor:
         return quanto_affine(x.contiguous(), self.bits, self.group)

@@ -1,12 +1,16 @@
 """A sweep: every (policy, budget) over a list of prompts, teacher-forced, to draw the frontier of
 cache bytes against fidelity (KL) and against privacy (prompt tokens the cache probe recovers).
 
-One full-cache reference runs per prompt and every lab of that prompt reads it. Work runs in
-this process; torch uses the cores it is given for each forward.
+One full-cache reference runs per prompt and every lab of that prompt reads it. With ``jobs=1``
+the work runs in this process; with ``jobs=N`` the (prompt, policy, budget) labs run in N worker
+processes (spawned, each loading the model the same way and using cores // N torch threads),
+each keeping its current prompt's reference; the rows come back in the same order with the same
+numbers.
 """
 
 from __future__ import annotations
 
+import os
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -92,41 +96,116 @@ def plan(policies: Sequence[str], budgets: Sequence[int | None]) -> list[tuple[s
     return out
 
 
+def check_jobs(jobs, what: str = "jobs") -> int:
+    """``jobs`` as a number of worker processes: 1 to the machine's core count."""
+    cores = os.cpu_count() or 1
+    if isinstance(jobs, bool) or not isinstance(jobs, (int, np.integer)) or not 1 <= jobs <= cores:
+        raise InspectorError(f"{what} must be a whole number from 1 to {cores} (this machine's cores), got {jobs!r}")
+    return int(jobs)
+
+
+def load_spec(lm) -> dict:
+    """How a worker process loads ``lm`` again: its folder or hub id, device and dtype."""
+    return {"name_or_path": lm.name, "device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
+
+
 def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], steps: int, *, probe: bool = True,
-          options: dict | None = None, progress: Callable[[int, int, str], None] | None = None) -> SweepResult:  # fmt: skip
+          options: dict | None = None, progress: Callable[[int, int, str], None] | None = None, jobs: int = 1,
+          load: dict | None = None) -> SweepResult:  # fmt: skip
     """Run every (policy, budget) pair over every prompt for ``steps`` teacher-forced steps.
 
     ``options`` go to every policy that takes them (sinks, recent, window for eviction; group,
     residual for quantization). ``progress(done, total, what)`` after each lab; raising from it
-    (or Ctrl+C) stops the sweep, and nothing partial is returned.
+    (or Ctrl+C) stops the sweep (and its workers), and nothing partial is returned.
+    ``jobs``: worker processes (1: this one); each loads the model with ``load_model(**load)``
+    (default ``load_spec(lm)``: lm's folder or hub id, device and dtype).
     """
     options = dict(options or {})
     prompts = list(prompts)
+    jobs = check_jobs(jobs)
     if not prompts:
         raise InspectorError("no prompts to sweep")
     # every policy is built (and checked against the model) before the first forward
     for name, budget in pairs:
         build_policy(name, budget, options).bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4)
     result = SweepResult(lm.name, int(steps), prompts)
-    total, done = len(prompts) * len(pairs), 0
-    for pi, prompt in enumerate(prompts):
-        reference = Session(lm, prompt)
-        for name, budget in pairs:
-            t0 = time.perf_counter()
-            lab = KVLab(lm, prompt, build_policy(name, budget, options), reference=reference)
-            lab.run_steps(steps)
-            s = lab.summary()
-            row = SweepRow(name, budget, pi, s["steps"], s["mean_kl"], s["max_kl"], s["agreement"],
-                           s["first_divergence"], s["bytes_policy"], s["bytes_full"], lab.run.prompt_length)  # fmt: skip
-            if probe:
-                pr = lab.probe()
-                row.probe_held, row.probe_recovered = pr.held, pr.recovered
-            row.seconds = time.perf_counter() - t0
-            result.rows.append(row)
-            done += 1
+    tasks = [(pi, name, budget) for pi in range(len(prompts)) for name, budget in pairs]
+    total = len(tasks)
+
+    def what(pi, name, budget):
+        return f"{name}{'' if budget is None else f' budget {budget}'}, prompt {pi + 1}"
+
+    if jobs == 1 or total == 1:
+        reference = None
+        for done, (pi, name, budget) in enumerate(tasks, start=1):
+            if reference is None or reference.prompt != prompts[pi]:
+                reference = Session(lm, prompts[pi])
+            result.rows.append(_row(lm, reference, prompts[pi], pi, name, budget, steps, probe, options))
             if progress is not None:
-                progress(done, total, f"{name}{'' if budget is None else f' budget {budget}'}, prompt {pi + 1}")
+                progress(done, total, what(pi, name, budget))
+        return result
+    load = dict(load) if load is not None else load_spec(lm)
+    rows: list[SweepRow | None] = [None] * total
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools and the caller's state
+    threads = max(1, (os.cpu_count() or 1) // jobs)
+    pool = ctx.Pool(jobs, initializer=_worker_init, initargs=(load, threads))
+    finished = False
+    try:
+        work = [(i, prompts[pi], pi, name, budget, steps, probe, options) for i, (pi, name, budget) in enumerate(tasks)]
+        for done, (i, row) in enumerate(pool.imap_unordered(_worker_row, work), start=1):
+            rows[i] = row
+            if progress is not None:
+                progress(done, total, what(*tasks[i]))
+        finished = True
+    finally:
+        if finished:
+            pool.close()
+        else:  # Ctrl+C, a cancel from progress() or a worker's error: stop every worker now
+            pool.terminate()
+        pool.join()
+    result.rows.extend(rows)
     return result
+
+
+def _row(lm, reference, prompt: str, pi: int, name: str, budget, steps: int, probe: bool, options: dict) -> SweepRow:
+    t0 = time.perf_counter()
+    lab = KVLab(lm, prompt, build_policy(name, budget, options), reference=reference)
+    lab.run_steps(steps)
+    s = lab.summary()
+    row = SweepRow(name, budget, pi, s["steps"], s["mean_kl"], s["max_kl"], s["agreement"],
+                   s["first_divergence"], s["bytes_policy"], s["bytes_full"], lab.run.prompt_length)  # fmt: skip
+    if probe:
+        pr = lab.probe()
+        row.probe_held, row.probe_recovered = pr.held, pr.recovered
+    row.seconds = time.perf_counter() - t0
+    return row
+
+
+# -- worker processes (jobs > 1): the model once per worker, the current prompt's reference kept
+_WORKER: dict = {}
+
+
+def _worker_init(load: dict, threads: int) -> None:
+    import signal
+
+    import torch
+
+    from ..models import load_model
+
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl+C is the parent's to handle: it terminates the pool
+    torch.set_num_threads(threads)
+    _WORKER["lm"] = load_model(**load)
+    _WORKER["reference"] = None
+
+
+def _worker_row(task) -> tuple[int, SweepRow]:
+    i, prompt, pi, name, budget, steps, probe, options = task
+    lm, reference = _WORKER["lm"], _WORKER["reference"]
+    if reference is None or reference.prompt != prompt:
+        reference = _WORKER["reference"] = Session(lm, prompt)
+    return i, _row(lm, reference, prompt, pi, name, budget, steps, probe, options)
 
 
 def build_policy(name: str, budget: int | None, options: dict | None = None):

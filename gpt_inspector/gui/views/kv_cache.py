@@ -4,6 +4,11 @@ Rows are positions (newest outlined), columns are KV heads side by side (thin se
 as the attention function received them. Right: the bytes the model's cache really holds per layer
 (selected one highlighted) and in all after each step. Where the cache holds something else (a
 compressed latent, untiled heads, another layer's cache) the title says what, next to its bytes.
+
+Under a KV cache policy (a KV cache lab's policy run), each KV head's evicted rows are greyed and
+crossed in both images, the rows the selected head's KV head evicted are marked ✗ in the token
+labels, and a quantizing policy's per-row error (keys and values, the selected KV head) is drawn in
+a column beside V.
 """
 
 from __future__ import annotations
@@ -25,6 +30,10 @@ def human_bytes(n: float) -> str:
 
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
+EVICTED_GREY = (140, 143, 150)  # MASKED_COLOR's grey: an evicted entry reads like a masked one
+EVICTED_MARK = "#2b2e35"
+EVICTED_ALPHA = 200  # the veil over a row every position of which is evicted (pooled rows: in proportion)
+EVICTED_LABEL = "✗ "  # prefixed to the token label of a row the selected head's KV head evicted
 
 
 def cache_note(cached: float, per_head: float) -> str:
@@ -35,6 +44,16 @@ def cache_note(cached: float, per_head: float) -> str:
         return " · this layer keeps no cache: it reads an earlier layer's K and V (KV sharing)"
     return (f" · shown: K and V as attention receives them ({human_bytes(per_head)}); "
             f"the model's cache holds {human_bytes(cached)} for this layer (a compressed latent or fewer heads)")  # fmt: skip
+
+
+def _pool_share(evicted: np.ndarray, block: int) -> np.ndarray:
+    """(Hkv, T) bool -> (ceil(T / block), Hkv): the share of each row block's positions evicted."""
+    a = evicted.T.astype(np.float32)  # (T, Hkv)
+    if block == 1:
+        return a
+    starts = np.arange(0, a.shape[0], block)
+    counts = np.diff(np.append(starts, a.shape[0]))[:, None]
+    return np.add.reduceat(a, starts, axis=0) / counts
 
 
 class KVCacheView(QWidget):
@@ -87,16 +106,38 @@ class KVCacheView(QWidget):
             sep.setZValue(5)
             p.addItem(sep)
             self.seps.append(sep)
+        # a KV cache policy's evicted rows: a grey veil per (row, KV head) and an X through each
+        self.evicted_veils, self.evicted_marks = [], []
+        for p in (self.kplot, self.vplot):
+            veil = pg.ImageItem(axisOrder="row-major")
+            veil.setZValue(6)
+            p.addItem(veil)
+            self.evicted_veils.append(veil)
+            mark = pg.PlotCurveItem(pen=pg.mkPen(EVICTED_MARK, width=1), connect="pairs")
+            mark.setZValue(7)
+            p.addItem(mark)
+            self.evicted_marks.append(mark)
         self.vplot.setYLink(self.kplot)
         self.vplot.hideAxis("left")
+        # a quantizing policy's error per row of the selected KV head (hidden otherwise)
+        self.eplot = self.glw.addPlot(row=0, col=2, rowspan=2, title=None)
+        self.eplot.setYLink(self.kplot)
+        self.eplot.hideAxis("left")
+        self.eplot.setLabel("bottom", "rel. error")
+        self.eplot.setMenuEnabled(False)
+        self.eplot.hideButtons()
+        self.ek_curve = self.eplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=1.5), name="K")
+        self.ev_curve = self.eplot.plot([], [], pen=pg.mkPen("#ffb84f", width=1.5), name="V")
+        self.eplot.setTitle("quant. error (K blue, V orange)", size="8pt")
+        self._show_error_column(False)
         self.laxis = IndexAxis("bottom", "L")
-        self.bplot = self.glw.addPlot(row=0, col=2, title=None, axisItems={"bottom": self.laxis})
+        self.bplot = self.glw.addPlot(row=0, col=3, title=None, axisItems={"bottom": self.laxis})
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brushes=[])
         self.bplot.addItem(self.bars)
         self.bplot.setMouseEnabled(False, False)
         self.bplot.setMenuEnabled(False)
         self.bplot.hideButtons()
-        self.hplot = self.glw.addPlot(row=1, col=2, title=None)
+        self.hplot = self.glw.addPlot(row=1, col=3, title=None)
         self.hplot.setLabel("bottom", "step")
         self.hcurve = self.hplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=2), symbol="o", symbolSize=4,
                                       symbolBrush="#4fa3ff", symbolPen=None)  # fmt: skip
@@ -112,7 +153,7 @@ class KVCacheView(QWidget):
             p.setTitle(text, size="8pt")
         self.glw.ci.layout.setColumnStretchFactor(0, 3)
         self.glw.ci.layout.setColumnStretchFactor(1, 3)
-        self.glw.ci.layout.setColumnStretchFactor(2, 2)
+        self.glw.ci.layout.setColumnStretchFactor(3, 2)
         self._hint = placeholder_text(None, self.kplot, "empty")
         self._hint.setPos(0.5, 0.5)
         self._last = None
@@ -165,10 +206,12 @@ class KVCacheView(QWidget):
             self.shape = (0, 0, 0)
             self._set_empty(True)
             self.axis.set_labels([])
+            self._show_policy(None, 0, 0, 0)
             self.title.setText("KV cache: empty (no step yet)")
             return
         self._set_empty(False)
         if snap.kv_cached is not None and self.as_cached.isChecked():
+            self._show_policy(None, 0, 0, 0)
             self._show_cached(snap, kvb[layer], total)
             return
         self.kplot.setTitle("K cache", size="8pt")
@@ -194,14 +237,72 @@ class KVCacheView(QWidget):
             self.shape = (t, w, wv)
         for r, width in zip(self.newest, (w, wv)):
             r.setRect(QRectF(0, t - 1, width, 1))
-        self.axis.set_labels(snap.labels[:t])
+        labels = snap.labels[:t]
+        policy_note = self._show_policy(snap, w, wv, heads)
+        if snap.kv_evicted is not None:
+            gone = snap.kv_evicted[snap.kv_head]  # (T,) the selected head's KV head
+            labels = tuple(EVICTED_LABEL + lab if g else lab for lab, g in zip(labels, gone))
+        self.axis.set_labels(labels)
         dims = f"{w // heads} dims" if w == wv else f"{w // heads} dims in K, {wv // heads} in V"
         self.title.setText(
             f"layer {layer}: {t} positions × {heads} KV heads × {dims}, K and V · "
             f"{human_bytes(kvb[layer])} this layer · {human_bytes(total)} all {L} layers ({snap.dtype})"
             + cache_note(kvb[layer], t * (w + wv) * _ITEMSIZE.get(snap.dtype, 4))
             + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
+            + policy_note
         )
+
+    def _show_error_column(self, on: bool) -> None:
+        # a hidden item still takes its column's width: squeeze it to nothing
+        self.eplot.setVisible(on)
+        self.eplot.setMaximumWidth(160 if on else 0)
+        self.eplot.setMinimumWidth(110 if on else 0)
+        self.glw.ci.layout.setColumnStretchFactor(2, 1 if on else 0)
+
+    def _show_policy(self, snap, w: int, wv: int, heads: int) -> str:
+        """Grey and cross each KV head's evicted rows; the error column; returns the title's note."""
+        ev = None if snap is None else snap.kv_evicted  # (Hkv, T) bool
+        err = None if snap is None else snap.kv_error  # (2, Hkv, T)
+        if ev is None:
+            for veil, mark in zip(self.evicted_veils, self.evicted_marks):
+                veil.clear()
+                veil.setVisible(False)
+                mark.setData([], [])
+            self.ek_curve.setData([], [])
+            self.ev_curve.setData([], [])
+            if self.eplot.isVisible():
+                self._show_error_column(False)
+            return ""
+        block, t = snap.kv_block, snap.T
+        share = _pool_share(ev, block)  # (rows, Hkv) in [0, 1]
+        rgba = np.zeros((*share.shape, 4), dtype=np.uint8)
+        rgba[..., :3] = EVICTED_GREY
+        rgba[..., 3] = np.round(share * EVICTED_ALPHA).astype(np.uint8)
+        rows_r, heads_r = np.nonzero(share >= 1.0) if block == 1 else (np.array([], int), np.array([], int))
+        for veil, mark, width in zip(self.evicted_veils, self.evicted_marks, (w, wv)):
+            veil.setImage(rgba, levels=(0, 255), autoLevels=False)
+            veil.setRect(QRectF(0, 0, width, share.shape[0] * block))
+            veil.setVisible(True)
+            d = width / heads
+            x0, y0 = heads_r * d, rows_r.astype(float)
+            # two diagonals per evicted (row, KV head) cell: an X
+            xs = np.stack([x0, x0 + d, x0, x0 + d], 1).ravel()
+            ys = np.stack([y0, y0 + 1, y0 + 1, y0], 1).ravel()
+            mark.setData(xs, ys)
+        n_gone = int(ev[snap.kv_head].sum())
+        note = f" · KV head {snap.kv_head}: {n_gone} of {t} rows evicted (greyed, ✗)"
+        if err is None:
+            if self.eplot.isVisible():
+                self._show_error_column(False)
+            return note
+        if not self.eplot.isVisible():
+            self._show_error_column(True)
+        ys = np.arange(t) + 0.5
+        self.ek_curve.setData(err[0, snap.kv_head], ys)
+        self.ev_curve.setData(err[1, snap.kv_head], ys)
+        self.eplot.setXRange(0, float(max(err[:, snap.kv_head].max(), 1e-6)), padding=0.05)
+        return (f" · KV head {snap.kv_head} quantization error: keys max {float(err[0, snap.kv_head].max()):.3g}, "
+                f"values max {float(err[1, snap.kv_head].max()):.3g}")  # fmt: skip
 
     def _show_cached(self, snap, layer_bytes: float, total: float) -> None:
         """The selected layer's cache rows as the model stores them (one image; V's plot hidden)."""

@@ -50,12 +50,20 @@ class LabView:
         return cls(lab.policy.describe(), lab.free_running, tuple(lab.history), lab.first_divergence,
                    lab.parted_at if lab.free_running else None)  # fmt: skip
 
+    def first(self, n: int) -> LabView:
+        """The view after the lab's first ``n`` steps (a step back in the window undid the rest)."""
+        steps = self.steps[:n]
+        first = next((s.index for s in steps if not s.agree), None)
+        parted = next((s.index for s in steps if s.policy_token != s.reference_token), None)
+        return LabView(self.policy, self.free_running, steps, first, parted if self.free_running else None)
+
 
 class KVLabPanel(QWidget):
     """Policy controls, the per-step KL / top-1 plot with the first divergence marked, bytes per layer."""
 
     run_requested = Signal()
     step_requested = Signal()
+    back_requested = Signal()
     probe_requested = Signal()
     show_requested = Signal()
 
@@ -84,6 +92,11 @@ class KVLabPanel(QWidget):
         self.step_button.setToolTip("One more lab step")
         self.step_button.clicked.connect(self.step_requested)
         self.step_button.setEnabled(False)
+        self.back_button = QPushButton("Back")
+        self.back_button.setToolTip("Undo the last lab step exactly: both runs and the policy's own state "
+                                    "(scores, evictions, quantized rows)")  # fmt: skip
+        self.back_button.clicked.connect(self.back_requested)
+        self.back_button.setEnabled(False)
         self.probe_button = QPushButton("Probe cache")
         self.probe_button.setToolTip("Run the cache probe on layer 0 of the policy's cache: prompt tokens recovered")
         self.probe_button.clicked.connect(self.probe_requested)
@@ -120,7 +133,8 @@ class KVLabPanel(QWidget):
 
         top = QHBoxLayout()
         for w in (QLabel("policy"), self.policy, QLabel("budget"), self.budget, QLabel("steps"), self.steps,
-                  self.free, self.run_button, self.step_button, self.probe_button, self.show_button):  # fmt: skip
+                  self.free, self.run_button, self.step_button, self.back_button, self.probe_button,
+                  self.show_button):  # fmt: skip
             top.addWidget(w)
         top.addStretch(1)
         split = QSplitter(Qt.Horizontal)
@@ -139,7 +153,7 @@ class KVLabPanel(QWidget):
         return name, budget, self.steps.value(), self.free.isChecked()
 
     def set_busy(self, busy: bool, text: str = "") -> None:
-        for b in (self.run_button, self.step_button, self.probe_button, self.show_button):
+        for b in (self.run_button, self.step_button, self.back_button, self.probe_button, self.show_button):
             b.setEnabled(not busy and (b is self.run_button or self.view is not None))
         if busy:
             self.status.setText(text)
@@ -160,7 +174,9 @@ class KVLabPanel(QWidget):
         self.set_busy(False)
         steps = v.steps
         if not steps:
-            self.clear("the lab ran no step (the run had finished)")
+            self.clear("the lab is at its prompt: Step runs its first step")
+            self.view = v
+            self.set_busy(False)
             return
         idx = np.array([s.index for s in steps], dtype=float)
         kl = np.array([s.kl for s in steps], dtype=float)
@@ -224,6 +240,8 @@ def create_panel(window) -> KVLabPanel:
 
     def run() -> None:
         name, budget, n, free = panel.settings()
+        if not state["busy"]:
+            state.pop("before", None)  # a fresh lab: not the one shown in the window
 
         def job(src):
             from ...core.errors import InspectorError
@@ -252,6 +270,18 @@ def create_panel(window) -> KVLabPanel:
 
         submit(job, panel.show_view, "one more lab step…")
 
+    def back() -> None:
+        def job(_src):
+            from ...core.errors import InspectorError
+
+            lab = state["lab"]
+            if lab is None:
+                raise InspectorError("no lab yet: press Run first")
+            lab.step_back()
+            return LabView.of(lab)
+
+        submit(job, panel.show_view, "stepping the lab back…")
+
     def probe() -> None:
         def job(_src):
             from ...core.errors import InspectorError
@@ -267,11 +297,26 @@ def create_panel(window) -> KVLabPanel:
         if lab is None or state["busy"]:
             return
         # the worker owns the lab's sessions already; from here the window steps the policy run itself
+        snap = window.snapshot
+        state["before"], state["shown"] = (None if snap is None else snap.source_id), None
         window.show_source(lab.run)
-        panel.status.setText("the policy run is shown in the window; press Run for a fresh lab")
+        panel.status.setText("the policy run is shown in the window; its Step back undoes lab steps too")
+
+    def follow(snap) -> None:
+        # the window's Step back on the shown policy run undoes lab steps (the lab follows its run's
+        # events): show the steps that remain, read off the view already here, not the lab
+        if state["lab"] is None or snap is None or "before" not in state:
+            return
+        if state["shown"] is None and snap.source_id != state["before"]:
+            state["shown"] = snap.source_id
+        v = panel.view
+        if snap.source_id == state["shown"] and v is not None and not state["busy"] and snap.n_steps < len(v.steps):
+            panel.show_view(v.first(snap.n_steps))
 
     panel.show_requested.connect(show)
+    window.snapshot_changed.connect(follow)
     panel.run_requested.connect(run)
     panel.step_requested.connect(step)
+    panel.back_requested.connect(back)
     panel.probe_requested.connect(probe)
     return panel
