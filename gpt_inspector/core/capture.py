@@ -409,6 +409,11 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
             edited = rec.edits.rows_for(layer, n_heads, tk - tq, tq, tk)
     if mask is None and tq > 1 and (tq != tk or dense):  # a model that left causality to us
         mask = _causal_additive(tq, tk, query.dtype, query.device)  # (1, 1, Tq, Tk)
+    # a policy that reads the attention weights (H2O, TOVA) takes them from this forward once it has
+    # evicted something: the written-out equation instead of sdpa and then a second pass for them
+    # (it holds everything until then, so an unlimited budget stays on the plain run's path exactly)
+    if policy_block is not None and tq == 1 and getattr(policy, "reads_probs", False):
+        written_out = True
     if dense and not written_out:
         k = eq.expand_kv(key, n_heads)  # (B, H, Tk, d)
         v = eq.expand_kv(value, n_heads)  # (B, H, Tk, d)

@@ -157,6 +157,11 @@ class Eviction(Policy):
         self.layer_budgets = dict(layer_budgets or {})
         self.window, self.kernel, self.scorer = window, kernel, scorer
 
+    @property
+    def reads_probs(self) -> bool:
+        """Whether each decode step's scoring reads the attention weights (see capture.inspector_attention)."""
+        return self.name in ("h2o", "tova", "custom")
+
     def describe(self) -> str:
         return f"{self.name} budget {'unlimited' if self.budget is None else self.budget}"
 
@@ -165,6 +170,8 @@ class Eviction(Policy):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
                 raise InspectorError(f"{what} must be a whole number >= 0, got {v!r}")
         base = _budget(self.budget, "budget", context)
+        self._recent_cache: dict[int, torch.Tensor] = {}
+        self._uniform: dict[int, bool] = {}  # layer -> one budget for all its KV heads
         self.budgets: list[torch.Tensor | None] = [None] * n_layers  # per layer (Hkv,) long, None: unlimited
         for layer in range(n_layers):
             b = self.layer_budgets.get(layer, base)
@@ -202,6 +209,13 @@ class Eviction(Policy):
         if self.name == "snapkv":
             return self.window
         return 0
+
+    def _recent_rows(self, layer: int, budget: torch.Tensor) -> torch.Tensor:
+        """(Hkv,) the recent window of each KV head of ``layer`` (budgets are fixed once bound)."""
+        if layer not in self._recent_cache:
+            self._recent_cache[layer] = torch.tensor([self._recent(int(b)) for b in budget])
+            self._uniform[layer] = bool((budget == budget[0]).all())
+        return self._recent_cache[layer]
 
     def _protected(self, budget: int) -> int:
         return self.sinks + self._recent(budget) if self.name != "streaming" else budget
@@ -360,18 +374,31 @@ class Eviction(Policy):
 
     def _evict(self, layer, score, budget, tk) -> None:
         """Cut every KV head over its budget down to it, all heads at once (no per-head loop)."""
+        # this runs once per layer and step on small tensors: every tensor operation saved counts
         ev = self.evicted_at[layer]  # (Hkv, Tk)
         held = ev == NEVER  # (Hkv, Tk)
-        over = held.sum(1) > budget  # (Hkv,)
-        if not bool(over.any()):
+        excess = held.sum(1) - budget  # (Hkv,)
+        most = int(excess.max())
+        if most <= 0:
+            return
+        over = excess > 0  # (Hkv,)
+        recent = self._recent_rows(layer, budget).clamp(max=tk)  # (Hkv,)
+        if most == 1 and self._uniform[layer]:
+            # the steady state under one budget for every head: the candidates are a slice of the held
+            # entries (past the sinks, before the recent window), found in a third of the operations
+            cand = held.clone()
+            cand[:, : self.sinks] = False
+            cand[:, tk - int(recent[0]) :] = False
+            s = score.masked_fill(~cand, math.inf).flip(1)  # (Hkv, Tk), newest first
+            j = tk - 1 - s.argmin(1)  # (Hkv,)
+            g = over.nonzero()[:, 0]
+            ev[g, j[g]] = tk
             return
         pos = torch.arange(tk)
-        recent = torch.tensor([min(self._recent(int(b)), tk) for b in budget])  # (Hkv,)
-        protect = (pos[None, :] < self.sinks) | (pos[None, :] >= tk - recent[:, None])  # (Hkv, Tk)
+        protect = (pos < self.sinks) | (pos >= tk - recent[:, None])  # (Hkv, Tk)
         protect &= held
-        room = budget - protect.sum(1)  # (Hkv,)
         cand = held & ~protect
-        if int((held.sum(1) - budget).max()) == 1:
+        if most == 1:
             # the steady state, one entry over: drop each such head's lowest score (the newest among equals,
             # as the ranking below would)
             s = score.masked_fill(~cand, math.inf).flip(1)  # (Hkv, Tk), newest first
@@ -379,6 +406,7 @@ class Eviction(Policy):
             g = over.nonzero()[:, 0]
             ev[g, j[g]] = tk
             return
+        room = budget - protect.sum(1)  # (Hkv,)
         s = score.masked_fill(~cand, -math.inf)  # (Hkv, Tk)
         # rank of each entry by score, best first; ties go to the older entry (stable), so runs reproduce
         order = torch.sort(-s, dim=1, stable=True).indices  # (Hkv, Tk)
