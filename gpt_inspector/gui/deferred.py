@@ -18,15 +18,30 @@ class DeferredViews(QObject):
 
     def apply(self, view, snap) -> bool:
         """Give ``snap`` to ``view`` now if it can be seen (or will be, once the window is); True if it was."""
-        # isVisibleTo: a dock tabbed away or closed is hidden; a window not shown yet hides nothing
-        if not view.isVisibleTo(self.window):
+        # a closed dock is hidden to the window; a dock tabbed behind another is not (see on_screen);
+        # a window not shown yet hides nothing
+        if not view.isVisibleTo(self.window) or (self.window.isVisible() and not on_screen(view)):
             self.pending[view] = snap
             return False
         self.pending.pop(view, None)
         view.set_snapshot(snap)
         return True
 
+    def reveal(self, view) -> None:
+        """``view``'s dock came to the front (a tab chosen): show it the snapshot it missed."""
+        if view in self.pending:
+            view.set_snapshot(self.pending.pop(view))
+
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt)
         if event.type() == QEvent.Type.Show and obj in self.pending:
             obj.set_snapshot(self.pending.pop(obj))
         return False
+
+
+def on_screen(widget) -> bool:
+    """Whether any part of ``widget`` can be seen now.
+
+    ``isVisible()`` alone is not enough: Qt keeps a dock tabbed behind another visible, moved
+    outside the window, so a panel on an unchosen tab would go on doing its work every step.
+    """
+    return widget.isVisible() and not widget.visibleRegion().isEmpty()

@@ -46,6 +46,8 @@ class DockLayout:
         d = QDockWidget(title, self)
         d.setObjectName(name)
         d.setWidget(widget)
+        # a tab brought to the front is not a show event (see deferred.on_screen): say so
+        d.visibilityChanged.connect(lambda shown, d=d: self.panel_revealed.emit(getattr(d, "panel", d.widget())) if shown else None)
         d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable
                       | QDockWidget.DockWidgetFeature.DockWidgetClosable)  # fmt: skip
         return d

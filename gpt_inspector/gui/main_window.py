@@ -51,6 +51,7 @@ from .worker import ModelSpec, SessionSpec
 
 class MainWindow(DockLayout, QMainWindow):
     snapshot_changed = Signal(object)  # Snapshot, after every view showed it
+    panel_revealed = Signal(object)  # a dock's widget, when its dock comes to the front (tab chosen, shown)
     selection_changed = Signal(int, int, int)  # layer, head, query (-1: follow the newest)
 
     def __init__(self, restore_layout: bool = True):
@@ -129,6 +130,7 @@ class MainWindow(DockLayout, QMainWindow):
         self.score_matrix.cells_edited.connect(ctl.edit_cells)
         self.score_matrix.view_changed.connect(ctl.select_view)
         self._deferred = DeferredViews(self, self.views)
+        self.panel_revealed.connect(self._deferred.reveal)
         self.score_matrix.export_requested.connect(lambda: self.export_view())
         self.overview.head_clicked.connect(lambda l, h: ctl.select(layer=l, head=h))
         self.overview.export_requested.connect(self._export_from_overview)

@@ -109,3 +109,20 @@ def window_on(qtbot, wait_idle):
     yield make
     for w in made:
         w.worker.stop()
+
+
+@pytest.fixture
+def click_tab(qtbot):
+    """``click_tab(window, title)``: a left click on the dock tab titled ``title``."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QTabBar
+
+    def click(win, title: str) -> None:
+        for bar in win.findChildren(QTabBar):
+            for i in range(bar.count()):
+                if bar.tabText(i) == title:
+                    qtbot.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(i).center())
+                    return
+        raise AssertionError(f"no tab titled {title!r}")
+
+    return click

@@ -80,7 +80,7 @@ def test_live_temperature_and_an_edited_prompt(shown, wait_idle, qtbot, dialogs)
     assert snap.prompt_len < 8  # "He reads", not the longer first prompt
 
 
-def test_edit_the_mask_by_clicking_cells(shown, wait_idle, qtbot, dialogs):
+def test_edit_the_mask_by_clicking_cells(shown, wait_idle, qtbot, dialogs, click_tab):
     win = shown()
     win.run(2)
     wait_idle(win)
@@ -90,6 +90,8 @@ def test_edit_the_mask_by_clicking_cells(shown, wait_idle, qtbot, dialogs):
     snap = wait_idle(win)
     assert len(snap.mask_edits) == 1 and (snap.mask_edits[0].query, snap.mask_edits[0].key) == (3, 1)
     assert not snap.allowed[3, 1]
+    assert win.mask_editor.list.count() == 0  # its tab is behind "Next token": it waits, unseen
+    click_tab(win, "Mask edits")  # the user looks at the list
     assert win.mask_editor.list.count() == 1 and "1 edit(s) in force" in win.mask_editor.summary.text() or \
         "Last edit" in win.mask_editor.summary.text()  # fmt: skip
     qtbot.mouseClick(win.mask_editor.clear, Qt.MouseButton.LeftButton)

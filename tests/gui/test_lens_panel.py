@@ -95,3 +95,31 @@ def test_ctrl_k_knocks_out_the_selected_head_and_the_run_is_recomputed(make_wind
     next(a for a in win.tools_menu.actions() if a.text().startswith("Patch the selected head")).trigger()
     qtbot.waitUntil(lambda: "patched head 0.1" in win.statusBar().currentMessage(), timeout=10000)
     assert not no_dialogs and not win.errors
+
+
+def test_the_lens_costs_nothing_while_its_tab_is_behind_another(make_window, wait_idle, qtbot, click_tab, no_dialogs):
+    # Qt keeps a dock on an unchosen tab "visible" (moved outside the window): the panel must not
+    # take that for being seen, or every step would pay for a lens nobody looks at
+    from gpt_inspector.gui.deferred import on_screen
+
+    win = make_window()
+    panel = win.lens_panel
+    jobs = []
+    real = win.run_in_worker
+    win.run_in_worker = lambda job, done: jobs.append(job) or real(job, done)
+    press = lambda: qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)  # noqa: E731
+    press()
+    wait_idle(win)
+    assert panel.isVisible() and not on_screen(panel)  # what Qt says, and what the user sees
+    assert panel.result is None and not jobs
+    click_tab(win, "Logit lens")  # the user looks: the lens of the current step comes
+    qtbot.waitUntil(lambda: panel.result is not None and panel.result.step == 0, timeout=10000)
+    press()
+    wait_idle(win)
+    qtbot.waitUntil(lambda: panel.result.step == 1, timeout=10000)
+    click_tab(win, "KV cache")  # behind again: steps run no lens
+    n = len(jobs)
+    press()
+    wait_idle(win)
+    qtbot.wait(200)
+    assert len(jobs) == n and panel.result.step == 1

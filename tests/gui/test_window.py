@@ -88,7 +88,7 @@ def test_stepping_updates_every_view(make_window, wait_idle, tiny_lm):
         np.testing.assert_allclose(got, want, rtol=1e-5, atol=1e-5)
 
 
-def test_clicking_a_mask_cell_recomputes_like_the_engine(make_window, wait_idle, tiny_lm, qtbot):
+def test_clicking_a_mask_cell_recomputes_like_the_engine(make_window, wait_idle, tiny_lm, qtbot, click_tab):
     win = make_window()
     win.run(3)
     snap = wait_idle(win)
@@ -115,6 +115,7 @@ def test_clicking_a_mask_cell_recomputes_like_the_engine(make_window, wait_idle,
     assert report.total_variation > 0
     np.testing.assert_array_equal(snap.mask_report.after, report.after.numpy())
     assert np.isnan(view.image.image[t - 1, 1])  # the blocked cell shows in the masked colour
+    click_tab(win, "Mask edits")  # the list is on a tab behind "Next token"
     assert win.mask_editor.list.count() == 1 and win.mask_editor.table.rowCount() > 0
     # cells above the diagonal are ignored, nothing is sent
     with qtbot.assertNotEmitted(view.cells_edited):

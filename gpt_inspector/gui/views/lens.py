@@ -24,6 +24,8 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from ..deferred import on_screen
+
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
 TOP_K = 5
@@ -177,14 +179,17 @@ def create_panel(window) -> LensPanel:
             state["busy"] = False
             panel.set_busy(False)
 
-    def on_snapshot(snap) -> None:
+    def on_snapshot(snap, revealed: bool = False) -> None:
+        if snap is None:
+            return
         if snap.read_only or snap.n_steps == 0:
             panel.clear("the logit lens needs a live session with a step" if snap.read_only else
                         "run a step, then the lens shows where the prediction formed")  # fmt: skip
             state["version"] = None
             return
         key = (snap.state_version, snap.n_steps)
-        if panel.follow.isChecked() and panel.isVisible() and key != state["version"]:
+        # on screen: a tab behind another is "visible" to Qt, and the lens costs about a step
+        if panel.follow.isChecked() and (revealed or on_screen(panel)) and key != state["version"]:
             state["version"] = key
             compute()
 
@@ -201,6 +206,7 @@ def create_panel(window) -> LensPanel:
     panel.compute_requested.connect(compute)
     panel.head_clicked.connect(lambda layer, head: window.select(layer=layer, head=head))
     window.snapshot_changed.connect(on_snapshot)
+    window.panel_revealed.connect(lambda w: on_snapshot(window.snapshot, True) if w is panel else None)
     window.tools_menu.addAction(window.acts.action("Logit lens of the current step", compute, "Ctrl+Shift+L",
                                                    "Where the prediction formed, and which heads pushed it"))  # fmt: skip
     return panel
