@@ -258,29 +258,25 @@ def create_panel(window) -> KVLabPanel:
 
         submit(job, panel.show_view, f"running {name} for {n} steps beside the full cache…")
 
-    def step() -> None:
+    def on_lab(act, what: str) -> None:
+        """Run ``act(lab)`` on the worker, then show the lab as it is."""
+
         def job(_src):
             from ...core.errors import InspectorError
 
             lab = state["lab"]
             if lab is None:
                 raise InspectorError("no lab yet: press Run first")
-            lab.step()
+            act(lab)
             return LabView.of(lab)
 
-        submit(job, panel.show_view, "one more lab step…")
+        submit(job, panel.show_view, what)
+
+    def step() -> None:
+        on_lab(lambda lab: lab.step(), "one more lab step…")
 
     def back() -> None:
-        def job(_src):
-            from ...core.errors import InspectorError
-
-            lab = state["lab"]
-            if lab is None:
-                raise InspectorError("no lab yet: press Run first")
-            lab.step_back()
-            return LabView.of(lab)
-
-        submit(job, panel.show_view, "stepping the lab back…")
+        on_lab(lambda lab: lab.step_back(), "stepping the lab back…")
 
     def probe() -> None:
         def job(_src):
