@@ -68,6 +68,13 @@ class EditingMixin:
                 f"cannot {verb} query {e.query} -> key {e.key}: a future position; the causal mask always hides it"
             )
 
+    def _refuse_under_policy(self, what: str) -> None:
+        # a KV lab's policy run: its evictions and its step-back states follow the path it took, so
+        # a recompute under other edits would leave the lab's record of that path wrong
+        if self.recorder.kv_policy is not None:
+            raise InspectorError(f"{what} are not available on a KV cache policy's run (the KV lab): edit the "
+                                 "reference session, or edit first and run the lab on that")  # fmt: skip
+
     def set_mask_edits(self, edits: Iterable[MaskEdit], progress: Progress | None = None,
                        cancelled: Callable[[], bool] | None = None) -> MaskEditReport:  # fmt: skip
         """Replace the mask edits in force and recompute from the earliest affected position.
@@ -78,6 +85,7 @@ class EditingMixin:
         turns true between chunks the session goes back exactly to where it was and ``Cancelled``
         is raised.
         """
+        self._refuse_under_policy("mask edits")
         edits = list(edits)
         blocked: dict[tuple, MaskEdit] = {}
         for e in edits:
@@ -223,6 +231,7 @@ class EditingMixin:
 
         The report says how the current next-token distribution moved.
         """
+        self._refuse_under_policy("knock-outs and patches")
         edits = list(edits)
         compiled: dict[int, list] = {}
         for e in edits:

@@ -135,3 +135,24 @@ def test_a_shared_reference_is_read_not_stepped_back(tiny_lm):
     lab.step_back()
     assert ref.n_steps == 4 and lab.run.n_steps == 2
     _assert_same_step(lab.step(), want[2])
+
+
+def test_edits_on_the_policy_run_are_refused_and_the_lab_goes_on(tiny_lm):
+    # the lab's step-back states follow the path the policy run took; a recompute under edits would
+    # leave them wrong, so the run refuses edits in one line and nothing changes
+    from gpt_inspector.core.edits import HeadEdit, MaskEdit
+    from gpt_inspector.core.errors import InspectorError
+    from gpt_inspector.core.kvlab import KVLab, make
+
+    lab = KVLab(tiny_lm("llama"), "She eats an apple. He reads", make("h2o", 6))
+    lab.run_steps(3)
+    before = [st.kl for st in lab.history]
+    with pytest.raises(InspectorError, match="not available on a KV cache policy's run"):
+        lab.run.set_mask_edits([MaskEdit(3, 1)])
+    with pytest.raises(InspectorError, match="knock-outs and patches are not available"):
+        lab.run.set_head_edits([HeadEdit(0, 1)])
+    assert lab.run.mask_edits == [] and lab.run.head_edits == []
+    assert [st.kl for st in lab.history] == before
+    lab.step()
+    lab.step_back()
+    assert len(lab.history) == 3
