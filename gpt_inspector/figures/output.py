@@ -17,6 +17,8 @@ FORMATS = (".png", ".svg", ".pdf")
 MIN_SCALE, MAX_SCALE = 0.1, 10.0
 MAX_PIXELS = 150_000_000  # past this a PNG is unusable and Agg may run out of memory
 MAX_SIDE = 32000
+# a full-resolution head (figures.fullres) may take more: up to 16,384 cells a side plus margins, ~1.3 GB of canvas
+MAX_FULL_PIXELS = 330_000_000
 
 
 # ---------------------------------------------------------------------- checks
@@ -64,9 +66,14 @@ def to_bytes(fig: Figure, fmt: str = "png", dpi: float | None = None) -> bytes:
     """The figure encoded as ``fmt`` ('png', 'svg' or 'pdf'); ``dpi`` sets a PNG's pixel density."""
     fmt = check_format(f"x.{fmt}")
     d = fig.dpi if dpi is None else float(dpi)
+    full = getattr(fig, "full_resolution", False)
     if fmt == "png":
+        if full and fig.layout_dpi is None:
+            raise InspectorError("this full-resolution figure was laid out for SVG or PDF; build it again for a PNG")
+        if full and abs(d - fig.layout_dpi) > 1e-6:  # its cells are whole pixels at that density only
+            raise InspectorError(f"this full-resolution figure is laid out for {fig.layout_dpi:g} dpi, not {d:g}")
         w, h = pixel_size(fig, d)
-        if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
+        if w > MAX_SIDE or h > MAX_SIDE or w * h > (MAX_FULL_PIXELS if full else MAX_PIXELS):
             raise InspectorError(f"the image would be {w}x{h} pixels; use a smaller scale, SVG or PDF")
     buf = io.BytesIO()
     with _style():
