@@ -151,3 +151,45 @@ def test_full_resolution_box_writes_every_cell_for_one_head_only(qtbot, known, t
 
     ed.export_grid(win, None, "probs", on_done=done.append)
     assert boxes[-1] is None  # grids are always pooled: no box
+
+
+def test_window_ctrl_e_full_resolution_writes_on_the_worker(shown, wait_idle, qtbot, monkeypatch, tmp_path, no_dialogs):
+    """The real window: Ctrl+E, tick "Full resolution", save as SVG; the worker writes the T x T image."""
+    import base64
+    import io
+    import threading
+
+    from matplotlib.image import imread
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication, QDialog
+
+    from gpt_inspector import export
+    from gpt_inspector.gui import export_dialog as ed
+
+    win = shown()
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    snap = wait_idle(win)
+    target, threads = tmp_path / "head.svg", []
+    real = export.render_heatmap
+    monkeypatch.setattr(export, "render_heatmap", lambda *a, **k: threads.append(threading.get_ident()) or real(*a, **k))
+
+    def accept(self):
+        qtbot.addWidget(self)
+        self.show()  # exec() would block: shown instead, so the click lands on the box
+        qtbot.waitExposed(self)
+        qtbot.mouseClick(self.full_box, Qt.MouseButton.LeftButton)
+        assert self.full_box.isChecked()
+        self.set_path(target)
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(ed.ExportDialog, "exec", accept)
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: "at full resolution" in win.statusBar().currentMessage() or bool(no_dialogs), timeout=20000)
+    assert not no_dialogs, no_dialogs
+    assert threads and threads[0] != threading.get_ident()  # model work off the GUI thread
+    t = snap.T
+    root = ET.parse(target).getroot()
+    image = next(e for e in root.iter("{http://www.w3.org/2000/svg}image") if e.get("width") == str(t))
+    data = base64.b64decode(image.get("{http://www.w3.org/1999/xlink}href").split(",", 1)[1])
+    assert imread(io.BytesIO(data)).shape[:2] == (t, t)
+    assert not win.errors
