@@ -390,9 +390,10 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
     cmap = _cmap()
     rgba, norm, any_masked = fullres.head_cells(source, layer, head, kind, block, cmap, kind in MASKING_KINDS)
     nb = rgba.shape[0]  # (nb, nb, 4)
-    side = min(max(nb * 0.28, 2.0), 7.0)  # inches, as a pooled head figure
-    p = 1 if vector else fullres.pixels_per_cell(nb, side, dpi)
-    if not vector:
+    if vector:
+        side, p = fullres.usual_side(nb), 1
+    else:
+        _, _, p = fullres.png_layout(t, dpi)
         side = nb * p / dpi  # whole pixels per cell: larger than usual once T passes the usual side's pixels
     if block == 1:
         subtitle += f" · full resolution ({p}×{p} pixels per cell)" if not vector and p > 1 else " · full resolution"
@@ -402,7 +403,7 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
     with _style():
         fig = _new_figure(2.2 + side + 1.6, 1.8 + side + 0.9)
         ax = _add_axes(fig, 2.2, 1.8, side, side)
-        ax.add_image(fullres.CellImage(ax, rgba, p, extent=(-0.5, end, end, -0.5)))
+        ax.add_artist(fullres.CellImage(rgba))
         ax.set_xlim(-0.5, end)
         ax.set_ylim(end, -0.5)
         gap = 0.3 + 108.0 / (vector and 600.0 or dpi)  # points: 1.5 pixels clear of the cells, antialiasing included

@@ -4,11 +4,9 @@ The cells are computed from the run source in row chunks and colour-mapped strai
 (T, T, 4) uint8 buffer, the only T x T array that exists (no float copy of the matrix is kept):
 
 * PNG: the heatmap is laid out on whole pixels, ``p`` x ``p`` pixels per cell (``p >= 1``, as
-  many as the usual 7-inch side allows), and the buffer is pasted into Agg's canvas as it is.
-  Matplotlib would otherwise resample it, converting the whole image to float32 RGBA twice over
-  (2 GB at T = 8,192) for what is an exact copy here.
-* SVG and PDF: ``interpolation="none"`` embeds the buffer unresampled (a T x T PNG inside the SVG,
-  a T x T image XObject in the PDF); the page keeps the usual size and viewers zoom into the cells.
+  many as the usual 7-inch side allows), and the buffer is drawn into Agg's canvas as it is.
+* SVG and PDF: the buffer is embedded unresampled (a T x T PNG inside the SVG, a T x T image
+  XObject in the PDF); the page keeps the usual size and viewers zoom into the cells.
 
 Past ``MAX_CELLS`` cells per side (the buffer would pass 1 GiB, a PNG's canvas more) the matrix is
 max-pooled in b x b blocks, and the subtitle says so. Masked cells are the masked grey, without
@@ -20,9 +18,9 @@ from __future__ import annotations
 import math
 
 import numpy as np
+from matplotlib.artist import Artist
 from matplotlib.colors import Normalize
-from matplotlib.image import AxesImage
-from matplotlib.transforms import IdentityTransform
+from matplotlib.transforms import Affine2D
 
 from ..core.errors import InspectorError
 from .labels import _finite_span, pool_max, value_range
@@ -61,8 +59,8 @@ def _row_chunks(source, layer: int, head: int, kind: str, masking: bool, block: 
 def head_cells(source, layer: int, head: int, kind: str, block: int, cmap, masking: bool):
     """(rgba (nb, nb, 4) uint8, norm, any cell masked) for one head, nb = ceil(T / block).
 
-    Rows are stored bottom-up (rgba[0] is the last query block), the order Agg draws an image's rows
-    in, so neither a PNG nor an SVG/PDF (``origin="lower"``) needs a flipped copy.
+    Rows are stored bottom-up (rgba[0] is the last query block), the order every matplotlib
+    renderer's ``draw_image`` takes, so no format needs a flipped copy.
 
     Two passes over one buffer: the (pooled) values go in as float32 (masked cells as NaN) while the
     colour range is found, then each row chunk is colour-mapped in place; a float32 and an RGBA
@@ -90,38 +88,56 @@ def head_cells(source, layer: int, head: int, kind: str, block: int, cmap, maski
     return rgba, norm, any_masked
 
 
-def pixels_per_cell(n: int, side_in: float, dpi: float) -> int:
-    """Whole pixels per cell that fit ``side_in`` at ``dpi``, at least 1 (the side then grows past it)."""
-    return max(1, int(side_in * dpi // n))
+def usual_side(n: int) -> float:
+    """The heatmap's side in inches in a pooled head figure of ``n`` positions (and in a vector full one)."""
+    return min(max(n * 0.28, 2.0), 7.0)
 
 
-class CellImage(AxesImage):
-    """The cells as they are: embedded unresampled in SVG and PDF, pasted ``p`` x ``p`` per cell in a PNG.
+def png_layout(t: int, dpi: float) -> tuple[int, int, int]:
+    """(block, cells per side, whole pixels per cell) of a full-resolution PNG of ``t`` positions at ``dpi``.
 
-    Raster output pastes the buffer only when the axes span exactly ``p * n`` pixels (the figure
-    is laid out for one dpi); at any other size it is resampled like any image.
+    As many pixels per cell as the usual side allows, at least one: past ~7 x ``dpi`` positions
+    the heatmap grows to one pixel per cell.
+    """
+    block = block_for(t)
+    n = -(-t // block)
+    return block, n, max(1, int(usual_side(n) * dpi // n))
+
+
+class CellImage(Artist):
+    """The cells as they are, drawn through the renderer's own ``draw_image``.
+
+    Vector renderers (SVG, PDF) get the whole buffer with a transform onto the axes: embedded
+    unresampled. Raster (Agg) gets it as the axes' pixels: the buffer itself when the axes span one
+    pixel per cell, each cell repeated when they span ``p``; at any other size, nearest cells.
+    ``AxesImage`` would first copy the buffer and give it a full-size mask (``set_data``), then
+    convert it to float32 RGBA to resample: three more T x T arrays for what is a copy here.
     """
 
-    def __init__(self, ax, rgba: np.ndarray, p: int, **kwargs):
-        super().__init__(ax, interpolation="none", origin="lower", **kwargs)
-        self.set_data(rgba)
-        self.cells_per_side, self.p = rgba.shape[0], int(p)
+    def __init__(self, rgba: np.ndarray):
+        super().__init__()
+        self.rgba = rgba  # (n, n, 4) uint8, rows bottom-up as renderers take them
+        self.set_in_layout(False)
 
-    def make_image(self, renderer, magnification=1.0, unsampled=False):
-        if unsampled:
-            return super().make_image(renderer, magnification, unsampled)
-        box = self.axes.bbox  # display pixels at the dpi being written
-        side = self.cells_per_side * self.p * magnification
-        x0, y0 = round(box.x0 * magnification), round(box.y0 * magnification)
-        exact = abs(box.width * magnification - side) < 0.01 and abs(box.height * magnification - side) < 0.01
-        if not exact or abs(box.x0 * magnification - x0) > 0.01 or abs(box.y0 * magnification - y0) > 0.01:
-            return super().make_image(renderer, magnification, unsampled)
-        a = self.get_array()
-        k = int(round(self.p * magnification))
-        if k > 1:
-            a = np.repeat(np.repeat(a, k, axis=0), k, axis=1)  # (n*k, n*k, 4)
-        # Agg draws row 0 at the bottom of the given box: the buffer is stored that way round
-        return a, x0 / magnification, y0 / magnification, IdentityTransform()
+    def draw(self, renderer) -> None:
+        if not self.get_visible():
+            return
+        box = self.axes.bbox  # display units at the dpi being written
+        gc = renderer.new_gc()
+        if renderer.option_scale_image():
+            renderer.draw_image(gc, box.x0, box.y0, self.rgba, Affine2D().scale(box.width, box.height))
+        else:
+            n = self.rgba.shape[0]
+            w, h = round(box.width), round(box.height)
+            a = self.rgba if (w, h) == (n, n) else self.rgba[_nearest(n, h)][:, _nearest(n, w)]  # (h, w, 4)
+            renderer.draw_image(gc, round(box.x0), round(box.y0), a)
+        gc.restore()
+        self.stale = False
+
+
+def _nearest(n: int, pixels: int) -> np.ndarray:
+    """The cell under each of ``pixels`` pixel centres across ``n`` cells (``p`` in a row when pixels = n * p)."""
+    return np.minimum(((np.arange(pixels) + 0.5) * n / pixels).astype(np.intp), n - 1)
 
 
 def snap_to_pixels(fig, ax, dpi: float) -> None:

@@ -12,6 +12,7 @@ from matplotlib.figure import Figure
 
 from ..core.errors import InspectorError
 from .drawing import _LOCK, DPI, HeatmapFigure, _style
+from .fullres import CellImage
 
 FORMATS = (".png", ".svg", ".pdf")
 MIN_SCALE, MAX_SCALE = 0.1, 10.0
@@ -111,6 +112,9 @@ def close(fig: Figure) -> None:
         for ax in fig.axes:
             for im in ax.images:
                 im.set_data(np.zeros((1, 1)))
+            for art in ax.artists:
+                if isinstance(art, CellImage):  # a full-resolution head's (T, T, 4) buffer
+                    art.rgba = np.zeros((1, 1, 4), dtype=np.uint8)
         if isinstance(fig, HeatmapFigure):
             fig.panel_values = []
 

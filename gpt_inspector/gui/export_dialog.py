@@ -5,9 +5,9 @@ worker thread, which owns the session: ``export_view(window, layer, head, kind)`
 ``export_grid(window, layer_or_None, kind)`` post the job through ``window.run_in_worker`` and open
 the dialog (a preview, the file, the PNG scale) when the figure comes back, so this thread never
 reads the live session. For one head the dialog offers "Full resolution" (every cell unpooled,
-``figures.fullres``); that file is built and written by a second worker job once the dialog closes,
-since its cells are computed from the session again. ``export_matrix`` draws a matrix the window already holds (a snapshot's
-K or V cache) right here. Errors are reported in a message box.
+``figures.fullres``); that file is built and written by a second worker job once the dialog
+closes, since its cells are computed from the session again. ``export_matrix`` draws a matrix the
+window already holds (a snapshot's K or V cache) right here. Errors are reported in a message box.
 """
 
 from __future__ import annotations
@@ -174,10 +174,7 @@ class ExportDialog(QDialog):
         png = self.suffix() == ".png"
         self.scale_spin.setEnabled(png)
         if png and self.full_resolution():
-            t = len(self.figure.row_labels)
-            b = fullres.block_for(t)
-            n = -(-t // b)
-            p = fullres.pixels_per_cell(n, min(max(n * 0.28, 2.0), 7.0), self.dpi())
+            b, n, p = fullres.png_layout(len(self.figure.row_labels), self.dpi())
             pooled = f", pooled {b}×{b}" if b > 1 else ""
             self.size_label.setText(f"heatmap {n * p} × {n * p} pixels ({p}×{p} per cell{pooled}) plus labels")
         elif png:

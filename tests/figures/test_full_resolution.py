@@ -124,6 +124,7 @@ def test_past_the_cell_limit_it_pools_and_names_the_block(session, monkeypatch):
     assert "full resolution stops at 16 positions" in fig.subheading
     n = -(-t // b)
     p = int(min(max(n * 0.28, 2.0), 7.0) * 100 // n)  # as many whole pixels as the usual side allows
+    assert fullres.png_layout(t, 100) == (b, n, p)
     img = _png(figures.to_bytes(fig, "png", 100))
     blocks = _heatmap_pixels(fig, img, n, p, 100).reshape(n, p, n, p, 3)
     want, masked = _block_max(*_expected(session, 0, 1, "probs"), b)
@@ -181,5 +182,14 @@ def test_a_full_resolution_figure_is_written_only_as_laid_out(session):
     with pytest.raises(InspectorError, match="SVG or PDF"):
         figures.to_bytes(vec, "png")
     assert figures.to_bytes(vec, "pdf").startswith(b"%PDF-")
-    figures.close(fig)
-    figures.close(vec)
+    # matplotlib's own savefig at another density still draws each cell (nearest), twice the pixels here
+    buf = io.BytesIO()
+    fig.savefig(buf, format="png", dpi=200)
+    img, t = _png(buf.getvalue()), session.cache_length
+    want, masked = _expected(session, 0, 0, "probs")
+    centres = [figures.cell_center(fig, r, c, 200) for r in range(t) for c in range(t)]
+    rgb = np.array([img[int(y), int(x)] for x, y in centres]).reshape(t, t, 3)
+    _check_cells(rgb, want, masked, 0.0, 1.0)
+    for f in (fig, vec):  # close lets go of the (T, T, 4) buffer now
+        figures.close(f)
+        assert all(a.rgba.size == 4 for a in f.axes[0].artists)
