@@ -104,6 +104,11 @@ def test_full_resolution_one_head(trace_file, tmp_path, capsys):
     rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.pdf")
     assert rc == 0, err
     assert f"/Width {t} /Height {t}".encode() in (tmp_path / "f.pdf").read_bytes()
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    from gpt_inspector.figures import fullres
+
+    assert f"Past {fullres.MAX_CELLS:,}" in " ".join(capsys.readouterr().out.split())  # the help states the real limit
 
 
 @pytest.mark.parametrize(
