@@ -193,3 +193,22 @@ def test_a_full_resolution_figure_is_written_only_as_laid_out(session):
     for f in (fig, vec):  # close lets go of the (T, T, 4) buffer now
         figures.close(f)
         assert all(a.rgba.size == 4 for a in f.axes[0].artists)
+
+
+def test_a_source_with_whole_matrices_only_and_the_unverified_band(tmp_path):
+    """A duck-typed source (attention and allowed, no row accessors) at full resolution; the red band
+    moves the layout, and the cells still land on whole pixels."""
+    from known_source import KnownSource
+
+    src = KnownSource(t=30)
+    src.unverified = "probe mismatch"
+    fig = figures.head_figure(src, 1, 2, "masked_scores", dpi=100, full_resolution=True)
+    assert fig.unverified == "probe mismatch" and "full resolution (23×23 pixels per cell)" in fig.subheading
+    img = _png(export.render_heatmap(src, 1, 2, "masked_scores", tmp_path / "u.png", scale=1,
+                                     full_resolution=True).read_bytes())  # fmt: skip
+    assert img.shape[:2][::-1] == figures.pixel_size(fig, 100)
+    blocks = _heatmap_pixels(fig, img, 30, 23, 100).reshape(30, 23, 30, 23, 3)
+    assert (blocks == blocks[:, :1, :, :1]).all()
+    v = src.attention(1, 2, "masked_scores").astype(np.float64)
+    masked = ~src.allowed(1, 2) | ~np.isfinite(v)
+    _check_cells(blocks[:, 0, :, 0], v, masked, float(v[~masked].min()), float(v[~masked].max()))
