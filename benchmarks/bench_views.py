@@ -87,7 +87,7 @@ class PeakRSS:
 
 def head_exports(s, layer: int = 5, head: int = 3, scale: float = 2.0) -> None:
     """One head to PNG, SVG and PDF, pooled (the default) and at full resolution, side by side."""
-    from gpt_inspector import export, figures
+    from gpt_inspector import export
 
     with tempfile.TemporaryDirectory() as folder:
         for fmt in ("png", "svg", "pdf"):

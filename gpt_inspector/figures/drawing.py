@@ -20,9 +20,9 @@ from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
 from ..core import pooling
-from . import fullres
 from ..core.stages import KINDS, STAGE_LABELS, STAGE_TITLES
 from ..core.errors import InspectorError
+from . import fullres
 from .labels import (
     _finite_span,
     _pool_for,

@@ -36,9 +36,9 @@ from PySide6.QtWidgets import (
 )
 
 from .. import figures
-from ..figures import fullres
 from ..core.errors import InspectorError, StepFailed
 from ..core.stages import STAGE_LABELS
+from ..figures import fullres
 
 FILTERS = {".png": "PNG image (*.png)", ".svg": "SVG image (*.svg)", ".pdf": "PDF document (*.pdf)"}
 PREVIEW_DPI = 100.0
@@ -301,6 +301,9 @@ def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> in
     """Export one head's matrix at stage ``kind``; the figure is built on ``window``'s worker."""
     from ..export import render_heatmap
 
+    def write_full(source, path, dpi):
+        return render_heatmap(source, layer, head, kind, path, scale=dpi / figures.DPI, full_resolution=True)
+
     scale = 2.0
     return _in_worker(
         window,
@@ -309,8 +312,7 @@ def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> in
         scale,
         f"Layer {layer}, head {head}, {STAGE_LABELS.get(kind, kind)}",
         on_done,
-        lambda source, path, dpi: render_heatmap(source, layer, head, kind, path, scale=dpi / figures.DPI,
-                                                 full_resolution=True),  # fmt: skip
+        write_full,
     )
 
 

@@ -79,7 +79,7 @@ def _png(data: bytes) -> np.ndarray:
 def _heatmap_pixels(fig, img, n, p, dpi):
     """The n*p x n*p pixels from cell (0, 0)'s top-left corner, the corner found through the figure's axes."""
     x, y = figures.cell_center(fig, -0.5, -0.5, dpi)  # position -0.5: the edge of the first cell
-    x0, y0 = int(round(x)), int(round(y))
+    x0, y0 = round(x), round(y)
     assert abs(x - x0) < 1e-3 and abs(y - y0) < 1e-3, "the heatmap starts on a whole pixel"
     return img[y0 : y0 + n * p, x0 : x0 + n * p]
 
@@ -95,7 +95,7 @@ def test_png_has_whole_pixels_per_cell_in_the_models_colours(session, monkeypatc
     t, layer, head = session.cache_length, 1, 3
     fig = figures.head_figure(session, layer, head, kind, dpi=dpi, full_resolution=True)
     monkeypatch.undo()
-    assert calls and max(p1 - p0 for p0, p1 in calls) == 4 and sorted(calls)[-1][1] == t
+    assert calls and max(p1 - p0 for p0, p1 in calls) == 4 and max(p1 for _, p1 in calls) == t
     p = int(7.0 * dpi // t) or 1
     if dpi < 10:
         assert figures.head_figure(session, layer, head, kind, dpi=dpi).pool > 1, "the usual figure would pool here"
