@@ -295,18 +295,24 @@ def matrix_figure(
     value_label: str = "",
     kind: str | None = None,
     dpi: float = DPI,
+    block: int = 1,
 ) -> HeatmapFigure:
     """One heatmap of any 2-D matrix (attention, the K or V cache, ...) with labels on both axes.
 
     ``masked`` (bool, same shape) cells and non-finite values are drawn in the masked colour.
     Labels may be None for plain indices. The colour range defaults to the unmasked finite values.
     ``dpi`` is the density the figure will be saved at: cells are max-pooled only where they would
-    be narrower than one pixel there.
+    be narrower than one pixel there. ``block > 1``: ``matrix`` already holds the ``block`` x ``block``
+    maxima of a matrix with one row and column per label (give both, and vmin/vmax over its cells).
     """
     m = np.asarray(matrix, dtype=np.float32)
     if m.ndim != 2 or m.size == 0:
         raise InspectorError(f"a heatmap needs a non-empty 2-D matrix, got shape {m.shape}")
     nr, nc = m.shape
+    if block > 1:
+        nr, nc = len(row_labels), len(col_labels)
+        if m.shape != (-(-nr // block), -(-nc // block)):
+            raise InspectorError(f"{m.shape} blocks do not cover {nr}x{nc} cells in blocks of {block}")
     mask = ~np.isfinite(m)
     if masked is not None:
         mk = np.asarray(masked, dtype=bool)
@@ -326,8 +332,11 @@ def matrix_figure(
 
     w = min(max(nc * 0.28, 2.0), 7.0)
     h = min(max(nr * 0.28, 2.0), 7.0)
-    k = max(_pool_for(nr, h, dpi), _pool_for(nc, w, dpi))
-    values, pm = pool_max(m, mask, k, k)
+    if block > 1:
+        k, values, pm = block, np.where(mask, 0.0, m), mask
+    else:
+        k = max(_pool_for(nr, h, dpi), _pool_for(nc, w, dpi))
+        values, pm = pool_max(m, mask, k, k)
     if subtitle is None or subtitle == "":
         subtitle = f"{nr} × {nc}"
     if k > 1:
@@ -376,6 +385,19 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     subtitle = f"{_stage_note(kind)} · {_positions_text(t)}"
     if full_resolution:
         return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector)
+    k = _pool_for(t, fullres.usual_side(t), float(dpi))  # as matrix_figure will choose
+    if k > 1 and hasattr(source, "attention_rows"):
+        # block maxima from row chunks: attention(layer, head) would build the (T, T) matrix and the
+        # mask of every head of the layer (3 GiB at T = 16,384 with 8 heads)
+        masking = kind in MASKING_KINDS
+        values, masked, span = fullres.head_blocks(source, layer, head, kind, k, masking)
+        lo, hi = value_range([span], kind)
+        fig = matrix_figure(
+            values, labels, labels, title, subtitle, "key", row_title="query",
+            masked=masked if masking or masked.any() else None, vmin=lo, vmax=hi, value_label=STAGES[kind],
+            kind=kind, dpi=dpi, block=k,
+        )  # fmt: skip
+        return mark_unverified(fig, getattr(source, "unverified", None))
     values, masked = _head_data(source, layer, head, kind)
     fig = matrix_figure(
         values, labels, labels, title, subtitle, "key", row_title="query",

@@ -56,6 +56,32 @@ def _row_chunks(source, layer: int, head: int, kind: str, masking: bool, block: 
         yield r0, values, masked
 
 
+def _pooled_rows(source, layer: int, head: int, kind: str, block: int, masking: bool):
+    """(first block row, block maxima (m, nb), all-masked blocks (m, nb), (min, max) of the cells or None) per chunk."""
+    for r0, v, m in _row_chunks(source, layer, head, kind, masking, block):
+        pv, pm = pool_max(v, m, block, block)
+        yield r0 // block, pv, pm, _finite_span(v, m)
+
+
+def head_blocks(source, layer: int, head: int, kind: str, block: int, masking: bool):
+    """(values (nb, nb) float32, masked (nb, nb) bool, (min, max) over every unmasked cell or None).
+
+    One head's ``block`` x ``block`` maxima, top-down, from row chunks: the pooled head figure at
+    long T without the (T, T) matrix, nor the all-heads mask that ``attention(layer, head)`` builds.
+    """
+    t = int(source.cache_length)
+    nb = -(-t // block)
+    values = np.zeros((nb, nb), dtype=np.float32)
+    masked = np.ones((nb, nb), dtype=bool)
+    spans = []
+    for R0, pv, pm, span in _pooled_rows(source, layer, head, kind, block, masking):
+        values[R0 : R0 + pv.shape[0]], masked[R0 : R0 + pv.shape[0]] = pv, pm
+        spans.append(span)
+    spans = [x for x in spans if x is not None]
+    span = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
+    return values, masked, span
+
+
 def head_cells(source, layer: int, head: int, kind: str, block: int, cmap, masking: bool):
     """(rgba (nb, nb, 4) uint8, norm, any cell masked) for one head, nb = ceil(T / block).
 
@@ -74,12 +100,10 @@ def head_cells(source, layer: int, head: int, kind: str, block: int, cmap, maski
         raise InspectorError(f"not enough memory for a {nb}x{nb} image; use a pooled export") from None
     values = rgba.view(np.float32)[..., 0]  # (nb, nb): the same bytes
     spans, any_masked = [], False
-    for r0, v, m in _row_chunks(source, layer, head, kind, masking, block):
-        spans.append(_finite_span(v, m))
-        pv, pm = pool_max(v, m, block, block)  # (n / block, nb)
+    for R0, pv, pm, span in _pooled_rows(source, layer, head, kind, block, masking):
+        spans.append(span)
         any_masked = any_masked or bool(pm.any())
-        R1 = nb - r0 // block  # bottom-up
-        values[R1 - pv.shape[0] : R1] = np.where(pm, np.nan, pv)[::-1]
+        values[nb - R0 - pv.shape[0] : nb - R0] = np.where(pm, np.nan, pv)[::-1]  # bottom-up
     norm = Normalize(*value_range(spans, kind))
     step = max(1, ROWS_BUDGET // max(1, nb))
     for R0 in range(0, nb, step):

@@ -212,3 +212,32 @@ def test_a_source_with_whole_matrices_only_and_the_unverified_band(tmp_path):
     v = src.attention(1, 2, "masked_scores").astype(np.float64)
     masked = ~src.allowed(1, 2) | ~np.isfinite(v)
     _check_cells(blocks[:, 0, :, 0], v, masked, float(v[~masked].min()), float(v[~masked].max()))
+
+
+class WholeMatrices:
+    """The session seen through the whole-matrix accessors only (no row chunks): the pooled figure's other path."""
+
+    def __init__(self, s):
+        self._s = s
+
+    def __getattr__(self, name):
+        if name in ("attention_rows", "allowed_rows"):
+            raise AttributeError(name)
+        return getattr(self._s, name)
+
+
+@pytest.mark.parametrize("kind", ["probs", "masked_scores", "raw"])
+def test_the_pooled_head_figure_from_row_chunks_matches_the_whole_matrix(session, monkeypatch, kind):
+    monkeypatch.setattr(fullres, "ROWS_BUDGET", 6 * session.n_heads * session.cache_length)  # a few chunks
+    calls = []
+    real = session.attention_rows
+    monkeypatch.setattr(session, "attention_rows", lambda *a, **k: calls.append(a[1:3]) or real(*a, **k))
+    chunked = figures.head_figure(session, 1, 3, kind, dpi=8)
+    monkeypatch.undo()
+    whole = figures.head_figure(WholeMatrices(session), 1, 3, kind, dpi=8)
+    assert len(calls) > 1 and max(p1 - p0 for p0, p1 in calls) <= 6
+    assert chunked.pool == whole.pool > 1 and f"pooled {whole.pool}×{whole.pool}" in chunked.subheading
+    assert (chunked.heading, chunked.subheading, chunked.has_masked) == (whole.heading, whole.subheading, whole.has_masked)
+    np.testing.assert_allclose(chunked.panel_values[0], whole.panel_values[0], rtol=1e-5, atol=1e-6)
+    a, b = _png(figures.to_bytes(chunked, "png", 8)), _png(figures.to_bytes(whole, "png", 8))
+    assert a.shape == b.shape and np.abs(a - b).max() <= 1
