@@ -428,7 +428,8 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
         ax.add_artist(fullres.CellImage(rgba))
         ax.set_xlim(-0.5, end)
         ax.set_ylim(end, -0.5)
-        gap = 0.3 + 108.0 / (vector and 600.0 or dpi)  # points: 1.5 pixels clear of the cells, antialiasing included
+        # points: the frame 1.5 pixels clear of the cells, antialiasing included (vector: as at 600 dpi)
+        gap = 0.3 + 1.5 * 72.0 / (600.0 if vector else dpi)
         for s in ax.spines.values():
             s.set_color("#909090")
             s.set_linewidth(0.6)
@@ -441,6 +442,7 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
         bar = min(side, 4.0)
         _colorbar(fig, 2.2 + side + 0.2, 1.8 + side - bar, bar, norm, cmap, STAGES[kind],
                   any_masked or kind in MASKING_KINDS, hatch=None)  # fmt: skip
+        # no value array is kept: the cells exist only as colours (the one T x T buffer)
         fig.heatmaps, fig.panel_values, fig.pool, fig.has_masked = [ax], [], block, any_masked
         fig.row_labels = fig.col_labels = labels
         fig.full_resolution, fig.layout_dpi = True, None if vector else dpi
