@@ -13,9 +13,11 @@ Per T it prints, side by side:
   step view update     ViewModel.build after a step (median of --steps): the per-step cost of the views
   mask edit at pos 5   Session.set_mask_edits (engine recompute) and the first snapshot after it
   grid export          whole-model grid figure + PNG bytes (pooled, labelled), and the one-pass way
+  one-head export      layer 5 head 3 as PNG / SVG / PDF at scale 2: pooled (the default) and full resolution
+                       (every T x T cell, figures.fullres), side by side: time, peak memory, image and file size
 with peak resident memory above the level before each operation (sampled every 2 ms).
 
-    python benchmarks/bench_views.py [--lengths 1024,4096,8192] [--steps 8] [--cap 120]
+    python benchmarks/bench_views.py [--lengths 1024,4096,8192] [--steps 8] [--cap 120] [--only-head-export]
 """
 
 from __future__ import annotations
@@ -83,6 +85,30 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
+def head_exports(s, layer: int = 5, head: int = 3, scale: float = 2.0) -> None:
+    """One head to PNG, SVG and PDF, pooled (the default) and at full resolution, side by side."""
+    from gpt_inspector import export
+
+    with tempfile.TemporaryDirectory() as folder:
+        for fmt in ("png", "svg", "pdf"):
+            out = {}
+            for full in (False, True):
+                path = Path(folder) / f"head-{int(full)}.{fmt}"
+                with PeakRSS() as mem:
+                    t0 = time.perf_counter()
+                    export.render_heatmap(s, layer, head, "probs", path, scale=scale, full_resolution=full)
+                    out[full] = (time.perf_counter() - t0, mem.mb, path.stat().st_size / 2**20)
+            (tp, mp, sp), (tf, mf, sf) = out[False], out[True]
+            size = ""
+            if fmt == "png":
+                import struct
+
+                w, h = struct.unpack(">II", (Path(folder) / "head-1.png").read_bytes()[16:24])
+                size = f" · full-resolution image {w}x{h} px"
+            print(f"  one head ({fmt.upper()}): pooled {tp:.2f} s, +{mp:.0f} MB, {sp:.1f} MB file · full resolution "
+                  f"{tf:.2f} s, +{mf:.0f} MB, {sf:.1f} MB file ({tf / tp:.1f}x the time){size}")  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="1024,4096,8192")
@@ -90,6 +116,7 @@ def main() -> int:
     ap.add_argument("--cap", type=float, default=120.0, help="seconds the complete overview may take before it is cut short")
     ap.add_argument("--one-pass-max", type=int, default=4096, help="largest T for the old one-pass figures")
     ap.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "gpt-inspector-bench-llama-gqa"))
+    ap.add_argument("--only-head-export", action="store_true", help="time only the one-head exports (pooled vs full resolution)")
     args = ap.parse_args()
 
     import numpy as np
@@ -109,6 +136,11 @@ def main() -> int:
         t0 = time.perf_counter()
         s.step()
         prefill = time.perf_counter() - t0
+        if args.only_head_export:
+            print(f"\nT = {s.cache_length}: prefill {prefill:.1f} s")
+            head_exports(s)
+            del s
+            continue
         sel = Selection(layer=5, head=3)
         vm = ViewModel(s)
         with PeakRSS() as mem_ov:
@@ -170,7 +202,7 @@ def main() -> int:
                          view=statistics.median(view_times), view_max=max(view_times), mem_step=mem_step.mb,
                          edit_engine=edit_engine, edit_view=edit_view, mem_edit=mem_edit.mb, grid=grid,
                          grid_old=grid_old, mem_grid=mem_grid.mb, note=note))  # fmt: skip
-        del s, vm
+        del vm
         r = rows[-1]
         fmt = lambda x: "-" if x is None else f"{x:.2f} s"  # noqa: E731
         print(f"\nT = {r['T']}: prefill {r['prefill']:.1f} s")
@@ -182,7 +214,11 @@ def main() -> int:
         print(f"  mask edit at position 5: engine {r['edit_engine']:.2f} s, first snapshot after it "
               f"{r['edit_view']:.2f} s (the rest streams) · peak +{r['mem_edit']:.0f} MB")
         print(f"  grid export (PNG): {r['grid']:.2f} s vs old way {fmt(r['grid_old'])} · peak +{r['mem_grid']:.0f} MB · {r['note']}")
+        head_exports(s)
+        del s
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (2 cores shared)")
+    if not rows:
+        return 0
     print("| T | first overview (readable / complete) | per-step view update | mask edit: engine / view | grid export |")
     print("|---|---|---|---|---|")
     for r in rows:

@@ -5,6 +5,7 @@
     >>> render_grid(trace, None, "probs", "model.pdf")                 # every layer x every head
 
 ``scale`` is PNG pixels per unit: 1.0 is 100 dpi. SVG and PDF are vector files and ignore it.
+``render_heatmap(..., full_resolution=True)`` writes every cell of the head unpooled, at any T.
 """
 
 from __future__ import annotations
@@ -26,9 +27,18 @@ def _write(build, path, scale: float) -> Path:
         figures.close(fig)
 
 
-def render_heatmap(source, layer: int, head: int, kind: str, path, scale: float = 2.0, title: str | None = None) -> Path:
-    """Write one head's attention heatmap to ``path`` (.png at ``scale``, .svg or .pdf)."""
-    return _write(lambda dpi: figures.head_figure(source, layer, head, kind, title, dpi=dpi), path, scale)
+def render_heatmap(source, layer: int, head: int, kind: str, path, scale: float = 2.0, title: str | None = None,
+                   *, full_resolution: bool = False) -> Path:  # fmt: skip
+    """Write one head's attention heatmap to ``path`` (.png at ``scale``, .svg or .pdf).
+
+    ``full_resolution=True`` draws every one of the T x T cells unpooled: a PNG gets whole pixels
+    per cell (so it grows with T: about T pixels a side past ~700 x ``scale`` positions), an SVG or
+    PDF embeds the T x T image at the usual page size. Past ``figures.fullres.MAX_CELLS`` positions it
+    pools, saying the block size in the subtitle.
+    """
+    vector = check_format(path) != "png"
+    return _write(lambda dpi: figures.head_figure(source, layer, head, kind, title, dpi=dpi,
+                                                  full_resolution=full_resolution, vector=vector), path, scale)  # fmt: skip
 
 
 def render_grid(source, layer: int | None, kind: str, path, scale: float = 1.0) -> Path:

@@ -40,6 +40,11 @@ def add_arguments(p):
     p.add_argument("--out", required=True, help="PATH.png, PATH.svg or PATH.pdf")
     p.add_argument("--scale", type=float, default=None,
                    help="PNG pixels per unit, 1 = 100 dpi (default 2 for one head, 1 for grids); ignored for SVG and PDF")  # fmt: skip
+    p.add_argument("--full-resolution", action="store_true",
+                   help="one head only: draw every query x key cell unpooled (by default cells narrower than a pixel are "
+                   "max-pooled). A PNG then gets whole pixels per cell, about T pixels a side at long T; an SVG or PDF "
+                   "embeds the T x T image at the usual page size. Past 16,384 positions it pools and the subtitle "
+                   "gives the block size")  # fmt: skip
 
 
 def _check(args) -> None:
@@ -66,6 +71,8 @@ def _check(args) -> None:
             raise InspectorError("--layer all draws every head of every layer; drop --head")
     elif args.head is None:
         raise InspectorError("give --head N, or --head all for every head of the layer")
+    if args.full_resolution and (args.layer == "all" or args.head == "all"):
+        raise InspectorError("--full-resolution draws one head: give --layer N --head N (grids are always pooled)")
 
 
 def _check_range(args, source) -> None:
@@ -99,7 +106,7 @@ def run(args) -> int:
         path = export.render_grid(source, args.layer, args.kind, out, **kw)
         what = f"layer {args.layer}, all {source.n_heads} heads"
     else:
-        path = export.render_heatmap(source, args.layer, args.head, args.kind, out, **kw)
-        what = f"layer {args.layer} head {args.head}"
+        path = export.render_heatmap(source, args.layer, args.head, args.kind, out, full_resolution=args.full_resolution, **kw)
+        what = f"layer {args.layer} head {args.head}" + (" (--full-resolution)" if args.full_resolution else "")
     print(f"{what} ({args.kind}, {source.cache_length} positions) written to {path}", file=sys.stderr)
     return 0

@@ -14,11 +14,13 @@ A *source* (Session, Trace, a beam view) offers ``attention(layer, head, kind)``
 ``cache_length`` and ``n_steps``.
 
 The package: ``labels`` (token labels, ticks, pooling: no matplotlib), ``drawing`` (the figure's
-look and the head, grid and matrix figures) and ``output`` (format checks, bytes, files).
+look and the head, grid and matrix figures), ``fullres`` (one head's every cell, unpooled, built in
+row chunks: ``head_figure(..., full_resolution=True)``) and ``output`` (format checks, bytes, files).
 """
 
 from __future__ import annotations
 
+from . import fullres as fullres
 from .drawing import (
     HATCH_COLOR,
     KINDS,
@@ -42,7 +44,7 @@ from .drawing import MAX_HATCH_RUNS as MAX_HATCH_RUNS  # isort: skip
 from .labels import display_model_name as display_model_name, ticks as ticks, token_labels as token_labels  # isort: skip
 from .labels import value_range as value_range  # isort: skip
 from .output import MAX_PIXELS as MAX_PIXELS, MAX_SCALE as MAX_SCALE, MAX_SIDE as MAX_SIDE  # isort: skip
-from .output import MIN_SCALE as MIN_SCALE  # isort: skip
+from .output import MAX_FULL_PIXELS as MAX_FULL_PIXELS, MIN_SCALE as MIN_SCALE  # isort: skip
 
 __all__ = [
     "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",

@@ -22,6 +22,7 @@ from matplotlib.path import Path as MplPath
 from ..core import pooling
 from ..core.stages import KINDS, STAGE_LABELS, STAGE_TITLES
 from ..core.errors import InspectorError
+from . import fullres
 from .labels import (
     _finite_span,
     _pool_for,
@@ -91,6 +92,8 @@ class HeatmapFigure(Figure):
     row_labels: list
     col_labels: list
     has_masked: bool = False
+    full_resolution: bool = False  # every cell drawn as itself (figures.fullres), or block maxima named in the subtitle
+    layout_dpi: float | None = None  # a full-resolution PNG's dpi: its cells are whole pixels only there
 
 
 # ---------------------------------------------------------------------- checks
@@ -184,7 +187,7 @@ def _set_ticks(ax, axis: str, labels, extent_in: float, fontsize: float, numbere
         ax.set_yticks(pos, text, fontsize=fontsize)
 
 
-def _colorbar(fig, x_in: float, y_in: float, h_in: float, norm, cmap, label: str, masked: bool):
+def _colorbar(fig, x_in: float, y_in: float, h_in: float, norm, cmap, label: str, masked: bool, hatch: str | None = HATCH):
     # drawn by hand with fixed ticks: fig.colorbar costs most of a small figure's time, which
     # matters when a script exports thousands
     cax = _add_axes(fig, x_in, y_in, 0.14, h_in)
@@ -205,7 +208,7 @@ def _colorbar(fig, x_in: float, y_in: float, h_in: float, norm, cmap, label: str
     if label:
         cax.set_ylabel(label, fontsize=8, color=_DIM)
     if masked:
-        patch = Patch(facecolor=MASKED_COLOR, edgecolor=HATCH_COLOR, hatch=HATCH, linewidth=0.6,
+        patch = Patch(facecolor=MASKED_COLOR, edgecolor=HATCH_COLOR, hatch=hatch, linewidth=0.6,
                       label="masked (not attended)")  # fmt: skip
         cax.legend(handles=[patch], loc="upper left", bbox_to_anchor=(0.0, -0.03), frameon=False,
                    fontsize=8, handlelength=1.4, handleheight=1.4, borderaxespad=0.0, borderpad=0.0)  # fmt: skip
@@ -292,18 +295,24 @@ def matrix_figure(
     value_label: str = "",
     kind: str | None = None,
     dpi: float = DPI,
+    block: int = 1,
 ) -> HeatmapFigure:
     """One heatmap of any 2-D matrix (attention, the K or V cache, ...) with labels on both axes.
 
     ``masked`` (bool, same shape) cells and non-finite values are drawn in the masked colour.
     Labels may be None for plain indices. The colour range defaults to the unmasked finite values.
     ``dpi`` is the density the figure will be saved at: cells are max-pooled only where they would
-    be narrower than one pixel there.
+    be narrower than one pixel there. ``block > 1``: ``matrix`` already holds the ``block`` x ``block``
+    maxima of a matrix with one row and column per label (give both, and vmin/vmax over its cells).
     """
     m = np.asarray(matrix, dtype=np.float32)
     if m.ndim != 2 or m.size == 0:
         raise InspectorError(f"a heatmap needs a non-empty 2-D matrix, got shape {m.shape}")
     nr, nc = m.shape
+    if block > 1:
+        nr, nc = len(row_labels), len(col_labels)
+        if m.shape != (-(-nr // block), -(-nc // block)):
+            raise InspectorError(f"{m.shape} blocks do not cover {nr}x{nc} cells in blocks of {block}")
     mask = ~np.isfinite(m)
     if masked is not None:
         mk = np.asarray(masked, dtype=bool)
@@ -323,8 +332,11 @@ def matrix_figure(
 
     w = min(max(nc * 0.28, 2.0), 7.0)
     h = min(max(nr * 0.28, 2.0), 7.0)
-    k = max(_pool_for(nr, h, dpi), _pool_for(nc, w, dpi))
-    values, pm = pool_max(m, mask, k, k)
+    if block > 1:
+        k, values, pm = block, np.where(mask, 0.0, m), mask
+    else:
+        k = max(_pool_for(nr, h, dpi), _pool_for(nc, w, dpi))
+        values, pm = pool_max(m, mask, k, k)
     if subtitle is None or subtitle == "":
         subtitle = f"{nr} × {nc}"
     if k > 1:
@@ -353,23 +365,94 @@ def matrix_figure(
 
 
 def head_figure(source, layer: int, head: int, kind: str = "probs", title: str | None = None, *,
-                dpi: float = DPI) -> HeatmapFigure:  # fmt: skip
-    """One head's (T, T) matrix at one stage, tokens on both axes (rows: query, columns: key)."""
+                dpi: float = DPI, full_resolution: bool = False, vector: bool = False) -> HeatmapFigure:  # fmt: skip
+    """One head's (T, T) matrix at one stage, tokens on both axes (rows: query, columns: key).
+
+    By default cells are max-pooled where they would be narrower than a pixel at ``dpi``.
+    ``full_resolution=True`` draws every cell as itself (see ``figures.fullres``): for a PNG written
+    at ``dpi`` (and only that dpi) each cell is a whole number of pixels, the figure as large as that
+    takes; with ``vector=True`` (SVG, PDF) the page keeps its usual size and embeds the T x T image
+    unresampled. Past ``fullres.MAX_CELLS`` positions per side it pools, with the block size in the subtitle.
+    """
     _check_kind(kind)
     layer = _check_index("layer", layer, source.n_layers)
     head = _check_index("head", head, source.n_heads)
     t = _positions(source)
-    values, masked = _head_data(source, layer, head, kind)
     labels = token_labels(source, t)
     if title is None:
         title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {STAGE_LABELS[kind]}"
                  f" · step {source.n_steps}")  # fmt: skip
     subtitle = f"{_stage_note(kind)} · {_positions_text(t)}"
+    if full_resolution:
+        return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector)
+    k = _pool_for(t, fullres.usual_side(t), float(dpi))  # as matrix_figure will choose
+    if k > 1 and hasattr(source, "attention_rows"):
+        # block maxima from row chunks: attention(layer, head) would build the (T, T) matrix and the
+        # mask of every head of the layer (3 GiB at T = 16,384 with 8 heads)
+        masking = kind in MASKING_KINDS
+        values, masked, span = fullres.head_blocks(source, layer, head, kind, k, masking)
+        lo, hi = value_range([span], kind)
+        fig = matrix_figure(
+            values, labels, labels, title, subtitle, "key", row_title="query",
+            masked=masked if masking or masked.any() else None, vmin=lo, vmax=hi, value_label=STAGES[kind],
+            kind=kind, dpi=dpi, block=k,
+        )  # fmt: skip
+        return mark_unverified(fig, getattr(source, "unverified", None))
+    values, masked = _head_data(source, layer, head, kind)
     fig = matrix_figure(
         values, labels, labels, title, subtitle, "key", row_title="query",
         masked=masked if kind in MASKING_KINDS else None, value_label=STAGES[kind], kind=kind, dpi=dpi,
     )  # fmt: skip
     return mark_unverified(fig, getattr(source, "unverified", None))
+
+
+def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, vector) -> HeatmapFigure:
+    t = len(labels)
+    block = fullres.block_for(t)
+    cmap = _cmap()
+    rgba, norm, any_masked = fullres.head_cells(source, layer, head, kind, block, cmap, kind in MASKING_KINDS)
+    nb = rgba.shape[0]  # (nb, nb, 4)
+    if vector:
+        side, p = fullres.usual_side(nb), 1
+    else:
+        _, _, p = fullres.png_layout(t, dpi)
+        side = nb * p / dpi  # whole pixels per cell: larger than usual once T passes the usual side's pixels
+    if block == 1:
+        subtitle += f" · full resolution ({p}×{p} pixels per cell)" if not vector and p > 1 else " · full resolution"
+    else:
+        subtitle += f" · {_pool_text(block)}: full resolution stops at {fullres.MAX_CELLS:,} positions per side"
+    end = nb * block - 0.5  # the last block may reach past T: the axes show it whole
+    with _style():
+        fig = _new_figure(2.2 + side + 1.6, 1.8 + side + 0.9)
+        ax = _add_axes(fig, 2.2, 1.8, side, side)
+        ax.add_artist(fullres.CellImage(rgba))
+        ax.set_xlim(-0.5, end)
+        ax.set_ylim(end, -0.5)
+        # points: the frame 1.5 pixels clear of the cells, antialiasing included (vector: as at 600 dpi)
+        gap = 0.3 + 1.5 * 72.0 / (600.0 if vector else dpi)
+        for s in ax.spines.values():
+            s.set_color("#909090")
+            s.set_linewidth(0.6)
+            s.set_position(("outward", gap))  # a frame drawn on the edge would cover the edge cells
+        ax.tick_params(length=2, width=0.5, pad=1.5, colors=_TEXT)
+        _set_ticks(ax, "y", labels, side, 7.5, True)
+        _set_ticks(ax, "x", labels, side, 7.5, True)
+        ax.set_ylabel("query", fontsize=9, color=_DIM, style="italic")
+        ax.set_xlabel("key", fontsize=9, color=_DIM, style="italic")
+        bar = min(side, 4.0)
+        _colorbar(fig, 2.2 + side + 0.2, 1.8 + side - bar, bar, norm, cmap, STAGES[kind],
+                  any_masked or kind in MASKING_KINDS, hatch=None)  # fmt: skip
+        # no value array is kept: the cells exist only as colours (the one T x T buffer)
+        fig.heatmaps, fig.panel_values, fig.pool, fig.has_masked = [ax], [], block, any_masked
+        fig.row_labels = fig.col_labels = labels
+        fig.full_resolution, fig.layout_dpi = True, None if vector else dpi
+        _headings(fig, ax, title, subtitle)
+        _fit(fig)
+    mark_unverified(fig, getattr(source, "unverified", None))
+    if not vector:
+        with _style():
+            fullres.snap_to_pixels(fig, ax, dpi)
+    return fig
 
 
 def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = DPI) -> HeatmapFigure:

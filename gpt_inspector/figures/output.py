@@ -12,11 +12,14 @@ from matplotlib.figure import Figure
 
 from ..core.errors import InspectorError
 from .drawing import _LOCK, DPI, HeatmapFigure, _style
+from .fullres import CellImage
 
 FORMATS = (".png", ".svg", ".pdf")
 MIN_SCALE, MAX_SCALE = 0.1, 10.0
 MAX_PIXELS = 150_000_000  # past this a PNG is unusable and Agg may run out of memory
 MAX_SIDE = 32000
+# a full-resolution head (figures.fullres) may take more: up to 16,384 cells a side plus margins, ~1.3 GB of canvas
+MAX_FULL_PIXELS = 330_000_000
 
 
 # ---------------------------------------------------------------------- checks
@@ -64,9 +67,14 @@ def to_bytes(fig: Figure, fmt: str = "png", dpi: float | None = None) -> bytes:
     """The figure encoded as ``fmt`` ('png', 'svg' or 'pdf'); ``dpi`` sets a PNG's pixel density."""
     fmt = check_format(f"x.{fmt}")
     d = fig.dpi if dpi is None else float(dpi)
+    full = getattr(fig, "full_resolution", False)
     if fmt == "png":
+        if full and fig.layout_dpi is None:
+            raise InspectorError("this full-resolution figure was laid out for SVG or PDF; build it again for a PNG")
+        if full and abs(d - fig.layout_dpi) > 1e-6:  # its cells are whole pixels at that density only
+            raise InspectorError(f"this full-resolution figure is laid out for {fig.layout_dpi:g} dpi, not {d:g}")
         w, h = pixel_size(fig, d)
-        if w > MAX_SIDE or h > MAX_SIDE or w * h > MAX_PIXELS:
+        if w > MAX_SIDE or h > MAX_SIDE or w * h > (MAX_FULL_PIXELS if full else MAX_PIXELS):
             raise InspectorError(f"the image would be {w}x{h} pixels; use a smaller scale, SVG or PDF")
     buf = io.BytesIO()
     with _style():
@@ -104,6 +112,9 @@ def close(fig: Figure) -> None:
         for ax in fig.axes:
             for im in ax.images:
                 im.set_data(np.zeros((1, 1)))
+            for art in ax.artists:
+                if isinstance(art, CellImage):  # a full-resolution head's (T, T, 4) buffer
+                    art.rgba = np.zeros((1, 1, 4), dtype=np.uint8)
         if isinstance(fig, HeatmapFigure):
             fig.panel_values = []
 

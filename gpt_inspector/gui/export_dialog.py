@@ -4,8 +4,10 @@ The figure is a matplotlib figure from ``gpt_inspector.figures``. For attention 
 worker thread, which owns the session: ``export_view(window, layer, head, kind)`` and
 ``export_grid(window, layer_or_None, kind)`` post the job through ``window.run_in_worker`` and open
 the dialog (a preview, the file, the PNG scale) when the figure comes back, so this thread never
-reads the live session. ``export_matrix`` draws a matrix the window already holds (a snapshot's
-K or V cache) right here. Errors are reported in a message box.
+reads the live session. For one head the dialog offers "Full resolution" (every cell unpooled,
+``figures.fullres``); that file is built and written by a second worker job once the dialog
+closes, since its cells are computed from the session again. ``export_matrix`` draws a matrix the
+window already holds (a snapshot's K or V cache) right here. Errors are reported in a message box.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ from PySide6.QtCore import Qt
 from PySide6.QtGui import QPixmap
 from PySide6.QtWidgets import (
     QApplication,
+    QCheckBox,
     QComboBox,
     QDialog,
     QDialogButtonBox,
@@ -35,9 +38,13 @@ from PySide6.QtWidgets import (
 from .. import figures
 from ..core.errors import InspectorError, StepFailed
 from ..core.stages import STAGE_LABELS
+from ..figures import fullres
 
 FILTERS = {".png": "PNG image (*.png)", ".svg": "SVG image (*.svg)", ".pdf": "PDF document (*.pdf)"}
 PREVIEW_DPI = 100.0
+
+# _show's answer when the full-resolution file is written later, by a worker job that reports itself
+_LATER = object()
 
 # the folder of the last export, so a series of exports lands together (this process only)
 _last_dir: Path | None = None
@@ -47,7 +54,7 @@ class ExportDialog(QDialog):
     """A preview of one figure, and where and how to save it; shows the resulting image size."""
 
     def __init__(self, parent: QWidget | None, figure, default_name: str, scale: float, what: str,
-                 preview: bytes | None = None):  # fmt: skip
+                 preview: bytes | None = None, full_resolution: bool | None = None):  # fmt: skip
         super().__init__(parent)
         self.figure = figure
         self.setWindowTitle("Export image")
@@ -85,11 +92,21 @@ class ExportDialog(QDialog):
         self.scale_spin.setValue(scale)
         self.scale_spin.setToolTip("PNG pixels per unit: 1 is 100 dpi; 2 suits high-DPI screens and print")
         self.size_label = QLabel()
+        # None: not offered (grids, matrices); one head's cells can all be drawn, at any T
+        self.full_box = None
+        if full_resolution is not None:
+            self.full_box = QCheckBox("Full resolution: every cell, unpooled")
+            self.full_box.setChecked(bool(full_resolution))
+            self.full_box.setToolTip("Draw each query × key cell as itself: whole pixels per cell in a PNG (the "
+                                     "image grows with the context), the full matrix embedded in an SVG or PDF. "
+                                     f"Past {fullres.MAX_CELLS:,} positions it pools and says the block size.")  # fmt: skip
 
         form = QFormLayout()
         form.addRow("File:", row)
         form.addRow("Format:", self.format_box)
         form.addRow("Scale:", self.scale_spin)
+        if self.full_box is not None:
+            form.addRow("Cells:", self.full_box)
         form.addRow("Size:", self.size_label)
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
@@ -103,6 +120,8 @@ class ExportDialog(QDialog):
         self.format_box.currentIndexChanged.connect(self._format_changed)
         self.path_edit.textChanged.connect(self._path_changed)
         self.scale_spin.valueChanged.connect(self._update)
+        if self.full_box is not None:
+            self.full_box.toggled.connect(self._update)
         self._path_changed(self.path_edit.text())
 
     # ------------------------------------------------------------------ state
@@ -119,6 +138,9 @@ class ExportDialog(QDialog):
 
     def dpi(self) -> float:
         return self.scale() * figures.DPI
+
+    def full_resolution(self) -> bool:
+        return self.full_box is not None and self.full_box.isChecked()
 
     def set_path(self, path) -> None:
         self.path_edit.setText(str(path))
@@ -151,7 +173,11 @@ class ExportDialog(QDialog):
     def _update(self) -> None:
         png = self.suffix() == ".png"
         self.scale_spin.setEnabled(png)
-        if png:
+        if png and self.full_resolution():
+            b, n, p = fullres.png_layout(len(self.figure.row_labels), self.dpi())
+            pooled = f", pooled {b}×{b}" if b > 1 else ""
+            self.size_label.setText(f"heatmap {n * p} × {n * p} pixels ({p}×{p} per cell{pooled}) plus labels")
+        elif png:
             w, h = figures.pixel_size(self.figure, self.dpi())
             self.size_label.setText(f"{w} × {h} pixels")
         else:
@@ -170,17 +196,26 @@ class ExportDialog(QDialog):
         super().accept()
 
 
-def _show(parent, figure, default_name: str, scale: float, what: str, preview: bytes | None = None) -> Path | None:
-    """Ask where to save ``figure`` and write it there; the written path, or None."""
+def _show(parent, figure, default_name: str, scale: float, what: str, preview: bytes | None = None,
+          full=None) -> Path | None:  # fmt: skip
+    """Ask where to save ``figure`` and write it there; the written path, or None.
+
+    ``full(path, dpi)``, if given, offers full resolution; chosen, it is called instead of writing
+    ``figure`` and the answer is ``_LATER``.
+    """
     global _last_dir
     try:
-        dialog = ExportDialog(parent, figure, default_name, scale, what, preview)
+        dialog = ExportDialog(parent, figure, default_name, scale, what, preview,
+                              full_resolution=None if full is None else False)  # fmt: skip
     except InspectorError as e:
         QMessageBox.warning(parent, "Export image", str(e))
         return None
     if dialog.exec() != QDialog.DialogCode.Accepted:
         return None
     path, dpi = dialog.path(), dialog.dpi()
+    if full is not None and dialog.full_resolution():
+        full(path, dpi)
+        return _LATER
     QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
     try:
         written = figures.save(figure, path, dpi)
@@ -200,12 +235,32 @@ def _show(parent, figure, default_name: str, scale: float, what: str, preview: b
     return written
 
 
-def _in_worker(window, build, default_name: str, scale: float, what: str, on_done=None) -> int | None:
+def _in_worker(window, build, default_name: str, scale: float, what: str, on_done=None, full_write=None) -> int | None:
     """Build (and preview) the figure on the worker thread, then open the dialog on this one.
 
     ``build(source)`` runs where the session lives; ``on_done(path_or_None)`` follows the dialog.
+    ``full_write(source, path, dpi)``, if given, writes the full-resolution file on the worker.
     Returns the worker call's serial (None if the window held it back).
     """
+
+    def write_full(path, dpi) -> None:
+        def written(result, error) -> None:
+            global _last_dir
+            if error is not None:
+                if isinstance(error, (InspectorError, StepFailed)) or not hasattr(window, "show_error"):
+                    QMessageBox.warning(window, "Export image", str(error))
+                else:
+                    window.show_error("Export failed", str(error), "internal")
+                result = None
+            else:
+                _last_dir = result.parent
+                bar = getattr(window, "statusBar", None)
+                if callable(bar):
+                    bar().showMessage(f"Exported {what} at full resolution to {result}", 15000)
+            if on_done is not None:
+                on_done(result)
+
+        window.run_in_worker(lambda source: full_write(source, path, dpi), written)
 
     def job(source):
         if source is None:
@@ -230,9 +285,12 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
         else:
             fig, preview = result
             try:
-                path = _show(window, fig, default_name, scale, what, preview)
+                path = _show(window, fig, default_name, scale, what, preview,
+                             full=None if full_write is None else write_full)  # fmt: skip
             finally:
                 figures.close(fig)
+            if path is _LATER:  # write_full reports and calls on_done
+                return
         if on_done is not None:
             on_done(path)
 
@@ -241,6 +299,11 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
 
 def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> int | None:
     """Export one head's matrix at stage ``kind``; the figure is built on ``window``'s worker."""
+    from ..export import render_heatmap
+
+    def write_full(source, path, dpi):
+        return render_heatmap(source, layer, head, kind, path, scale=dpi / figures.DPI, full_resolution=True)
+
     scale = 2.0
     return _in_worker(
         window,
@@ -249,6 +312,7 @@ def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> in
         scale,
         f"Layer {layer}, head {head}, {STAGE_LABELS.get(kind, kind)}",
         on_done,
+        write_full,
     )
 
 

@@ -77,6 +77,40 @@ def test_from_a_model_run_matches_the_trace(tiny_dir, trace_file, tmp_path, caps
     assert live.read_bytes() == (tmp_path / "saved.png").read_bytes()
 
 
+def test_full_resolution_one_head(trace_file, tmp_path, capsys):
+    """--full-resolution: the SVG embeds the T x T matrix unresampled, the PNG names it in its subtitle."""
+    import base64
+    import io
+
+    from matplotlib.image import imread
+
+    from gpt_inspector import figures, load_trace
+
+    t = load_trace(trace_file).cache_length
+    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.svg")
+    assert rc == 0, err
+    assert "layer 1 head 2 (--full-resolution)" in err
+    root = ET.parse(tmp_path / "f.svg").getroot()
+    images = [e for e in root.iter("{http://www.w3.org/2000/svg}image") if e.get("width") == str(t)]
+    assert len(images) == 1
+    data = base64.b64decode(images[0].get("{http://www.w3.org/1999/xlink}href").split(",", 1)[1])
+    assert imread(io.BytesIO(data)).shape[:2] == (t, t)
+    text = "".join(e.text or "" for e in root.iter("{http://www.w3.org/2000/svg}text"))
+    assert "full resolution" in text
+    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.png")
+    assert rc == 0, err
+    want = figures.head_figure(load_trace(trace_file), 1, 2, "probs", dpi=200, full_resolution=True)
+    assert _png_size(tmp_path / "f.png") == figures.pixel_size(want, 200)  # laid out at the default scale, 2
+    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.pdf")
+    assert rc == 0, err
+    assert f"/Width {t} /Height {t}".encode() in (tmp_path / "f.pdf").read_bytes()
+    with pytest.raises(SystemExit):
+        main(["export", "--help"])
+    from gpt_inspector.figures import fullres
+
+    assert f"Past {fullres.MAX_CELLS:,}" in " ".join(capsys.readouterr().out.split())  # the help states the real limit
+
+
 @pytest.mark.parametrize(
     "argv, needle",
     [
@@ -97,6 +131,8 @@ def test_from_a_model_run_matches_the_trace(tiny_dir, trace_file, tmp_path, caps
         (["--layer", "0", "--head", "0", "--out", "{out}.png"], "--trace FILE, or --prompt and --steps"),
         (["--model", "{model}", "--prompt", "hi", "--steps", "0", "--layer", "0", "--head", "0", "--out", "{out}.png"], "steps"),
         (["--model", "{model}", "--prompt", "hi", "--steps", "1", "--layer", "3", "--head", "0", "--out", "{out}.png"], "--layer"),
+        (["--trace", "{trace}", "--layer", "0", "--head", "all", "--full-resolution", "--out", "{out}.png"], "one head"),
+        (["--trace", "{trace}", "--layer", "all", "--full-resolution", "--out", "{out}.svg"], "one head"),
     ],
 )
 def test_bad_input_exits_2_with_one_line(argv, needle, trace_file, tiny_dir, tmp_path, capsys):

@@ -101,3 +101,95 @@ def test_export_dialog_format_follows_the_path(qtbot, known):
     d.set_path("/tmp/noext")
     assert d.path().suffix == ".png"
     assert not d.preview.pixmap().isNull()
+
+
+def test_full_resolution_box_writes_every_cell_for_one_head_only(qtbot, known, tmp_path, monkeypatch):
+    import base64
+    import io
+
+    from matplotlib.image import imread
+    from PySide6.QtWidgets import QDialog, QMessageBox
+
+    from gpt_inspector.gui import export_dialog as ed
+
+    monkeypatch.setattr(QMessageBox, "warning", lambda *a, **k: pytest.fail(a[2]))
+    boxes, sizes, jobs = [], [], []
+    target = {"path": tmp_path / "full.svg"}
+
+    def fake_exec(self):
+        qtbot.addWidget(self)
+        boxes.append(self.full_box)
+        self.set_path(target["path"].with_suffix(".png"))
+        if self.full_box is not None:
+            assert not self.full_box.isChecked()  # pooled stays the default
+            self.full_box.click()
+            sizes.append(self.size_label.text())
+        self.set_path(target["path"])
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(ed.ExportDialog, "exec", fake_exec)
+    win, done = FakeWindow(known), []
+    qtbot.addWidget(win)
+    real = win.run_in_worker
+    win.run_in_worker = lambda fn, cb=None: jobs.append(fn) or real(fn, cb)
+    ed.export_view(win, 0, 1, "probs", on_done=done.append)
+    t = known.cache_length
+    # the figure for the preview, then the full-resolution file: both on the worker
+    assert done == [tmp_path / "full.svg"] and len(jobs) == 2 and boxes[0] is not None
+    assert sizes == ["heatmap 396 × 396 pixels (66×66 per cell) plus labels"]  # 2 inches at 200 dpi, 6 cells
+    svg = ET.parse(done[0]).getroot()
+    image = next(e for e in svg.iter("{http://www.w3.org/2000/svg}image") if e.get("width") == str(t))
+    data = base64.b64decode(image.get("{http://www.w3.org/1999/xlink}href").split(",", 1)[1])
+    assert imread(io.BytesIO(data)).shape[:2] == (t, t)
+    assert any("full resolution" in "".join(e.itertext()) for e in svg.iter("{http://www.w3.org/2000/svg}text"))
+
+    target["path"] = tmp_path / "full.png"
+    ed.export_view(win, 0, 1, "probs", on_done=done.append)
+    fig = figures.head_figure(known, 0, 1, "probs", dpi=200, full_resolution=True)
+    data = done[-1].read_bytes()
+    assert int.from_bytes(data[16:20], "big") == figures.pixel_size(fig, 200)[0]
+
+    ed.export_grid(win, None, "probs", on_done=done.append)
+    assert boxes[-1] is None  # grids are always pooled: no box
+
+
+def test_window_ctrl_e_full_resolution_writes_on_the_worker(shown, wait_idle, qtbot, monkeypatch, tmp_path, no_dialogs):
+    """The real window: Ctrl+E, tick "Full resolution", save as SVG; the worker writes the T x T image."""
+    import base64
+    import io
+    import threading
+
+    from matplotlib.image import imread
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication, QDialog
+
+    from gpt_inspector import export
+    from gpt_inspector.gui import export_dialog as ed
+
+    win = shown()
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    snap = wait_idle(win)
+    target, threads = tmp_path / "head.svg", []
+    real = export.render_heatmap
+    monkeypatch.setattr(export, "render_heatmap", lambda *a, **k: threads.append(threading.get_ident()) or real(*a, **k))
+
+    def accept(self):
+        qtbot.addWidget(self)
+        self.show()  # exec() would block: shown instead, so the click lands on the box
+        qtbot.waitExposed(self)
+        qtbot.mouseClick(self.full_box, Qt.MouseButton.LeftButton)
+        assert self.full_box.isChecked()
+        self.set_path(target)
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(ed.ExportDialog, "exec", accept)
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: "at full resolution" in win.statusBar().currentMessage() or bool(no_dialogs), timeout=20000)
+    assert not no_dialogs, no_dialogs
+    assert threads and threads[0] != threading.get_ident()  # model work off the GUI thread
+    t = snap.T
+    root = ET.parse(target).getroot()
+    image = next(e for e in root.iter("{http://www.w3.org/2000/svg}image") if e.get("width") == str(t))
+    data = base64.b64decode(image.get("{http://www.w3.org/1999/xlink}href").split(",", 1)[1])
+    assert imread(io.BytesIO(data)).shape[:2] == (t, t)
+    assert not win.errors

@@ -309,7 +309,7 @@ def test_export_builds_the_figure_on_the_worker(make_window, wait_idle, monkeypa
         return real_head(source, *a, **kw)
 
     monkeypatch.setattr(ed.figures, "head_figure", head_figure)
-    monkeypatch.setattr(ed, "_show", lambda parent, fig, name, scale, what, preview=None: shown.append((fig.heading, name, preview[:4])))
+    monkeypatch.setattr(ed, "_show", lambda parent, fig, name, scale, what, preview=None, full=None: shown.append((fig.heading, name, preview[:4])))
     win.select(layer=1, head=3, kind="scores")
     wait_idle(win)
     win.export_view()
