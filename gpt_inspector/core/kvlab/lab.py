@@ -21,6 +21,10 @@ newest row is exactly what attention computed.
 
 from __future__ import annotations
 
+import concurrent.futures
+import contextlib
+import os
+import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
@@ -31,6 +35,36 @@ from ..capture import Recorder
 from ..errors import InspectorError, StepFailed
 from ..session import Session, interrupts_deferred
 from .policies import Policy
+
+
+_pool: concurrent.futures.ThreadPoolExecutor | None = None
+_pool_lock = threading.Lock()
+
+
+def _reference_pool() -> concurrent.futures.ThreadPoolExecutor:
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvlab-reference")
+        return _pool
+
+
+@contextlib.contextmanager
+def _halved_threads():
+    """Two forwards at once: each gets half of torch's threads, so together they use what one had."""
+    n = torch.get_num_threads()
+    torch.set_num_threads(max(1, n // 2))
+    try:
+        yield
+    finally:
+        torch.set_num_threads(n)
+
+
+def _cores() -> int:
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
 
 
 @dataclass
@@ -204,14 +238,7 @@ class KVLab:
         i = len(self.history)
         ref_steps, run_steps = self.reference.n_steps, self.run.n_steps
         try:
-            ref = self.reference.steps_done[i] if ref_steps > i else self.reference.step()
-            try:
-                got = self.run.step()
-            except StepFailed as e:
-                # a policy's own error (a scoring function that raised) is the user's to fix: say it plainly
-                if isinstance(e.__cause__, InspectorError):
-                    raise e.__cause__ from None
-                raise
+            ref, got = self._both_step(i, ref_steps)
             own = got.token_id
             if not self.free_running and own != ref.token_id:
                 self.run.force_token(ref.token_id)
@@ -240,6 +267,34 @@ class KVLab:
             while self.run.n_steps > target:
                 self.run.step_back()
         return last
+
+    def _both_step(self, i: int, ref_steps: int):
+        """Step the reference (unless it is already ahead) and the policy run: (reference step, run step).
+
+        The two forwards are independent (teacher-forced, the run is fed the token the reference
+        chose one step earlier), so with two or more cores the reference steps on a helper thread
+        while this one steps the run, each with half of torch's threads. Nothing is undone here:
+        the caller rolls both back on any error, after both forwards have ended.
+        """
+        fut = None
+        concurrent_ok = ref_steps <= i and _cores() >= 2 and self.lm.device.type == "cpu"
+        with _halved_threads() if concurrent_ok else contextlib.nullcontext():
+            if concurrent_ok:
+                fut = _reference_pool().submit(self.reference.step)
+            try:
+                got = self.run.step()
+            except StepFailed as e:
+                # a policy's own error (a scoring function that raised) is the user's to fix: say it plainly
+                if isinstance(e.__cause__, InspectorError):
+                    raise e.__cause__ from None
+                raise
+            finally:
+                if fut is not None:
+                    with interrupts_deferred():  # the reference's forward ends before anything is undone
+                        concurrent.futures.wait([fut])
+        if fut is not None:
+            return fut.result(), got
+        return (self.reference.steps_done[i] if ref_steps > i else self.reference.step()), got
 
     def steps(self, n: int) -> Iterator[LabStep]:
         for _ in range(int(n)):
