@@ -330,9 +330,8 @@ def test_the_reference_steps_beside_the_policy_run_and_an_interrupt_in_either_un
     # policy run's forward waits for the reference's to end, then puts both back
     import threading
 
-    from gpt_inspector.core.kvlab import lab as lab_module
-
-    monkeypatch.setattr(lab_module, "_cores", lambda: 2)
+    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two threads given: the runs split them
+    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
     lm = tiny_lm("llama")
     lab = KVLab(lm, PROMPT, make("h2o", 5))
     lab.run_steps(2)

@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import concurrent.futures
 import contextlib
-import os
 import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -58,13 +57,6 @@ def _halved_threads():
         yield
     finally:
         torch.set_num_threads(n)
-
-
-def _cores() -> int:
-    try:
-        return len(os.sched_getaffinity(0))
-    except (AttributeError, OSError):
-        return os.cpu_count() or 1
 
 
 @dataclass
@@ -277,7 +269,9 @@ class KVLab:
         the caller rolls both back on any error, after both forwards have ended.
         """
         fut = None
-        concurrent_ok = ref_steps <= i and _cores() >= 2 and self.lm.device.type == "cpu"
+        # torch's threads are the cores this lab was given (a sweep's workers get one each): split
+        # them, never add to them
+        concurrent_ok = ref_steps <= i and torch.get_num_threads() >= 2 and self.lm.device.type == "cpu"
         with _halved_threads() if concurrent_ok else contextlib.nullcontext():
             if concurrent_ok:
                 fut = _reference_pool().submit(self.reference.step)
