@@ -87,7 +87,7 @@ def main() -> None:
 
     tmp = Path(tempfile.mkdtemp())
     if args.family == "gpt2":
-        folder, lengths, target = build(tmp / "gpt2-small-random"), args.t or [32, 512], 1.15
+        folder, lengths, target = build(tmp / "gpt2-small-random"), args.t or [32, 512], 1.10
     else:
         lengths = args.t or [1024, 4096, 8192]
         folder, target = build_llama_gqa(tmp / "llama-gqa-random", max(lengths) + args.new + 64), 1.10
