@@ -24,6 +24,7 @@ from ..figures import pool_max
 
 ROWS_BUDGET = 1 << 23  # numbers per evaluation of a chunk of rows (32 MB of float32)
 CHUNK_ROWS = 16  # rows per streamed chunk of the overview: the unit of its refinement order
+FILL_NUMBERS = 1 << 21  # rows x heads x keys per layer in a chunk once the overview is readable (~0.1 s at T = 8,192)
 
 
 def block_for(t: int, max_cells: int) -> int:
@@ -149,7 +150,13 @@ class Thumbnails:
         self._image = None
 
     def pending(self, max_chunks: int | None = None) -> list[tuple[int, int]]:
-        """Row chunks not added yet, in refinement order: a chunk of every bin, then the next, ..."""
+        """Row chunks not added yet, in refinement order: a chunk of every bin, then the next, ...
+
+        Once every bin has rows (the overview is readable) the rest comes in longer runs: a call
+        per 16 rows cost 1.7x the work of the rows themselves at T = 4,096.
+        """
+        if self.T and bool((self.counts[: self.bins] > 0).all()):
+            return self._runs(max_chunks)
         s, c = self.size, min(self.size, CHUNK_ROWS)
         order = _spread(s // c if s >= c else 1)
         out: list[tuple[int, int]] = []
@@ -163,6 +170,21 @@ class Thumbnails:
                     out.append((p0 + int(missing[0]), p0 + int(missing[-1]) + 1))
                     if max_chunks is not None and len(out) >= max_chunks:
                         return out
+        return out
+
+    def _runs(self, max_chunks: int | None) -> list[tuple[int, int]]:
+        """The missing rows as contiguous runs of at most FILL_NUMBERS / (H x T) rows, in order."""
+        n = max(CHUNK_ROWS, FILL_NUMBERS // max(1, self.H * self.T))
+        missing = np.flatnonzero(~self.have)
+        out: list[tuple[int, int]] = []
+        if not len(missing):
+            return out
+        breaks = np.flatnonzero(np.diff(missing) > 1)
+        for a, b in zip(np.concatenate([[0], breaks + 1]), np.concatenate([breaks, [len(missing) - 1]])):
+            for p0 in range(int(missing[a]), int(missing[b]) + 1, n):
+                out.append((p0, min(p0 + n, int(missing[b]) + 1)))
+                if max_chunks is not None and len(out) >= max_chunks:
+                    return out
         return out
 
     def image(self) -> np.ndarray:
