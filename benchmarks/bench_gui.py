@@ -76,6 +76,7 @@ def main() -> int:
     win = MainWindow(restore_layout=False)
     win.headless_errors = True  # an error prints instead of waiting on a dialog nobody sees
     win.persist_layout = False
+    win.worker.autosave = False  # a benchmark's random prompt is nobody's session to restore
     win.resize(1600, 1000)
     win.show()
     rows: list[tuple[int, float, float, float, float]] = []

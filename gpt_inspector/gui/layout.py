@@ -166,9 +166,13 @@ class DockLayout:
     def add_panel(self, title: str, widget: QWidget, area=Qt.DockWidgetArea.RightDockWidgetArea) -> QDockWidget:
         """Dock another panel, tabbed with the built-in panels of ``area``; its layout persists.
 
+        ``area`` may also name a built-in dock ("qkv", ...) to tab the panel with that one.
         The widget sits in a scroll area, so a wide toolbar scrolls instead of widening the window.
         """
-        if isinstance(area, str):
+        beside = self.docks.get(area) if isinstance(area, str) else None
+        if beside is not None:
+            area = self.dockWidgetArea(beside)
+        elif isinstance(area, str):
             area = AREAS.get(area, Qt.DockWidgetArea.RightDockWidgetArea)
         key = "panel_" + "".join(c if c.isalnum() else "_" for c in title.lower())
         scroll = QScrollArea()
@@ -180,9 +184,9 @@ class DockLayout:
         self.addDockWidget(area, d)
         anchor_name = {Qt.DockWidgetArea.RightDockWidgetArea: "mask", Qt.DockWidgetArea.BottomDockWidgetArea: "kv",
                        Qt.DockWidgetArea.LeftDockWidgetArea: "breakpoints", Qt.DockWidgetArea.TopDockWidgetArea: "tokens"}[area]  # fmt: skip
-        anchor = self.docks[anchor_name]
+        anchor = beside or self.docks[anchor_name]
         self.tabifyDockWidget(anchor, d)
-        (self.docks["next"] if anchor_name == "mask" else anchor).raise_()  # built-in panels stay in front
+        (self.docks["next"] if anchor is self.docks["mask"] else anchor).raise_()  # built-in panels stay in front
         self.docks[key] = d
         if hasattr(self, "view_menu"):
             self.view_menu.insertAction(self.acts.reset_layout, d.toggleViewAction())

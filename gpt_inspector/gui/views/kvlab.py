@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
 )
 
 PANEL_TITLE = "KV cache lab"
-PANEL_AREA = "right"  # beside the KV cache view (bottom), which shows what the policy evicted
+PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
 # the engine's policy names (core.kvlab.NAMES), written out so building the panel imports no torch
 POLICIES = ("streaming", "h2o", "snapkv", "tova", "keynorm", "int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
 QUANT = ("int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
