@@ -103,13 +103,15 @@ def equation(
     kind: str,
     sink: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
+    masked_from: int = 0,
 ) -> torch.Tensor:
     """One stage of the attention equation in float32.
 
     q: (..., n, d) queries; k: (..., T, d) keys, already mapped to the query heads; allowed:
     (..., n, T) bool; sink: (...) one sink logit per leading index (per head), or None; bias:
-    (..., n, T) the model's additive score bias (``ScoreBias.block``), or None.
-    Returns (..., n, T) float32.
+    (..., n, T) the model's additive score bias (``ScoreBias.block``), or None; masked_from: the
+    first key column ``allowed`` covers (it is then (..., n, T - masked_from)), every key before
+    it being allowed. Returns (..., n, T) float32.
     """
     q, k = q.float(), k.float()
     if kind == "raw":
@@ -117,7 +119,8 @@ def equation(
     s = scores(q, k, scaling, softcap, None if bias is None else bias.float())  # (..., n, T)
     if kind == "scores":
         return s
-    masked = s.masked_fill_(~allowed, -math.inf)  # (..., n, T) in place: s is this call's own
+    masked = s  # in place: s is this call's own
+    masked[..., masked_from:].masked_fill_(~allowed, -math.inf)  # (..., n, T - masked_from)
     if kind == "masked_scores":
         return masked
     if kind == "probs":

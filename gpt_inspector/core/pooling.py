@@ -8,8 +8,10 @@ budget the blocks are therefore taken over a *sample* of their query rows (the l
 
 from __future__ import annotations
 
+import collections
 import contextlib
 import math
+import statistics
 
 import numpy as np
 
@@ -37,6 +39,52 @@ def one_thread():
         yield
     finally:
         torch.set_num_threads(n)
+
+
+class ThreadChooser:
+    """The torch thread count for a stream of similar chunks of work, chosen by timing them.
+
+    One thread is the safe choice on a busy machine (see ``one_thread``); on a quiet one all of
+    torch's threads nearly halve a long stream (the overview at T = 8,192). So the first chunks
+    run with each count in turn, then the faster one (by the median seconds per number of its
+    last few chunks) runs, and every ``PROBE``-th chunk tries the other, so a machine that gets
+    busy or quiet later is followed. Create it where torch still has all its threads.
+    """
+
+    PROBE = 8
+
+    def __init__(self):
+        import torch
+
+        self.most = torch.get_num_threads()
+        self.times: dict[int, collections.deque] = {1: collections.deque(maxlen=4), self.most: collections.deque(maxlen=4)}
+        self.chunks = 0
+
+    def pick(self) -> int:
+        if self.most == 1:
+            return 1
+        self.chunks += 1
+        one, many = self.times[1], self.times[self.most]
+        if len(one) < 2 or len(many) < 2:
+            return 1 if len(one) <= len(many) else self.most
+        best = 1 if statistics.median(one) <= statistics.median(many) else self.most
+        if self.chunks % self.PROBE == 0:
+            return self.most if best == 1 else 1
+        return best
+
+    def record(self, threads: int, seconds: float, numbers: int) -> None:
+        self.times[threads].append(seconds / max(1, numbers))
+
+    @contextlib.contextmanager
+    def use(self, threads: int):
+        import torch
+
+        n = torch.get_num_threads()
+        torch.set_num_threads(threads)
+        try:
+            yield
+        finally:
+            torch.set_num_threads(n)
 
 
 def rows_per_block(n_heads_total: int, t: int, d: int, block: int, budget: int | None = None) -> int:

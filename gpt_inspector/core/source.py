@@ -223,6 +223,22 @@ class RunSource:
         evicted = self._kv_evicted(layer, p0, p1, t)  # (H, n, T) or None
         return allowed if evicted is None else allowed & ~evicted
 
+    def _allowed_from(self, layer: int, p0: int, p1: int, t: int) -> tuple[torch.Tensor, int]:
+        """(allowed (H, n, t - c), c): ``allowed_rows`` from key column c on; every key before c is
+        allowed to every row and head. Plain causal rows (no mask row of the model's own, no edit,
+        no cache policy) have c = p0 + 1, so the equation masks n x n cells instead of n x t."""
+        plain = not any(p0 <= p < p1 for p in self._mask_rows(layer))
+        edits = self._edits
+        if plain and edits is not None and layer in edits.heads:
+            rows = edits.rows[layer]
+            plain = not bool(((rows >= p0) & (rows < p1)).any())
+        if plain and getattr(getattr(self, "recorder", None), "kv_policy", None) is None:
+            c = min(p0 + 1, t)
+            pos = torch.arange(p0, p1)  # (n,)
+            tail = torch.arange(c, t)[None, :] <= pos[:, None]  # (n, t - c) causal
+            return tail.expand(self.n_heads, -1, -1), c
+        return self.allowed_rows(layer, p0, p1, t), 0
+
     def _kv_evicted(self, layer: int, p0: int, p1: int, t: int) -> torch.Tensor | None:
         """(H, p1 - p0, T) bool: entries a KV cache policy (core.kvlab) had evicted when those rows ran."""
         policy = getattr(getattr(self, "recorder", None), "kv_policy", None)
@@ -250,7 +266,8 @@ class RunSource:
         """
         eq.check_stage(kind)
         kt = self._key_span(p0, p1, keys)
-        allowed = self.allowed_rows(layer, p0, p1, kt)  # (H, n, kt)
+        layer = self.check_attention_layer(layer)
+        allowed, c = self._allowed_from(layer, p0, p1, kt)  # (H, n, kt - c): keys before c all allowed
         q = self._queries(layer)[:, p0:p1]  # (H, n, d)
         keys = self._keys(layer)[:, :kt]  # (Hkv, kt, d)
         sink = self.sink(layer)  # (H,) or None
@@ -262,18 +279,18 @@ class RunSource:
             q, k, allowed = q[idx], keys[kv], allowed[idx]
             sink = None if sink is None else sink[idx]
             block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)
-            return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block)
+            return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block, masked_from=c)
         block = None if bias is None or kind == "raw" else bias.block(p0, p1, keys.shape[-2], None)  # (H, n, T)
         if sink is not None:  # one sink logit per head: the equation takes it per leading index
             k = eq.expand_kv(keys, self.n_heads)  # (H, T, d)
-            return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block)
+            return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block, masked_from=c)
         # every head: each KV head's group of query heads in one product, so the keys are read
         # once per KV head instead of copied to every query head (at long T that copy dominated)
         hkv, (h, n, d) = keys.shape[0], q.shape
         qg = q.reshape(hkv, (h // hkv) * n, d)  # (Hkv, g*n, d): query heads h*g .. h*g+g-1 read KV head h
-        grouped = allowed.reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T)
+        grouped = allowed.reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T - c)
         gblock = None if block is None else block.expand(h, n, -1).reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T)
-        out = eq.equation(qg, keys, scaling, softcap, grouped, kind, None, gblock)  # (Hkv, g*n, T)
+        out = eq.equation(qg, keys, scaling, softcap, grouped, kind, None, gblock, masked_from=c)  # (Hkv, g*n, T)
         return out.reshape(h, n, -1)  # (H, n, T)
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:

@@ -24,7 +24,7 @@ from ..core.attention import KINDS, STAGE_TITLES
 from ..core.stages import STAGE_LABELS
 from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
-from ..core.pooling import one_thread
+from ..core.pooling import ThreadChooser, one_thread
 from ..core.source import RunSource
 from ..core.step import Step
 from .pooled import PooledMatrix, Thumbnails, block_for
@@ -185,6 +185,7 @@ class ViewModel:
         self.device = device or (str(lm.device) if lm is not None else "trace")
         self.dtype = dtype or source.cache_dtype
         self.thumbs = Thumbnails(self.L, self.H, max_bins)
+        self._threads = ThreadChooser()  # for the streamed overview: one thread or all, by timing
         self._rows_of = _probs_rows(source)
         self.selection = Selection()
         self.version = 0
@@ -310,7 +311,11 @@ class ViewModel:
                     cost = (p1 - p0) * per_row
                     if budget is not None and spent and spent + cost > budget:  # one chunk at least: progress
                         return False
-                    th.add_rows(self._rows_of, p0, p1)
+                    k = self._threads.pick()
+                    t0 = time.perf_counter()
+                    with self._threads.use(k):
+                        th.add_rows(self._rows_of, p0, p1)
+                    self._threads.record(k, time.perf_counter() - t0, cost)
                     spent += cost
                     if deadline is not None and time.perf_counter() >= deadline:
                         return th.complete and not matrix
