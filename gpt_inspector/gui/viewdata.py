@@ -21,11 +21,11 @@ import torch
 
 from ..core import attention as eq
 from ..core.attention import KINDS, STAGE_TITLES
-from ..core.stages import STAGE_LABELS
 from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
 from ..core.pooling import ThreadChooser, one_thread
 from ..core.source import RunSource
+from ..core.stages import STAGE_LABELS
 from ..core.step import Step
 from .pooled import PooledMatrix, Thumbnails, block_for
 
