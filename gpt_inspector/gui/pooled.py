@@ -257,10 +257,12 @@ class PooledMatrix:
                 done = p0  # the rest comes with the next updates
                 break
             p1 = min(t, p0 + chunk)
-            rows = source.attention_rows(layer, p0, p1, self.kind, heads=(head,))[0].numpy()  # (n, t)
-            hidden = ~source.allowed_rows(layer, p0, p1)[head].numpy() if masked else np.zeros(rows.shape, bool)
-            pv, pm = pool_max(rows, hidden, s, s)  # (n/s, nb)
-            img[p0 // s : p0 // s + pv.shape[0]] = np.where(pm, np.nan, pv)
+            # the masked stages hide every key past the chunk's last row: those whole blocks stay NaN
+            kt = min(t, -(-p1 // s) * s) if masked else t
+            rows = source.attention_rows(layer, p0, p1, self.kind, heads=(head,), keys=kt)[0].numpy()  # (n, kt)
+            hidden = ~source.allowed_rows(layer, p0, p1, kt)[head].numpy() if masked else np.zeros(rows.shape, bool)
+            pv, pm = pool_max(rows, hidden, s, s)  # (n/s, kt/s)
+            img[p0 // s : p0 // s + pv.shape[0], : pv.shape[1]] = np.where(pm, np.nan, pv)
         if not masked and keep and t != self.T:
             # the raw stages show every key: the earlier rows gain the new keys' columns (or, after
             # a step back, lose the cut ones from their last key block)
