@@ -194,6 +194,7 @@ class EditingMixin:
                 s.logits = row
                 self._refresh(s)
             commit()
+            self._window_outputs()  # the recompute wrote head outputs from `earliest` on: back to the window
         after = cur.probs.clone() if cur else None
         return MaskEditReport(earliest, end - earliest, before, after)
 

@@ -100,6 +100,7 @@ def test_a_mask_edit_and_its_rollback_keep_the_window_exact(pair, monkeypatch):
         assert torch.equal(s.head_outputs(layer), b)
     s.set_mask_edits([MaskEdit(3, 1)])
     ref.set_mask_edits([MaskEdit(3, 1)])
+    assert s.recorder.length - s.recorder.out_from <= 4  # the recompute wrote every row; the window is back
     for layer in s.attention_layers:
         _close(s.head_outputs(layer), ref.head_outputs(layer))
 
