@@ -230,11 +230,11 @@ class KVLab:
         i = len(self.history)
         ref_steps, run_steps = self.reference.n_steps, self.run.n_steps
         try:
-            ref, got = self._both_step(i, ref_steps)
+            ref, got, ref_rows = self._both_step(i, ref_steps)
             own = got.token_id
             if not self.free_running and own != ref.token_id:
                 self.run.force_token(ref.token_id)
-            st = self._measure(ref, got, own)
+            st = self._measure(ref, got, own, ref_rows)
             with interrupts_deferred():
                 self.history.append(st)
         except BaseException:
@@ -274,7 +274,7 @@ class KVLab:
         concurrent_ok = ref_steps <= i and torch.get_num_threads() >= 2 and self.lm.device.type == "cpu"
         with _halved_threads() if concurrent_ok else contextlib.nullcontext():
             if concurrent_ok:
-                fut = _reference_pool().submit(self.reference.step)
+                fut = _reference_pool().submit(self._reference_step)
             try:
                 got = self.run.step()
             except StepFailed as e:
@@ -287,8 +287,16 @@ class KVLab:
                     with interrupts_deferred():  # the reference's forward ends before anything is undone
                         concurrent.futures.wait([fut])
         if fut is not None:
-            return fut.result(), got
-        return (self.reference.steps_done[i] if ref_steps > i else self.reference.step()), got
+            ref, rows = fut.result()
+            return ref, got, rows
+        return (self.reference.steps_done[i] if ref_steps > i else self.reference.step()), got, None
+
+    def _reference_step(self):
+        """The reference's step, then (on the same thread, while the policy run still steps) its
+        newest query's attention rows per layer, which the lost-mass measure reads."""
+        st = self.reference.step()
+        t = self.reference.cache_length
+        return st, {layer: self.reference.attention_rows(layer, t - 1, t) for layer in self.reference.attention_layers}
 
     def steps(self, n: int) -> Iterator[LabStep]:
         for _ in range(int(n)):
@@ -300,7 +308,7 @@ class KVLab:
         return list(self.steps(n))
 
     # ------------------------------------------------------------------ measures
-    def _measure(self, ref, got, own: int) -> LabStep:
+    def _measure(self, ref, got, own: int, ref_rows: dict | None = None) -> LabStep:
         lm, t = self.lm, self.run.cache_length
         p = t - 1
         same = self.reference.tokens[:t] == self.run.tokens[:t]
@@ -311,7 +319,10 @@ class KVLab:
             ev = self.policy.evicted_rows(layer, p, t, t, lm.n_heads)  # (H, 1, T) what the last query missed
             if ev is not None and same:
                 # the reference's own row p (a shared reference may be further on: later keys are causal zeros)
-                probs = self.reference.attention_rows(layer, p, p + 1)[:, :, :t]  # (H, 1, T)
+                if ref_rows is not None and layer in ref_rows:  # computed beside the policy run's forward
+                    probs = ref_rows[layer][:, :, :t]  # (H, 1, T)
+                else:
+                    probs = self.reference.attention_rows(layer, p, p + 1)[:, :, :t]  # (H, 1, T)
                 lost[layer] = (probs * ev).sum((1, 2)).double().numpy()
             evicted_now.append(int(self.policy.evicted(layer, t).sum()))
         return LabStep(
