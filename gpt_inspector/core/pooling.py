@@ -22,23 +22,28 @@ ROWS_BUDGET = 1 << 23  # numbers per evaluation (32 MB of float32)
 
 
 @contextlib.contextmanager
+def torch_threads(n: int):
+    """Run the block with ``n`` torch threads (process-wide), then put the count back."""
+    import torch  # here, not at the top: figures import this module and must load without the engine
+
+    before = torch.get_num_threads()
+    if n == before:
+        yield
+        return
+    torch.set_num_threads(n)
+    try:
+        yield
+    finally:
+        torch.set_num_threads(before)
+
+
 def one_thread():
     """Run small tensor work (a few rows per call) on one torch thread.
 
     On a busy machine a thread pool's barriers cost ten times more than they save on tensors this
     small (measured: 600 ms vs 35 ms per window snapshot at T = 1,024 on a loaded 2-core box).
     """
-    import torch  # here, not at the top: figures import this module and must load without the engine
-
-    n = torch.get_num_threads()
-    if n == 1:
-        yield
-        return
-    torch.set_num_threads(1)
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
+    return torch_threads(1)
 
 
 class ThreadChooser:
@@ -75,16 +80,6 @@ class ThreadChooser:
     def record(self, threads: int, seconds: float, numbers: int) -> None:
         self.times[threads].append(seconds / max(1, numbers))
 
-    @contextlib.contextmanager
-    def use(self, threads: int):
-        import torch
-
-        n = torch.get_num_threads()
-        torch.set_num_threads(threads)
-        try:
-            yield
-        finally:
-            torch.set_num_threads(n)
 
 
 def rows_per_block(n_heads_total: int, t: int, d: int, block: int, budget: int | None = None) -> int:

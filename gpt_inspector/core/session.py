@@ -335,15 +335,12 @@ class Session(EditingMixin, ModelShape, RunSource):
         middle = self._recomputed_outputs(layer)[:, rec.out_floor :]  # (H, out_from - floor, d)
         return torch.cat([middle, kept], dim=1)  # (H, T - floor, d)
 
-    def head_output_row(self, layer: int, position: int) -> torch.Tensor:
-        """(H, d) one position's head outputs: the kept row, recomputed only if it left the window."""
-        layer = self.check_attention_layer(layer)
-        t, rec = self.require_positions(), self.recorder
-        if not 0 <= position < t:
-            raise InspectorError(f"position must lie in [0, {t}), got {position}")
+    def _head_output_row(self, layer: int, position: int) -> torch.Tensor:
+        # the kept row; recomputed (with every earlier one) only if it left the window
+        rec = self.recorder
         if position < rec.out_from:
             return self.head_outputs(layer)[:, position]
-        return rec.out[layer].view(t - rec.out_from)[0, :, position - rec.out_from]
+        return rec.out[layer].view(self.cache_length - rec.out_from)[0, :, position - rec.out_from]  # (H, d)
 
     def _mask_rows(self, layer: int) -> dict:
         return self.recorder.mask_rows[layer]

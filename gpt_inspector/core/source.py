@@ -158,9 +158,13 @@ class RunSource:
 
     def head_output_row(self, layer: int, position: int) -> torch.Tensor:
         """(H, d) the head outputs of one position (NaN where the source cannot give them)."""
+        layer = self.check_attention_layer(layer)
         t = self.require_positions()
         if not 0 <= position < t:
             raise InspectorError(f"position must lie in [0, {t}), got {position}")
+        return self._head_output_row(layer, position)
+
+    def _head_output_row(self, layer: int, position: int) -> torch.Tensor:
         return self.head_outputs(layer)[:, position]
 
     def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
@@ -232,16 +236,21 @@ class RunSource:
         if plain and edits is not None and layer in edits.heads:
             rows = edits.rows[layer]
             plain = not bool(((rows >= p0) & (rows < p1)).any())
-        if plain and getattr(getattr(self, "recorder", None), "kv_policy", None) is None:
+        if plain and self.kv_policy is None:
             c = min(p0 + 1, t)
             pos = torch.arange(p0, p1)  # (n,)
             tail = torch.arange(c, t)[None, :] <= pos[:, None]  # (n, t - c) causal
             return tail.expand(self.n_heads, -1, -1), c
         return self.allowed_rows(layer, p0, p1, t), 0
 
+    @property
+    def kv_policy(self):
+        """The KV cache policy (core.kvlab) this run's forwards run under, or None."""
+        return getattr(getattr(self, "recorder", None), "kv_policy", None)
+
     def _kv_evicted(self, layer: int, p0: int, p1: int, t: int) -> torch.Tensor | None:
         """(H, p1 - p0, T) bool: entries a KV cache policy (core.kvlab) had evicted when those rows ran."""
-        policy = getattr(getattr(self, "recorder", None), "kv_policy", None)
+        policy = self.kv_policy
         return None if policy is None else policy.evicted_rows(layer, p0, p1, t, self.n_heads)
 
     # ------------------------------------------------------------------ derived, one equation

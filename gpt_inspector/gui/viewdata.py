@@ -23,7 +23,7 @@ from ..core import attention as eq
 from ..core.attention import KINDS, STAGE_TITLES
 from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
-from ..core.pooling import ThreadChooser, one_thread
+from ..core.pooling import ThreadChooser, one_thread, torch_threads
 from ..core.source import RunSource
 from ..core.stages import STAGE_LABELS
 from ..core.step import Step
@@ -313,7 +313,7 @@ class ViewModel:
                         return False
                     k = self._threads.pick()
                     t0 = time.perf_counter()
-                    with self._threads.use(k):
+                    with torch_threads(k):
                         th.add_rows(self._rows_of, p0, p1)
                     self._threads.record(k, time.perf_counter() - t0, cost)
                     spent += cost

@@ -32,9 +32,9 @@ import torch
 
 from ..capture import Recorder
 from ..errors import InspectorError, StepFailed
+from ..pooling import torch_threads
 from ..session import Session, interrupts_deferred
 from .policies import Policy
-
 
 _pool: concurrent.futures.ThreadPoolExecutor | None = None
 _pool_lock = threading.Lock()
@@ -46,17 +46,6 @@ def _reference_pool() -> concurrent.futures.ThreadPoolExecutor:
         if _pool is None:
             _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvlab-reference")
         return _pool
-
-
-@contextlib.contextmanager
-def _halved_threads():
-    """Two forwards at once: each gets half of torch's threads, so together they use what one had."""
-    n = torch.get_num_threads()
-    torch.set_num_threads(max(1, n // 2))
-    try:
-        yield
-    finally:
-        torch.set_num_threads(n)
 
 
 @dataclass
@@ -119,7 +108,7 @@ def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
 
 def policy_of(source) -> Policy | None:
     """The KV cache policy a run source's forwards run under (a lab's policy run), or None."""
-    return getattr(getattr(source, "recorder", None), "kv_policy", None)
+    return source.kv_policy
 
 
 def row_error(session: Session, layer: int) -> tuple[np.ndarray, np.ndarray]:
@@ -272,7 +261,8 @@ class KVLab:
         # torch's threads are the cores this lab was given (a sweep's workers get one each): split
         # them, never add to them
         concurrent_ok = ref_steps <= i and torch.get_num_threads() >= 2 and self.lm.device.type == "cpu"
-        with _halved_threads() if concurrent_ok else contextlib.nullcontext():
+        # two forwards at once: each gets half of torch's threads, so together they use what one had
+        with torch_threads(max(1, torch.get_num_threads() // 2)) if concurrent_ok else contextlib.nullcontext():
             if concurrent_ok:
                 fut = _reference_pool().submit(self._reference_step)
             try:
@@ -293,8 +283,10 @@ class KVLab:
 
     def _reference_step(self):
         """The reference's step, then (on the same thread, while the policy run still steps) its
-        newest query's attention rows per layer, which the lost-mass measure reads."""
+        newest query's attention rows per layer, which the lost-mass measure reads (None: not needed)."""
         st = self.reference.step()
+        if self.policy.kind != "eviction":  # a quantizing policy masks nothing: no mass is lost
+            return st, None
         t = self.reference.cache_length
         return st, {layer: self.reference.attention_rows(layer, t - 1, t) for layer in self.reference.attention_layers}
 
