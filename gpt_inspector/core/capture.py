@@ -290,6 +290,49 @@ class Recorder:
             self.mask_rows[layer][q0 + r] = allowed[:, :, r].clone()  # (B, Hm, Tk)
 
 
+class Unpairable(Exception):
+    """A model's attention took per-batch-row arguments that ``RowRecorders`` cannot split."""
+
+
+class RowRecorders:
+    """One recorder per batch row: runs of one model stepped together by one forward (the KV lab's
+    reference and policy run), each row's attention computed and recorded exactly as its run's own."""
+
+    def __init__(self, recorders: list[Recorder]):
+        self.rows = list(recorders)
+
+    @contextlib.contextmanager
+    def active(self):
+        token = _ACTIVE.set(self)
+        try:
+            yield self
+        finally:
+            _ACTIVE.reset(token)
+            for rec in self.rows:  # the mask checks keep masks alive: as a forward of its own, none outlive it
+                rec._checked_masks.clear()
+
+    def crop(self, length: int) -> None:
+        for rec in self.rows:
+            rec.crop(length)
+
+    def attend(self, module, query, key, value, attention_mask, *args, score_bias=None, **kwargs):
+        """``inspector_attention`` per row under that row's recorder; outputs joined along the batch."""
+        if score_bias is not None or kwargs.get("indices") is not None or KEY_BIAS_ATTR in module.__dict__:
+            raise Unpairable("the model's attention takes a score bias or key selection per batch row")
+        outs, probs = [], []
+        for r, rec in enumerate(self.rows):
+            one = slice(r, r + 1)
+            mask = attention_mask if attention_mask is None or attention_mask.shape[0] == 1 else attention_mask[one]
+            token = _ACTIVE.set(rec)
+            try:
+                o, pr = inspector_attention(module, query[one], key[one], value[one], mask, *args, **kwargs)
+            finally:
+                _ACTIVE.reset(token)
+            outs.append(o)  # (1, Tq, H, d)
+            probs.append(pr)
+        return torch.cat(outs), None if any(pr is None for pr in probs) else torch.cat(probs)
+
+
 @dataclass
 class AppliedBias:
     """An additive score bias a model adds (passed by an adapter, or found on a doge layer).
@@ -367,6 +410,9 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     bias) need the scores in hand and take the written-out equation instead, in the order the
     model's eager attention computes it.
     """
+    if isinstance(_ACTIVE.get(), RowRecorders):
+        return _ACTIVE.get().attend(module, query, key, value, attention_mask, scaling, dropout, softcap,
+                                    score_bias=score_bias, **kwargs)  # fmt: skip
     if kwargs.get("indices") is not None:
         # deepseek_v32's sparse attention: the keys its indexer selected are the mask, recorded as such
         attention_mask = _with_selected_keys(attention_mask, kwargs.pop("indices"), query, key.shape[2])

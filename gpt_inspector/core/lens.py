@@ -90,10 +90,13 @@ def _install_hooks(model) -> None:
             if rec is None:
                 return
             h = output[0] if isinstance(output, tuple) else output  # (B, n, D)
-            store = rec.__dict__.setdefault("residual", {})
-            store[index] = h[:, -1].detach().to("cpu", torch.float32, copy=True)  # (B, D)
-            if index == n - 1:
-                rec.residual_length = rec.length  # the positions this residual belongs to
+            # runs stepped as one batch (the KV lab's pair): each row is its own run's
+            recs = rec.rows if isinstance(rec, capture.RowRecorders) else [rec]
+            for r, one in enumerate(recs):
+                rows = h if len(recs) == 1 else h[r : r + 1]  # (B, n, D)
+                one.__dict__.setdefault("residual", {})[index] = rows[:, -1].detach().to("cpu", torch.float32, copy=True)
+                if index == n - 1:
+                    one.residual_length = one.length  # the positions this residual belongs to
 
         return record
 

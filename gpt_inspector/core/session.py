@@ -136,16 +136,40 @@ class Session(EditingMixin, ModelShape, RunSource):
 
     def step(self) -> Step:
         """Feed one new token (the whole prompt at step 0) and choose the next one."""
+        ids, start, rng = self.next_input()
+        index, t0 = self.n_steps, time.perf_counter()
+        try:
+            logits = self._forward(ids, 1)[-1]  # (V,)
+            return self.commit_step(logits, time.perf_counter() - t0, start, rng)
+        except BaseException:
+            # Ctrl+C can land between the forward and the commit: a forward not committed is undone
+            if self.n_steps == index:
+                self.undo_forward(start, rng)
+            raise
+
+    def next_input(self) -> tuple[list[int], int, torch.Tensor]:
+        """What the next step feeds (the prompt at step 0, else the last token), and the cache length
+        and sampler state to go back to if its forward fails. Raises once generation has finished."""
         if self.finished:
             raise InspectorError(f"generation has finished ({self.finished}); step back, force a token or restart")
+        ids = self.prompt_ids if not self.steps_done else [self.tokens[-1]]
+        return ids, self.cache_length, self.generator.get_state()
+
+    def undo_forward(self, start: int, rng: torch.Tensor) -> None:
+        """Put the cache, the records and the sampler back where ``next_input`` found them."""
+        with interrupts_deferred():
+            crop_cache(self.cache, start)
+            self.recorder.crop(start)
+            self.generator.set_state(rng)
+
+    def commit_step(self, logits: torch.Tensor, seconds: float, start: int, rng: torch.Tensor) -> Step:
+        """Choose from ``logits`` (V,) of the forward that fed ``next_input`` (its cache and records
+        already hold it) and make it the step; anything stopping this halfway undoes the forward too
+        (back to ``start`` and ``rng``, as ``next_input`` gave them)."""
         index = self.n_steps
-        ids = self.prompt_ids if index == 0 else [self.tokens[-1]]
-        start, rng = self.cache_length, self.generator.get_state()
         committed = False
         try:
-            t0 = time.perf_counter()
-            logits = self._forward(ids, 1)[-1]  # (V,)
-            s = self._make_step(index, logits, None, False, time.perf_counter() - t0)
+            s = self._make_step(index, logits, None, False, seconds)
             with interrupts_deferred():
                 self.steps_done.append(s)
                 self.tokens.append(s.token_id)
@@ -156,10 +180,7 @@ class Session(EditingMixin, ModelShape, RunSource):
         except BaseException:
             # Ctrl+C can land after the forward but before the commit: undo the cache and sampler too
             if not committed:
-                with interrupts_deferred():
-                    crop_cache(self.cache, start)
-                    self.recorder.crop(start)
-                    self.generator.set_state(rng)
+                self.undo_forward(start, rng)
             raise
         self._emit("step", s)
         return s

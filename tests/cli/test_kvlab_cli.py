@@ -94,7 +94,9 @@ def test_sweep_draws_the_frontier_and_writes_the_table(tiny_dir, tmp_path, capsy
     import gpt_inspector as gi
     from gpt_inspector.core.kvlab import KVLab, make
 
-    lab = KVLab(gi.load_model(tiny_dir["gpt2"], device="cpu"), PROMPT, make("h2o", 4))
+    lm = gi.load_model(tiny_dir["gpt2"], device="cpu")
+    # the sweep shares one reference per prompt (its runs step alone, not as a batch of two): so does this lab
+    lab = KVLab(lm, PROMPT, make("h2o", 4), reference=gi.Session(lm, PROMPT))
     lab.run_steps(3)
     row = next(r for r in d["rows"] if r["policy"] == "h2o" and r["budget"] == 4 and r["prompt"] == 0)
     assert row["mean_kl"] == pytest.approx(lab.summary()["mean_kl"], rel=1e-12)

@@ -323,35 +323,3 @@ def test_eviction_keeps_protected_entries_and_the_best_scores_ties_to_the_older(
         got = {j for j in range(tk) if pol.evicted_at[0][h, j] == NEVER}
         assert got == keep
         assert all(int(pol.evicted_at[0][h, j]) == tk for j in range(tk) if j not in keep)
-
-
-def test_the_reference_steps_beside_the_policy_run_and_an_interrupt_in_either_undoes_both(tiny_lm, monkeypatch):
-    # the two forwards of a lab step run at once (the reference on a helper thread); a Ctrl+C in the
-    # policy run's forward waits for the reference's to end, then puts both back
-    import threading
-
-    monkeypatch.setattr(torch, "get_num_threads", lambda: 2)  # two threads given: the runs split them
-    monkeypatch.setattr(torch, "set_num_threads", lambda n: None)
-    lm = tiny_lm("llama")
-    lab = KVLab(lm, PROMPT, make("h2o", 5))
-    lab.run_steps(2)
-    where = []
-    real_ref = lab.reference.step
-    lab.reference.step = lambda: where.append(threading.current_thread().name) or real_ref()
-    lab.step()
-    assert where and where[-1].startswith("kvlab-reference")
-    real_run = type(lab.run).step
-
-    def interrupted(self):
-        raise KeyboardInterrupt
-
-    monkeypatch.setattr(type(lab.run), "step", interrupted)
-    with pytest.raises(KeyboardInterrupt):
-        lab.step()
-    monkeypatch.setattr(type(lab.run), "step", real_run)
-    assert len(where) == 2  # the reference did step, and was undone
-    assert len(lab.history) == lab.run.n_steps == lab.reference.n_steps == 3
-    again = lab.run_steps(2)
-    clean = KVLab(lm, PROMPT, make("h2o", 5))
-    want = clean.run_steps(5)[3:]
-    assert [s.kl for s in again] == [s.kl for s in want] and lab.run.tokens == clean.run.tokens

@@ -21,31 +21,17 @@ newest row is exactly what attention computed.
 
 from __future__ import annotations
 
-import concurrent.futures
-import contextlib
-import threading
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 import numpy as np
 import torch
 
-from ..capture import Recorder
+from ..capture import Recorder, Unpairable
 from ..errors import InspectorError, StepFailed
-from ..pooling import torch_threads
 from ..session import Session, interrupts_deferred
+from .pair import PairStepper
 from .policies import Policy
-
-_pool: concurrent.futures.ThreadPoolExecutor | None = None
-_pool_lock = threading.Lock()
-
-
-def _reference_pool() -> concurrent.futures.ThreadPoolExecutor:
-    global _pool
-    with _pool_lock:
-        if _pool is None:
-            _pool = concurrent.futures.ThreadPoolExecutor(1, thread_name_prefix="kvlab-reference")
-        return _pool
 
 
 @dataclass
@@ -177,6 +163,9 @@ class KVLab:
         self._states: list[tuple[int, object]] = [(0, policy.snapshot())]
         self._own_reference = reference is None
         self.run.subscribe(self._on_run)
+        # the two runs step as one batch of two; a shared reference (a sweep's, read by several labs)
+        # steps alone, as do the runs beside it, so a sweep's rows never depend on which lab stepped it
+        self._pair: PairStepper | None = PairStepper(self.reference, self.run) if reference is None else None
 
     def _on_run(self, event: str, payload) -> None:
         if event == "step":
@@ -219,11 +208,11 @@ class KVLab:
         i = len(self.history)
         ref_steps, run_steps = self.reference.n_steps, self.run.n_steps
         try:
-            ref, got, ref_rows = self._both_step(i, ref_steps)
+            ref, got = self._both_step(i, ref_steps)
             own = got.token_id
             if not self.free_running and own != ref.token_id:
                 self.run.force_token(ref.token_id)
-            st = self._measure(ref, got, own, ref_rows)
+            st = self._measure(ref, got, own)
             with interrupts_deferred():
                 self.history.append(st)
         except BaseException:
@@ -252,43 +241,25 @@ class KVLab:
     def _both_step(self, i: int, ref_steps: int):
         """Step the reference (unless it is already ahead) and the policy run: (reference step, run step).
 
-        The two forwards are independent (teacher-forced, the run is fed the token the reference
-        chose one step earlier), so with two or more cores the reference steps on a helper thread
-        while this one steps the run, each with half of torch's threads. Nothing is undone here:
-        the caller rolls both back on any error, after both forwards have ended.
+        The two are independent (teacher-forced, the run is fed the token the reference chose one
+        step earlier), so where their caches allow they step as one batch of two (``PairStepper``).
+        Nothing is undone here: the caller rolls both back on any error.
         """
-        fut = None
-        # torch's threads are the cores this lab was given (a sweep's workers get one each): split
-        # them, never add to them
-        concurrent_ok = ref_steps <= i and torch.get_num_threads() >= 2 and self.lm.device.type == "cpu"
-        # two forwards at once: each gets half of torch's threads, so together they use what one had
-        with torch_threads(max(1, torch.get_num_threads() // 2)) if concurrent_ok else contextlib.nullcontext():
-            if concurrent_ok:
-                fut = _reference_pool().submit(self._reference_step)
-            try:
-                got = self.run.step()
-            except StepFailed as e:
-                # a policy's own error (a scoring function that raised) is the user's to fix: say it plainly
-                if isinstance(e.__cause__, InspectorError):
-                    raise e.__cause__ from None
-                raise
-            finally:
-                if fut is not None:
-                    with interrupts_deferred():  # the reference's forward ends before anything is undone
-                        concurrent.futures.wait([fut])
-        if fut is not None:
-            ref, rows = fut.result()
-            return ref, got, rows
-        return (self.reference.steps_done[i] if ref_steps > i else self.reference.step()), got, None
-
-    def _reference_step(self):
-        """The reference's step, then (on the same thread, while the policy run still steps) its
-        newest query's attention rows per layer, which the lost-mass measure reads (None: not needed)."""
-        st = self.reference.step()
-        if self.policy.kind != "eviction":  # a quantizing policy masks nothing: no mass is lost
-            return st, None
-        t = self.reference.cache_length
-        return st, {layer: self.reference.attention_rows(layer, t - 1, t) for layer in self.reference.attention_layers}
+        try:
+            if ref_steps > i:
+                return self.reference.steps_done[i], self.run.step()
+            if self._pair is not None and self._pair.ready():
+                try:
+                    return self._pair.step()
+                except Unpairable:
+                    self._pair = None  # this model's attention takes per-row arguments: one run at a time
+            ref = self.reference.step()
+            return ref, self.run.step()
+        except StepFailed as e:
+            # a policy's own error (a scoring function that raised) is the user's to fix: say it plainly
+            if isinstance(e.__cause__, InspectorError):
+                raise e.__cause__ from None
+            raise
 
     def steps(self, n: int) -> Iterator[LabStep]:
         for _ in range(int(n)):
@@ -300,7 +271,7 @@ class KVLab:
         return list(self.steps(n))
 
     # ------------------------------------------------------------------ measures
-    def _measure(self, ref, got, own: int, ref_rows: dict | None = None) -> LabStep:
+    def _measure(self, ref, got, own: int) -> LabStep:
         lm, t = self.lm, self.run.cache_length
         p = t - 1
         same = self.reference.tokens[:t] == self.run.tokens[:t]
@@ -311,10 +282,7 @@ class KVLab:
             ev = self.policy.evicted_rows(layer, p, t, t, lm.n_heads)  # (H, 1, T) what the last query missed
             if ev is not None and same:
                 # the reference's own row p (a shared reference may be further on: later keys are causal zeros)
-                if ref_rows is not None and layer in ref_rows:  # computed beside the policy run's forward
-                    probs = ref_rows[layer][:, :, :t]  # (H, 1, T)
-                else:
-                    probs = self.reference.attention_rows(layer, p, p + 1)[:, :, :t]  # (H, 1, T)
+                probs = self.reference.attention_rows(layer, p, p + 1)[:, :, :t]  # (H, 1, T)
                 lost[layer] = (probs * ev).sum((1, 2)).double().numpy()
             evicted_now.append(int(self.policy.evicted(layer, t).sum()))
         return LabStep(
