@@ -3,10 +3,12 @@
 GPT2Config() defaults (124M parameters, random weights), a prompt of 512 tokens (``--prompts``),
 ``--new`` decode steps. Printed per policy:
 
-- policy step / plain step: one Session stepping under the policy against a plain Session
-  (the policy's bookkeeping; target <= 1.10);
-- lab step / HF generate: one lockstep step (reference + policy run + the measures) against HF
-  generate's per-token decode time (target <= 2.2);
+- policy step / plain step: one Session stepping under the policy against a plain Session (the
+  simulated cache's attention, masked or written out, plus the bookkeeping), and the share of that
+  step spent inside the policy's own calls: its bookkeeping (scoring, eviction, quantization,
+  deferred evictions included; target <= 10%);
+- lab step / HF generate: one lockstep step (reference and policy run as one batch of two, then
+  the measures) against HF generate's per-token decode time (target <= 2.2);
 - the state the lab keeps after each step for an exact step back, against a lab step.
 
 Then the sweep (``--sweep-jobs N``, default 2; 0 skips it): the same sweep (policies x budgets

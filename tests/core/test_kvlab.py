@@ -323,3 +323,25 @@ def test_eviction_keeps_protected_entries_and_the_best_scores_ties_to_the_older(
         got = {j for j in range(tk) if pol.evicted_at[0][h, j] == NEVER}
         assert got == keep
         assert all(int(pol.evicted_at[0][h, j]) == tk for j in range(tk) if j not in keep)
+
+
+@pytest.mark.parametrize("name", ["h2o", "tova", "streaming", "keynorm"])
+def test_a_decode_steps_batched_eviction_equals_each_layer_evicting_on_its_own(name, tiny_lm, monkeypatch):
+    # decode steps score and evict all layers in one pass after the forward; the per-layer path is the
+    # written-out rule. Layers with different budgets (and GQA groups) go through the same pass
+    from gpt_inspector.core.kvlab import Eviction
+
+    lm = tiny_lm("llama")
+    runs = []
+    for batched in (True, False):
+        if not batched:
+            monkeypatch.setattr(Eviction, "_uniform_budget", lambda self, layer: False)
+        lab = KVLab(lm, PROMPT, make(name, 6, layer_budgets={1: 9}))
+        steps = lab.run_steps(10)
+        runs.append((lab, steps))
+    (a, sa), (b, sb) = runs
+    assert a.run.tokens == b.run.tokens and [s.kl for s in sa] == [s.kl for s in sb]
+    for layer in range(lm.n_layers):
+        assert torch.equal(a.policy.evicted_at[layer], b.policy.evicted_at[layer])
+        assert torch.equal(a.policy.scores[layer], b.policy.scores[layer])
+    assert any(bool((ev < NEVER).any()) for ev in a.policy.evicted_at)

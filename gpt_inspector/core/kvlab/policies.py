@@ -221,8 +221,19 @@ class Eviction(Policy):
         return self.sinks + self._recent(budget) if self.name != "streaming" else budget
 
     def reset(self) -> None:
-        self.evicted_at = [torch.empty(self.n_kv_heads, 0, dtype=torch.long) for _ in range(self.n_layers)]
+        self._evicted_at = [torch.empty(self.n_kv_heads, 0, dtype=torch.long) for _ in range(self.n_layers)]
         self.scores = [torch.empty(self.n_kv_heads, 0, dtype=torch.float64) for _ in range(self.n_layers)]
+        # a decode step's scoring and eviction, deferred to one batched pass over its layers (``_flush``):
+        # per layer it is a dozen tiny tensor operations, whose fixed cost is most of their time
+        self._pending: dict[int, tuple[int, torch.Tensor | None]] = {}  # layer -> (Tk, (H or Hkv, Tk) what scores it)
+        # what the next decode forward's attend reads, made by that flush: (Tk, {layer: (grown evicted_at, block)})
+        self._next: tuple[int, dict] | None = None
+
+    @property
+    def evicted_at(self) -> list[torch.Tensor]:
+        """Per layer (Hkv, T) long: the cache length after whose forward each entry was evicted (NEVER: held)."""
+        self._flush()
+        return self._evicted_at
 
     def snapshot(self):
         # evicted_at needs no copy: an entry evicted after the forward that left the cache at n keys
@@ -231,7 +242,7 @@ class Eviction(Policy):
         # entries still held are kept (at most the budget per KV head, so a step costs O(budget), not
         # O(T)); an evicted entry's score never decides anything again. A layer without a budget
         # evicts nothing: its scores are kept whole
-        lengths = [ev.shape[1] for ev in self.evicted_at]
+        lengths = [ev.shape[1] for ev in self.evicted_at]  # (the property flushes a deferred eviction)
         if self.name != "h2o":
             return lengths, None
         held = [self.scores[i].clone() if b is None else self.scores[i][self._held(i)].clone()
@@ -240,15 +251,16 @@ class Eviction(Policy):
 
     def _held(self, layer: int) -> torch.Tensor:
         n = self.scores[layer].shape[1]
-        ev = self.evicted_at[layer][:, :n]  # (Hkv, n)
+        ev = self._evicted_at[layer][:, :n]  # (Hkv, n)
         return torch.cat([ev, torch.full((ev.shape[0], n - ev.shape[1]), NEVER, dtype=ev.dtype)], 1) == NEVER
 
     def restore(self, snap) -> None:
         lengths, held = snap
+        self._pending, self._next = {}, None  # a deferred eviction belongs to the forward being undone
         for layer, n in enumerate(lengths):
-            ev = self.evicted_at[layer][:, :n].clone()  # (Hkv, n)
+            ev = self._evicted_at[layer][:, :n].clone()  # (Hkv, n)
             ev[ev > n] = NEVER
-            self.evicted_at[layer] = ev
+            self._evicted_at[layer] = ev
         if held is None:
             return
         for layer, kept in enumerate(held):
@@ -259,16 +271,22 @@ class Eviction(Policy):
             self.scores[layer][self._held(layer)] = kept
 
     def _grow(self, layer: int, tk: int) -> torch.Tensor:
-        ev = self.evicted_at[layer]
+        ev = self._evicted_at[layer]
         if ev.shape[1] < tk:
             ev = torch.cat([ev, torch.full((ev.shape[0], tk - ev.shape[1]), NEVER, dtype=torch.long)], 1)
-            self.evicted_at[layer] = ev
+            self._evicted_at[layer] = ev
         else:
-            ev = self.evicted_at[layer] = ev[:, :tk]  # a shorter forward (a recompute) starts over from there
+            ev = self._evicted_at[layer] = ev[:, :tk]  # a shorter forward (a recompute) starts over from there
         return ev
 
     def attend(self, layer, key, value, q0, n_heads):
         tk = key.shape[2]
+        if self._pending and (layer in self._pending or next(iter(self._pending.values()))[0] != tk):
+            self._flush()  # a new forward: the last one's evictions first
+        ready = self._next[1].get(layer) if self._next is not None and self._next[0] == tk == q0 + 1 else None
+        if ready is not None and n_heads == self.n_heads:
+            self._evicted_at[layer] = ready[0]
+            return key, value, ready[1]
         ev = self._grow(layer, tk)  # (Hkv, Tk)
         return key, value, self._block(ev, q0, tk - q0, n_heads)
 
@@ -281,7 +299,7 @@ class Eviction(Policy):
         return eq.expand_kv(block, n_heads)  # (H, n, T)
 
     def evicted_rows(self, layer, p0, p1, length, n_heads):
-        ev = self.evicted_at[layer][:, :length]
+        ev = self.evicted_at[layer][:, :length]  # (the property flushes a deferred eviction)
         if ev.shape[1] < length:
             ev = torch.cat([ev, torch.full((ev.shape[0], length - ev.shape[1]), NEVER, dtype=torch.long)], 1)
         return self._block(ev, p0, p1 - p0, n_heads)
@@ -312,9 +330,71 @@ class Eviction(Policy):
         p = None
         if need_probs:
             p = self._probs(query, k, mask, scaling, softcap, probs, rows)  # (H, n, Tk) float32
+        if tq == 1 and budget is not None and self.name in ("h2o", "tova", "keynorm", "streaming") and self._uniform_budget(layer):
+            # a decode step under one budget per head: scored and evicted with the forward's other layers
+            what = p[:, 0] if p is not None else self._score(layer, k, None, tk) if self.name == "keynorm" else None
+            self._pending[layer] = (tk, what)  # (H, Tk) attention, (Hkv, Tk) key scores, or None
+            return
+        self._flush()
+        self._next = None
         score = self._score(layer, k, p, tk)  # (Hkv, Tk) float64
         if budget is not None:
             self._evict(layer, score, budget, tk)
+
+    def _uniform_budget(self, layer: int) -> bool:
+        self._recent_rows(layer, self.budgets[layer])
+        return self._uniform[layer]
+
+    def _flush(self) -> None:
+        """Score and evict the deferred decode step, every layer of it in one pass (see ``observe``).
+
+        The same operations as ``_score`` and ``_evict``'s steady state, batched over layers; then
+        what the next decode forward's ``attend`` reads (each layer's evictions grown by the new
+        position, and the block for its query), so that it costs no operation per layer either.
+        """
+        if not self._pending:
+            return
+        pend, self._pending = self._pending, {}
+        layers, tk = list(pend), next(iter(pend.values()))[0]
+        n, hkv = len(layers), self.n_kv_heads
+        ev = torch.stack([self._evicted_at[layer][:, :tk] for layer in layers])  # (n, Hkv, Tk)
+        if self.name in ("h2o", "tova"):
+            rows = torch.stack([pend[layer][1] for layer in layers])  # (n, H, Tk): this forward's attention rows
+            score = rows.reshape(n, hkv, -1, tk).sum(2).double()  # (n, Hkv, Tk), summed over each group
+            if self.name == "h2o":  # accumulated attention
+                acc = [self.scores[layer] for layer in layers]
+                if all(a.shape[1] == tk - 1 for a in acc):
+                    acc = torch.cat([torch.stack(acc), score.new_zeros(n, hkv, 1)], 2)  # (n, Hkv, Tk)
+                else:
+                    acc = torch.stack([F.pad(a[:, :tk], (0, max(0, tk - a.shape[1]))) for a in acc])
+                score = acc + score
+                for i, layer in enumerate(layers):
+                    self.scores[layer] = score[i]
+        elif self.name == "keynorm":
+            score = torch.stack([pend[layer][1] for layer in layers])  # (n, Hkv, Tk)
+        else:
+            score = torch.zeros(n, hkv, tk, dtype=torch.float64)  # streaming: position alone decides
+        for i, layer in enumerate(layers):
+            self._evicted_at[layer] = ev[i]
+        budget = torch.stack([self.budgets[layer] for layer in layers])  # (n, Hkv)
+        held = ev == NEVER  # (n, Hkv, Tk)
+        excess = held.sum(2) - budget  # (n, Hkv)
+        most = int(excess.max())
+        if most > 1:  # not the steady state: each layer ranks its own
+            for i, layer in enumerate(layers):
+                self._evict(layer, score[i], self.budgets[layer], tk)
+        elif most == 1:
+            # each head one over: drop its lowest-scoring candidate, the newest among equals (as _evict does)
+            recent = torch.stack([self._recent_cache[layer] for layer in layers]).clamp(max=tk)  # (n, Hkv)
+            pos = torch.arange(tk)
+            cand = held & (pos >= self.sinks) & (pos < tk - recent[..., None])  # (n, Hkv, Tk)
+            j = tk - 1 - score.masked_fill(~cand, math.inf).flip(2).argmin(2)  # (n, Hkv)
+            li, hi = (excess > 0).nonzero(as_tuple=True)
+            ev[li, hi, j[li, hi]] = tk  # masked from the next query position on
+        grown = torch.cat([ev, ev.new_full((n, hkv, 1), NEVER)], 2)  # (n, Hkv, Tk + 1)
+        some = (ev < NEVER).flatten(1).any(1).tolist()
+        blocks = eq.expand_kv(grown[:, :, None, :] <= tk, self.n_heads)  # (n, H, 1, Tk + 1): query Tk's block
+        self._next = (tk + 1, {layer: (grown[i], blocks[i] if some[i] else None) for i, layer in enumerate(layers)})
 
     def _probs(self, query, k, mask, scaling, softcap, probs, rows) -> torch.Tensor:
         r0, r1 = rows.start, rows.stop
