@@ -25,11 +25,12 @@ import numpy as np
 import torch
 
 from . import capture
-from .errors import InspectorError
+from .errors import Cancelled, InspectorError
 from .step import TopEntry, top_entries
 
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm")
 _OUT_PROJ = ("o_proj", "c_proj", "dense", "out_proj")
+_SLICE = 4096  # vocabulary rows per slice of the unembedding: ~2 ms on GPT-2-small shapes
 
 
 @dataclass(frozen=True)
@@ -187,8 +188,33 @@ def _out_proj(layer: torch.nn.Module) -> torch.Tensor | None:
     return None
 
 
-def lens(session, top_k: int = 5) -> LensResult:
-    """The logit lens and per-head attribution for the session's current step."""
+def _check(stop) -> None:
+    if stop is not None and stop():
+        raise Cancelled("the logit lens gave way to a newer command")
+
+
+def _unembed(head, x: torch.Tensor, stop) -> torch.Tensor:
+    """head(x) (n, V); a plain linear head in slices of the vocabulary, asking ``stop()`` between them.
+
+    The slices give every logit bit for bit as one product does (each is the same dot product),
+    and let a window give the worker back to a step within a few milliseconds (raise Cancelled).
+    """
+    if stop is None or type(head) is not torch.nn.Linear:
+        return head(x)
+    w, b = head.weight, head.bias
+    out = []
+    for v0 in range(0, w.shape[0], _SLICE):
+        _check(stop)
+        out.append(torch.nn.functional.linear(x, w[v0 : v0 + _SLICE], None if b is None else b[v0 : v0 + _SLICE]))
+    return torch.cat(out, -1)  # (n, V)
+
+
+def lens(session, top_k: int = 5, stop=None) -> LensResult:
+    """The logit lens and per-head attribution for the session's current step.
+
+    ``stop``: a callable asked now and then; when it says True the computation ends with
+    Cancelled (the window computes the lens while its worker is idle, and gives way to a step).
+    """
     cur = session.current
     if cur is None:
         raise InspectorError("no step yet: run a step first")
@@ -204,10 +230,11 @@ def lens(session, top_k: int = 5) -> LensResult:
     with torch.inference_mode():
         # the last layer's lens is the model's output: show the logits the model computed for this step
         # (ours would differ in the last bit only, from a matmul of another shape), and skip its unembedding
-        logits = head(norm(resid[:-1].to(lm.dtype))).float()  # (L-1, V)
+        logits = _unembed(head, norm(resid[:-1].to(lm.dtype)), stop).float()  # (L-1, V)
         if cap:
             logits = torch.tanh(logits / cap) * cap
         logits = torch.cat([logits.cpu(), cur.logits.float()[None]])  # (L, V)
+    _check(stop)  # what follows (top tokens, attribution) is another third of the time
     probs = torch.softmax(logits, dim=-1)  # (L, V)
     tok = cur.token_id
     rows = [LensLayer(i, top_entries(probs[i], logits[i], session.label, top_k), float(probs[i, tok]),

@@ -147,9 +147,15 @@ class Show:
 
 @dataclass(frozen=True)
 class Call:
-    """Run ``fn(session_or_trace)`` on the worker thread; the result comes back by ``called``."""
+    """Run ``fn(session_or_trace)`` on the worker thread; the result comes back by ``called``.
 
-    fn: Callable[[Any], Any]
+    ``idle``: work nobody waits for (a panel's follow-up after a step). It runs as
+    ``fn(source, waiting)`` and gives way to any command posted after it: skipped if one waits
+    when its turn comes, stopped (Cancelled) when ``waiting()`` turns True while it runs.
+    """
+
+    fn: Callable[..., Any]
+    idle: bool = False
 
 
 COMMANDS = (Load, Restore, NewSession, Restart, Step, StepBack, Run, SetDecoding, ForceToken, EditCells,

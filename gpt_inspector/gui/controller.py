@@ -116,9 +116,10 @@ class Controller(QObject):
         self.state_changed.emit()
         return serial
 
-    def run_in_worker(self, fn, callback=None) -> int | None:
-        """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one."""
-        serial = self.post(Call(fn))
+    def run_in_worker(self, fn, callback=None, idle: bool = False) -> int | None:
+        """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one.
+        ``idle``: give way to later commands (see ``commands.Call``)."""
+        serial = self.post(Call(fn, idle))
         if serial is not None and callback is not None:
             self._callbacks[serial] = callback
         return serial

@@ -219,9 +219,10 @@ class MainWindow(DockLayout, QMainWindow):
                 d.show()
                 d.raise_()
 
-    def run_in_worker(self, fn, callback=None) -> int | None:
-        """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one."""
-        return self.controller.run_in_worker(fn, callback)
+    def run_in_worker(self, fn, callback=None, idle: bool = False) -> int | None:
+        """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one.
+        ``idle``: give way to later commands (see ``commands.Call``)."""
+        return self.controller.run_in_worker(fn, callback, idle)
 
     def show_source(self, obj) -> None:
         """Show a Trace (or a trace file path) read-only, or hand a Session over to the worker.

@@ -442,8 +442,17 @@ class Worker(QObject):
 
     @handles(C.Call)
     def _do_call(self, serial, cmd: C.Call) -> None:
+        def waiting() -> bool:  # a command posted after this one is in the queue (they run in order)
+            with self._lock:
+                return self._serial > serial
+
         try:
-            result, exc = cmd.fn(self.obj), None
+            if not cmd.idle:
+                result, exc = cmd.fn(self.obj), None
+            elif waiting():
+                result, exc = None, Cancelled("gave way to a newer command")
+            else:
+                result, exc = cmd.fn(self.obj, waiting), None
         except Exception as e:  # handed back to the caller's callback
             result, exc = None, e
         self.called.emit(serial, result, exc)

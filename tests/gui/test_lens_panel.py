@@ -106,7 +106,7 @@ def test_the_lens_costs_nothing_while_its_tab_is_behind_another(make_window, wai
     panel = win.lens_panel
     jobs = []
     real = win.run_in_worker
-    win.run_in_worker = lambda job, done: jobs.append(job) or real(job, done)
+    win.run_in_worker = lambda job, done, *idle: jobs.append(job) or real(job, done, *idle)
     press = lambda: qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)  # noqa: E731
     press()
     wait_idle(win)
@@ -123,3 +123,32 @@ def test_the_lens_costs_nothing_while_its_tab_is_behind_another(make_window, wai
     wait_idle(win)
     qtbot.wait(200)
     assert len(jobs) == n and panel.result.step == 1
+
+
+def test_the_lens_gives_way_to_a_step_the_user_presses_while_it_waits(make_window, wait_idle, qtbot, click_tab,
+                                                                       monkeypatch, no_dialogs):  # fmt: skip
+    # the lens costs about a step: after a step it is idle work, and a step pressed meanwhile goes first
+    import threading
+
+    from gpt_inspector.core import lens as lens_mod
+
+    win = make_window()
+    panel = win.lens_panel
+    click_tab(win, "Logit lens")
+    press = lambda: qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)  # noqa: E731
+    press()
+    wait_idle(win)
+    qtbot.waitUntil(lambda: panel.result is not None and panel.result.step == 0, timeout=10000)
+    computed = []
+    real = lens_mod.lens
+    monkeypatch.setattr(lens_mod, "lens", lambda s, *a, **kw: computed.append(s.n_steps) or real(s, *a, **kw))
+    gate = threading.Event()
+    press()  # step 1; behind it the worker waits at the gate, so the lens that step 1 asks for queues
+    win.run_in_worker(lambda s: gate.wait(10))
+    qtbot.waitUntil(lambda: win.snapshot.n_steps == 2 and panel.compute_button.isEnabled() is False, timeout=10000)
+    press()  # step 2, pressed while the lens of step 1 still waits for the worker
+    gate.set()
+    wait_idle(win)
+    qtbot.waitUntil(lambda: panel.result.step == 2, timeout=10000)
+    assert computed == [3]  # the lens of step 1 gave way (never ran); step 2's came when the worker was idle
+    assert not no_dialogs and not win.errors

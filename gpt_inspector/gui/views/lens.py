@@ -114,14 +114,23 @@ class LensPanel(QWidget):
         self.result = r
         self.export_button.setEnabled(True)
         self.status.setText(f"step {r.step} (position {r.position}) chose “{r.label}”, logit {r.logit:.3f}")
-        self.table.setRowCount(len(r.layers))
-        for i, x in enumerate(r.layers):
-            cells = [str(x.layer), f"{x.prob:.4f}"] + [f"{e.label} {e.prob:.3f}" for e in x.top[:TOP_K]]
-            for j, text in enumerate(cells):
-                item = QTableWidgetItem(text)
-                if j >= 2 and x.top[j - 2].token_id == r.token_id:
-                    item.setBackground(pg.mkColor(66, 133, 244, 70))  # the chosen token, where it ranks
-                self.table.setItem(i, j, item)
+        header = self.table.horizontalHeader()
+        # sized to contents once, after the fill: per cell, the columns were measured again for each
+        # item (20 ms of the GUI thread for a 12-layer model, on every step the lens follows)
+        header.setSectionResizeMode(QHeaderView.Fixed)
+        self.table.setUpdatesEnabled(False)
+        try:
+            self.table.setRowCount(len(r.layers))
+            for i, x in enumerate(r.layers):
+                cells = [str(x.layer), f"{x.prob:.4f}"] + [f"{e.label} {e.prob:.3f}" for e in x.top[:TOP_K]]
+                for j, text in enumerate(cells):
+                    item = QTableWidgetItem(text)
+                    if j >= 2 and x.top[j - 2].token_id == r.token_id:
+                        item.setBackground(pg.mkColor(66, 133, 244, 70))  # the chosen token, where it ranks
+                    self.table.setItem(i, j, item)
+        finally:
+            header.setSectionResizeMode(QHeaderView.ResizeToContents)
+            self.table.setUpdatesEnabled(True)
         self.curve.setData(np.arange(len(r.layers)), np.array([x.prob for x in r.layers]))
         if r.attribution is None:
             self.image.clear()
@@ -154,28 +163,35 @@ def create_panel(window) -> LensPanel:
     state = {"version": None, "busy": False}
 
     def done(result, error) -> None:
+        from ...core.errors import Cancelled
+
         state["busy"] = False
         panel.set_busy(False)
+        if isinstance(error, Cancelled):  # gave way to a step: compute for wherever the user stops
+            state["version"] = None
+            window.when_idle(lambda: on_snapshot(window.snapshot))
+            return
         if error is not None:
             panel.clear(str(error))
             return
         panel.show_result(result)
 
-    def compute() -> None:
+    def compute(idle: bool = False) -> None:
         from ...core.lens import lens
 
-        def job(src):
+        def job(src, waiting=None):
             if getattr(src, "read_only", True) or not hasattr(src, "recorder"):
                 from ...core.errors import InspectorError
 
                 raise InspectorError("the logit lens needs a live session (a trace or a beam has no model to run)")
-            return lens(src)
+            return lens(src, stop=waiting)
 
         if state["busy"]:  # one at a time: snapshots published during a run must not queue a backlog
             return
         state["busy"] = True
         panel.set_busy(True)
-        if window.run_in_worker(job, done) is None:
+        # after a step the lens is idle work: it costs about a step, so it never holds the next one up
+        if window.run_in_worker(job, done, idle) is None:
             state["busy"] = False
             panel.set_busy(False)
 
@@ -191,7 +207,7 @@ def create_panel(window) -> LensPanel:
         # on screen: a tab behind another is "visible" to Qt, and the lens costs about a step
         if panel.follow.isChecked() and (revealed or on_screen(panel)) and key != state["version"]:
             state["version"] = key
-            compute()
+            compute(idle=True)
 
     def export() -> None:
         from ..export_dialog import export_lens
@@ -203,11 +219,11 @@ def create_panel(window) -> LensPanel:
 
     panel.export_button.clicked.connect(export)
     _add_interventions(window)
-    panel.compute_requested.connect(compute)
+    panel.compute_requested.connect(lambda: compute())
     panel.head_clicked.connect(lambda layer, head: window.select(layer=layer, head=head))
     window.snapshot_changed.connect(on_snapshot)
     window.panel_revealed.connect(lambda w: on_snapshot(window.snapshot, True) if w is panel else None)
-    window.tools_menu.addAction(window.acts.action("Logit lens of the current step", compute, "Ctrl+Shift+L",
+    window.tools_menu.addAction(window.acts.action("Logit lens of the current step", lambda: compute(), "Ctrl+Shift+L",
                                                    "Where the prediction formed, and which heads pushed it"))  # fmt: skip
     return panel
 
