@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import random
 import signal
-import threading
 import time
 
 import numpy as np
 import pytest
 import torch
+from interrupting import interrupted_during
 
 import gpt_inspector as gi
 from gpt_inspector.core import MaskEdit
-
-
-def _interrupt_after(delay: float) -> threading.Thread:
-    main = threading.main_thread().ident
-
-    def fire():
-        time.sleep(delay)
-        signal.pthread_kill(main, signal.SIGINT)
-
-    # started by the caller inside its try: a tiny delay can fire before start() returns
-    return threading.Thread(target=fire, daemon=True)
 
 
 def _close(a, b, exact):
@@ -70,15 +59,7 @@ def test_sigint_during_run_rolls_back_to_a_clean_step(tiny_lm):
         if time.monotonic() > deadline:
             break
         s = gi.Session(lm, "She eats an apple", **kw)
-        t = _interrupt_after(rnd.uniform(0, per_step * 20))
-        try:
-            t.start()
-            s.run(30)
-            t.join()
-            time.sleep(0.01)  # a late signal lands here, outside the session
-        except KeyboardInterrupt:
-            interrupted += 1
-        t.join()
+        interrupted += interrupted_during(lambda: s.run(30), rnd.uniform(0, per_step * 20))
         _assert_like_fresh(lm, s, **kw)
     assert interrupted >= 5  # the test did interrupt mid-run, not only between runs
 
@@ -97,15 +78,8 @@ def test_sigint_during_mask_recompute_restores_the_previous_state(tiny_lm):
         s = gi.Session(lm, "She eats an apple")
         s.run(20)
         before = (list(s.tokens), s.current.logits.clone(), s.attention(1, 0).copy())
-        t = _interrupt_after(rnd.uniform(0, per_recompute * 0.2))
-        try:
-            t.start()
-            s.set_mask_edits([MaskEdit(5, 1, layer=0)])
-            t.join()
-            time.sleep(0.01)
-        except KeyboardInterrupt:
-            interrupted += 1
-        t.join()
+        interrupted += interrupted_during(lambda: s.set_mask_edits([MaskEdit(5, 1, layer=0)]),
+                                          rnd.uniform(0, per_recompute * 0.2))  # fmt: skip
         if s.mask_edits:  # the edit finished before the interrupt: it must be complete
             _assert_like_fresh(lm, s)
         else:
@@ -148,15 +122,7 @@ def test_sigint_during_beam_search_then_finishing_gives_the_uninterrupted_result
     interrupted = 0
     for _ in range(10):
         b = BeamSearch(lm, "She eats an apple", **kw)
-        t = _interrupt_after(rnd.uniform(0, whole))
-        try:
-            t.start()
-            b.run()
-            t.join()
-            time.sleep(0.01)
-        except KeyboardInterrupt:
-            interrupted += 1
-        t.join()
+        interrupted += interrupted_during(b.run, rnd.uniform(0, whole))
         assert b.cache_length == (len(b.prompt_ids) + b.n_steps - 1 if b.n_steps else 0)
         if not b.done:
             b.run()

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import random
 import signal
-import threading
 import time
 
 import numpy as np
@@ -12,6 +11,7 @@ import pytest
 import tiny_families
 import tiny_models
 import torch
+from interrupting import interrupted_during
 
 from gpt_inspector.core.kvlab import KVLab, make
 from gpt_inspector.core.models import from_model
@@ -157,20 +157,11 @@ def test_ctrl_c_at_any_moment_leaves_the_lab_like_a_clean_one(tiny_lm):
     t0 = time.perf_counter()
     KVLab(lm, PROMPT, make("h2o", 6)).run_steps(5)
     per_step = (time.perf_counter() - t0) / 5
-    main = threading.main_thread().ident
     rnd = random.Random(7)
     interrupted = 0
     for _ in range(12):
         lab = KVLab(lm, PROMPT, make("h2o", 6))
-        fire = threading.Thread(target=lambda d=rnd.uniform(0, per_step * 12): (time.sleep(d), signal.pthread_kill(main, signal.SIGINT)))
-        try:
-            fire.start()
-            lab.run_steps(12)
-            fire.join()
-            time.sleep(0.01)  # a late signal lands here, outside the lab
-        except KeyboardInterrupt:
-            interrupted += 1
-        fire.join()
+        interrupted += interrupted_during(lambda: lab.run_steps(12), rnd.uniform(0, per_step * 12))
         n = len(lab.history)
         assert lab.run.n_steps == lab.reference.n_steps == n
         for s in (lab.run, lab.reference):
