@@ -57,7 +57,7 @@ def run(args) -> int:
         json.dump(out, sys.stdout, ensure_ascii=False)
         sys.stdout.write("\n")
         return 0
-    print(f"step {r.step} (position {r.position}) chose {r.label!r}; logit {r.logit:.4f}")
+    print(f"step {r.step + 1} (position {r.position}) chose {r.label!r}; logit {r.logit:.4f}")
     if knocks:
         print(f"knocked out {', '.join(args.knock_out)}: p({r.label!r}) {before['prob_before']:.4f} -> "
               f"{before['prob_after']:.4f} (tokens kept as chosen; total variation {before['total_variation']:.4f})")

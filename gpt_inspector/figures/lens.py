@@ -50,7 +50,7 @@ def lens_figure(result, model_name: str = "", *, top: int = 3, unverified: str |
             cb.set_label("direct push on the logit")
             fig.heatmaps, fig.panel_values = [ax2], [probs, a]
         name = f"{display_model_name(model_name)} · " if model_name else ""
-        fig.heading = f"{name}logit lens · step {result.step} · position {result.position} · chose {clean_label(result.label)}"
+        fig.heading = f"{name}logit lens · step {result.step + 1} · position {result.position} · chose {clean_label(result.label)}"
         fig.subheading = (f"heads' sum {float(result.attribution.sum()):+.3f}, everything else {result.remainder:+.3f}; "
                           + result.note) if has_map else result.note  # fmt: skip
         fig.suptitle(fig.heading + "\n" + fig.subheading, fontsize=9, x=0.02, ha="left", y=0.98 - band / h_in,

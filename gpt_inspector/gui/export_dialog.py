@@ -343,7 +343,7 @@ def export_lens(parent, result, model_name: str, unverified: str | None = None) 
     """Export a logit lens the panel already shows (a plain value: no session is read)."""
     fig = figures.lens_figure(result, model_name, unverified=unverified)
     try:
-        return _show(parent, fig, f"lens-step{result.step}.png", 2.0, fig.heading)
+        return _show(parent, fig, f"lens-step{result.step + 1}.png", 2.0, fig.heading)
     finally:
         figures.close(fig)
 

@@ -25,7 +25,9 @@ def test_lens_follows_steps_and_a_click_selects_the_head(make_window, wait_idle,
     r = panel.result
     assert r.attribution.shape == (lm.n_layers, lm.n_heads)
     assert panel.image.image.shape == (lm.n_layers, lm.n_heads)
-    assert f"step {r.step}" in panel.status.text() and "click a cell" in panel.map_note.text()
+    # counted as the status bar counts steps done
+    assert f"step {win.snapshot.n_steps} (position {r.position})" in panel.status.text() and win.snapshot.n_steps == 2
+    assert "click a cell" in panel.map_note.text()
     # what the table shows is the model's logits at the last layer
     last = panel.table.item(lm.n_layers - 1, 1).text()
     assert float(last) == pytest.approx(r.layers[-1].prob, abs=1e-4)
@@ -46,7 +48,7 @@ def test_lens_follows_steps_and_a_click_selects_the_head(make_window, wait_idle,
         qtbot.mouseClick(panel.export_button, Qt.MouseButton.LeftButton)
     finally:
         monkey.undo()
-    assert shown and "logit lens" in shown[0][0] and shown[0][1] == f"lens-step{r.step}.png"
+    assert shown and "logit lens" in shown[0][0] and shown[0][1] == f"lens-step{r.step + 1}.png"
     assert not no_dialogs and not win.errors
 
 

@@ -113,7 +113,8 @@ class LensPanel(QWidget):
     def show_result(self, r) -> None:
         self.result = r
         self.export_button.setEnabled(True)
-        self.status.setText(f"step {r.step} (position {r.position}) chose “{r.label}”, logit {r.logit:.3f}")
+        # counted from 1, as the status bar and the next-token panel count steps (r.step is the index)
+        self.status.setText(f"step {r.step + 1} (position {r.position}) chose “{r.label}”, logit {r.logit:.3f}")
         header = self.table.horizontalHeader()
         # sized to contents once, after the fill: per cell, the columns were measured again for each
         # item (20 ms of the GUI thread for a 12-layer model, on every step the lens follows)
