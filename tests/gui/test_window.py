@@ -401,3 +401,17 @@ def test_dragging_over_cells_blocks_them_all_in_the_chosen_scope(make_window, wa
     assert not np.isnan(wait_idle(win).matrix[t - 1, :2]).any()
     win.mask_editor.edits_replaced.emit([])  # "Clear all"
     assert wait_idle(win).mask_edits == ()
+
+
+def test_the_cache_size_plot_counts_whole_steps_from_zero(make_window, wait_idle, qtbot):
+    # a lone first point once auto-ranged to ±0.2 steps, labelled "(x0.001)"
+    win = make_window()
+    plot = win.kv_cache.hplot
+    for n in (1, 2, 5):
+        while win.snapshot.n_steps < n:
+            qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+            wait_idle(win)
+        (x0, x1), (y0, y1) = plot.viewRange()
+        assert -0.3 < x0 <= 0 and max(1, n - 1) <= x1 < max(1, n - 1) + 0.3
+        assert -0.1 * y1 < y0 <= 0 < max(win.snapshot.kv_history) <= y1
+        assert plot.getAxis("bottom").labelString().count("x0.") == 0

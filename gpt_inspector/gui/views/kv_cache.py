@@ -139,6 +139,7 @@ class KVCacheView(QWidget):
         self.bplot.hideButtons()
         self.hplot = self.glw.addPlot(row=1, col=3, title=None)
         self.hplot.setLabel("bottom", "step")
+        self.hplot.getAxis("bottom").enableAutoSIPrefix(False)  # whole steps, never "(x0.001)"
         self.hcurve = self.hplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=2), symbol="o", symbolSize=4,
                                       symbolBrush="#4fa3ff", symbolPen=None)  # fmt: skip
         self.hplot.setMenuEnabled(False)
@@ -198,6 +199,9 @@ class KVCacheView(QWidget):
                           brushes=[CHOSEN_BRUSH if i == layer else BAR_BRUSH for i in range(L)])  # fmt: skip
         hist = np.asarray(snap.kv_history, dtype=float)
         self.hcurve.setData(np.arange(len(hist)), hist)
+        # steps from 0 and bytes from 0: auto-ranging a lone first point spans ±0.2 "(x0.001)" steps
+        self.hplot.setXRange(0, max(1, len(hist) - 1), padding=0.05)
+        self.hplot.setYRange(0, float(hist.max()) if len(hist) and hist.max() > 0 else 1.0, padding=0.05)
         total = float(kvb.sum())
         if snap.kv_k is None:
             self.kimg.clear()
