@@ -404,7 +404,7 @@ def test_dragging_over_cells_blocks_them_all_in_the_chosen_scope(make_window, wa
 
 
 def test_the_cache_size_plot_counts_whole_steps_from_zero(make_window, wait_idle, qtbot):
-    # a lone first point once auto-ranged to ±0.2 steps, labelled "(x0.001)"
+    # a lone first point once auto-ranged to ±0.2 steps, labelled "(x0.001)"; ticks are whole steps
     win = make_window()
     plot = win.kv_cache.hplot
     for n in (1, 2, 5):
@@ -415,3 +415,5 @@ def test_the_cache_size_plot_counts_whole_steps_from_zero(make_window, wait_idle
         assert -0.3 < x0 <= 0 and max(1, n - 1) <= x1 < max(1, n - 1) + 0.3
         assert -0.1 * y1 < y0 <= 0 < max(win.snapshot.kv_history) <= y1
         assert plot.getAxis("bottom").labelString().count("x0.") == 0
+        ticks = [v for _, vals in plot.getAxis("bottom").tickValues(x0, x1, 200) for v in vals]
+        assert ticks and all(float(v).is_integer() for v in ticks)

@@ -86,6 +86,21 @@ class TokenAxis(pg.AxisItem):
         return out
 
 
+class WholeAxis(pg.AxisItem):
+    """Ticks on whole numbers only (steps, counts): pyqtgraph's own levels, less those finer than 1."""
+
+    def __init__(self, orientation: str, **kw):
+        super().__init__(orientation, **kw)
+        self.enableAutoSIPrefix(False)
+
+    def tickValues(self, minVal, maxVal, size):
+        levels = [(sp, vals) for sp, vals in super().tickValues(minVal, maxVal, size) if sp >= 1]
+        if levels:
+            return levels
+        lo, hi = math.ceil(min(minVal, maxVal)), math.floor(max(minVal, maxVal))
+        return [(1, list(range(lo, hi + 1)))]
+
+
 class IndexAxis(pg.AxisItem):
     """Integer ticks at cell centres with a prefix: L0, L1, ... / H0, H1, ..."""
 

@@ -18,7 +18,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
 from PySide6.QtWidgets import QCheckBox, QGraphicsRectItem, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from .common import show_axes, BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, info_label, placeholder_text
+from .common import show_axes, BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, WholeAxis, info_label, placeholder_text
 
 
 def human_bytes(n: float) -> str:
@@ -137,9 +137,8 @@ class KVCacheView(QWidget):
         self.bplot.setMouseEnabled(False, False)
         self.bplot.setMenuEnabled(False)
         self.bplot.hideButtons()
-        self.hplot = self.glw.addPlot(row=1, col=3, title=None)
+        self.hplot = self.glw.addPlot(row=1, col=3, title=None, axisItems={"bottom": WholeAxis("bottom")})  # whole steps
         self.hplot.setLabel("bottom", "step")
-        self.hplot.getAxis("bottom").enableAutoSIPrefix(False)  # whole steps, never "(x0.001)"
         self.hcurve = self.hplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=2), symbol="o", symbolSize=4,
                                       symbolBrush="#4fa3ff", symbolPen=None)  # fmt: skip
         self.hplot.setMenuEnabled(False)
