@@ -95,3 +95,16 @@ def test_hidpi_scale_two_fits_a_1366x768_logical_screen(tmp_path):
     for key, ((x, y, w, h), minw, width) in r["docks"].items():
         assert x >= 0 and y >= 0 and x + w <= r["win"][0] and y + h <= r["win"][1], (key, r)
         assert width >= minw, key
+
+
+@pytest.mark.parametrize("size", [(1366, 768), (1920, 1080)])
+def test_the_kv_lab_buttons_are_in_reach_in_its_tab(make_window, qtbot, click_tab, size):
+    # the lab is a tab of the narrow Q/K/V dock: its controls wrap instead of pushing Run off the side
+    win = make_window()
+    win.resize(*size)
+    click_tab(win, "KV cache lab")
+    panel = win.kvlab_panel
+    qtbot.waitUntil(lambda: not panel.visibleRegion().isEmpty(), timeout=3000)
+    for b in (panel.run_button, panel.step_button, panel.back_button, panel.probe_button, panel.show_button):
+        seen = b.visibleRegion().boundingRect()
+        assert seen.size() == b.size(), f"{b.text()!r} shows {seen.size()} of {b.size()}"

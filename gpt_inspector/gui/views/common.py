@@ -200,6 +200,17 @@ def apply_theme(app: QApplication) -> None:
     app.setPalette(p)
 
 
+def group(*widgets: QWidget) -> QWidget:
+    """Widgets that wrap as one in a FlowLayout (a label with its field)."""
+    box = QWidget()
+    lay = QHBoxLayout(box)
+    lay.setContentsMargins(0, 0, 0, 0)
+    lay.setSpacing(3)
+    for w in widgets:
+        lay.addWidget(w)
+    return box
+
+
 class FlowLayout(QLayout):
     """Items left to right, wrapping onto a new line when the width runs out (Qt's flow layout
     example), so a row of controls fits a narrow dock without hiding its last buttons."""

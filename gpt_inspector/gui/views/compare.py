@@ -22,7 +22,6 @@ from PySide6.QtWidgets import (
     QGraphicsScene,
     QGraphicsSimpleTextItem,
     QGraphicsView,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QPushButton,
@@ -34,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import FlowLayout
+from .common import FlowLayout, group
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -59,17 +58,6 @@ _BACKGROUND = QColor("#1b1e24")
 _DX, _DY = 96.0, 30.0  # tree spacing: per step, per leaf
 _NODE_W, _NODE_H = 78.0, 22.0
 _MIN_SCALE = 0.75  # below this node labels drop under ~9 px: scroll instead of shrinking further
-
-
-def _group(*widgets: QWidget) -> QWidget:
-    """Widgets that wrap as one (a label with its field)."""
-    box = QWidget()
-    lay = QHBoxLayout(box)
-    lay.setContentsMargins(0, 0, 0, 0)
-    lay.setSpacing(3)
-    for w in widgets:
-        lay.addWidget(w)
-    return box
 
 
 def _elide(s: str, n: int) -> str:
@@ -331,8 +319,8 @@ class ComparePanel(QWidget):
         controls = FlowLayout(spacing=8)
         for label, w in (("beams", self.beams), ("return", self.returns), ("new tokens", self.new_tokens),
                          ("length penalty", self.length_penalty), ("early stopping", self.early)):  # fmt: skip
-            controls.addWidget(_group(QLabel(label), w))
-        controls.addWidget(_group(self.sample, QLabel("T"), self.temperature, QLabel("seed"), self.seed))
+            controls.addWidget(group(QLabel(label), w))
+        controls.addWidget(group(self.sample, QLabel("T"), self.temperature, QLabel("seed"), self.seed))
         controls.addWidget(self.run_button)
 
         self.summary = QLabel("Compare greedy decoding, beam search and a seeded sample on the session's prompt.")
@@ -381,7 +369,7 @@ class ComparePanel(QWidget):
         self.inspect_button.clicked.connect(lambda: self.inspect_requested.emit(self.inspect_pick.currentIndex()))
         self.inspect_pick.setEnabled(False)
         self.inspect_button.setEnabled(False)
-        controls.addWidget(_group(self.inspect_pick, self.inspect_button))
+        controls.addWidget(group(self.inspect_pick, self.inspect_button))
 
         lay = QVBoxLayout(self)
         lay.setContentsMargins(2, 2, 2, 2)

@@ -16,7 +16,6 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QCheckBox,
     QComboBox,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QPushButton,
@@ -27,6 +26,8 @@ from PySide6.QtWidgets import (
     QVBoxLayout,
     QWidget,
 )
+
+from .common import FlowLayout, group
 
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
@@ -131,12 +132,12 @@ class KVLabPanel(QWidget):
         self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
 
-        top = QHBoxLayout()
-        for w in (QLabel("policy"), self.policy, QLabel("budget"), self.budget, QLabel("steps"), self.steps,
-                  self.free, self.run_button, self.step_button, self.back_button, self.probe_button,
-                  self.show_button):  # fmt: skip
+        # the panel is a tab of the Q/K/V dock (~300-450 px wide): the controls wrap, Run stays in reach
+        top = FlowLayout(spacing=6)
+        for w in (group(QLabel("policy"), self.policy), group(QLabel("budget"), self.budget),
+                  group(QLabel("steps"), self.steps), self.free, self.run_button, self.step_button, self.back_button,
+                  self.probe_button, self.show_button):  # fmt: skip
             top.addWidget(w)
-        top.addStretch(1)
         split = QSplitter(Qt.Horizontal)
         split.addWidget(self.plot)
         split.addWidget(self.table)
