@@ -13,12 +13,14 @@ a column beside V.
 
 from __future__ import annotations
 
+import math
+
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
 from PySide6.QtWidgets import QCheckBox, QGraphicsRectItem, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
 
-from .common import show_axes, BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, WholeAxis, info_label, placeholder_text
+from .common import nice_stride, show_axes, BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, WholeAxis, info_label, placeholder_text
 
 
 def human_bytes(n: float) -> str:
@@ -158,6 +160,7 @@ class KVCacheView(QWidget):
         self._hint.setPos(0.5, 0.5)
         self._last = None
         self.snap = None
+        self._hist_range = None  # the size-per-step plot's (steps, bytes) bounds now
         self.shape = (0, 0, 0)
         self.bplot.scene().sigMouseClicked.connect(self._clicked)
         self._set_empty(True)
@@ -198,9 +201,14 @@ class KVCacheView(QWidget):
                           brushes=[CHOSEN_BRUSH if i == layer else BAR_BRUSH for i in range(L)])  # fmt: skip
         hist = np.asarray(snap.kv_history, dtype=float)
         self.hcurve.setData(np.arange(len(hist)), hist)
-        # steps from 0 and bytes from 0: auto-ranging a lone first point spans ±0.2 "(x0.001)" steps
-        self.hplot.setXRange(0, max(1, len(hist) - 1), padding=0.05)
-        self.hplot.setYRange(0, float(hist.max()) if len(hist) and hist.max() > 0 else 1.0, padding=0.05)
+        # steps and bytes from 0 (auto-ranging a lone first point spanned ±0.2 "(x0.001)" steps), to the
+        # next 1-2-5 bound: the axes change now and then, not on every step (each change costs a relayout)
+        top = float(hist.max()) if len(hist) and hist.max() > 0 else 1.0
+        mag = 10.0 ** math.floor(math.log10(top))
+        ranges = (nice_stride(max(1, len(hist) - 1)), next(m * mag for m in (1, 2, 5, 10) if m * mag >= top))
+        if ranges != self._hist_range:
+            self._hist_range = ranges
+            self.hplot.setRange(xRange=(0, ranges[0]), yRange=(0, ranges[1]), padding=0.05)
         total = float(kvb.sum())
         if snap.kv_k is None:
             self.kimg.clear()
