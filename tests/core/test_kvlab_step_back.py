@@ -156,3 +156,32 @@ def test_edits_on_the_policy_run_are_refused_and_the_lab_goes_on(tiny_lm):
     lab.step()
     lab.step_back()
     assert len(lab.history) == 3
+
+
+def test_transformers_scheme_keeps_few_stores_and_rebuilds_older_ones_exactly(tiny_lm):
+    # every flush makes a whole-cache store; the step-back history kept each one (memory ~ T^2 / residual).
+    # Now the newest few keep their tensors and older ones are rebuilt from the exact rows on a step back
+    from gpt_inspector.core.kvlab.quant import TransformersQuantization
+
+    lm = tiny_lm("llama")
+    opts = {"group": 4, "residual": 2, "scheme": "transformers"}
+    clean = KVLab(lm, PROMPT, make("int2", **opts))
+    clean.run_steps(16)
+    lab = KVLab(lm, PROMPT, make("int2", **opts))
+    states = []
+    for _ in range(16):
+        states.append(_state(lab))
+        lab.step()
+    for layer in range(lm.n_layers):
+        held, st = 0, lab.policy.store[layer]
+        while st is not None:
+            held += st.kv is not None
+            st = st.prev
+        assert held <= TransformersQuantization.KEEP
+    for back in range(16, 2, -1):  # back past every kept store: each state rebuilt exactly
+        lab.step_back()
+        _assert_same_state(_state(lab), states[back - 1])
+    assert len(lab.history) == 2
+    for st, want in zip(lab.run_steps(14), clean.history[2:]):
+        _assert_same_step(st, want)
+    _assert_same_state(_state(lab), _state(clean))

@@ -156,6 +156,11 @@ class KVLab:
         rec = Recorder(lm.n_layers, mirror_kv=True, pin=lm.device.type == "cuda")
         self.run.recorder = rec
         policy.attach(rec)
+        if hasattr(policy, "exact") and not lm.mirror_kv:
+            # the full-precision K/V the run's cache holds, from which a quantizing policy rebuilds an old
+            # store after a step back instead of keeping every one (a cache of latents: it keeps them)
+            policy.exact = lambda layer: (self.run.cache.layers[lm.cache_layer(layer)].keys,
+                                          self.run.cache.layers[lm.cache_layer(layer)].values)  # fmt: skip
         self.free_running = bool(free_running)
         self.history: list[LabStep] = []
         # the policy's state after each step of its run, by cache length: any step back of the run

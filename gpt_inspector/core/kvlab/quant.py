@@ -181,10 +181,35 @@ def quanto_affine(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
     return (scale * data - shift).reshape(x.shape)  # a zero scale (a flat group) gives back its minimum
 
 
+class _Store:
+    """One flush's store: the dequantized K and V, quantized from ``prev``'s store followed by the
+    exact rows ``lo:hi`` (the prompt's: rows 0:hi alone). Old stores let go of their tensors and are
+    rebuilt from that recipe when a step back needs them: each flush makes a whole-cache store, and
+    keeping every one for the lab's step-back history grew as T^2 / residual."""
+
+    __slots__ = ("kv", "prev", "lo", "hi")
+
+    def __init__(self, kv, prev, lo: int, hi: int):
+        self.kv, self.prev, self.lo, self.hi = kv, prev, lo, hi
+
+    def get(self, quant, exact) -> tuple[torch.Tensor, torch.Tensor]:
+        """(K, V) dequantized, (B, Hkv, hi, d) each; ``exact()`` gives the full-precision cache."""
+        if self.kv is None:
+            k, v = exact()
+            if self.prev is None:
+                self.kv = (quant(k[:, :, : self.hi]), quant(v[:, :, : self.hi]))
+            else:
+                pk, pv = self.prev.get(quant, exact)
+                self.kv = (quant(torch.cat([pk, k[:, :, self.lo : self.hi]], 2)),
+                           quant(torch.cat([pv, v[:, :, self.lo : self.hi]], 2)))  # fmt: skip
+        return self.kv
+
+
 class TransformersQuantization(Quantization):
     """transformers' ``QuantizedCache`` with the quanto backend, step for step (see the module doc)."""
 
     scheme = "transformers"
+    KEEP = 2  # stores per layer that keep their tensors (the newest and the one before); older: rebuilt on demand
 
     def __init__(self, name: str, *, group: int | None = None, residual: int = 16):
         if name not in ("int4", "int2"):
@@ -201,9 +226,27 @@ class TransformersQuantization(Quantization):
 
     def reset(self) -> None:
         super().reset()
-        self.store = [None] * self.n_layers  # per layer (K, V) dequantized, (B, Hkv, Lq, d) each
+        self.store: list[_Store | None] = [None] * self.n_layers  # per layer the newest flush's store
         self.pending = [0] * self.n_layers  # full-precision entries waiting after the store
-        self.shown = [None] * self.n_layers  # the store whose values the records hold
+        self.shown: list[_Store | None] = [None] * self.n_layers  # the store whose values the records hold
+        # layer -> the full-precision cache (K, V) (B, Hkv, T, d), to rebuild a let-go store after a step
+        # back; set by the lab. Without it every store keeps its tensors
+        self.exact = None
+
+    def _new_store(self, layer: int, kv, prev: _Store | None, lo: int, hi: int) -> _Store:
+        st = _Store(kv, prev, lo, hi)
+        old, n = prev, 1
+        while old is not None and self.exact is not None:
+            n += 1
+            if n > self.KEEP:
+                old.kv = None
+            old = old.prev
+        return st
+
+    def _kv(self, layer: int, st: _Store, key=None, value=None):
+        """A store's (K, V); the full-precision rows come from this forward (key, value) when given."""
+        exact = (lambda: (key, value)) if key is not None else (lambda: self.exact(layer))
+        return st.get(self._quant, exact)
 
     def snapshot(self):
         # the forward after a flush rewrites every record row with the new store; the records then
@@ -216,7 +259,7 @@ class TransformersQuantization(Quantization):
 
     def _shown_rows(self, layer: int) -> int:
         shown = self.shown[layer]
-        return 0 if shown is None else shown[0].shape[2]
+        return 0 if shown is None else shown.hi
 
     def restore(self, snap) -> None:
         self.store, self.pending, self.shown = (list(x) for x in snap[:3])
@@ -227,8 +270,9 @@ class TransformersQuantization(Quantization):
             for layer, rows in enumerate(saved):
                 shown = self.shown[layer]
                 if rows[0] is not None and shown is not None:
-                    rec.k[layer].write(shown[0].detach(), 0)
-                    rec.v[layer].write(shown[1].detach(), 0)
+                    k, v = self._kv(layer, shown)
+                    rec.k[layer].write(k.detach(), 0)
+                    rec.v[layer].write(v.detach(), 0)
         self._restore_records(saved)
 
     def _quant(self, x: torch.Tensor) -> torch.Tensor:
@@ -237,16 +281,17 @@ class TransformersQuantization(Quantization):
     def attend(self, layer, key, value, q0, n_heads):
         tk = key.shape[2]
         if q0 == 0:  # the prompt's forward: full precision, then the whole prompt is quantized
-            self.store[layer] = (self._quant(key), self._quant(value))
+            self.store[layer] = self._new_store(layer, (self._quant(key), self._quant(value)), None, 0, tk)
             self.pending[layer] = 0
             return key, value, None
-        sk, sv = self.store[layer]
-        n = sk.shape[2]
+        shown = self.store[layer]
+        sk, sv = self._kv(layer, shown, key, value)
+        n = shown.hi
         key = torch.cat([sk, key[:, :, n:]], 2)  # (B, Hkv, Tk, d): dequantized store, then full precision
         value = torch.cat([sv, value[:, :, n:]], 2)
-        shown = self.store[layer]
         if self.pending[layer] + (tk - q0) >= self.residual:
-            self.store[layer] = (self._quant(key), self._quant(value))  # read from the next forward on
+            # read from the next forward on
+            self.store[layer] = self._new_store(layer, (self._quant(key), self._quant(value)), shown, n, tk)
             self.pending[layer] = 0
         else:
             self.pending[layer] += tk - q0
@@ -259,7 +304,7 @@ class TransformersQuantization(Quantization):
         return key, value, None
 
     def cache_bytes(self, layer, length):
-        n = 0 if self.store[layer] is None else min(self.store[layer][0].shape[2], length)
+        n = 0 if self.store[layer] is None else min(self.store[layer].hi, length)
         numbers = n * self.n_kv_heads * self.head_dim  # per K and per V
         packed = 2 * math.ceil(numbers * self.bits / 8)
         groups = 2 * (numbers // self.group)  # one scale and one shift each
