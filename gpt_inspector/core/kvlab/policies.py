@@ -384,13 +384,8 @@ class Eviction(Policy):
             for i, layer in enumerate(layers):
                 self._evict(layer, score[i], self.budgets[layer], tk)
         elif most == 1:
-            # each head one over: drop its lowest-scoring candidate, the newest among equals (as _evict does)
             recent = torch.stack([self._recent_cache[layer] for layer in layers]).clamp(max=tk)  # (n, Hkv)
-            pos = torch.arange(tk)
-            cand = held & (pos >= self.sinks) & (pos < tk - recent[..., None])  # (n, Hkv, Tk)
-            j = tk - 1 - score.masked_fill(~cand, math.inf).flip(2).argmin(2)  # (n, Hkv)
-            li, hi = (excess > 0).nonzero(as_tuple=True)
-            ev[li, hi, j[li, hi]] = tk  # masked from the next query position on
+            self._drop_one(ev, score, held, excess, recent, tk)
         grown = torch.cat([ev, ev.new_full((n, hkv, 1), NEVER)], 2)  # (n, Hkv, Tk + 1)
         some = (ev < NEVER).flatten(1).any(1).tolist()
         blocks = eq.expand_kv(grown[:, :, None, :] <= tk, self.n_heads)  # (n, H, 1, Tk + 1): query Tk's block
@@ -452,9 +447,18 @@ class Eviction(Policy):
             raise InspectorError("the scoring function returned NaN or infinite scores")
         return out
 
+    def _drop_one(self, ev, score, held, excess, recent, tk: int) -> None:
+        """The steady state, each head at most one over its budget: it drops its lowest-scoring
+        candidate (held, past the sinks, before its recent window), the newest among equals, as the
+        ranking in ``_evict`` would. ev, score, held: (..., Hkv, Tk); excess, recent: (..., Hkv)."""
+        pos = torch.arange(tk)
+        cand = held & (pos >= self.sinks) & (pos < tk - recent[..., None])  # (..., Hkv, Tk)
+        j = tk - 1 - score.masked_fill(~cand, math.inf).flip(-1).argmin(-1)  # (..., Hkv), newest first
+        over = (excess > 0).nonzero(as_tuple=True)
+        ev[over + (j[over],)] = tk  # masked from the next query position on
+
     def _evict(self, layer, score, budget, tk) -> None:
         """Cut every KV head over its budget down to it, all heads at once (no per-head loop)."""
-        # this runs once per layer and step on small tensors: every tensor operation saved counts
         ev = self.evicted_at[layer]  # (Hkv, Tk)
         held = ev == NEVER  # (Hkv, Tk)
         excess = held.sum(1) - budget  # (Hkv,)
@@ -463,29 +467,13 @@ class Eviction(Policy):
             return
         over = excess > 0  # (Hkv,)
         recent = self._recent_rows(layer, budget).clamp(max=tk)  # (Hkv,)
-        if most == 1 and self._uniform[layer]:
-            # the steady state under one budget for every head: the candidates are a slice of the held
-            # entries (past the sinks, before the recent window), found in a third of the operations
-            cand = held.clone()
-            cand[:, : self.sinks] = False
-            cand[:, tk - int(recent[0]) :] = False
-            s = score.masked_fill(~cand, math.inf).flip(1)  # (Hkv, Tk), newest first
-            j = tk - 1 - s.argmin(1)  # (Hkv,)
-            g = over.nonzero()[:, 0]
-            ev[g, j[g]] = tk
+        if most == 1:
+            self._drop_one(ev, score, held, excess, recent, tk)
             return
         pos = torch.arange(tk)
         protect = (pos < self.sinks) | (pos >= tk - recent[:, None])  # (Hkv, Tk)
         protect &= held
         cand = held & ~protect
-        if most == 1:
-            # the steady state, one entry over: drop each such head's lowest score (the newest among equals,
-            # as the ranking below would)
-            s = score.masked_fill(~cand, math.inf).flip(1)  # (Hkv, Tk), newest first
-            j = tk - 1 - s.argmin(1)  # (Hkv,)
-            g = over.nonzero()[:, 0]
-            ev[g, j[g]] = tk
-            return
         room = budget - protect.sum(1)  # (Hkv,)
         s = score.masked_fill(~cand, -math.inf)  # (Hkv, Tk)
         # rank of each entry by score, best first; ties go to the older entry (stable), so runs reproduce
