@@ -172,3 +172,28 @@ def test_ctrl_c_at_any_moment_leaves_the_lab_like_a_clean_one(tiny_lm):
         got = lab.run_steps(2)
         assert [x.kl for x in got] == pytest.approx([x.kl for x in want], rel=1e-9) and lab.run.tokens == clean.run.tokens
     assert interrupted >= 3
+
+
+def test_a_model_refused_partway_through_the_pair_steps_apart_with_the_policy_untouched(tiny_lm, monkeypatch):
+    # Unpairable from a later layer: layer 0's attention already ran (and the policy scored it) in the
+    # refused forward; the lab must step on as if that forward never happened
+    from gpt_inspector.core import capture
+
+    real = capture.RowRecorders.attend
+
+    def refuse_at_layer_1(self, module, *a, **kw):
+        if module.layer_idx == 1:
+            raise capture.Unpairable("per-row arguments at layer 1")
+        return real(self, module, *a, **kw)
+
+    lm = tiny_lm("llama")
+    monkeypatch.setattr(capture.RowRecorders, "attend", refuse_at_layer_1)
+    lab = KVLab(lm, PROMPT, make("h2o", 6))
+    got = lab.run_steps(6)
+    assert lab._pair is None
+    monkeypatch.undo()
+    apart = _apart(lm, make("h2o", 6), 6)
+    assert [s.kl for s in got] == [s.kl for s in apart.history] and lab.run.tokens == apart.run.tokens
+    for layer in range(lm.n_layers):
+        assert torch.equal(lab.policy.evicted_at[layer], apart.policy.evicted_at[layer])
+        assert torch.equal(lab.policy.scores[layer], apart.policy.scores[layer])  # H2O's sums: nothing counted twice

@@ -258,6 +258,7 @@ class KVLab:
                     return self._pair.step()
                 except Unpairable:
                     self._pair = None  # this model's attention takes per-row arguments: one run at a time
+                    self.policy.restore(self._states[-1][1])  # layers before the refusal may have scored
             ref = self.reference.step()
             return ref, self.run.step()
         except StepFailed as e:
