@@ -20,6 +20,9 @@ def interrupted_during(fn, delay: float) -> bool:
         signal.pthread_kill(main, signal.SIGINT)
 
     t = threading.Thread(target=fire, daemon=True)
+    # a shell starts a background job with SIGINT ignored (CI run with `&`, nohup): Python then never
+    # raises KeyboardInterrupt. Ctrl+C in a terminal reaches the default handler; so does this signal
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         t.start()  # inside the try: a tiny delay can fire before start() returns
         fn()
@@ -30,3 +33,4 @@ def interrupted_during(fn, delay: float) -> bool:
         return True
     finally:
         t.join()
+        signal.signal(signal.SIGINT, previous)

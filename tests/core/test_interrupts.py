@@ -158,3 +158,15 @@ def test_rollback_of_a_layer_interrupted_right_after_lazy_initialisation():
     assert layer.get_seq_length() == 0
     k, v = layer.update(torch.ones(1, 4, 2, 8), torch.ones(1, 4, 2, 8))
     assert k.shape == v.shape == (1, 4, 2, 8)
+
+
+@pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs pthread_kill")
+def test_the_interrupting_helper_works_where_the_shell_ignored_sigint():
+    # CI started in the background inherits SIGINT ignored: the random-SIGINT tests above would
+    # then interrupt nothing and fail on their count
+    previous = signal.signal(signal.SIGINT, signal.SIG_IGN)
+    try:
+        assert interrupted_during(lambda: time.sleep(2), 0.05)
+        assert signal.getsignal(signal.SIGINT) is signal.SIG_IGN  # put back as it was
+    finally:
+        signal.signal(signal.SIGINT, previous)
