@@ -140,9 +140,9 @@ class Session(EditingMixin, ModelShape, RunSource):
         index, t0 = self.n_steps, time.perf_counter()
         try:
             logits = self._forward(ids, 1)[-1]  # (V,)
-            return self.commit_step(logits, time.perf_counter() - t0, start, rng)
+            return self.commit_step(logits, time.perf_counter() - t0)
         except BaseException:
-            # Ctrl+C can land between the forward and the commit: a forward not committed is undone
+            # an error or Ctrl+C anywhere up to the commit: a forward not committed is undone
             if self.n_steps == index:
                 self.undo_forward(start, rng)
             raise
@@ -162,26 +162,17 @@ class Session(EditingMixin, ModelShape, RunSource):
             self.recorder.crop(start)
             self.generator.set_state(rng)
 
-    def commit_step(self, logits: torch.Tensor, seconds: float, start: int, rng: torch.Tensor) -> Step:
+    def commit_step(self, logits: torch.Tensor, seconds: float) -> Step:
         """Choose from ``logits`` (V,) of the forward that fed ``next_input`` (its cache and records
-        already hold it) and make it the step; anything stopping this halfway undoes the forward too
-        (back to ``start`` and ``rng``, as ``next_input`` gave them)."""
-        index = self.n_steps
-        committed = False
-        try:
-            s = self._make_step(index, logits, None, False, seconds)
-            with interrupts_deferred():
-                self.steps_done.append(s)
-                self.tokens.append(s.token_id)
-                self.finished = s.finish_reason
-                self._ops.append({"op": "step"})
-                committed = True
-            self._window_outputs()
-        except BaseException:
-            # Ctrl+C can land after the forward but before the commit: undo the cache and sampler too
-            if not committed:
-                self.undo_forward(start, rng)
-            raise
+        already hold it) and make it the step. If this raises before the step is committed
+        (``n_steps`` unchanged), the caller undoes the forward (``undo_forward``)."""
+        s = self._make_step(self.n_steps, logits, None, False, seconds)
+        with interrupts_deferred():  # all of the commit or none of it
+            self.steps_done.append(s)
+            self.tokens.append(s.token_id)
+            self.finished = s.finish_reason
+            self._ops.append({"op": "step"})
+        self._window_outputs()
         self._emit("step", s)
         return s
 

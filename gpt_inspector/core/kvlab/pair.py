@@ -118,13 +118,12 @@ class PairStepper:
             )  # fmt: skip
             seconds = time.perf_counter() - t0
             self._adopt(cache)
-            got_a = a.commit_step(logits[0], seconds, start, rng_a)
-            return got_a, b.commit_step(logits[1], seconds, start, rng_b)
+            got_a = a.commit_step(logits[0], seconds)
+            return got_a, b.commit_step(logits[1], seconds)
         except BaseException as e:
             # whatever stopped it (a fault, Ctrl+C anywhere up to a commit): a run that did not commit
-            # is put back; one that did is the caller's to step back
+            # is put back (so the pair is rebuilt); one that did is the caller's to step back
             with interrupts_deferred():
-                self._cache = self._views = None
                 for s, n, rng in ((a, done[0], rng_a), (b, done[1], rng_b)):
                     if s.n_steps == n:
                         s.undo_forward(start, rng)
