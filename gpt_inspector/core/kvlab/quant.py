@@ -233,7 +233,7 @@ class TransformersQuantization(Quantization):
         # back; set by the lab. Without it every store keeps its tensors
         self.exact = None
 
-    def _new_store(self, layer: int, kv, prev: _Store | None, lo: int, hi: int) -> _Store:
+    def _new_store(self, kv, prev: _Store | None, lo: int, hi: int) -> _Store:
         st = _Store(kv, prev, lo, hi)
         old, n = prev, 1
         while old is not None and self.exact is not None:
@@ -281,7 +281,7 @@ class TransformersQuantization(Quantization):
     def attend(self, layer, key, value, q0, n_heads):
         tk = key.shape[2]
         if q0 == 0:  # the prompt's forward: full precision, then the whole prompt is quantized
-            self.store[layer] = self._new_store(layer, (self._quant(key), self._quant(value)), None, 0, tk)
+            self.store[layer] = self._new_store((self._quant(key), self._quant(value)), None, 0, tk)
             self.pending[layer] = 0
             return key, value, None
         shown = self.store[layer]
@@ -291,7 +291,7 @@ class TransformersQuantization(Quantization):
         value = torch.cat([sv, value[:, :, n:]], 2)
         if self.pending[layer] + (tk - q0) >= self.residual:
             # read from the next forward on
-            self.store[layer] = self._new_store(layer, (self._quant(key), self._quant(value)), shown, n, tk)
+            self.store[layer] = self._new_store((self._quant(key), self._quant(value)), shown, n, tk)
             self.pending[layer] = 0
         else:
             self.pending[layer] += tk - q0

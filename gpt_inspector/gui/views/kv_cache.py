@@ -13,8 +13,6 @@ a column beside V.
 
 from __future__ import annotations
 
-import math
-
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
@@ -203,9 +201,7 @@ class KVCacheView(QWidget):
         self.hcurve.setData(np.arange(len(hist)), hist)
         # steps and bytes from 0 (auto-ranging a lone first point spanned ±0.2 "(x0.001)" steps), to the
         # next 1-2-5 bound: the axes change now and then, not on every step (each change costs a relayout)
-        top = float(hist.max()) if len(hist) and hist.max() > 0 else 1.0
-        mag = 10.0 ** math.floor(math.log10(top))
-        ranges = (nice_stride(max(1, len(hist) - 1)), next(m * mag for m in (1, 2, 5, 10) if m * mag >= top))
+        ranges = (nice_stride(len(hist) - 1), nice_stride(float(hist.max()) if len(hist) else 1.0))
         if ranges != self._hist_range:
             self._hist_range = ranges
             self.hplot.setRange(xRange=(0, ranges[0]), yRange=(0, ranges[1]), padding=0.05)
