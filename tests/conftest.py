@@ -15,6 +15,7 @@ import torch  # noqa: E402
 torch.set_num_threads(1)
 
 import tiny_models  # noqa: E402
+from on_device import DEVICE, reference  # noqa: E402
 
 
 @pytest.fixture(scope="session")
@@ -26,14 +27,14 @@ def tiny_dir(tmp_path_factory):
 
 @pytest.fixture(scope="session")
 def tiny_lm(tiny_dir):
-    """family -> LoadedModel on the CPU (loaded once per test run)."""
+    """family -> LoadedModel on the CPU, or GPT_INSPECTOR_TEST_DEVICE (loaded once per test run)."""
     from gpt_inspector import load_model
 
     cache = {}
 
     def get(family):
         if family not in cache:
-            cache[family] = load_model(tiny_dir[family], device="cpu")
+            cache[family] = load_model(tiny_dir[family], device=DEVICE)
         return cache[family]
 
     return get
@@ -46,9 +47,9 @@ def _hf_models(tiny_dir, attn_implementation):
 
     def get(family):
         if family not in cache:
-            cache[family] = AutoModelForCausalLM.from_pretrained(
-                tiny_dir[family], attn_implementation=attn_implementation
-            ).eval()
+            cache[family] = reference(
+                AutoModelForCausalLM.from_pretrained(tiny_dir[family], attn_implementation=attn_implementation).eval()
+            )
         return cache[family]
 
     return get

@@ -198,6 +198,6 @@ def test_torch_without_enable_gqa_repeats_kv_and_records_the_kv_heads(tiny_lm, m
     assert s.tokens == ref.tokens
     for layer in range(lm.n_layers):
         k, v = s.recorder.k[layer].view(s.cache_length), s.recorder.v[layer].view(s.cache_length)
-        assert k.shape[1] == lm.n_kv_heads and torch.equal(k, s.cache.layers[layer].keys)
-        assert torch.equal(v, s.cache.layers[layer].values)
+        assert k.shape[1] == lm.n_kv_heads and torch.equal(k, s.cache.layers[layer].keys.cpu())
+        assert torch.equal(v, s.cache.layers[layer].values.cpu())
         torch.testing.assert_close(torch.as_tensor(s.attention_output(layer)), torch.as_tensor(ref.attention_output(layer)))

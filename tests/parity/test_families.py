@@ -16,14 +16,15 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+import tiny_families
+import tiny_models
 import torch
 import torch.nn.functional as F
 import transformers
+from on_device import DEVICE, reference
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import gpt_inspector as gi
-import tiny_families
-import tiny_models
 from gpt_inspector.core.fidelity import REFUSED, check_supported
 from gpt_inspector.core.models import from_model
 
@@ -75,9 +76,9 @@ def built(tokenizer):
 
     def get(family):
         if family not in cache:
-            model = tiny_families.build_model(family, eos)
+            model = tiny_families.build_model(family, eos).to(DEVICE)
             ref = copy.deepcopy(model).eval()  # built with eager attention: the reference
-            cache[family] = (from_model(model, tokenizer, family), ref)
+            cache[family] = (from_model(model, tokenizer, family), reference(ref))
         return cache[family]
 
     return get
@@ -251,11 +252,11 @@ def _received_kv(ref, ids):
     """K and V exactly as HF's own eager attention function receives them, per layer: (H, T, d)."""
     import importlib
 
-    mod = importlib.import_module(type(ref).__module__)
+    mod = importlib.import_module(type(getattr(ref, "_model", ref)).__module__)  # through on_device's proxy
     seen, orig = {}, mod.eager_attention_forward
 
     def spy(module, query, key, value, *a, **kw):
-        seen[module.layer_idx] = (key[0].clone(), value[0].clone())
+        seen[module.layer_idx] = (key[0].to("cpu", copy=True), value[0].to("cpu", copy=True))
         return orig(module, query, key, value, *a, **kw)
 
     mod.eager_attention_forward = spy
