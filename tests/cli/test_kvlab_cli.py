@@ -94,7 +94,7 @@ def test_sweep_draws_the_frontier_and_writes_the_table(tiny_dir, tmp_path, capsy
     import gpt_inspector as gi
     from gpt_inspector.core.kvlab import KVLab, make
 
-    lm = gi.load_model(tiny_dir["gpt2"], device="cpu")
+    lm = gi.load_model(tiny_dir["gpt2"])  # where the CLI put it (its default device), for the same rounding
     # the sweep shares one reference per prompt (its runs step alone, not as a batch of two): so does this lab
     lab = KVLab(lm, PROMPT, make("h2o", 4), reference=gi.Session(lm, PROMPT))
     lab.run_steps(3)

@@ -130,7 +130,7 @@ def test_records_are_what_the_policy_attention_read(name, opts, tiny_lm):
         v = s.values(layer).float()  # (Hkv, T, d), as read
         out = torch.einsum("hqt,htd->hqd", probs, v)
         torch.testing.assert_close(out[:, 0], s.head_outputs(layer)[:, t - 1].float(), atol=2e-5, rtol=1e-4)
-        ev = lab.policy.evicted_at[layer] <= t - 1 if budget else None  # (Hkv, T) gone before the newest query ran
+        ev = (lab.policy.evicted_at[layer] <= t - 1).cpu() if budget else None  # (Hkv, T) gone before the newest query ran
         if budget is not None:
             assert ev.any() and (probs[:, 0][ev] == 0).all()
             assert not s.allowed(layer, 0)[t - 1][ev[0].numpy()].any()
@@ -171,7 +171,7 @@ def test_kl_top1_and_lost_mass_are_computed_from_both_runs(tiny_lm):
     t = lab.run.cache_length
     for layer in range(lm.n_layers):
         ref = np.stack([lab.reference.attention(layer, h)[t - 1] for h in range(lm.n_heads)])  # (H, T)
-        gone = (lab.policy.evicted_at[layer] <= t - 1).numpy()  # (Hkv=H, T) gone before the newest query ran
+        gone = (lab.policy.evicted_at[layer] <= t - 1).cpu().numpy()  # (Hkv=H, T) gone before the newest query ran
         np.testing.assert_allclose(steps[-1].lost_mass[layer], (ref * gone).sum(1), atol=1e-6)
     assert steps[-1].lost_mass.max() > 0
     assert kl_divergence(torch.tensor([1.0, 2.0]), torch.tensor([1.0, 2.0])) == 0.0

@@ -107,7 +107,7 @@ def _policy_blocks(lab) -> dict[int, torch.Tensor]:
     group = lm.n_heads // lm.n_kv_heads
     blocks = {}
     for layer in range(lm.n_layers):
-        ev = lab.policy.evicted_at[layer][:, :t]  # (Hkv, T)
+        ev = lab.policy.evicted_at[layer][:, :t].cpu()  # (Hkv, T), kept where the model runs
         q = torch.arange(t)[:, None]  # (T, 1)
         per_kv = ev[:, None, :] <= q[None]  # (Hkv, T, T)
         blocks[layer] = per_kv[[h // group for h in range(lm.n_heads)]][None]  # (1, H, T, T)
@@ -183,7 +183,7 @@ def test_fp8_is_an_elementwise_cast_round_trip(name, tiny_lm):
     dt = torch.float8_e4m3fn if name == "fp8-e4m3" else torch.float8_e5m2
     t = lab.run.cache_length
     for layer in range(lm.n_layers):
-        full = lab.run.cache.layers[layer].keys[0, :, :t]  # (Hkv, T, d) full precision
+        full = lab.run.cache.layers[layer].keys[0, :, :t].cpu()  # (Hkv, T, d) full precision, beside the records
         read = lab.run.keys(layer)
         old = t - 2  # the last forward read t entries; its residual window held the newest 2
         torch.testing.assert_close(read[:, :old], full[:, :old].to(dt).to(full.dtype), rtol=0, atol=0)

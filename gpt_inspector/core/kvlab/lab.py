@@ -146,7 +146,7 @@ class KVLab:
         self.lm = lm
         self.policy = policy
         policy.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length,
-                    torch.empty((), dtype=lm.dtype).element_size())  # fmt: skip
+                    torch.empty((), dtype=lm.dtype).element_size(), lm.device)  # fmt: skip
         self.run = Session(lm, prompt, **kw)
         if reference is not None and (reference.lm is not lm or reference.prompt_ids != self.run.prompt_ids
                                       or any(s.forced for s in reference.steps_done)):  # fmt: skip

@@ -64,9 +64,11 @@ class Policy:
     name = "full"
     kind = "eviction"
 
-    def bind(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, context: int, itemsize: int) -> None:
+    def bind(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, context: int, itemsize: int,
+             device: str | torch.device = "cpu") -> None:  # fmt: skip
         self.n_layers, self.n_heads, self.n_kv_heads, self.head_dim = n_layers, n_heads, n_kv_heads, head_dim
-        self.context, self.itemsize = context, itemsize
+        # the policy's state lives where the model's keys do: attention on a GPU reads its masks there
+        self.context, self.itemsize, self.device = context, itemsize, torch.device(device)
         self.recorder = None
         self.reset()
 
@@ -94,7 +96,7 @@ class Policy:
         return None
 
     def evicted(self, layer: int, length: int) -> torch.Tensor:
-        """(Hkv, length) bool: entries the policy's cache no longer holds now."""
+        """(Hkv, length) bool on the CPU: entries the policy's cache no longer holds now."""
         return torch.zeros(self.n_kv_heads, length, dtype=torch.bool)
 
     def cache_bytes(self, layer: int, length: int) -> int:
@@ -165,7 +167,7 @@ class Eviction(Policy):
     def describe(self) -> str:
         return f"{self.name} budget {'unlimited' if self.budget is None else self.budget}"
 
-    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize) -> None:
+    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device="cpu") -> None:
         for what, v in (("sinks", self.sinks), ("recent", self.recent), ("window", self.window), ("kernel", self.kernel)):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
                 raise InspectorError(f"{what} must be a whole number >= 0, got {v!r}")
@@ -179,10 +181,10 @@ class Eviction(Policy):
                 if len(b) != n_kv_heads:
                     raise InspectorError(f"layer {layer} budgets: {len(b)} given, the model has {n_kv_heads} KV heads")
                 per = [_budget(x, f"layer {layer} budget", context) for x in b]
-                self.budgets[layer] = None if any(x is None for x in per) else torch.tensor(per)
+                self.budgets[layer] = None if any(x is None for x in per) else torch.tensor(per, device=device)
             else:
                 b = _budget(b, f"layer {layer} budget", context)
-                self.budgets[layer] = None if b is None else torch.full((n_kv_heads,), b)
+                self.budgets[layer] = None if b is None else torch.full((n_kv_heads,), b, device=device)
         bad = [layer for layer in self.layer_budgets if not (isinstance(layer, int) and 0 <= layer < n_layers)]
         if bad:
             raise InspectorError(f"layer budgets name layers {bad}; the model has layers 0..{n_layers - 1}")
@@ -197,7 +199,7 @@ class Eviction(Policy):
             if low <= protected:
                 raise InspectorError(f"layer {layer}: a budget of {low} leaves no room beyond the {protected} "
                                      "protected entries (sinks + recent window); raise the budget")  # fmt: skip
-        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize)
+        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device)
 
     def _recent(self, budget: int) -> int:
         if self.recent is not None:
@@ -213,7 +215,7 @@ class Eviction(Policy):
     def _recent_rows(self, layer: int, budget: torch.Tensor) -> torch.Tensor:
         """(Hkv,) the recent window of each KV head of ``layer`` (budgets are fixed once bound)."""
         if layer not in self._recent_cache:
-            self._recent_cache[layer] = torch.tensor([self._recent(int(b)) for b in budget])
+            self._recent_cache[layer] = torch.tensor([self._recent(int(b)) for b in budget], device=budget.device)
             self._uniform[layer] = bool((budget == budget[0]).all())
         return self._recent_cache[layer]
 
@@ -221,8 +223,8 @@ class Eviction(Policy):
         return self.sinks + self._recent(budget) if self.name != "streaming" else budget
 
     def reset(self) -> None:
-        self._evicted_at = [torch.empty(self.n_kv_heads, 0, dtype=torch.long) for _ in range(self.n_layers)]
-        self.scores = [torch.empty(self.n_kv_heads, 0, dtype=torch.float64) for _ in range(self.n_layers)]
+        self._evicted_at = [torch.empty(self.n_kv_heads, 0, dtype=torch.long, device=self.device) for _ in range(self.n_layers)]
+        self.scores = [torch.empty(self.n_kv_heads, 0, dtype=torch.float64, device=self.device) for _ in range(self.n_layers)]
         # a decode step's scoring and eviction, deferred to one batched pass over its layers (``_flush``):
         # per layer it is a dozen tiny tensor operations, whose fixed cost is most of their time
         self._pending: dict[int, tuple[int, torch.Tensor | None]] = {}  # layer -> (Tk, (H or Hkv, Tk) what scores it)
@@ -252,7 +254,7 @@ class Eviction(Policy):
     def _held(self, layer: int) -> torch.Tensor:
         n = self.scores[layer].shape[1]
         ev = self._evicted_at[layer][:, :n]  # (Hkv, n)
-        return torch.cat([ev, torch.full((ev.shape[0], n - ev.shape[1]), NEVER, dtype=ev.dtype)], 1) == NEVER
+        return torch.cat([ev, ev.new_full((ev.shape[0], n - ev.shape[1]), NEVER)], 1) == NEVER
 
     def restore(self, snap) -> None:
         lengths, held = snap
@@ -267,13 +269,13 @@ class Eviction(Policy):
             if self.budgets[layer] is None:
                 self.scores[layer] = kept.clone()
                 continue
-            self.scores[layer] = torch.zeros(self.n_kv_heads, lengths[layer], dtype=torch.float64)
+            self.scores[layer] = kept.new_zeros(self.n_kv_heads, lengths[layer])
             self.scores[layer][self._held(layer)] = kept
 
     def _grow(self, layer: int, tk: int) -> torch.Tensor:
         ev = self._evicted_at[layer]
         if ev.shape[1] < tk:
-            ev = torch.cat([ev, torch.full((ev.shape[0], tk - ev.shape[1]), NEVER, dtype=torch.long)], 1)
+            ev = torch.cat([ev, ev.new_full((ev.shape[0], tk - ev.shape[1]), NEVER)], 1)
             self._evicted_at[layer] = ev
         else:
             ev = self._evicted_at[layer] = ev[:, :tk]  # a shorter forward (a recompute) starts over from there
@@ -294,21 +296,22 @@ class Eviction(Policy):
     def _block(ev: torch.Tensor, p0: int, n: int, n_heads: int) -> torch.Tensor | None:
         if not bool((ev < NEVER).any()):
             return None
-        pos = torch.arange(p0, p0 + n)  # (n,)
+        pos = torch.arange(p0, p0 + n, device=ev.device)  # (n,)
         block = ev[:, None, :] <= pos[None, :, None]  # (Hkv, n, T)
         return eq.expand_kv(block, n_heads)  # (H, n, T)
 
     def evicted_rows(self, layer, p0, p1, length, n_heads):
         ev = self.evicted_at[layer][:, :length]  # (the property flushes a deferred eviction)
         if ev.shape[1] < length:
-            ev = torch.cat([ev, torch.full((ev.shape[0], length - ev.shape[1]), NEVER, dtype=torch.long)], 1)
-        return self._block(ev, p0, p1 - p0, n_heads)
+            ev = torch.cat([ev, ev.new_full((ev.shape[0], length - ev.shape[1]), NEVER)], 1)
+        block = self._block(ev, p0, p1 - p0, n_heads)
+        return None if block is None else block.cpu()  # for the readers, beside the CPU records
 
     def evicted(self, layer, length):
         ev = self.evicted_at[layer]
         out = torch.zeros(self.n_kv_heads, length, dtype=torch.bool)
         n = min(length, ev.shape[1])
-        out[:, :n] = ev[:, :n] < NEVER
+        out[:, :n] = (ev[:, :n] < NEVER).cpu()
         return out
 
     def cache_bytes(self, layer, length):
@@ -373,7 +376,7 @@ class Eviction(Policy):
         elif self.name == "keynorm":
             score = torch.stack([pend[layer][1] for layer in layers])  # (n, Hkv, Tk)
         else:
-            score = torch.zeros(n, hkv, tk, dtype=torch.float64)  # streaming: position alone decides
+            score = ev.new_zeros(n, hkv, tk, dtype=torch.float64)  # streaming: position alone decides
         for i, layer in enumerate(layers):
             self._evicted_at[layer] = ev[i]
         budget = torch.stack([self.budgets[layer] for layer in layers])  # (n, Hkv)
@@ -409,7 +412,7 @@ class Eviction(Policy):
         if name == "h2o":
             acc = self.scores[layer]
             if acc.shape[1] < tk:
-                acc = torch.cat([acc, torch.zeros(acc.shape[0], tk - acc.shape[1], dtype=torch.float64)], 1)
+                acc = torch.cat([acc, acc.new_zeros(acc.shape[0], tk - acc.shape[1])], 1)
             acc = acc[:, :tk] + self._group_sum(p.sum(1)).double()  # accumulated attention, (Hkv, Tk)
             self.scores[layer] = acc
             return acc
@@ -429,7 +432,7 @@ class Eviction(Policy):
             return -k[0, ::g].double().norm(dim=-1)  # low key norm = kept, (Hkv, Tk)
         if name == "custom":
             return self._custom(layer, k, p, tk)
-        return torch.zeros(self.n_kv_heads, tk, dtype=torch.float64)  # streaming: position alone decides
+        return torch.zeros(self.n_kv_heads, tk, dtype=torch.float64, device=self.device)  # streaming: position alone decides
 
     def _custom(self, layer, k, p, tk) -> torch.Tensor:
         g = self.n_heads // self.n_kv_heads
@@ -442,7 +445,7 @@ class Eviction(Policy):
         if tuple(out.shape) != (self.n_kv_heads, tk):
             raise InspectorError(f"the scoring function returned shape {tuple(out.shape)}; "
                                  f"expected (kv_heads, positions) = ({self.n_kv_heads}, {tk})")  # fmt: skip
-        out = out.detach().to("cpu", torch.float64)
+        out = out.detach().to(self.device, torch.float64)
         if not bool(torch.isfinite(out).all()):
             raise InspectorError("the scoring function returned NaN or infinite scores")
         return out
@@ -451,7 +454,7 @@ class Eviction(Policy):
         """The steady state, each head at most one over its budget: it drops its lowest-scoring
         candidate (held, past the sinks, before its recent window), the newest among equals, as the
         ranking in ``_evict`` would. ev, score, held: (..., Hkv, Tk); excess, recent: (..., Hkv)."""
-        pos = torch.arange(tk)
+        pos = torch.arange(tk, device=ev.device)
         cand = held & (pos >= self.sinks) & (pos < tk - recent[..., None])  # (..., Hkv, Tk)
         j = tk - 1 - score.masked_fill(~cand, math.inf).flip(-1).argmin(-1)  # (..., Hkv), newest first
         over = (excess > 0).nonzero(as_tuple=True)
@@ -470,7 +473,7 @@ class Eviction(Policy):
         if most == 1:
             self._drop_one(ev, score, held, excess, recent, tk)
             return
-        pos = torch.arange(tk)
+        pos = torch.arange(tk, device=ev.device)
         protect = (pos < self.sinks) | (pos >= tk - recent[:, None])  # (Hkv, Tk)
         protect &= held
         cand = held & ~protect

@@ -65,7 +65,7 @@ class Quantization(Policy):
         extra = "" if self.fp8 is not None else f" group {self.group}"
         return f"{self.name}{extra} residual {self.residual}"
 
-    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize) -> None:
+    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device="cpu") -> None:
         if self.group is None:
             self.group = min(32, head_dim)  # KIVI's default, or one group per head on small heads
         for what, v in (("group", self.group), ("residual", self.residual)):
@@ -73,7 +73,7 @@ class Quantization(Policy):
                 raise InspectorError(f"{what} must be a whole number >= {1 if what == 'group' else 0}, got {v!r}")
         if self.fp8 is None and head_dim % self.group:
             raise InspectorError(f"group {self.group} does not divide the head size {head_dim} (values are grouped along it)")
-        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize)
+        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device)
 
     def boundaries(self, length: int) -> tuple[int, int]:
         """(keys, values) quantized at the front of a cache of ``length`` entries."""
@@ -219,10 +219,10 @@ class TransformersQuantization(Quantization):
     def describe(self) -> str:
         return super().describe() + " (transformers' scheme)"
 
-    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize) -> None:
+    def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device="cpu") -> None:
         if self.residual < 1:
             raise InspectorError("residual must be at least 1 in transformers' scheme (it flushes when the window fills)")
-        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize)
+        super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device)
 
     def reset(self) -> None:
         super().reset()
