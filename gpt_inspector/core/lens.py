@@ -123,7 +123,8 @@ def _norm_affine(norm: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     if w is None or eps is None:
         raise InspectorError(f"per-head attribution does not know the final norm {type(norm).__name__}")
-    w, x = w.detach().float(), x.float()
+    back = x.device
+    w, x = w.detach().float(), x.to(w.device).float()  # checked where the norm lives, given back where x was
     if isinstance(norm, torch.nn.LayerNorm):
         scale = torch.sqrt(x.var(unbiased=False) + eps)
         gain, centers = w / scale, True
@@ -132,11 +133,11 @@ def _norm_affine(norm: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
         gain, centers = (1.0 + w if type(norm).__name__.startswith("Gemma") else w) / scale, False
     offset = torch.zeros_like(x) if b is None else b.detach().float()
     with torch.no_grad():
-        want = norm(x.to(w.dtype)).float()
+        want = norm(x.to(norm.weight.dtype)).float()
     got = ((x - x.mean()) if centers else x) * gain + offset
     if not torch.allclose(got, want, atol=1e-4 * max(1.0, float(want.abs().max()))):
         raise InspectorError(f"per-head attribution cannot linearise the final norm {type(norm).__name__}")
-    return gain, offset, centers
+    return gain.to(back), offset.to(back), centers
 
 
 # ---------------------------------------------------------------------------------------------- the lens
@@ -165,13 +166,15 @@ def _attn_out_norm(layer: torch.nn.Module) -> torch.nn.Module | None:
     return None
 
 
-def _out_bias(layer: torch.nn.Module, width: int) -> torch.Tensor:
+def _out_bias(layer: torch.nn.Module, w: torch.Tensor) -> torch.Tensor:
+    """(D,) the bias of the output projection ``w`` (H*d, D), or zeros beside it."""
+    width = w.shape[1]
     for mod in layer.modules():
         for name in _OUT_PROJ:
             proj = getattr(mod, name, None)
             if proj is not None and getattr(proj, "bias", None) is not None and proj.bias.shape[-1] == width:
-                return proj.bias.detach().float().cpu()  # (D,)
-    return torch.zeros(width)
+                return proj.bias.detach().float()  # (D,)
+    return w.new_zeros(width)
 
 
 def _out_proj(layer: torch.nn.Module) -> torch.Tensor | None:
@@ -244,11 +247,13 @@ def lens(session, top_k: int = 5, stop=None) -> LensResult:
     if any(_attn_out_norm(layer) is not None for layer in layers):
         note = "final-norm and attention-output-norm scales frozen at the values observed on this position"
     attribution, remainder = None, None
-    u = head.weight.detach().float()[tok].cpu()  # (D,) the chosen token's unembedding row
+    # computed where the weights are (on a GPU, copying each output projection to the CPU cost more
+    # than the whole attribution); each layer's (H,) comes back once, at the end
+    u = head.weight.detach()[tok].float()  # (D,) the chosen token's unembedding row
     logit = float(cur.logits[tok]) if not cap else float(head(norm(resid[-1:].to(lm.dtype))).float()[0, tok])
     try:
-        gain, _, centers = _norm_affine(norm, resid[-1].cpu())
-        attr = np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64)
+        gain, _, centers = _norm_affine(norm, resid[-1])
+        shares = []
         pos = session.cache_length - 1
         z = gain * u  # (D,) what one unit of residual adds to the chosen logit, final norm frozen
         if centers:
@@ -257,21 +262,21 @@ def lens(session, top_k: int = 5, stop=None) -> LensResult:
             w = _out_proj(layer)
             if w is None:
                 raise InspectorError("the attention output projection of this architecture is not a plain linear map")
-            out = session.head_output_row(i, pos).float().cpu()  # (H, d)
+            out = session.head_output_row(i, pos).to(w.device, torch.float32)  # (H, d)
             h, d = out.shape
-            w = w.cpu()  # (H*d, D)
-            zi = z
+            zi = z.to(w.device)
             post = _attn_out_norm(layer)
             if post is not None:
                 # the block's output is normalised before the residual: freeze that norm's scale at the
                 # block's observed output too, which makes each head's share linear again
-                block = out.reshape(-1) @ w + _out_bias(layer, w.shape[1])  # (D,) what the norm received
+                block = out.reshape(-1) @ w + _out_bias(layer, w)  # (D,) what the norm received
                 g, _, cen = _norm_affine(post, block)
-                zi = g * z
+                zi = g * zi
                 if cen:
                     zi = zi - zi.mean()
             # head h's write is out[h] @ w[h]; its share of the logit is that write . zi
-            attr[i] = (out * (w @ zi).reshape(h, d)).double().sum(dim=-1).numpy()  # (H,)
+            shares.append((out * (w @ zi).reshape(h, d)).double().sum(dim=-1))  # (H,)
+        attr = torch.stack([x.cpu() for x in shares]).numpy()  # (L, H) float64
         attribution, remainder = attr, logit - float(attr.sum())
     except InspectorError as e:
         note = f"no per-head attribution: {e}"

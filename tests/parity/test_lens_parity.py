@@ -6,6 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import torch
+from on_device import DEVICE, reference
 
 import gpt_inspector as gi
 from gpt_inspector.core.lens import lens
@@ -23,8 +24,8 @@ def shaped(tiny_dir):
 
     def get(family):
         if family not in cache:
-            lm = gi.load_model(tiny_dir[family], device="cpu")
-            hf = AutoModelForCausalLM.from_pretrained(tiny_dir[family], attn_implementation="eager").eval()
+            lm = gi.load_model(tiny_dir[family], device=DEVICE)
+            hf = reference(AutoModelForCausalLM.from_pretrained(tiny_dir[family], attn_implementation="eager").eval())
             g = torch.Generator().manual_seed(1)
             for m in (lm.model, hf):
                 base = m.base_model
@@ -58,7 +59,7 @@ def test_lens_equals_hidden_states_through_norm_and_head(family, shaped):
     tok = s.current.token_id
     for i, row in enumerate(r.layers[:-1]):
         with torch.no_grad():
-            ref = head(norm(out.hidden_states[i + 1][0, -1]))  # (V,) layer i's output, the lens way
+            ref = head(norm(out.hidden_states[i + 1][0, -1].to(DEVICE))).cpu()  # (V,) layer i's output, the lens way
             if cap:
                 ref = torch.tanh(ref / cap) * cap
         assert row.logit == pytest.approx(float(ref[tok]), abs=1e-5 * max(1.0, float(ref.abs().max())))
@@ -82,7 +83,7 @@ def test_head_attributions_and_the_other_terms_sum_to_the_logit(family, shaped):
 
     def keep(name):
         def hook(_m, _i, out):
-            parts[name] = (out[0] if isinstance(out, tuple) else out)[0, -1].detach().float()
+            parts[name] = (out[0] if isinstance(out, tuple) else out)[0, -1].detach().float().cpu()
 
         return hook
 
@@ -107,12 +108,12 @@ def test_head_attributions_and_the_other_terms_sum_to_the_logit(family, shaped):
     norm = getattr(base, "ln_f", None) or base.norm
     head = model.get_output_embeddings()
     with torch.no_grad():
-        assert float(head(norm(resid))[s.current.token_id]) == pytest.approx(r.logit, abs=1e-4)
+        assert float(head(norm(resid.to(DEVICE))).cpu()[s.current.token_id]) == pytest.approx(r.logit, abs=1e-4)
     # each head's share, summed per layer, plus the block's bias share, is the block's own share
     from gpt_inspector.core.lens import _norm_affine
 
     gain, offset, centers = _norm_affine(norm, resid)
-    u = head.weight.detach().float()[s.current.token_id]
+    u = head.weight.detach().float()[s.current.token_id].cpu()
 
     def share(v):
         return float(((v - v.mean()) if centers else v) @ (gain * u))
@@ -120,11 +121,11 @@ def test_head_attributions_and_the_other_terms_sum_to_the_logit(family, shaped):
     pos = s.cache_length - 1
     for i, layer in enumerate(layers):
         proj = layer.attn.c_proj if family == "gpt2" else layer.self_attn.o_proj
-        bias = torch.zeros_like(resid) if proj.bias is None else proj.bias.detach().float()
+        bias = torch.zeros_like(resid) if proj.bias is None else proj.bias.detach().float().cpu()
         assert r.attribution[i].sum() + share(bias) == pytest.approx(share(parts[f"attn{i}"]), abs=1e-4)
         assert s.head_outputs(i).shape[1] == pos + 1
     others = sum(share(v) for k, v in parts.items() if not k.startswith("attn"))
-    biases = sum(share(layer.attn.c_proj.bias.detach().float() if family == "gpt2" else torch.zeros_like(resid))
+    biases = sum(share(layer.attn.c_proj.bias.detach().float().cpu() if family == "gpt2" else torch.zeros_like(resid))
                  for layer in layers)  # fmt: skip
     total = r.attribution.sum() + others + biases + float(offset @ u)
     assert total == pytest.approx(r.logit, abs=1e-4)
@@ -146,13 +147,13 @@ def test_gemma2_heads_through_both_frozen_norms_sum_to_each_blocks_share(shaped)
         def hook(_m, _i, out):
             out = out[0] if isinstance(out, tuple) else out
             if out.dim() == 3:  # the model's forward, not the lens checking its linearised norm on one vector
-                parts[name] = out[0, -1].detach().float()
+                parts[name] = out[0, -1].detach().float().cpu()
 
         return hook
 
     def first_input(_m, args, kwargs):
         h = args[0] if args else kwargs["hidden_states"]
-        parts["emb"] = h[0, -1].detach().float()  # the embeddings as the model scales them
+        parts["emb"] = h[0, -1].detach().float().cpu()  # the embeddings as the model scales them
 
     hooks.append(layers[0].register_forward_pre_hook(first_input, with_kwargs=True))
     for i, layer in enumerate(layers):
@@ -171,11 +172,11 @@ def test_gemma2_heads_through_both_frozen_norms_sum_to_each_blocks_share(shaped)
     resid = sum(parts.values())  # (D,)
     head = model.get_output_embeddings()
     with torch.no_grad():
-        assert float(head(base.norm(resid))[s.current.token_id]) == pytest.approx(r.logit, abs=1e-4)
+        assert float(head(base.norm(resid.to(DEVICE))).cpu()[s.current.token_id]) == pytest.approx(r.logit, abs=1e-4)
     from gpt_inspector.core.lens import _norm_affine
 
     gain, offset, _ = _norm_affine(base.norm, resid)
-    u = head.weight.detach().float()[s.current.token_id]
+    u = head.weight.detach().float()[s.current.token_id].cpu()
 
     def share(v):
         return float(v @ (gain * u))
