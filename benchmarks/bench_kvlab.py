@@ -19,6 +19,7 @@ Runs alternate so machine noise hits every side alike; medians over ``--reps``.
 
     python benchmarks/bench_kvlab.py [--reps 3] [--new 32] [--prompts 512] [--policies h2o,streaming,int4]
                                      [--sweep-jobs 2] [--sweep-prompts 4] [--sweep-len 256] [--sweep-steps 16]
+                                     [--device cuda]
 """
 
 from __future__ import annotations
@@ -101,6 +102,7 @@ def main() -> None:
     ap.add_argument("--sweep-prompts", type=int, default=4)
     ap.add_argument("--sweep-len", type=int, default=256)
     ap.add_argument("--sweep-steps", type=int, default=16)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: the lab, the plain session and generate")
     ap.add_argument("--only-sweep", action="store_true", help="skip the per-token measures")
     args = ap.parse_args()
     if args.threads:
@@ -113,13 +115,13 @@ def main() -> None:
     from gpt_inspector.core.kvlab import KVLab, make
 
     folder = build(Path(tempfile.mkdtemp()) / "gpt2-small-random")
-    lm = gi.load_model(folder, device="cpu")
+    lm = gi.load_model(folder, device=args.device)
     print(f"model: {lm.describe()}; torch threads {torch.get_num_threads()}")
     if args.only_sweep:
         if args.sweep_jobs > 1:
             bench_sweep(lm, folder, args)
         return
-    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval().to(args.device)
     g = torch.Generator().manual_seed(0)
     names = args.policies.split(",")
 
@@ -131,7 +133,7 @@ def main() -> None:
         n = args.new - 2  # decode steps timed after the prefill and one warm-up step
         times: dict[str, list[float]] = {}
         for _ in range(args.reps):
-            x = torch.tensor([ids])
+            x = torch.tensor([ids], device=args.device)
             kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
             with torch.inference_mode():
                 t0 = time.perf_counter()
@@ -147,9 +149,9 @@ def main() -> None:
             for name in names:
                 # the policy run alone: a Session whose recorder carries the policy, as the lab sets it up
                 s = gi.Session(lm, prompt_ids=ids)
-                s.recorder = Recorder(lm.n_layers, mirror_kv=True)
+                s.recorder = Recorder(lm.n_layers, mirror_kv=True, pin=lm.device.type == "cuda")
                 p = policy(name)
-                p.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4)
+                p.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4, lm.device)
                 p.attach(s.recorder)
                 s.step()
                 s.step()  # the first decode step quantizes the whole prompt once: not the steady state

@@ -9,7 +9,7 @@
   time from the press to the step on screen, and a burst of steps asked for at once. The lens runs
   while the worker is idle and gives way to a step within one slice of its unembedding.
 
-    python benchmarks/bench_lens.py [--prompt 32] [--steps 24] [--reps 3] [--window]
+    python benchmarks/bench_lens.py [--prompt 32] [--steps 24] [--reps 3] [--window] [--device cuda]
 """
 
 from __future__ import annotations
@@ -31,6 +31,7 @@ def main() -> None:
     ap.add_argument("--prompt", type=int, default=32)
     ap.add_argument("--steps", type=int, default=24)
     ap.add_argument("--reps", type=int, default=3)
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda")
     ap.add_argument("--window", action="store_true", help="also step the real window, lens tab in front vs behind")
     args = ap.parse_args()
 
@@ -40,8 +41,8 @@ def main() -> None:
     from gpt_inspector.core import lens as lens_mod
 
     folder = build(Path(tempfile.mkdtemp()) / "gpt2-small-random")
-    plain = gi.load_model(folder, device="cpu")
-    hooked = gi.load_model(folder, device="cpu")
+    plain = gi.load_model(folder, device=args.device)
+    hooked = gi.load_model(folder, device=args.device)
     lens_mod.enable(hooked)
     ids = torch.randint(0, plain.vocab_size, (args.prompt,), generator=torch.Generator().manual_seed(0)).tolist()
     print(f"model: {plain.describe()}; torch threads {torch.get_num_threads()}")

@@ -9,7 +9,7 @@ the clock as each of its tokens arrives and runs one Session.step() before handi
 generate's per-token time is the time between processor calls less the Session step inside, and
 noise on a shared machine hits both sides alike. Prefills are not counted on either side.
 
-    python benchmarks/bench_step.py [--family gpt2|llama-gqa] [--t 1024 4096 8192] [--reps 3] [--new 48] [--threads N]
+    python benchmarks/bench_step.py [--family gpt2|llama-gqa] [--t 1024 4096 8192] [--reps 3] [--new 48] [--threads N] [--device cuda]
 """
 
 from __future__ import annotations
@@ -59,6 +59,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
+    ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: both sides run there")
     ap.add_argument("--t", type=int, nargs="+", help="prompt lengths (default: 32 512 for gpt2, 1024 4096 8192 for llama-gqa)")
     args = ap.parse_args()
     if args.threads:
@@ -91,8 +92,8 @@ def main() -> None:
     else:
         lengths = args.t or [1024, 4096, 8192]
         folder, target = build_llama_gqa(tmp / "llama-gqa-random", max(lengths) + args.new + 64), 1.10
-    lm = gi.load_model(folder, device="cpu")
-    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval()
+    lm = gi.load_model(folder, device=args.device)
+    hf = AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval().to(args.device)
     print(f"model: {lm.describe()}; torch threads {torch.get_num_threads()}")
     g = torch.Generator().manual_seed(0)
     for plen in lengths:
@@ -107,7 +108,7 @@ def main() -> None:
             turns = _TakeTurns(s)
             kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None, "logits_processor": LogitsProcessorList([turns])}
             with torch.inference_mode():
-                hf.generate(torch.tensor([ids]), max_new_tokens=args.new, min_new_tokens=args.new, **kw)
+                hf.generate(torch.tensor([ids], device=args.device), max_new_tokens=args.new, min_new_tokens=args.new, **kw)
             assert len(turns.hf) == len(turns.steps) == args.new - 1
             sess_tok.append(statistics.mean(turns.steps))
             hf_tok.append(statistics.mean(turns.hf))
