@@ -26,7 +26,7 @@ import torch
 
 from . import capture
 from .errors import Cancelled, InspectorError
-from .step import TopEntry, top_entries
+from .step import TopEntry, top_rows
 
 _FINAL_NORMS = ("norm", "ln_f", "final_layer_norm", "final_layernorm")
 _OUT_PROJ = ("o_proj", "c_proj", "dense", "out_proj")
@@ -236,12 +236,15 @@ def lens(session, top_k: int = 5, stop=None) -> LensResult:
         logits = _unembed(head, norm(resid[:-1].to(lm.dtype)), stop).float()  # (L-1, V)
         if cap:
             logits = torch.tanh(logits / cap) * cap
-        logits = torch.cat([logits.cpu(), cur.logits.float()[None]])  # (L, V)
+        logits = torch.cat([logits, cur.logits.float()[None].to(logits.device)])  # (L, V)
     _check(stop)  # what follows (top tokens, attribution) is another third of the time
+    # every layer's best tokens in one top-k where the logits are, and only those copied back: on a
+    # GPU the (L, V) matrix stays there, and on the CPU one batched top-k replaces one per layer
     probs = torch.softmax(logits, dim=-1)  # (L, V)
     tok = cur.token_id
-    rows = [LensLayer(i, top_entries(probs[i], logits[i], session.label, top_k), float(probs[i, tok]),
-                      float(logits[i, tok])) for i in range(lm.n_layers)]  # fmt: skip
+    tops = top_rows(probs, logits, session.label, top_k)
+    chosen_p, chosen_l = probs[:, tok].tolist(), logits[:, tok].tolist()  # (L,)
+    rows = [LensLayer(i, tops[i], chosen_p[i], chosen_l[i]) for i in range(lm.n_layers)]
 
     note = "final-norm scale frozen at the value observed on this position"
     if any(_attn_out_norm(layer) is not None for layer in layers):

@@ -26,10 +26,15 @@ class TopEntry:
 
 def top_entries(probs: torch.Tensor, logits: torch.Tensor, label: Callable[[int], str], n: int = TOP_N) -> list[TopEntry]:
     """The ``n`` most likely tokens of ``probs`` (V,), best first, with their labels and raw logits."""
-    vals, idx = torch.topk(probs, min(n, probs.shape[0]))
+    return top_rows(probs[None], logits[None], label, n)[0]
+
+
+def top_rows(probs: torch.Tensor, logits: torch.Tensor, label: Callable[[int], str], n: int = TOP_N) -> list[list[TopEntry]]:
+    """``top_entries`` of every row of ``probs`` and ``logits`` (R, V), in one top-k on their device."""
+    vals, idx = torch.topk(probs, min(n, probs.shape[-1]), dim=-1)  # (R, n)
     # one conversion each, not a tensor index per entry: this runs on every step
-    ids, ps, ls = idx.tolist(), vals.tolist(), logits[idx].tolist()
-    return [TopEntry(i, label(i), p, lg) for i, p, lg in zip(ids, ps, ls)]
+    ids, ps, ls = idx.tolist(), vals.tolist(), logits.gather(-1, idx).tolist()
+    return [[TopEntry(i, label(i), p, lg) for i, p, lg in zip(*row)] for row in zip(ids, ps, ls)]
 
 
 @dataclass
