@@ -3,7 +3,8 @@
 The suite runs on the CPU here and in CI. On a machine with a GPU, ``GPT_INSPECTOR_TEST_DEVICE=cuda``
 loads the tiny models through the engine onto the GPU and puts the HF references there too, so the
 parity tests compare both on the same device, with the tests themselves unchanged: they pass CPU
-inputs and read CPU outputs, and this proxy moves both ways.
+inputs and read CPU outputs, and this proxy moves both ways. ``GPT_INSPECTOR_TEST_PROXY=1`` wraps
+the references on the CPU too, to try the proxy on a machine without a GPU.
 """
 
 from __future__ import annotations
