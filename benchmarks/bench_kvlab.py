@@ -149,7 +149,7 @@ def main() -> None:
             for name in names:
                 # the policy run alone: a Session whose recorder carries the policy, as the lab sets it up
                 s = gi.Session(lm, prompt_ids=ids)
-                s.recorder = Recorder(lm.n_layers, mirror_kv=True, pin=lm.device.type == "cuda")
+                s.recorder = Recorder(lm.n_layers, mirror_kv=True)
                 p = policy(name)
                 p.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4, lm.device)
                 p.attach(s.recorder)

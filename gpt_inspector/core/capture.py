@@ -37,6 +37,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import attention as eq
 from .edits import HeadEdit, MaskEdit, _CompiledEdits, allowed_rows, compile_edits  # noqa: F401 (the names capture always offered)
+from .rowbuffer import RowBuffer
 
 ATTN_NAME = "gpt_inspector"
 
@@ -47,58 +48,16 @@ _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("gpt_i
 # older torch gets K/V repeated to every query head, as transformers' own sdpa path does there
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
 
-# a buffer grows by a quarter of what it holds (at least _GROW positions): each position is
-# re-copied a bounded number of times (≤ 4 on average) at any T, and capacity stays ≤ 1.25x + _GROW
-_GROW = 64
-
-
-class _Buffer:
-    """A (B, H, capacity, d) CPU tensor that grows along positions."""
-
-    def __init__(self, pin: bool):
-        self.t: torch.Tensor | None = None
-        self.pin = pin
-
-    def write(self, rows: torch.Tensor, start: int) -> None:
-        # rows: (B, H, n, d), possibly on an accelerator
-        b, h, n, d = rows.shape
-        end = start + n
-        t = self.t
-        if t is None or t.shape[0] != b or t.shape[1] != h or t.shape[3] != d or t.shape[2] < end or t.dtype != rows.dtype:
-            held = t.shape[2] if t is not None else 0
-            cap = max(end, held) + max(_GROW, max(end, held) // 4)
-            new = torch.empty((b, h, cap, d), dtype=rows.dtype, pin_memory=self.pin)
-            if t is not None and t.shape[0] == b and t.shape[1] == h and t.shape[3] == d:
-                keep = min(start, t.shape[2])
-                new[:, :, :keep] = t[:, :, :keep]
-            self.t = t = new
-        t[:, :, start:end].copy_(rows, non_blocking=self.pin)
-
-    def view(self, length: int) -> torch.Tensor:
-        assert self.t is not None
-        return self.t[:, :, :length]
-
-    def reorder(self, index: torch.Tensor) -> None:
-        if self.t is not None:
-            self.t = self.t.index_select(0, index.cpu())
-
-    def nbytes(self, length: int) -> int:
-        if self.t is None:
-            return 0
-        b, h, _, d = self.t.shape
-        return b * h * length * d * self.t.element_size()
-
-
 class Recorder:
     """Per-layer records of one model's forward passes (one batch row per beam)."""
 
-    def __init__(self, n_layers: int, mirror_kv: bool, pin: bool = False):
+    def __init__(self, n_layers: int, mirror_kv: bool):
         self.n_layers = n_layers
         self.mirror_kv = mirror_kv
-        self.q = [_Buffer(pin) for _ in range(n_layers)]
-        self.out = [_Buffer(pin) for _ in range(n_layers)]
-        self.k = [_Buffer(pin) for _ in range(n_layers)] if mirror_kv else None
-        self.v = [_Buffer(pin) for _ in range(n_layers)] if mirror_kv else None
+        self.q = [RowBuffer() for _ in range(n_layers)]
+        self.out = [RowBuffer() for _ in range(n_layers)]
+        self.k = [RowBuffer() for _ in range(n_layers)] if mirror_kv else None
+        self.v = [RowBuffer() for _ in range(n_layers)] if mirror_kv else None
         self.scaling: list[float | None] = [None] * n_layers
         self.softcap: list[float | None] = [None] * n_layers
         # attention sinks (gpt_oss): one extra logit per head that takes probability mass and gives no value
@@ -109,8 +68,8 @@ class Recorder:
         # additive score biases: (form, slopes (H,) or None) per layer, or None;
         # alibi's reference position per query row (B, 1, T, 1), a key bias per head and key (B, H, T, 1)
         self.bias_form: list[tuple[str, torch.Tensor | None] | None] = [None] * n_layers
-        self.bias_ref = [_Buffer(pin) for _ in range(n_layers)]
-        self.bias_rows = [_Buffer(pin) for _ in range(n_layers)]
+        self.bias_ref = [RowBuffer() for _ in range(n_layers)]
+        self.bias_rows = [RowBuffer() for _ in range(n_layers)]
         self.calls = [0] * n_layers
         self.length = 0
         # head outputs are kept from this position on (out[layer] row i is position out_from + i): a
@@ -157,7 +116,7 @@ class Recorder:
                     b.t[:, :, :n] = b.t[:, :, drop : drop + n].clone()  # (B, H, n, d) to the front
         self.out_from = position
 
-    def _by_position(self) -> list[tuple[_Buffer, int]]:
+    def _by_position(self) -> list[tuple[RowBuffer, int]]:
         """Every buffer kept along positions, with the position of its row 0."""
         bufs = [(b, 0) for group in (self.q, self.k or [], self.v or [], self.bias_ref, self.bias_rows) for b in group]
         return bufs + [(b, self.out_from) for b in self.out]

@@ -73,7 +73,7 @@ class Session(EditingMixin, ModelShape, RunSource):
         # K/V are read from the cache where it holds them (no copy); mirrored on accelerators (every
         # GPU a device map uses), and where the cache holds something else (see core.kv_layout)
         on_cpu = model.device.type == "cpu" and not model.cuda_devices
-        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu or model.mirror_kv, pin=bool(model.cuda_devices))
+        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu or model.mirror_kv)
         # head outputs where steps decide tokens (see Recorder.out_from), the newest OUTPUT_WINDOW of them
         self.recorder.out_from = self.recorder.out_floor = len(ids) - 1
         self._early_outputs: tuple | None = None  # the rows before out_from, recomputed on demand

@@ -8,13 +8,14 @@ import torch
 import torch.nn.functional as F
 
 import gpt_inspector as gi
-from gpt_inspector.core import capture
+from gpt_inspector.core import capture, rowbuffer
+from gpt_inspector.core.rowbuffer import RowBuffer
 
 PROMPT = "One two three four five six"
 
 
 def test_record_buffer_grows_geometrically_and_keeps_every_row():
-    buf = capture._Buffer(pin=False)
+    buf = RowBuffer()
     rows = torch.randn(1, 2, 3000, 4)  # (B, H, T, d)
     reallocations, ptr = 0, None
     for p in range(rows.shape[2]):
@@ -24,7 +25,23 @@ def test_record_buffer_grows_geometrically_and_keeps_every_row():
     assert torch.equal(buf.view(3000), rows)
     # growing by a fixed 64 positions would reallocate (and re-copy all) 47 times; by a quarter, ~15
     assert reallocations <= 16
-    assert buf.t.shape[2] <= 1.25 * 3000 + 2 * capture._GROW  # capacity stays close to what is held
+    assert buf.t.shape[2] <= 1.25 * 3000 + 2 * rowbuffer._GROW  # capacity stays close to what is held
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a GPU (GPT_INSPECTOR_TEST_DEVICE=cuda runs)")
+def test_rows_from_a_gpu_land_in_order_when_read():
+    # rows from the GPU are staged and placed on the first read: through regrowth (which places what
+    # is staged first) and rows written twice (an undone forward's, then the redo's), the buffer
+    # holds what a CPU buffer given the same writes holds
+    g = torch.Generator().manual_seed(0)
+    gpu, cpu = RowBuffer(), RowBuffer()
+    writes = [(torch.randn(1, 2, n, 4, generator=g), p) for p, n in [(0, 5), (5, 1), (6, 1), (6, 1), (7, 90), (40, 3), (97, 1)]]
+    for i, (rows, p) in enumerate(writes):
+        gpu.write(rows.cuda(), p)
+        cpu.write(rows, p)
+        if i == 3:
+            assert torch.equal(gpu.view(7), cpu.view(7))  # a read in between places what is staged
+    assert torch.equal(gpu.view(98), cpu.view(98))
 
 
 def test_plain_causal_forwards_build_no_mask(tiny_lm, monkeypatch):

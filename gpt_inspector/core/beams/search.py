@@ -175,7 +175,7 @@ class BeamSearch:
 
         self.cache = lm.new_cache()  # full length even for sliding-window layers, as in Session
         gpus = bool(lm.cuda_devices)  # a device map may run some layers on a GPU even when dev is the CPU
-        self.recorder = Recorder(lm.n_layers, mirror_kv=dev.type != "cpu" or gpus or lm.mirror_kv, pin=gpus)
+        self.recorder = Recorder(lm.n_layers, mirror_kv=dev.type != "cpu" or gpus or lm.mirror_kv)
         self.steps_done: list[BeamStep] = []
         root_text = "".join(token_label(lm.tokenizer, i) for i in self.prompt_ids)
         self.nodes: list[BeamNode] = [BeamNode(0, None, -1, None, root_text, 0.0, 0.0, fate="beam", status="alive")]

@@ -153,7 +153,7 @@ class KVLab:
             raise InspectorError("a shared reference must be a session of the same model and prompt, never forced")
         # a shared reference (a sweep runs one per prompt) may already be ahead: its steps are read, not re-run
         self.reference = reference if reference is not None else Session(lm, prompt, **kw)
-        rec = Recorder(lm.n_layers, mirror_kv=True, pin=lm.device.type == "cuda")
+        rec = Recorder(lm.n_layers, mirror_kv=True)
         self.run.recorder = rec
         policy.attach(rec)
         if hasattr(policy, "exact") and not lm.mirror_kv:
