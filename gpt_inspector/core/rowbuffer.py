@@ -45,6 +45,8 @@ class RowBuffer:
             stage.copy_(rows, non_blocking=True)
             self._staged.append((stage, start, rows.device))
         else:
+            if self._staged:  # staged rows were written first: they land first (a restore overwrites them)
+                self._settle()
             t[:, :, start:end].copy_(rows)
 
     def _settle(self) -> None:

@@ -41,6 +41,11 @@ def test_rows_from_a_gpu_land_in_order_when_read():
         cpu.write(rows, p)
         if i == 3:
             assert torch.equal(gpu.view(7), cpu.view(7))  # a read in between places what is staged
+    # a restore writes CPU rows over staged ones: the restored rows win
+    gpu.write(writes[-1][0].cuda(), 50)
+    back = torch.randn(1, 2, 1, 4, generator=g)
+    gpu.write(back, 50)
+    cpu.write(back, 50)
     assert torch.equal(gpu.view(98), cpu.view(98))
 
 
