@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InspectorError
+from .errors import InspectorError, check_index
 
 FORMULA = "out = softmax(q · Kᵀ × scaling + mask) · V"
 
@@ -168,10 +168,6 @@ def _num(x: float) -> float | None:
 # ---------------------------------------------------------------------- the source
 
 
-def _dtype_name(source) -> str:
-    return source.cache_dtype
-
-
 def _kv_map(source) -> np.ndarray:
     return np.array([source.kv_head_of(h) for h in range(source.n_heads)])  # (H,) query head -> KV head
 
@@ -180,7 +176,7 @@ def _tolerance(source, v_heads: np.ndarray, tolerance: float | None) -> np.ndarr
     """Per query head; v_heads (H, T, d) the values each head reads."""
     if tolerance is not None:
         return np.full(v_heads.shape[0], float(tolerance))
-    rtol = _RTOL.get(_dtype_name(source), _RTOL["float16"])
+    rtol = _RTOL.get(source.cache_dtype, _RTOL["float16"])
     # finite values only: an inf in V must not make the tolerance infinite and everything "match"
     mag = np.where(np.isfinite(v_heads), np.abs(v_heads), 0.0)
     scale = mag.reshape(v_heads.shape[0], -1).max(axis=1)  # (H,)
@@ -250,9 +246,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
     t = source.require_positions()
     if position is None:
         position = t - 1
-    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not 0 <= position < t:
-        raise InspectorError(f"position must be in [0, {t}), got {position!r}")
-    position = int(position)
+    position = check_index(position, t, "position")
     start = source.head_outputs_from
     if position < start:
         raise InspectorError(

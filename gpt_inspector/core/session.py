@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 
 from . import decoding, validate
 from .attention import KINDS
 from .capture import Recorder, scratch_forward
 from .edits import HeadEdit, MaskEdit
-from .errors import InspectorError, StepFailed
+from .errors import InspectorError, StepFailed, check_index
 from .forward import crop_cache, forward_with_rollback, interrupts_deferred
 from .models import LoadedModel
 from .session_edits import EditingMixin, MaskEditReport
@@ -216,9 +215,7 @@ class Session(EditingMixin, ModelShape, RunSource):
     def force_token(self, token_id: int) -> Step:
         """Replace the current step's choice: the generation branches from here."""
         s = self._require_step()
-        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) or not 0 <= token_id < self.lm.vocab_size:
-            raise InspectorError(f"token id must be in [0, {self.lm.vocab_size}), got {token_id!r}")
-        s.token_id = int(token_id)
+        s.token_id = check_index(token_id, self.lm.vocab_size, "token id")
         s.forced = True
         self._refresh(s)
         self.tokens[-1] = s.token_id

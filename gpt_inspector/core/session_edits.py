@@ -37,12 +37,6 @@ class MaskEditReport:
             return 0.0
         return float(0.5 * (self.before - self.after).abs().sum())
 
-    @property
-    def max_abs_change(self) -> float:
-        if self.before is None or self.after is None:
-            return 0.0
-        return float((self.before - self.after).abs().max())
-
 
 class EditingMixin:
     """The editing half of ``Session`` (state it uses: cache, recorder, tokens, steps_done, _ops)."""

@@ -334,9 +334,6 @@ class RunSource:
         lay = self.kv_layout
         return tuple(range(self.n_layers)) if lay is None else lay.attention_layers
 
-    def has_attention(self, layer: int) -> bool:
-        return self.check_layer(layer) in self.attention_layers
-
     def cache_layer_of(self, layer: int) -> int | None:
         """The layer whose cache holds the K/V ``layer`` reads: itself, a shared layer's, or None
         where the cache holds something else (a latent, untiled heads) or the layer has no attention."""

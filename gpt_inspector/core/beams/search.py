@@ -506,7 +506,7 @@ class BeamSearch:
     # ------------------------------------------------------------------ views
     def beam_view(self, i: int) -> BeamView:
         """Running beam ``i`` now, with the Session's accessors."""
-        i = _beam_index("beam", i, self.num_beams)
+        i = check_index(i, self.num_beams, "beam")
         length = self.cur_len - 1 if self.steps_done else 0
         rows = self._row_records(i, length, clone=False) if self.steps_done else None
         tokens = self._running_sequences[0, i, : self.cur_len].tolist()
@@ -514,7 +514,7 @@ class BeamSearch:
 
     def hypothesis_view(self, j: int) -> BeamView:
         """Kept hypothesis ``j`` (0 = best; after the search, the first num_return_sequences are returned)."""
-        j = _beam_index("hypothesis", j, self.num_beams)
+        j = check_index(j, self.num_beams, "hypothesis")
         hyps = self.hypotheses
         if j >= len(hyps):
             raise InspectorError(f"only {len(hyps)} finished hypotheses so far; no hypothesis {j}")
@@ -525,7 +525,7 @@ class BeamSearch:
         """Returned sequence ``r`` (as ``result().sequences[r]``, without padding)."""
         if not self.done:
             raise InspectorError("beam search has not finished; run() it first")
-        _beam_index("returned sequence", r, self.num_return_sequences)
+        check_index(r, self.num_return_sequences, "returned sequence")
         return self.hypothesis_view(r)
 
     def _path(self, node: int) -> list[BeamNode]:
@@ -564,12 +564,6 @@ class BeamSearch:
 
     def tree_json(self) -> list[dict]:
         return [n.to_json() for n in self.nodes]
-
-
-def _beam_index(what: str, i, n: int) -> int:
-    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
-        raise InspectorError(f"{what} must be in [0, {n}), got {i!r}")
-    return int(i)
 
 
 def _gather_beams(tensor: torch.Tensor, beam_indices: torch.Tensor) -> torch.Tensor:
