@@ -354,21 +354,10 @@ class Session(EditingMixin, ModelShape, RunSource):
     def _mask_rows(self, layer: int) -> dict:
         return self.recorder.mask_rows[layer]
 
-    @property
-    def _edits(self):
-        return self.recorder.edits
-
-    @property
-    def _scaling(self) -> list:
-        return self.recorder.scaling
-
-    @property
-    def _softcap(self) -> list:
-        return self.recorder.softcap
-
-    @property
-    def _sinks(self) -> list:
-        return self.recorder.sinks
+    _edits = property(lambda self: self.recorder.edits)
+    _scaling = property(lambda self: self.recorder.scaling)
+    _softcap = property(lambda self: self.recorder.softcap)
+    _sinks = property(lambda self: self.recorder.sinks)
 
     def record_bytes(self) -> int:
         """Bytes our own records hold beyond the cache (q, attention outputs, KV mirror on GPUs)."""

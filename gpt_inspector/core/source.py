@@ -371,46 +371,24 @@ class RunSource:
         return sum(lay.layers[i].attention_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
 
 
+def _from_lm(name: str, *default) -> property:
+    """``self.lm.<name>`` as a property (``default`` where a model object may lack it)."""
+    return property(lambda self: getattr(self.lm, name, *default))
+
+
 class ModelShape:
     """Shapes of a source that has the loaded model (``self.lm``): a Session, a beam."""
 
     lm = None
-
-    @property
-    def n_layers(self) -> int:
-        return self.lm.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.lm.n_heads
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.lm.n_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.lm.head_dim
-
-    @property
-    def context_length(self) -> int:
-        return self.lm.context_length
-
-    @property
-    def vocab_size(self) -> int:
-        return self.lm.vocab_size
-
-    @property
-    def model_name(self) -> str:
-        return self.lm.name
-
-    @property
-    def unverified(self) -> str | None:
-        return getattr(self.lm, "unverified", None)
-
-    @property
-    def kv_layout(self):
-        return getattr(self.lm, "kv_layout", None)
+    n_layers = _from_lm("n_layers")
+    n_heads = _from_lm("n_heads")
+    n_kv_heads = _from_lm("n_kv_heads")
+    head_dim = _from_lm("head_dim")
+    context_length = _from_lm("context_length")
+    vocab_size = _from_lm("vocab_size")
+    model_name = _from_lm("name")
+    unverified = _from_lm("unverified", None)
+    kv_layout = _from_lm("kv_layout", None)
 
     @property
     def cache_dtype(self) -> str:
