@@ -161,15 +161,15 @@ def compare(
     p = len(search.prompt_ids)
     new_tokens = search.max_length - p
 
-    greedy = Session(lm, prompt_ids=search.prompt_ids, temperature=0.0)
-    for st in greedy.steps(new_tokens):
-        if progress:
-            progress("greedy", st.index)
-    greedy_ids = list(greedy.tokens)
+    def run(what: str, steps) -> None:
+        for st in steps:
+            if progress:
+                progress(what, st.index)
 
-    for st in search.steps():
-        if progress:
-            progress("beams", st.index)
+    greedy = Session(lm, prompt_ids=search.prompt_ids, temperature=0.0)
+    run("greedy", greedy.steps(new_tokens))
+    greedy_ids = list(greedy.tokens)
+    run("beams", search.steps())
     res = search.result()
     tok = lm.tokenizer
     beams: list[BeamOutput] = []
@@ -194,9 +194,7 @@ def compare(
     sampled: Decoded | None = None
     if sample:
         s = Session(lm, prompt_ids=search.prompt_ids, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        for st in s.steps(new_tokens):
-            if progress:
-                progress("sample", st.index)
+        run("sample", s.steps(new_tokens))
         sampled = _session_output(s, greedy_ids)
         sampled.update({"seed": seed, "temperature": float(temperature), "top_k": top_k, "top_p": top_p})
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,10 +102,7 @@ class LoadedModel:
         gqa = f", {self.n_kv_heads} KV heads" if self.n_kv_heads != self.n_heads else ""
         where = str(self.device)
         if self.device_map:
-            counts: dict[str, int] = {}
-            for d in self.device_map.values():
-                name = f"cuda:{d}" if isinstance(d, int) else str(d)
-                counts[name] = counts.get(name, 0) + 1
+            counts = Counter(f"cuda:{d}" if isinstance(d, int) else str(d) for d in self.device_map.values())
             where = "a device map (" + ", ".join(f"{n} {d}" for d, n in counts.items()) + " modules)"
         text = (
             f"{self.name}: {self.n_layers} layers, {self.n_heads} heads{gqa}, d_head {self.head_dim}, "
@@ -290,13 +288,7 @@ def load_model(
         raise InspectorError(f"cannot load weights of {source}: {type(e).__name__}: {_first_line(e)}") from None
     _check_loading_info(info, source)
     warnings = _check_vocab(model, tokenizer, source)
-    try:
-        model.set_attn_implementation(capture.ATTN_NAME)
-    except (ValueError, AttributeError) as e:
-        raise InspectorError(
-            f"{source} does not dispatch attention through transformers' attention interface: {e}"
-        ) from None
-    adapters.adapt(model, source)  # families that compute attention in their own code
+    _wire(model, source)
     if placement is None:
         try:
             model.to(dev)
@@ -548,14 +540,19 @@ def from_model(model, tokenizer, name: str = "model", *, allow_unverified: bool 
     """
     _check_causal(model.config, name)
     check_supported(model.config, name)
+    _wire(model, name)
+    model.eval()
+    p = next(model.parameters())
+    return _probe_and_verify(model, tokenizer, name, p.device, p.dtype, allow_unverified)
+
+
+def _wire(model, name: str) -> None:
+    """Route the model's attention through our capture function."""
     try:
         model.set_attn_implementation(capture.ATTN_NAME)
     except (ValueError, AttributeError) as e:
         raise InspectorError(f"{name} does not dispatch attention through transformers' attention interface: {e}") from None
     adapters.adapt(model, name)  # families that compute attention in their own code
-    model.eval()
-    p = next(model.parameters())
-    return _probe_and_verify(model, tokenizer, name, p.device, p.dtype, allow_unverified)
 
 
 def _probe_and_verify(model, tokenizer, name: str, dev, dt, allow_unverified: bool) -> LoadedModel:

@@ -405,9 +405,7 @@ def probe_session(session, layers: Iterable[int] | int = (0,), **kwargs) -> Prob
     if lay is not None and (lay.state_layers or lay.mirrored):
         held = "state-space layers keep a running state" if lay.state_layers else f"the cache holds a {lay.kind} form"
         raise InspectorError(f"the cache probe replays per-head K/V of every layer; in {session.lm.name} {held}, not those")
-    kv = {}
-    for i, cl in enumerate(session.cache.layers):
-        kv[i] = (cl.keys[0, :, :t], cl.values[0, :, :t])  # (Hkv, T, d) each, the real cache
+    kv = {i: (cl.keys[0, :, :t], cl.values[0, :, :t]) for i, cl in enumerate(session.cache.layers)}  # (Hkv, T, d) each
     # deeper layers saw the session's mask edits when the cache was filled; so must the candidates
     edits = session.recorder.edits
     return probe_cache(session.lm, kv, layers, true_tokens=session.processed_tokens, _edits=edits, **kwargs)

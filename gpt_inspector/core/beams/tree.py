@@ -6,6 +6,7 @@ Plain data, no model: the search (``search.py``) fills it, views and front ends 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -47,12 +48,9 @@ class BeamNode:
         return math.exp(self.logprob)
 
     def to_json(self) -> dict:
-        d = {
-            "id": self.id, "parent": self.parent, "step": self.step, "token_id": self.token_id, "text": self.text,
-            "logprob": _finite(self.logprob), "score": _finite(self.score), "rank": self.rank,
-            "parent_beam": self.parent_beam, "stopped": self.stopped, "normalized": _finite(self.normalized),
-            "fate": self.fate, "beam": self.beam, "status": self.status, "returned": self.returned,
-        }  # fmt: skip
+        d = dataclasses.asdict(self)  # every field, in order
+        for k in ("logprob", "score", "normalized"):
+            d[k] = _finite(d[k])  # JSON has no inf or NaN
         return d
 
 
