@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from . import decoding, validate
-from .beams import BeamSearch, BeamView
+from .beams import BeamSearch, BeamView, first_difference
 from .beams import tree as beam_tree
 from .errors import InspectorError
 from .models import LoadedModel
@@ -99,14 +99,6 @@ class Comparison:
             out["sampled"] = self.sampled
         out["beam_tree"] = self.beam_tree
         return copy.deepcopy(out)
-
-
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a prefix); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def _session_output(s: Session, greedy_ids: list[int] | None) -> Decoded:

@@ -102,8 +102,7 @@ def early_stopping(v) -> bool | str:
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
     if isinstance(v, str) and v.strip().lower() in ("true", "false", "never"):
-        s = v.strip().lower()
-        return {"true": True, "false": False}.get(s, "never")
+        return {"true": True, "false": False}.get(v.strip().lower(), "never")
     raise InspectorError(f"early_stopping must be True, False or 'never', got {v!r}")
 
 

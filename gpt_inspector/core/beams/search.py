@@ -214,11 +214,11 @@ class BeamSearch:
     @property
     def hypotheses(self) -> list[Hypothesis]:
         """The kept finished hypotheses, best first."""
-        out = []
-        for j, node in enumerate(self._slot_nodes):
-            if node is not None and bool(self._is_sent_finished[0, j]):
-                out.append(self._hypothesis(j))
-        return out
+        return [self._hypothesis(j) for j, node in enumerate(self._finished_slots()) if node is not None]
+
+    def _finished_slots(self) -> list[int | None]:
+        """The tree node of each hypothesis slot holding a finished hypothesis, else None."""
+        return [n if n is not None and bool(self._is_sent_finished[0, j]) else None for j, n in enumerate(self._slot_nodes)]
 
     def _hypothesis(self, slot: int) -> Hypothesis:
         n = self.nodes[self._slot_nodes[slot]]
@@ -295,15 +295,13 @@ class BeamSearch:
         return n
 
     def _candidate_nodes(self, log_probs, parents, tokens, scores, hits, step) -> list[BeamNode]:
-        out = []
-        for rank, (b, tok, sc, hit) in enumerate(zip(parents, tokens, scores, hits)):
-            out.append(
-                self._new_node(
-                    parent=self._row_nodes[b], step=step, token_id=tok, text=token_label(self.lm.tokenizer, tok),
-                    logprob=float(log_probs[b, tok]), score=sc, rank=rank, parent_beam=b, stopped=hit,
-                )
-            )  # fmt: skip
-        return out
+        return [
+            self._new_node(
+                parent=self._row_nodes[b], step=step, token_id=tok, text=token_label(self.lm.tokenizer, tok),
+                logprob=float(log_probs[b, tok]), score=sc, rank=rank, parent_beam=b, stopped=hit,
+            )
+            for rank, (b, tok, sc, hit) in enumerate(zip(parents, tokens, scores, hits))
+        ]  # fmt: skip
 
     def _row_records(self, row: int, length: int, clone: bool) -> _Rows:
         rec, nl = self.recorder, self.lm.n_layers
@@ -540,9 +538,7 @@ class BeamSearch:
             logits = self.steps_done[n.step].logits[n.parent_beam]  # (V,)
             probs = torch.softmax(logits, dim=-1)
             top = top_entries(probs, logits, lambda i: token_label(tok, i))
-            reason = None
-            if n.stopped:
-                reason = "eos" if n.token_id in self.eos_token_ids else "length"
+            reason = None if not n.stopped else "eos" if n.token_id in self.eos_token_ids else "length"
             steps.append(
                 Step(n.step, p - 1 + n.step, int(n.token_id), tok.decode([int(n.token_id)]), logits, probs, top,
                      decoding.entropy(probs), False, 0.0, reason, label=token_label(tok, int(n.token_id)))
@@ -551,12 +547,8 @@ class BeamSearch:
 
     # ------------------------------------------------------------------ the tree
     def _refresh_status(self) -> None:
-        kept = [
-            node if node is not None and bool(self._is_sent_finished[0, j]) else None
-            for j, node in enumerate(self._slot_nodes)
-        ]
         running = [] if self.done else self._row_nodes
-        beam_tree.refresh_status(self.nodes, running, kept, self.num_return_sequences if self.done else 0)
+        beam_tree.refresh_status(self.nodes, running, self._finished_slots(), self.num_return_sequences if self.done else 0)
 
     def tree(self) -> list[BeamNode]:
         """Every token any beam proposed and kept among the K best, as nodes (0 = the prompt)."""

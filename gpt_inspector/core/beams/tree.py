@@ -112,9 +112,16 @@ def _finite(x: float | None) -> float | None:
     return float(x)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # where nodes stand
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a prefix); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def path(nodes: list[BeamNode], node: int) -> list[BeamNode]:
