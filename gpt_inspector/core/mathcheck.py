@@ -119,9 +119,6 @@ class MathCheckReport:
             for i, h in zip(*np.nonzero(bad))
         ]
 
-    def head(self, layer: int, head: int) -> float:
-        return float(self.max_diff[self.layers.index(layer), head])
-
     def summary(self) -> str:
         checked = f"{len(self.layers)} layers x {self.n_heads} heads x {self.n_positions} positions"
         if self.first_position:

@@ -208,10 +208,6 @@ class BeamSearch:
         return self._running_sequences[0, :, : self.cur_len].tolist()
 
     @property
-    def beam_scores(self) -> list[float]:
-        return self._running_beam_scores[0].tolist()
-
-    @property
     def hypotheses(self) -> list[Hypothesis]:
         """The kept finished hypotheses, best first."""
         return [self._hypothesis(j) for j, node in enumerate(self._finished_slots()) if node is not None]

@@ -64,10 +64,6 @@ class Hypothesis:
     sum_logprobs: float
     step: int  # the step it finished at
 
-    @property
-    def generated_length(self) -> int:
-        return self.step + 1
-
 
 @dataclass
 class BeamStep:
