@@ -356,8 +356,7 @@ def _check_shapes(config, source: str) -> None:
         heads = getattr(config, "num_attention_heads", None)
     except Exception:  # an attribute_map pointing nowhere
         return
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads))
-    if not ints:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads)):
         return
     if hidden <= 0 or heads <= 0:
         raise InspectorError(f"{source}: config has hidden size {hidden} and {heads} heads; both must be positive")
@@ -426,13 +425,10 @@ def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_
         return
     if not ram or need <= ram:
         return
-    hint = ""
-    if dtype == torch.float32 and need // 2 <= ram:
-        hint = "; --dtype bfloat16 would halve it"
+    hint = "--dtype bfloat16 would halve it" if dtype == torch.float32 and need // 2 <= ram else "use a smaller model"
     raise InspectorError(
         f"{source}: its config describes about {need / 2**30:.1f} GiB of weights in "
-        f"{str(dtype).removeprefix('torch.')}, more than this machine's {ram / 2**30:.1f} GiB of memory{hint}"
-        + ("" if hint else "; use a smaller model")
+        f"{dt}, more than this machine's {ram / 2**30:.1f} GiB of memory; {hint}"
     )
 
 
@@ -454,10 +450,9 @@ def _check_loading_info(info: dict, source: str) -> None:
 def _check_vocab(model, tokenizer, source: str) -> tuple[str, ...]:
     """A tokenizer with ids past the model's embedding would index out of range: refuse. Fewer: warn."""
     emb = model.get_output_embeddings() or model.get_input_embeddings()
-    rows = int(emb.weight.shape[0]) if emb is not None else None
-    n_tok = len(tokenizer)
-    if rows is None:
+    if emb is None:
         return ()
+    rows, n_tok = int(emb.weight.shape[0]), len(tokenizer)
     if n_tok > rows:
         raise InspectorError(
             f"{source}: the tokenizer has {n_tok} tokens but the model's vocabulary has {rows}; "
@@ -500,12 +495,8 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
     first = layout.attention_layers[0]
     _, n_heads, _, head_dim = rec.q[first].t.shape
     n_kv = rec.k[first].t.shape[1]
-    ctx = None
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
-        val = getattr(cfg, attr, None)
-        if isinstance(val, int) and val > 0:
-            ctx = val
-            break
+    named = (getattr(cfg, attr, None) for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"))
+    ctx = next((v for v in named if isinstance(v, int) and v > 0), None)
     tok_max = getattr(tokenizer, "model_max_length", None)
     if ctx is None and isinstance(tok_max, int) and 0 < tok_max < 10**7:
         ctx = tok_max

@@ -20,10 +20,8 @@ class _Rows:
     the beam's own mask rows where the model masks each row and head differently (position -> (H, T)).
     """
 
-    def __init__(self, q, out, k, v, bias=None, masks=None):
-        self.q, self.out, self.k, self.v = q, out, k, v
-        self.bias = bias if bias is not None else [None] * len(q)
-        self.masks = masks if masks is not None else [{} for _ in q]
+    def __init__(self, q, out, k, v, bias, masks):
+        self.q, self.out, self.k, self.v, self.bias, self.masks = q, out, k, v, bias, masks
 
 
 class BeamView(ModelShape, RunSource):
