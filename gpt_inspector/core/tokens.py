@@ -8,15 +8,9 @@ from functools import lru_cache
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     # GPT-2's byte-level BPE maps every byte to a printable character; invert that table
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def token_bytes(tokenizer, token_id: int) -> bytes | None:

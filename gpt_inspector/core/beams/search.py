@@ -230,11 +230,9 @@ class BeamSearch:
             i = check_index(layer, self.lm.n_layers, "layer")
             # a KV-sharing layer keeps no cache of its own (and may have no slot in it)
             layers = [self.cache.layers[i]] if i < len(self.cache.layers) and self.lm.cache_layer(i) == i else []
-        total = 0
-        for cl in layers:
-            if getattr(cl, "is_initialized", False) and getattr(cl, "keys", None) is not None:
-                total += cl.keys.numel() * cl.keys.element_size() + cl.values.numel() * cl.values.element_size()
-        return total
+        return sum(t.numel() * t.element_size() for cl in layers
+                   if getattr(cl, "is_initialized", False) and getattr(cl, "keys", None) is not None
+                   for t in (cl.keys, cl.values))  # fmt: skip
 
     # ------------------------------------------------------------------ stepping
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
