@@ -2,7 +2,11 @@
 
 from __future__ import annotations
 
+import codecs
 from functools import lru_cache
+
+_HEX_BYTES = "gpt_inspector_hex_bytes"
+codecs.register_error(_HEX_BYTES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end))
 
 
 @lru_cache(maxsize=1)
@@ -33,19 +37,5 @@ def token_label(tokenizer, token_id: int) -> str:
         if piece.startswith("▁"):  # sentencepiece word start
             text = " " + text.lstrip(" ")
     else:
-        parts = []
-        i = 0
-        while i < len(raw):
-            # take the longest valid UTF-8 sequence at i, else show the byte
-            for j in range(min(len(raw), i + 4), i, -1):
-                try:
-                    parts.append(raw[i:j].decode("utf-8"))
-                    i = j
-                    break
-                except UnicodeDecodeError:
-                    continue
-            else:
-                parts.append(f"<0x{raw[i]:02X}>")
-                i += 1
-        text = "".join(parts)
+        text = raw.decode("utf-8", _HEX_BYTES)  # every byte no valid UTF-8 sequence covers as <0xNN>
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"
