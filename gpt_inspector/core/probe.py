@@ -20,6 +20,7 @@ Both cost one pass over the vocabulary per position, so they are opt-in.
 
 from __future__ import annotations
 
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -380,16 +381,17 @@ def probe_cache(
     if not tol > 0:
         raise InspectorError(f"tolerance must be positive, got {tolerance!r}")
     methods = {layer: _method(layer, context, have) for layer in todo}
-    total = sum(_n_forwards(lm, layer, n, m) for layer, m in methods.items())
-    ticker = _Ticker(progress, total)
+    total = max(1, sum(_n_forwards(lm, layer, n, m) for layer, m in methods.items()))
+    done = itertools.count(1)
+    tick = (lambda: None) if progress is None else (lambda: progress(min(next(done), total), total))
     result = ProbeResult(lm.name, lm.vocab_size, n, [], truth)
     for layer in todo:
         t0 = time.perf_counter()
         method = methods[layer]
         if method == "direct":
-            best = _probe_direct(lm, have[layer], n, ticker)
+            best = _probe_direct(lm, have[layer], n, tick)
         else:
-            best = _probe_prefixed(lm, layer, have, n, method, ticker, _edits)
+            best = _probe_prefixed(lm, layer, have, n, method, tick, _edits)
         verdicts = _verdicts(lm, best, tol, truth)
         text = lm.tokenizer.decode([p.token_id for p in verdicts])
         result.layers.append(LayerProbe(layer, method, verdicts, tol, time.perf_counter() - t0, text))
@@ -441,17 +443,7 @@ def _n_forwards(lm: LoadedModel, layer: int, n: int, method: str) -> int:
     return sum(math.ceil(v / _prefix_chunk(lm, layer, p)) for p in range(n))
 
 
-class _Ticker:
-    def __init__(self, cb, total):
-        self.cb, self.total, self.done = cb, max(total, 1), 0
-
-    def tick(self) -> None:
-        self.done += 1
-        if self.cb is not None:
-            self.cb(min(self.done, self.total), self.total)
-
-
-def _probe_direct(lm: LoadedModel, kv: tuple[torch.Tensor, torch.Tensor], n: int, ticker: _Ticker) -> _Best:
+def _probe_direct(lm: LoadedModel, kv: tuple[torch.Tensor, torch.Tensor], n: int, tick: Callable[[], None]) -> _Best:
     """Layer 0: every (candidate, position) pair is an independent one-token sequence."""
     k, v = kv
     target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, 2*Hkv*d)
@@ -468,11 +460,11 @@ def _probe_direct(lm: LoadedModel, kv: tuple[torch.Tensor, torch.Tensor], n: int
             out = _run_to_layer(lm, 0, ids, DynamicCache(config=lm.model.config), pids)  # (G*C, F)
             dist = _distance(out.view(len(pos), len(cand), -1), target[pos][:, None])  # (G, C)
             best.update(pos.cpu(), dist, cand)
-            ticker.tick()
+            tick()
     return best
 
 
-def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, n: int, method: str, ticker: _Ticker, edits) -> _Best:
+def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, n: int, method: str, tick: Callable[[], None], edits) -> _Best:
     """Layer > 0, one position at a time, with a prefix from the cache or from recovered tokens."""
     k, v = have[layer]
     target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, F)
@@ -501,7 +493,7 @@ def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, n: int, method: str
             pids = None if p else torch.zeros((len(cand), 1), dtype=torch.long, device=lm.device)
             out = _run_to_layer(lm, layer, cand[:, None], cache, pids, edits)  # (C, F)
             best.update(row, _distance(out[None], target[p][None, None]), cand)  # (1, C)
-            ticker.tick()
+            tick()
     return best
 
 

@@ -34,6 +34,7 @@ FORMAT_V1 = "gpt-inspector-trace/1"
 KINDS = STAGES
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _MAX_JSON = 64 << 20  # bytes of one metadata value; larger is not a trace we wrote
+_SHAPE = ("n_layers", "n_heads", "n_kv_heads", "head_dim", "context_length", "vocab_size")  # ints >= 1
 
 
 def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False) -> Path:
@@ -195,13 +196,9 @@ class Trace(RunSource):
         self._t = tensors
         self.meta = meta
         shape = meta["shape"]
-        self.n_layers: int = shape["n_layers"]
-        self.n_heads: int = shape["n_heads"]
-        self.n_kv_heads: int = shape["n_kv_heads"]
-        self.head_dim: int = shape["head_dim"]
+        for key in _SHAPE:  # n_layers, n_heads, ...: validated ints
+            setattr(self, key, shape[key])
         self.kv_layout = meta.get("kv_layout")  # a KVLayout (validated), or None: an ordinary per-head cache
-        self.context_length: int = shape["context_length"]
-        self.vocab_size: int = shape["vocab_size"]
         self.cache_dtype: str = shape.get("cache_dtype", "float32") if shape.get("cache_dtype") in _ITEMSIZE else "float32"
         self.model_name: str = meta["model"]
         self.prompt: str = meta["prompt"]
@@ -407,7 +404,7 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     out["seed"] = _int(name, meta, "seed")
     out["prompt_length"] = _int(name, meta, "prompt_length")
     shape = _json(name, meta, "shape", dict)
-    for key in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "context_length", "vocab_size"):
+    for key in _SHAPE:
         v = shape.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InspectorError(f"{name}: shape field {key!r} is missing or not a positive integer")
@@ -427,18 +424,13 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
         raise InspectorError(f"{name}: implausible shape {shape}")
     out["shape"] = shape
     out["decoding"] = _json(name, meta, "decoding", dict)
-    edits = [MaskEdit.from_json(e) if isinstance(e, dict) else _bad(name, "mask_edits")
-             for e in _json(name, meta, "mask_edits", list)]  # fmt: skip
-    for e in edits:
-        if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
-            raise InspectorError(f"{name}: mask edit {e.to_json()} is outside the model's layers or heads")
-    out["mask_edits"] = [e.to_json() for e in edits]
-    heads = [HeadEdit.from_json(e) if isinstance(e, dict) else _bad(name, "head_edits")
-             for e in (_json(name, meta, "head_edits", list) if "head_edits" in meta else [])]  # fmt: skip
-    for e in heads:
-        if not 0 <= e.layer < L or (e.head is not None and not 0 <= e.head < H):
-            raise InspectorError(f"{name}: head edit {e.to_json()} is outside the model's layers or heads")
-    out["head_edits"] = [e.to_json() for e in heads]
+    for key, cls, what in (("mask_edits", MaskEdit, "mask edit"), ("head_edits", HeadEdit, "head edit")):
+        raw = _json(name, meta, key, list) if key in meta or key == "mask_edits" else []  # older files: no head edits
+        edits = [cls.from_json(e) if isinstance(e, dict) else _bad(name, key) for e in raw]
+        for e in edits:  # a mask edit's layer may be None (every layer), a head edit's never is
+            if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
+                raise InspectorError(f"{name}: {what} {e.to_json()} is outside the model's layers or heads")
+        out[key] = [e.to_json() for e in edits]
     labels = _json(name, meta, "token_labels", list)
     steps = _json(name, meta, "steps", list)
     scaling = _json(name, meta, "scaling", list)
