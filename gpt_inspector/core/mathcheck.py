@@ -290,6 +290,7 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
     max_diff = np.zeros((len(layers), n_heads))
     worst = np.zeros((len(layers), n_heads), dtype=np.int64)
     tol = np.zeros((len(layers), n_heads))
+    start = source.head_outputs_from  # rows before it were never kept: nothing to compare
     for i, layer in enumerate(layers):
         q, k, v = source.qkv(layer)
         kh = k.astype(np.float64)[kv_map]  # (H, T, d)
@@ -297,7 +298,6 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
         _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer),
                          _sink(source, layer), _bias(source, layer, 0, t))  # fmt: skip
-        start = source.head_outputs_from  # rows before it were never kept: nothing to compare
         model = source.attention_output(layer)[:, start:].astype(np.float64)  # (H, T - start, d)
         with np.errstate(invalid="ignore"):
             diff = np.abs(out[:, start:] - model).max(axis=-1)  # (H, T - start)
@@ -307,7 +307,6 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         worst[i] = start + diff.argmax(axis=1)
         max_diff[i] = diff.max(axis=1)
         tol[i] = _tolerance(source, vh[:, :t], tolerance)
-    start = source.head_outputs_from
     return MathCheckReport(layers, n_heads, t - start, max_diff, worst, tol, first_position=start)
 
 

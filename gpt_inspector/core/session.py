@@ -364,12 +364,6 @@ class Session(EditingMixin, ModelShape, RunSource):
         return self.recorder.nbytes()
 
     # ------------------------------------------------------------------ persistence
-    def save_trace(self, path, derived: bool = False):
-        """Write the run to a trace file (see docs/trace-format.md); ``derived`` adds the matrices."""
-        from .trace import save_trace
-
-        return save_trace(self, path, derived=derived)
-
     def recipe(self) -> dict:
         """Everything needed to replay this session exactly (JSON-safe).
 

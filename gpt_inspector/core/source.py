@@ -76,6 +76,12 @@ class RunSource:
     def token_labels(self, ids=None) -> list[str]:
         return [self.label(int(i)) for i in (self.tokens if ids is None else ids)]
 
+    def save_trace(self, path, derived: bool = False):
+        """Write the run to a trace file (see docs/trace-format.md); ``derived`` adds the matrices."""
+        from .trace import save_trace
+
+        return save_trace(self, path, derived=derived)
+
     def kv_head_of(self, head: int) -> int:
         return eq.kv_head_of(head, self.n_heads, self.n_kv_heads)
 

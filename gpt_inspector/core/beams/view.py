@@ -99,8 +99,3 @@ class BeamView(ModelShape, RunSource):
             return 0
         r = self._rows
         return sum(t.numel() * t.element_size() for t in (*r.q, *r.out))
-
-    def save_trace(self, path, derived: bool = False):
-        from ..trace import save_trace
-
-        return save_trace(self, path, derived=derived)
