@@ -39,9 +39,8 @@ def validate(temperature, top_k, top_p) -> None:
         raise InspectorError(f"temperature must be a number, got {temperature!r}") from None
     if math.isnan(t) or t < 0 or math.isinf(t):
         raise InspectorError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise InspectorError(f"top_k must be an integer >= 1, got {top_k!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise InspectorError(f"top_k must be an integer >= 1, got {top_k!r}")
     if top_p is not None:
         try:
             p = float(top_p)

@@ -20,6 +20,7 @@ Both cost one pass over the vocabulary per position, so they are opt-in.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import math
 import time
@@ -226,11 +227,8 @@ def _run_to_layer(
     if edits is not None:
         grab.edits = edits  # lower layers must attend exactly as they did when the cache was filled
     kwargs = {} if position_ids is None else {"position_ids": position_ids}
-    try:
-        with torch.inference_mode(), grab.active():
-            lm.model(input_ids=ids, past_key_values=cache, use_cache=True, **kwargs)
-    except _Stop:
-        pass
+    with contextlib.suppress(_Stop), torch.inference_mode(), grab.active():
+        lm.model(input_ids=ids, past_key_values=cache, use_cache=True, **kwargs)
     if grab.kv is None:
         raise InspectorError(f"layer {layer} of {lm.name} never reached the attention function; cannot probe it")
     return grab.kv

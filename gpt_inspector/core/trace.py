@@ -13,6 +13,7 @@ reads a tensor: a corrupt or foreign file raises ``InspectorError`` and nothing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -169,10 +170,8 @@ def _write_atomically(path: Path, write) -> None:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temp file, not the trace
         os.replace(tmp, path)
     except BaseException as e:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(e, OSError):
             raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
         if isinstance(e, Exception):  # safetensors reports some I/O failures as its own error type
