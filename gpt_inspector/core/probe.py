@@ -386,10 +386,13 @@ def probe_cache(
     for layer in todo:
         t0 = time.perf_counter()
         method = methods[layer]
+        k, v = have[layer]
+        target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, 2*Hkv*d)
+        target = target.to(lm.device, torch.float32)
         if method == "direct":
-            best = _probe_direct(lm, have[layer], n, tick)
+            best = _probe_direct(lm, target, n, tick)
         else:
-            best = _probe_prefixed(lm, layer, have, n, method, tick, _edits)
+            best = _probe_prefixed(lm, layer, have, target, n, method, tick, _edits)
         verdicts = _verdicts(lm, best, tol, truth)
         text = lm.tokenizer.decode([p.token_id for p in verdicts])
         result.layers.append(LayerProbe(layer, method, verdicts, tol, time.perf_counter() - t0, text))
@@ -441,11 +444,8 @@ def _n_forwards(lm: LoadedModel, layer: int, n: int, method: str) -> int:
     return sum(math.ceil(v / _prefix_chunk(lm, layer, p)) for p in range(n))
 
 
-def _probe_direct(lm: LoadedModel, kv: tuple[torch.Tensor, torch.Tensor], n: int, tick: Callable[[], None]) -> _Best:
-    """Layer 0: every (candidate, position) pair is an independent one-token sequence."""
-    k, v = kv
-    target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, 2*Hkv*d)
-    target = target.to(lm.device, torch.float32)
+def _probe_direct(lm: LoadedModel, target: torch.Tensor, n: int, tick: Callable[[], None]) -> _Best:
+    """Layer 0: every (candidate, position) pair is an independent one-token sequence; target (T, F)."""
     best = _Best(n)
     c = _vocab_chunk(lm)
     g = max(1, _ROWS // c)  # positions per forward when the whole vocabulary fits in one chunk
@@ -462,11 +462,9 @@ def _probe_direct(lm: LoadedModel, kv: tuple[torch.Tensor, torch.Tensor], n: int
     return best
 
 
-def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, n: int, method: str, tick: Callable[[], None], edits) -> _Best:
+def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tensor, n: int, method: str,
+                    tick: Callable[[], None], edits) -> _Best:  # fmt: skip
     """Layer > 0, one position at a time, with a prefix from the cache or from recovered tokens."""
-    k, v = have[layer]
-    target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, F)
-    target = target.to(lm.device, torch.float32)
     best = _Best(n)
     cfg = lm.model.config
     running = DynamicCache(config=cfg)  # greedy: the recovered prefix, grown one token at a time
