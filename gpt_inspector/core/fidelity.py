@@ -81,9 +81,7 @@ def _gap(ours: torch.Tensor, ref: torch.Tensor, dtype) -> tuple[float, int, floa
     diff = (ours - ref).abs().amax(-1)  # (P,)
     pos = int(diff.argmax())
     tol = _RTOL.get(dtype, 1e-4) * max(float(ref.abs().max()), 1.0)
-    if not torch.isfinite(diff).all():
-        return float("inf"), pos, tol
-    return float(diff[pos]), pos, tol
+    return (float(diff[pos]) if torch.isfinite(diff).all() else float("inf")), pos, tol
 
 
 def fidelity_gap(lm) -> tuple[float, int, float]:

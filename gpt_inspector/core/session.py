@@ -113,11 +113,11 @@ class Session(EditingMixin, ModelShape, RunSource):
             self._emit("fault", e.__cause__)
             raise
 
-    def _make_step(self, index: int, logits: torch.Tensor, token: int | None, forced: bool, t: float) -> Step:
+    def _make_step(self, logits: torch.Tensor, seconds: float) -> Step:
+        index = self.n_steps
         rng = self.generator.get_state()
-        if token is None:
-            token = decoding.choose(logits, self.decoding, self.generator)
-        s = Step(index, len(self.prompt_ids) - 1 + index, token, "", logits, logits, [], 0.0, forced, t, None, rng)
+        token = decoding.choose(logits, self.decoding, self.generator)
+        s = Step(index, len(self.prompt_ids) - 1 + index, token, "", logits, logits, [], 0.0, False, seconds, None, rng)
         self._refresh(s)
         return s
 
@@ -165,7 +165,7 @@ class Session(EditingMixin, ModelShape, RunSource):
         """Choose from ``logits`` (V,) of the forward that fed ``next_input`` (its cache and records
         already hold it) and make it the step. If this raises before the step is committed
         (``n_steps`` unchanged), the caller undoes the forward (``undo_forward``)."""
-        s = self._make_step(self.n_steps, logits, None, False, seconds)
+        s = self._make_step(logits, seconds)
         with interrupts_deferred():  # all of the commit or none of it
             self.steps_done.append(s)
             self.tokens.append(s.token_id)
