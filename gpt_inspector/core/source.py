@@ -107,26 +107,24 @@ class RunSource:
             raise InspectorError("nothing processed yet: run a step first")
         return t
 
+    def _checked(self, layer) -> tuple[int, int]:
+        """(``layer`` checked as an attention layer, the processed positions: refused while there are none)."""
+        return self.check_attention_layer(layer), self.require_positions()
+
     # ------------------------------------------------------------------ primitives, checked
     # zero-copy views for front ends that must stay fast at long contexts; read them on the
     # thread that changes the source, and only until its next change (do not modify)
     def queries(self, layer: int) -> torch.Tensor:
         """q of every processed position as attention received it, (H, T, d)."""
-        layer = self.check_attention_layer(layer)
-        self.require_positions()
-        return self._queries(layer)
+        return self._queries(self._checked(layer)[0])
 
     def keys(self, layer: int) -> torch.Tensor:
         """The cached keys, (H_kv, T, d)."""
-        layer = self.check_attention_layer(layer)
-        self.require_positions()
-        return self._keys(layer)
+        return self._keys(self._checked(layer)[0])
 
     def values(self, layer: int) -> torch.Tensor:
         """The cached values, (H_kv, T, d)."""
-        layer = self.check_attention_layer(layer)
-        self.require_positions()
-        return self._values(layer)
+        return self._values(self._checked(layer)[0])
 
     def head_outputs(self, layer: int) -> torch.Tensor:
         """The attention output per head, (H, T, d), before the output projection.
@@ -135,8 +133,7 @@ class RunSource:
         them (one forward of the prompt, on the first call after a change); elsewhere they are NaN,
         never a made-up number.
         """
-        layer = self.check_attention_layer(layer)
-        t = self.require_positions()
+        layer, t = self._checked(layer)
         kept = self._head_outputs(layer)  # (H, T - start, d)
         start = self.head_output_start
         if start == 0:
@@ -164,8 +161,7 @@ class RunSource:
 
     def head_output_row(self, layer: int, position: int) -> torch.Tensor:
         """(H, d) the head outputs of one position (NaN where the source cannot give them)."""
-        layer = self.check_attention_layer(layer)
-        t = self.require_positions()
+        layer, t = self._checked(layer)
         if not 0 <= position < t:
             raise InspectorError(f"position must lie in [0, {t}), got {position}")
         return self._head_output_row(layer, position)
@@ -175,9 +171,7 @@ class RunSource:
 
     def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
         """(start, (H, T - start, d)): the head outputs the source holds, from position ``start`` on."""
-        layer = self.check_attention_layer(layer)
-        self.require_positions()
-        return self.head_output_start, self._head_outputs(layer)
+        return self.head_output_start, self._head_outputs(self._checked(layer)[0])
 
     def scaling(self, layer: int) -> float:
         return float(self._scaling[self.check_attention_layer(layer)])
@@ -356,7 +350,7 @@ class RunSource:
         if t == 0:
             return 0
         layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
-        policy = getattr(getattr(self, "recorder", None), "kv_policy", None)
+        policy = self.kv_policy
         if policy is not None:  # a KV cache lab run: what the policy's cache would hold, not the simulation's
             return sum(policy.cache_bytes(i, t) for i in layers)
         lay = self.kv_layout

@@ -48,7 +48,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
     t = source.cache_length
     if t == 0:
         raise InspectorError("nothing to save: run a step first")
-    if getattr(getattr(source, "recorder", None), "kv_policy", None) is not None:
+    if source.kv_policy is not None:
         # the format has no place for a policy's evictions: a reader would attend to evicted entries
         raise InspectorError("a KV cache lab run cannot be saved as a trace yet; save the reference run instead")
     L = source.n_layers
