@@ -123,15 +123,9 @@ class Session(EditingMixin, ModelShape, RunSource):
 
     def _refresh(self, s: Step) -> None:
         s.refresh(self.decoding, self.label, lambda i: self.lm.tokenizer.decode([i]))
-        s.finish_reason = self._finish_reason(s)
-
-    def _finish_reason(self, s: Step) -> str | None:
-        if s.token_id in self.lm.eos_token_ids:
-            return "eos"
         # the chosen token is fed next, at position P + index; it must fit in the context
-        if len(self.prompt_ids) + s.index + 1 > self.lm.context_length:
-            return "context"
-        return None
+        full = len(self.prompt_ids) + s.index + 1 > self.lm.context_length
+        s.finish_reason = "eos" if s.token_id in self.lm.eos_token_ids else "context" if full else None
 
     def step(self) -> Step:
         """Feed one new token (the whole prompt at step 0) and choose the next one."""
@@ -214,7 +208,9 @@ class Session(EditingMixin, ModelShape, RunSource):
 
     def force_token(self, token_id: int) -> Step:
         """Replace the current step's choice: the generation branches from here."""
-        s = self._require_step()
+        if not self.steps_done:
+            raise InspectorError("no step yet: run a step first")
+        s = self.steps_done[-1]
         s.token_id = check_index(token_id, self.lm.vocab_size, "token id")
         s.forced = True
         self._refresh(s)
@@ -223,11 +219,6 @@ class Session(EditingMixin, ModelShape, RunSource):
         self._ops.append({"op": "force", "token_id": s.token_id})
         self._emit("force", s)
         return s
-
-    def _require_step(self) -> Step:
-        if not self.steps_done:
-            raise InspectorError("no step yet: run a step first")
-        return self.steps_done[-1]
 
     # ------------------------------------------------------------------ decoding, live
     _UNSET = object()
