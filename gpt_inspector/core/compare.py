@@ -18,7 +18,6 @@ from .beams import tree as beam_tree
 from .errors import InspectorError
 from .models import LoadedModel
 from .session import Session
-from .tokens import token_label
 
 
 class Decoded(TypedDict, total=False):
@@ -102,12 +101,10 @@ class Comparison:
 
 
 def _session_output(s: Session, greedy_ids: list[int] | None) -> Decoded:
-    tok = s.lm.tokenizer
-    gen = s.tokens[len(s.prompt_ids) :]
     out: Decoded = {
         "token_ids": list(s.tokens),
         "text": s.text,
-        "tokens": [token_label(tok, t) for t in gen],
+        "tokens": s.token_labels(s.tokens[len(s.prompt_ids) :]),
         "probs": [float(st.prob) for st in s.steps_done],
         "finish_reason": s.finished,
     }
