@@ -3,6 +3,7 @@ affected position with the chosen tokens kept, and roll back completely on any f
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -89,9 +90,7 @@ class EditingMixin:
             else:
                 blocked.pop(e.scope(), None)
         new_cells, compiled = compile_edits(blocked.values(), self.lm.n_layers, self.lm.n_heads)
-        rows: dict[tuple[int, int, int], int] = {}
-        for l, h, i, _ in new_cells:
-            rows[(l, h, i)] = rows.get((l, h, i), 0) + 1
+        rows = Counter((l, h, i) for l, h, i, _ in new_cells)  # blocked keys per query row
         for (l, h, i), n in rows.items():
             if n >= i + 1:
                 raise InspectorError(
