@@ -188,8 +188,6 @@ def _umask() -> int:
 class Trace(RunSource):
     """A saved run, read-only, with every accessor of a live Session; no model needed."""
 
-    read_only = True
-
     def __init__(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict):
         self.path = path
         self._t = tensors

@@ -30,8 +30,6 @@ class BeamView(ModelShape, RunSource):
     A view is a snapshot: it keeps showing the beam as it was when the view was made.
     """
 
-    read_only = True
-
     def __init__(self, search: BeamSearch, rows: _Rows | None, length: int, tokens: list[int], node: int, label: str):
         self._search = search
         self.lm: LoadedModel = search.lm
