@@ -76,7 +76,7 @@ def length_penalty(v, context_length: int) -> float:
 def beams(lm, num_beams, total_length: int) -> int:
     """A beam count whose KV cache and records fit in memory (an estimate, refused before allocating)."""
     n = integer("num_beams", num_beams, 1)
-    itemsize = torch_itemsize(lm.dtype)
+    itemsize = getattr(lm.dtype, "itemsize", 4)  # a dtype without one: assume float32
     # per beam and position: K and V per KV head, our q and head-output records per query head
     per_token = lm.n_layers * lm.head_dim * (2 * lm.n_kv_heads + 2 * lm.n_heads) * itemsize
     need = n * (total_length * per_token + 4 * lm.vocab_size * 2)  # + the step's logits and scores
@@ -88,13 +88,6 @@ def beams(lm, num_beams, total_length: int) -> int:
             f"{ram / 2**30:.1f} GiB; use at most about {most} beams or a shorter length"
         )
     return n
-
-
-def torch_itemsize(dtype) -> int:
-    try:
-        return dtype.itemsize
-    except AttributeError:
-        return 4
 
 
 def early_stopping(v) -> bool | str:
