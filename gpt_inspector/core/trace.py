@@ -107,11 +107,8 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "sinks": json.dumps([None if source.sink(layer) is None else source.sink(layer).tolist() for layer in range(L)]),
         "score_bias": json.dumps([_bias_meta(source.score_bias(layer)) for layer in range(L)]),
         "unverified": source.unverified or "",
-        "shape": json.dumps(
-            {"n_layers": L, "n_heads": source.n_heads, "n_kv_heads": source.n_kv_heads, "head_dim": source.head_dim,
-             "context_length": source.context_length, "vocab_size": source.vocab_size,
-             "cache_dtype": source.cache_dtype, **_value_head_dim(source)}
-        ),
+        "shape": json.dumps({**{k: getattr(source, k) for k in _SHAPE}, "cache_dtype": source.cache_dtype,
+                             **_value_head_dim(source)}),
         # what the model's cache held per layer (a latent, shared layers): kv_cache_bytes as it really was
         **({} if source.kv_layout is None else {"kv_layout": json.dumps(source.kv_layout.to_json())}),
         "finished": source.finished or "",
