@@ -25,14 +25,9 @@ import torch
 from .stages import KINDS, STAGE_TITLES, STAGES, check_stage  # noqa: F401  (the vocabulary, re-exported)
 
 
-def kv_group(n_heads: int, n_kv_heads: int) -> int:
-    """Query heads per KV head (1 for multi-head attention)."""
-    return n_heads // n_kv_heads
-
-
 def kv_head_of(head: int, n_heads: int, n_kv_heads: int) -> int:
     """The KV head that query head ``head`` reads (grouped-query attention: consecutive groups)."""
-    return head // kv_group(n_heads, n_kv_heads)
+    return head // (n_heads // n_kv_heads)
 
 
 def expand_kv(x: torch.Tensor, n_heads: int) -> torch.Tensor:

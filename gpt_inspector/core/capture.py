@@ -148,10 +148,7 @@ class Recorder:
         self.bias_form = list(saved["bias_form"])
 
     def nbytes(self) -> int:
-        total = sum(b.nbytes(max(0, self.length - self.out_from)) for b in self.out)
-        for bufs in (self.q, self.k or [], self.v or [], self.bias_ref, self.bias_rows):
-            total += sum(b.nbytes(self.length) for b in bufs)
-        return total
+        return sum(b.nbytes(max(0, self.length - first)) for b, first in self._by_position())
 
     def score_bias(self, layer: int, length: int, row: int = 0) -> eq.ScoreBias | None:
         """Layer ``layer``'s additive score bias over positions 0..length of batch row ``row``, or None."""

@@ -13,12 +13,11 @@ from dataclasses import dataclass, field
 from typing import TypedDict
 
 from . import decoding, validate
-from .beams import BeamSearch, BeamView
+from .beams import BeamSearch, BeamView, first_difference
 from .beams import tree as beam_tree
 from .errors import InspectorError
 from .models import LoadedModel
 from .session import Session
-from .tokens import token_label
 
 
 class Decoded(TypedDict, total=False):
@@ -101,21 +100,11 @@ class Comparison:
         return copy.deepcopy(out)
 
 
-def first_difference(a: list[int], b: list[int]) -> int | None:
-    """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a prefix); None if equal."""
-    for i, (x, y) in enumerate(zip(a, b)):
-        if x != y:
-            return i
-    return None if len(a) == len(b) else min(len(a), len(b))
-
-
 def _session_output(s: Session, greedy_ids: list[int] | None) -> Decoded:
-    tok = s.lm.tokenizer
-    gen = s.tokens[len(s.prompt_ids) :]
     out: Decoded = {
         "token_ids": list(s.tokens),
         "text": s.text,
-        "tokens": [token_label(tok, t) for t in gen],
+        "tokens": s.token_labels(s.tokens[len(s.prompt_ids) :]),
         "probs": [float(st.prob) for st in s.steps_done],
         "finish_reason": s.finished,
     }
@@ -161,15 +150,15 @@ def compare(
     p = len(search.prompt_ids)
     new_tokens = search.max_length - p
 
-    greedy = Session(lm, prompt_ids=search.prompt_ids, temperature=0.0)
-    for st in greedy.steps(new_tokens):
-        if progress:
-            progress("greedy", st.index)
-    greedy_ids = list(greedy.tokens)
+    def run(what: str, steps) -> None:
+        for st in steps:
+            if progress:
+                progress(what, st.index)
 
-    for st in search.steps():
-        if progress:
-            progress("beams", st.index)
+    greedy = Session(lm, prompt_ids=search.prompt_ids, temperature=0.0)
+    run("greedy", greedy.steps(new_tokens))
+    greedy_ids = list(greedy.tokens)
+    run("beams", search.steps())
     res = search.result()
     tok = lm.tokenizer
     beams: list[BeamOutput] = []
@@ -194,9 +183,7 @@ def compare(
     sampled: Decoded | None = None
     if sample:
         s = Session(lm, prompt_ids=search.prompt_ids, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
-        for st in s.steps(new_tokens):
-            if progress:
-                progress("sample", st.index)
+        run("sample", s.steps(new_tokens))
         sampled = _session_output(s, greedy_ids)
         sampled.update({"seed": seed, "temperature": float(temperature), "top_k": top_k, "top_p": top_p})
 

@@ -1,4 +1,4 @@
-"""Turn logits into a next-token distribution the way transformers' logits warpers do.
+"""Turn logits into a next-token distribution with transformers' own logits warpers.
 
 Order as in ``generate``: temperature, then top-k, then top-p. Temperature 0 means greedy: the
 token is the argmax, and the distribution shown is the untempered softmax (a one-hot bar would
@@ -39,9 +39,8 @@ def validate(temperature, top_k, top_p) -> None:
         raise InspectorError(f"temperature must be a number, got {temperature!r}") from None
     if math.isnan(t) or t < 0 or math.isinf(t):
         raise InspectorError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
-    if top_k is not None:
-        if isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1:
-            raise InspectorError(f"top_k must be an integer >= 1, got {top_k!r}")
+    if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
+        raise InspectorError(f"top_k must be an integer >= 1, got {top_k!r}")
     if top_p is not None:
         try:
             p = float(top_p)
@@ -53,22 +52,18 @@ def validate(temperature, top_k, top_p) -> None:
 
 def warp(logits: torch.Tensor, dec: Decoding) -> torch.Tensor:
     """Filtered, tempered scores (-inf for removed tokens). logits: (V,) float32."""
-    scores = logits.float()
+    # imported here: the argument checks above run before any model load and need no transformers
+    from transformers.generation import logits_process as lp
+
+    scores = logits.float()[None]  # (1, V): the warpers take a batch
     if not dec.greedy and dec.temperature != 1.0:
-        scores = scores / dec.temperature
+        scores = lp.TemperatureLogitsWarper(float(dec.temperature))(None, scores)
     if dec.top_k is not None:
-        k = min(dec.top_k, scores.shape[-1])
-        kth = torch.topk(scores, k).values[-1]
-        scores = scores.masked_fill(scores < kth, -math.inf)
+        scores = lp.TopKLogitsWarper(dec.top_k)(None, scores)
     if dec.top_p is not None and dec.top_p < 1.0:
-        # HF TopPLogitsWarper: drop the low tail whose mass is <= 1 - top_p, keep at least one
-        sorted_scores, idx = torch.sort(scores, descending=False)
-        cum = sorted_scores.softmax(dim=-1).cumsum(dim=-1)
-        remove_sorted = cum <= (1 - dec.top_p)
-        remove_sorted[-1] = False
-        remove = remove_sorted.scatter(0, idx, remove_sorted)
-        scores = scores.masked_fill(remove, -math.inf)
-    return scores
+        # drops the low tail whose mass is <= 1 - top_p, keeps at least one
+        scores = lp.TopPLogitsWarper(float(dec.top_p))(None, scores)
+    return scores[0]
 
 
 def distribution(logits: torch.Tensor, dec: Decoding) -> torch.Tensor:

@@ -160,24 +160,23 @@ def allowed_rows(
     pos = torch.arange(p0, p1)
     base = torch.arange(t)[None, :] <= pos[:, None]  # (n, T) causal
     rows = [(p, row[0] if row.dim() == 3 else row) for p, row in mask_rows.items() if p0 <= p < p1]
-    if any(row.dim() == 2 for _, row in rows):
+    per_head = any(row.dim() == 2 for _, row in rows)
+    if per_head:
         base = base.unsqueeze(0).expand(n_heads, -1, -1).clone()  # (H, n, T)
-        for p, row in rows:
-            n = min(row.shape[-1], t)  # a row is as long as the keys of its own forward
-            base[:, p - p0, :n] = row[..., :n]
+    for p, row in rows:
+        # a row is as long as the keys of its own forward; later keys are future ones
+        n = min(row.shape[-1], t)
+        base[..., p - p0, :n] = row[..., :n]
+    if per_head:
         allowed = base if head is None else base[head].clone()
     else:
-        for p, row in rows:
-            # a row is as long as the keys of its own forward; later keys are future ones
-            n = min(row.shape[0], t)
-            base[p - p0, :n] = row[:n]
         allowed = base if head is not None else base.unsqueeze(0).expand(n_heads, -1, -1).clone()
-    if edits is not None and layer in edits.heads:
-        h, i, j = edits.heads[layer], edits.rows[layer], edits.cols[layer]
-        sel = (i >= p0) & (i < p1) & (j < t)
+    cells = None if edits is None else edits._cells(layer, p0, p1 - p0, t)
+    if cells is not None:
+        h, i, j = cells
         if head is not None:
-            sel &= h == head
+            sel = h == head
             allowed[i[sel] - p0, j[sel]] = False
         else:
-            allowed[h[sel], i[sel] - p0, j[sel]] = False
+            allowed[h, i - p0, j] = False
     return allowed

@@ -60,11 +60,6 @@ def check_supported(config, source: str) -> None:
         raise InspectorError(f"{source} ({mt}) is not supported: {REFUSED[mt]}")
 
 
-def _probe_ids(vocab: int, device) -> torch.Tensor:
-    # spread over the vocabulary (1..vocab-1) so no special token dominates the probe
-    return ((torch.arange(1, PROBE_LENGTH + 1) * 7919) % max(vocab - 1, 1) + 1).to(device)[None]  # (1, P)
-
-
 def _stepped(model, ids: torch.Tensor, cache) -> torch.Tensor:
     """Logits (P, V) float32 of a prefill of all but ``STEPPED`` positions, then one token at a time."""
     from .forward import position_kwargs
@@ -81,9 +76,7 @@ def _gap(ours: torch.Tensor, ref: torch.Tensor, dtype) -> tuple[float, int, floa
     diff = (ours - ref).abs().amax(-1)  # (P,)
     pos = int(diff.argmax())
     tol = _RTOL.get(dtype, 1e-4) * max(float(ref.abs().max()), 1.0)
-    if not torch.isfinite(diff).all():
-        return float("inf"), pos, tol
-    return float(diff[pos]), pos, tol
+    return (float(diff[pos]) if torch.isfinite(diff).all() else float("inf")), pos, tol
 
 
 def fidelity_gap(lm) -> tuple[float, int, float]:
@@ -98,7 +91,8 @@ def fidelity_gap(lm) -> tuple[float, int, float]:
     from transformers import DynamicCache
 
     model = lm.model
-    ids = _probe_ids(lm.vocab_size, lm.device)  # (1, P)
+    # spread over the vocabulary (1..vocab-1) so no special token dominates the probe
+    ids = ((torch.arange(1, PROBE_LENGTH + 1) * 7919) % max(lm.vocab_size - 1, 1) + 1).to(lm.device)[None]  # (1, P)
     with torch.inference_mode():
         ours = _stepped(model, ids, lm.new_cache())  # (P, V); hybrids: the model's own state-space layers
         try:

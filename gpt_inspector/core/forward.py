@@ -89,14 +89,10 @@ def interrupts_deferred():
 
     Only the main thread receives SIGINT, and only it may install handlers; elsewhere this is a no-op.
     """
-    if threading.current_thread() is not threading.main_thread():
-        yield
-        return
-    try:
-        previous = signal.getsignal(signal.SIGINT)
-    except (ValueError, OSError):
-        yield
-        return
+    previous = None
+    if threading.current_thread() is threading.main_thread():
+        with contextlib.suppress(ValueError, OSError):
+            previous = signal.getsignal(signal.SIGINT)
     if previous is None or not callable(previous):  # SIG_IGN/SIG_DFL or a non-Python handler: nothing to defer
         yield
         return

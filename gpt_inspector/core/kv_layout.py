@@ -207,8 +207,7 @@ def read_layout(rec, cache, n_layers: int, length: int, own_cache: bool) -> KVLa
         if rec.calls[i] == 0:
             layers.append(None)
             continue
-        t = length
-        k, v = rec.k[i].view(t), rec.v[i].view(t)  # (B, H, T, d) as attention received them
+        k, v = rec.k[i].view(length), rec.v[i].view(length)  # (B, H, T, d) as attention received them
         reads = None
         # itself first: a layer that owns its cache reads it; only then another layer's (sharing)
         for j in [i] + [j for j in range(len(held)) if j != i]:

@@ -148,11 +148,10 @@ def _residuals(session) -> torch.Tensor:
     rec = session.recorder
     store = getattr(rec, "residual", {})
     L = lm.n_layers
-    if len(store) == L and getattr(rec, "residual_length", None) == session.cache_length:
-        return torch.stack([store[i][0] for i in range(L)])  # (L, D)
-    # recompute the current position from scratch, with the session's mask and head edits
-    scratch = capture.scratch_forward(lm, session.tokens[: session.cache_length], like=rec)
-    return torch.stack([scratch.residual[i][0] for i in range(L)])  # (L, D)
+    if len(store) != L or getattr(rec, "residual_length", None) != session.cache_length:
+        # recompute the current position from scratch, with the session's mask and head edits
+        store = capture.scratch_forward(lm, session.tokens[: session.cache_length], like=rec).residual
+    return torch.stack([store[i][0] for i in range(L)])  # (L, D)
 
 
 def _attn_out_norm(layer: torch.nn.Module) -> torch.nn.Module | None:

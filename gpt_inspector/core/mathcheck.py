@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .errors import InspectorError
+from .errors import InspectorError, check_index
 
 FORMULA = "out = softmax(q · Kᵀ × scaling + mask) · V"
 
@@ -119,9 +119,6 @@ class MathCheckReport:
             for i, h in zip(*np.nonzero(bad))
         ]
 
-    def head(self, layer: int, head: int) -> float:
-        return float(self.max_diff[self.layers.index(layer), head])
-
     def summary(self) -> str:
         checked = f"{len(self.layers)} layers x {self.n_heads} heads x {self.n_positions} positions"
         if self.first_position:
@@ -168,10 +165,6 @@ def _num(x: float) -> float | None:
 # ---------------------------------------------------------------------- the source
 
 
-def _dtype_name(source) -> str:
-    return source.cache_dtype
-
-
 def _kv_map(source) -> np.ndarray:
     return np.array([source.kv_head_of(h) for h in range(source.n_heads)])  # (H,) query head -> KV head
 
@@ -180,7 +173,7 @@ def _tolerance(source, v_heads: np.ndarray, tolerance: float | None) -> np.ndarr
     """Per query head; v_heads (H, T, d) the values each head reads."""
     if tolerance is not None:
         return np.full(v_heads.shape[0], float(tolerance))
-    rtol = _RTOL.get(_dtype_name(source), _RTOL["float16"])
+    rtol = _RTOL.get(source.cache_dtype, _RTOL["float16"])
     # finite values only: an inf in V must not make the tolerance infinite and everything "match"
     mag = np.where(np.isfinite(v_heads), np.abs(v_heads), 0.0)
     scale = mag.reshape(v_heads.shape[0], -1).max(axis=1)  # (H,)
@@ -250,9 +243,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
     t = source.require_positions()
     if position is None:
         position = t - 1
-    if isinstance(position, bool) or not isinstance(position, (int, np.integer)) or not 0 <= position < t:
-        raise InspectorError(f"position must be in [0, {t}), got {position!r}")
-    position = int(position)
+    position = check_index(position, t, "position")
     start = source.head_outputs_from
     if position < start:
         raise InspectorError(
@@ -299,6 +290,7 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
     max_diff = np.zeros((len(layers), n_heads))
     worst = np.zeros((len(layers), n_heads), dtype=np.int64)
     tol = np.zeros((len(layers), n_heads))
+    start = source.head_outputs_from  # rows before it were never kept: nothing to compare
     for i, layer in enumerate(layers):
         q, k, v = source.qkv(layer)
         kh = k.astype(np.float64)[kv_map]  # (H, T, d)
@@ -306,7 +298,6 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
         _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer),
                          _sink(source, layer), _bias(source, layer, 0, t))  # fmt: skip
-        start = source.head_outputs_from  # rows before it were never kept: nothing to compare
         model = source.attention_output(layer)[:, start:].astype(np.float64)  # (H, T - start, d)
         with np.errstate(invalid="ignore"):
             diff = np.abs(out[:, start:] - model).max(axis=-1)  # (H, T - start)
@@ -316,7 +307,6 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
         worst[i] = start + diff.argmax(axis=1)
         max_diff[i] = diff.max(axis=1)
         tol[i] = _tolerance(source, vh[:, :t], tolerance)
-    start = source.head_outputs_from
     return MathCheckReport(layers, n_heads, t - start, max_diff, worst, tol, first_position=start)
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -101,10 +102,7 @@ class LoadedModel:
         gqa = f", {self.n_kv_heads} KV heads" if self.n_kv_heads != self.n_heads else ""
         where = str(self.device)
         if self.device_map:
-            counts: dict[str, int] = {}
-            for d in self.device_map.values():
-                name = f"cuda:{d}" if isinstance(d, int) else str(d)
-                counts[name] = counts.get(name, 0) + 1
+            counts = Counter(f"cuda:{d}" if isinstance(d, int) else str(d) for d in self.device_map.values())
             where = "a device map (" + ", ".join(f"{n} {d}" for d, n in counts.items()) + " modules)"
         text = (
             f"{self.name}: {self.n_layers} layers, {self.n_heads} heads{gqa}, d_head {self.head_dim}, "
@@ -290,13 +288,7 @@ def load_model(
         raise InspectorError(f"cannot load weights of {source}: {type(e).__name__}: {_first_line(e)}") from None
     _check_loading_info(info, source)
     warnings = _check_vocab(model, tokenizer, source)
-    try:
-        model.set_attn_implementation(capture.ATTN_NAME)
-    except (ValueError, AttributeError) as e:
-        raise InspectorError(
-            f"{source} does not dispatch attention through transformers' attention interface: {e}"
-        ) from None
-    adapters.adapt(model, source)  # families that compute attention in their own code
+    _wire(model, source)
     if placement is None:
         try:
             model.to(dev)
@@ -364,8 +356,7 @@ def _check_shapes(config, source: str) -> None:
         heads = getattr(config, "num_attention_heads", None)
     except Exception:  # an attribute_map pointing nowhere
         return
-    ints = all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads))
-    if not ints:
+    if not all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads)):
         return
     if hidden <= 0 or heads <= 0:
         raise InspectorError(f"{source}: config has hidden size {hidden} and {heads} heads; both must be positive")
@@ -434,13 +425,10 @@ def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_
         return
     if not ram or need <= ram:
         return
-    hint = ""
-    if dtype == torch.float32 and need // 2 <= ram:
-        hint = "; --dtype bfloat16 would halve it"
+    hint = "--dtype bfloat16 would halve it" if dtype == torch.float32 and need // 2 <= ram else "use a smaller model"
     raise InspectorError(
         f"{source}: its config describes about {need / 2**30:.1f} GiB of weights in "
-        f"{str(dtype).removeprefix('torch.')}, more than this machine's {ram / 2**30:.1f} GiB of memory{hint}"
-        + ("" if hint else "; use a smaller model")
+        f"{dt}, more than this machine's {ram / 2**30:.1f} GiB of memory; {hint}"
     )
 
 
@@ -462,10 +450,9 @@ def _check_loading_info(info: dict, source: str) -> None:
 def _check_vocab(model, tokenizer, source: str) -> tuple[str, ...]:
     """A tokenizer with ids past the model's embedding would index out of range: refuse. Fewer: warn."""
     emb = model.get_output_embeddings() or model.get_input_embeddings()
-    rows = int(emb.weight.shape[0]) if emb is not None else None
-    n_tok = len(tokenizer)
-    if rows is None:
+    if emb is None:
         return ()
+    rows, n_tok = int(emb.weight.shape[0]), len(tokenizer)
     if n_tok > rows:
         raise InspectorError(
             f"{source}: the tokenizer has {n_tok} tokens but the model's vocabulary has {rows}; "
@@ -508,12 +495,8 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
     first = layout.attention_layers[0]
     _, n_heads, _, head_dim = rec.q[first].t.shape
     n_kv = rec.k[first].t.shape[1]
-    ctx = None
-    for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"):
-        val = getattr(cfg, attr, None)
-        if isinstance(val, int) and val > 0:
-            ctx = val
-            break
+    named = (getattr(cfg, attr, None) for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"))
+    ctx = next((v for v in named if isinstance(v, int) and v > 0), None)
     tok_max = getattr(tokenizer, "model_max_length", None)
     if ctx is None and isinstance(tok_max, int) and 0 < tok_max < 10**7:
         ctx = tok_max
@@ -548,14 +531,19 @@ def from_model(model, tokenizer, name: str = "model", *, allow_unverified: bool 
     """
     _check_causal(model.config, name)
     check_supported(model.config, name)
+    _wire(model, name)
+    model.eval()
+    p = next(model.parameters())
+    return _probe_and_verify(model, tokenizer, name, p.device, p.dtype, allow_unverified)
+
+
+def _wire(model, name: str) -> None:
+    """Route the model's attention through our capture function."""
     try:
         model.set_attn_implementation(capture.ATTN_NAME)
     except (ValueError, AttributeError) as e:
         raise InspectorError(f"{name} does not dispatch attention through transformers' attention interface: {e}") from None
     adapters.adapt(model, name)  # families that compute attention in their own code
-    model.eval()
-    p = next(model.parameters())
-    return _probe_and_verify(model, tokenizer, name, p.device, p.dtype, allow_unverified)
 
 
 def _probe_and_verify(model, tokenizer, name: str, dev, dt, allow_unverified: bool) -> LoadedModel:

@@ -81,7 +81,6 @@ class ThreadChooser:
         self.times[threads].append(seconds / max(1, numbers))
 
 
-
 def rows_per_block(n_heads_total: int, t: int, d: int, block: int, budget: int | None = None) -> int:
     """How many query rows of each block of ``block`` rows fit the budget (``block``: all of them, exact)."""
     budget = EXACT_BUDGET if budget is None else budget

@@ -20,6 +20,8 @@ Both cost one pass over the vocabulary per position, so they are opt-in.
 
 from __future__ import annotations
 
+import contextlib
+import itertools
 import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
@@ -225,11 +227,8 @@ def _run_to_layer(
     if edits is not None:
         grab.edits = edits  # lower layers must attend exactly as they did when the cache was filled
     kwargs = {} if position_ids is None else {"position_ids": position_ids}
-    try:
-        with torch.inference_mode(), grab.active():
-            lm.model(input_ids=ids, past_key_values=cache, use_cache=True, **kwargs)
-    except _Stop:
-        pass
+    with contextlib.suppress(_Stop), torch.inference_mode(), grab.active():
+        lm.model(input_ids=ids, past_key_values=cache, use_cache=True, **kwargs)
     if grab.kv is None:
         raise InspectorError(f"layer {layer} of {lm.name} never reached the attention function; cannot probe it")
     return grab.kv
@@ -380,16 +379,20 @@ def probe_cache(
     if not tol > 0:
         raise InspectorError(f"tolerance must be positive, got {tolerance!r}")
     methods = {layer: _method(layer, context, have) for layer in todo}
-    total = sum(_n_forwards(lm, layer, n, m) for layer, m in methods.items())
-    ticker = _Ticker(progress, total)
+    total = max(1, sum(_n_forwards(lm, layer, n, m) for layer, m in methods.items()))
+    done = itertools.count(1)
+    tick = (lambda: None) if progress is None else (lambda: progress(min(next(done), total), total))
     result = ProbeResult(lm.name, lm.vocab_size, n, [], truth)
     for layer in todo:
         t0 = time.perf_counter()
         method = methods[layer]
+        k, v = have[layer]
+        target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, 2*Hkv*d)
+        target = target.to(lm.device, torch.float32)
         if method == "direct":
-            best = _probe_direct(lm, have[layer], n, ticker)
+            best = _probe_direct(lm, target, n, tick)
         else:
-            best = _probe_prefixed(lm, layer, have, n, method, ticker, _edits)
+            best = _probe_prefixed(lm, layer, have, target, n, method, tick, _edits)
         verdicts = _verdicts(lm, best, tol, truth)
         text = lm.tokenizer.decode([p.token_id for p in verdicts])
         result.layers.append(LayerProbe(layer, method, verdicts, tol, time.perf_counter() - t0, text))
@@ -405,9 +408,7 @@ def probe_session(session, layers: Iterable[int] | int = (0,), **kwargs) -> Prob
     if lay is not None and (lay.state_layers or lay.mirrored):
         held = "state-space layers keep a running state" if lay.state_layers else f"the cache holds a {lay.kind} form"
         raise InspectorError(f"the cache probe replays per-head K/V of every layer; in {session.lm.name} {held}, not those")
-    kv = {}
-    for i, cl in enumerate(session.cache.layers):
-        kv[i] = (cl.keys[0, :, :t], cl.values[0, :, :t])  # (Hkv, T, d) each, the real cache
+    kv = {i: (cl.keys[0, :, :t], cl.values[0, :, :t]) for i, cl in enumerate(session.cache.layers)}  # (Hkv, T, d) each
     # deeper layers saw the session's mask edits when the cache was filled; so must the candidates
     edits = session.recorder.edits
     return probe_cache(session.lm, kv, layers, true_tokens=session.processed_tokens, _edits=edits, **kwargs)
@@ -443,21 +444,8 @@ def _n_forwards(lm: LoadedModel, layer: int, n: int, method: str) -> int:
     return sum(math.ceil(v / _prefix_chunk(lm, layer, p)) for p in range(n))
 
 
-class _Ticker:
-    def __init__(self, cb, total):
-        self.cb, self.total, self.done = cb, max(total, 1), 0
-
-    def tick(self) -> None:
-        self.done += 1
-        if self.cb is not None:
-            self.cb(min(self.done, self.total), self.total)
-
-
-def _probe_direct(lm: LoadedModel, kv: tuple[torch.Tensor, torch.Tensor], n: int, ticker: _Ticker) -> _Best:
-    """Layer 0: every (candidate, position) pair is an independent one-token sequence."""
-    k, v = kv
-    target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, 2*Hkv*d)
-    target = target.to(lm.device, torch.float32)
+def _probe_direct(lm: LoadedModel, target: torch.Tensor, n: int, tick: Callable[[], None]) -> _Best:
+    """Layer 0: every (candidate, position) pair is an independent one-token sequence; target (T, F)."""
     best = _Best(n)
     c = _vocab_chunk(lm)
     g = max(1, _ROWS // c)  # positions per forward when the whole vocabulary fits in one chunk
@@ -470,15 +458,13 @@ def _probe_direct(lm: LoadedModel, kv: tuple[torch.Tensor, torch.Tensor], n: int
             out = _run_to_layer(lm, 0, ids, DynamicCache(config=lm.model.config), pids)  # (G*C, F)
             dist = _distance(out.view(len(pos), len(cand), -1), target[pos][:, None])  # (G, C)
             best.update(pos.cpu(), dist, cand)
-            ticker.tick()
+            tick()
     return best
 
 
-def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, n: int, method: str, ticker: _Ticker, edits) -> _Best:
+def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tensor, n: int, method: str,
+                    tick: Callable[[], None], edits) -> _Best:  # fmt: skip
     """Layer > 0, one position at a time, with a prefix from the cache or from recovered tokens."""
-    k, v = have[layer]
-    target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, F)
-    target = target.to(lm.device, torch.float32)
     best = _Best(n)
     cfg = lm.model.config
     running = DynamicCache(config=cfg)  # greedy: the recovered prefix, grown one token at a time
@@ -503,7 +489,7 @@ def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, n: int, method: str
             pids = None if p else torch.zeros((len(cand), 1), dtype=torch.long, device=lm.device)
             out = _run_to_layer(lm, layer, cand[:, None], cache, pids, edits)  # (C, F)
             best.update(row, _distance(out[None], target[p][None, None]), cand)  # (1, C)
-            ticker.tick()
+            tick()
     return best
 
 

@@ -5,14 +5,13 @@ from __future__ import annotations
 import time
 from collections.abc import Callable, Iterator
 
-import numpy as np
 import torch
 
 from . import decoding, validate
 from .attention import KINDS
 from .capture import Recorder, scratch_forward
 from .edits import HeadEdit, MaskEdit
-from .errors import InspectorError, StepFailed
+from .errors import InspectorError, StepFailed, check_index
 from .forward import crop_cache, forward_with_rollback, interrupts_deferred
 from .models import LoadedModel
 from .session_edits import EditingMixin, MaskEditReport
@@ -114,25 +113,19 @@ class Session(EditingMixin, ModelShape, RunSource):
             self._emit("fault", e.__cause__)
             raise
 
-    def _make_step(self, index: int, logits: torch.Tensor, token: int | None, forced: bool, t: float) -> Step:
+    def _make_step(self, logits: torch.Tensor, seconds: float) -> Step:
+        index = self.n_steps
         rng = self.generator.get_state()
-        if token is None:
-            token = decoding.choose(logits, self.decoding, self.generator)
-        s = Step(index, len(self.prompt_ids) - 1 + index, token, "", logits, logits, [], 0.0, forced, t, None, rng)
+        token = decoding.choose(logits, self.decoding, self.generator)
+        s = Step(index, len(self.prompt_ids) - 1 + index, token, "", logits, logits, [], 0.0, False, seconds, None, rng)
         self._refresh(s)
         return s
 
     def _refresh(self, s: Step) -> None:
         s.refresh(self.decoding, self.label, lambda i: self.lm.tokenizer.decode([i]))
-        s.finish_reason = self._finish_reason(s)
-
-    def _finish_reason(self, s: Step) -> str | None:
-        if s.token_id in self.lm.eos_token_ids:
-            return "eos"
         # the chosen token is fed next, at position P + index; it must fit in the context
-        if len(self.prompt_ids) + s.index + 1 > self.lm.context_length:
-            return "context"
-        return None
+        full = len(self.prompt_ids) + s.index + 1 > self.lm.context_length
+        s.finish_reason = "eos" if s.token_id in self.lm.eos_token_ids else "context" if full else None
 
     def step(self) -> Step:
         """Feed one new token (the whole prompt at step 0) and choose the next one."""
@@ -166,7 +159,7 @@ class Session(EditingMixin, ModelShape, RunSource):
         """Choose from ``logits`` (V,) of the forward that fed ``next_input`` (its cache and records
         already hold it) and make it the step. If this raises before the step is committed
         (``n_steps`` unchanged), the caller undoes the forward (``undo_forward``)."""
-        s = self._make_step(self.n_steps, logits, None, False, seconds)
+        s = self._make_step(logits, seconds)
         with interrupts_deferred():  # all of the commit or none of it
             self.steps_done.append(s)
             self.tokens.append(s.token_id)
@@ -215,10 +208,10 @@ class Session(EditingMixin, ModelShape, RunSource):
 
     def force_token(self, token_id: int) -> Step:
         """Replace the current step's choice: the generation branches from here."""
-        s = self._require_step()
-        if isinstance(token_id, bool) or not isinstance(token_id, (int, np.integer)) or not 0 <= token_id < self.lm.vocab_size:
-            raise InspectorError(f"token id must be in [0, {self.lm.vocab_size}), got {token_id!r}")
-        s.token_id = int(token_id)
+        if not self.steps_done:
+            raise InspectorError("no step yet: run a step first")
+        s = self.steps_done[-1]
+        s.token_id = check_index(token_id, self.lm.vocab_size, "token id")
         s.forced = True
         self._refresh(s)
         self.tokens[-1] = s.token_id
@@ -226,11 +219,6 @@ class Session(EditingMixin, ModelShape, RunSource):
         self._ops.append({"op": "force", "token_id": s.token_id})
         self._emit("force", s)
         return s
-
-    def _require_step(self) -> Step:
-        if not self.steps_done:
-            raise InspectorError("no step yet: run a step first")
-        return self.steps_done[-1]
 
     # ------------------------------------------------------------------ decoding, live
     _UNSET = object()
@@ -357,33 +345,16 @@ class Session(EditingMixin, ModelShape, RunSource):
     def _mask_rows(self, layer: int) -> dict:
         return self.recorder.mask_rows[layer]
 
-    @property
-    def _edits(self):
-        return self.recorder.edits
-
-    @property
-    def _scaling(self) -> list:
-        return self.recorder.scaling
-
-    @property
-    def _softcap(self) -> list:
-        return self.recorder.softcap
-
-    @property
-    def _sinks(self) -> list:
-        return self.recorder.sinks
+    _edits = property(lambda self: self.recorder.edits)
+    _scaling = property(lambda self: self.recorder.scaling)
+    _softcap = property(lambda self: self.recorder.softcap)
+    _sinks = property(lambda self: self.recorder.sinks)
 
     def record_bytes(self) -> int:
         """Bytes our own records hold beyond the cache (q, attention outputs, KV mirror on GPUs)."""
         return self.recorder.nbytes()
 
     # ------------------------------------------------------------------ persistence
-    def save_trace(self, path, derived: bool = False):
-        """Write the run to a trace file (see docs/trace-format.md); ``derived`` adds the matrices."""
-        from .trace import save_trace
-
-        return save_trace(self, path, derived=derived)
-
     def recipe(self) -> dict:
         """Everything needed to replay this session exactly (JSON-safe).
 

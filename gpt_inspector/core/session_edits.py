@@ -3,6 +3,7 @@ affected position with the chosen tokens kept, and roll back completely on any f
 
 from __future__ import annotations
 
+from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 
@@ -36,12 +37,6 @@ class MaskEditReport:
         if self.before is None or self.after is None:
             return 0.0
         return float(0.5 * (self.before - self.after).abs().sum())
-
-    @property
-    def max_abs_change(self) -> float:
-        if self.before is None or self.after is None:
-            return 0.0
-        return float((self.before - self.after).abs().max())
 
 
 class EditingMixin:
@@ -95,31 +90,37 @@ class EditingMixin:
             else:
                 blocked.pop(e.scope(), None)
         new_cells, compiled = compile_edits(blocked.values(), self.lm.n_layers, self.lm.n_heads)
-        rows: dict[tuple[int, int, int], int] = {}
-        for l, h, i, _ in new_cells:
-            rows[(l, h, i)] = rows.get((l, h, i), 0) + 1
+        rows = Counter((l, h, i) for l, h, i, _ in new_cells)  # blocked keys per query row
         for (l, h, i), n in rows.items():
             if n >= i + 1:
                 raise InspectorError(
                     f"that would mask every key of query {i} in layer {l} head {h}; softmax needs at least one key"
                 )
         changed = new_cells ^ compile_edits(self._blocked.values(), self.lm.n_layers, self.lm.n_heads)[0]
-        prev_blocked, prev_edits = self._blocked, self.recorder.edits
+        op = {"op": "mask", "edits": [e.to_json() for e in blocked.values()]}
+        return self._put_edits("_blocked", blocked, "edits", compiled, op, min((c[2] for c in changed), default=None),
+                               progress, cancelled)  # fmt: skip
+
+    def _put_edits(self, own: str, edits, rec: str, compiled, op: dict, earliest: int | None,
+                   progress: Progress | None, cancelled: Callable[[], bool] | None) -> MaskEditReport:  # fmt: skip
+        """Put ``edits`` in ``self.<own>`` and ``compiled`` in ``recorder.<rec>``, recompute from
+        ``earliest`` and record ``op``; all of it is put back on a fault or a cancel."""
+        prev, prev_compiled = getattr(self, own), getattr(self.recorder, rec)
         committed = []
 
         def commit():
-            self._ops.append({"op": "mask", "edits": [e.to_json() for e in blocked.values()]})
+            self._ops.append(op)
             committed.append(True)
 
         try:
-            self._blocked = blocked
-            self.recorder.edits = compiled
-            report = self._recompute_from(min((c[2] for c in changed), default=None),
-                                          lambda: setattr(self.recorder, "edits", prev_edits), commit,
+            setattr(self, own, edits)
+            setattr(self.recorder, rec, compiled)
+            report = self._recompute_from(earliest, lambda: setattr(self.recorder, rec, prev_compiled), commit,
                                           progress, cancelled)  # fmt: skip
         except BaseException:
             if not committed:  # an interrupt just after the commit keeps the new, complete state
-                self._blocked, self.recorder.edits = prev_blocked, prev_edits
+                setattr(self, own, prev)
+                setattr(self.recorder, rec, prev_compiled)
             raise
         self._emit("mask", report)
         return report
@@ -253,21 +254,6 @@ class EditingMixin:
             heads = range(self.n_heads) if e.head is None else [e.head]
             src = None if e.patch_from is None else self._head_outputs_of(e.patch_from)[e.layer]
             compiled.setdefault(e.layer, []).extend((h, src) for h in heads)
-        prev, prev_compiled = self._head_edits, self.recorder.head_edits
-        committed = []
-
-        def commit():
-            self._ops.append({"op": "heads", "edits": [e.to_json() for e in edits]})
-            committed.append(True)
-
-        try:
-            self._head_edits, self.recorder.head_edits = edits, compiled
-            report = self._recompute_from(0 if (edits or prev) else None,
-                                          lambda: setattr(self.recorder, "head_edits", prev_compiled), commit,
-                                          progress, cancelled)  # fmt: skip
-        except BaseException:
-            if not committed:
-                self._head_edits, self.recorder.head_edits = prev, prev_compiled
-            raise
-        self._emit("mask", report)
-        return report
+        op = {"op": "heads", "edits": [e.to_json() for e in edits]}
+        return self._put_edits("_head_edits", edits, "head_edits", compiled, op, 0 if (edits or self._head_edits) else None,
+                               progress, cancelled)  # fmt: skip

@@ -76,6 +76,12 @@ class RunSource:
     def token_labels(self, ids=None) -> list[str]:
         return [self.label(int(i)) for i in (self.tokens if ids is None else ids)]
 
+    def save_trace(self, path, derived: bool = False):
+        """Write the run to a trace file (see docs/trace-format.md); ``derived`` adds the matrices."""
+        from .trace import save_trace
+
+        return save_trace(self, path, derived=derived)
+
     def kv_head_of(self, head: int) -> int:
         return eq.kv_head_of(head, self.n_heads, self.n_kv_heads)
 
@@ -101,26 +107,24 @@ class RunSource:
             raise InspectorError("nothing processed yet: run a step first")
         return t
 
+    def _checked(self, layer) -> tuple[int, int]:
+        """(``layer`` checked as an attention layer, the processed positions: refused while there are none)."""
+        return self.check_attention_layer(layer), self.require_positions()
+
     # ------------------------------------------------------------------ primitives, checked
     # zero-copy views for front ends that must stay fast at long contexts; read them on the
     # thread that changes the source, and only until its next change (do not modify)
     def queries(self, layer: int) -> torch.Tensor:
         """q of every processed position as attention received it, (H, T, d)."""
-        layer = self.check_attention_layer(layer)
-        self.require_positions()
-        return self._queries(layer)
+        return self._queries(self._checked(layer)[0])
 
     def keys(self, layer: int) -> torch.Tensor:
         """The cached keys, (H_kv, T, d)."""
-        layer = self.check_attention_layer(layer)
-        self.require_positions()
-        return self._keys(layer)
+        return self._keys(self._checked(layer)[0])
 
     def values(self, layer: int) -> torch.Tensor:
         """The cached values, (H_kv, T, d)."""
-        layer = self.check_attention_layer(layer)
-        self.require_positions()
-        return self._values(layer)
+        return self._values(self._checked(layer)[0])
 
     def head_outputs(self, layer: int) -> torch.Tensor:
         """The attention output per head, (H, T, d), before the output projection.
@@ -129,8 +133,7 @@ class RunSource:
         them (one forward of the prompt, on the first call after a change); elsewhere they are NaN,
         never a made-up number.
         """
-        layer = self.check_attention_layer(layer)
-        t = self.require_positions()
+        layer, t = self._checked(layer)
         kept = self._head_outputs(layer)  # (H, T - start, d)
         start = self.head_output_start
         if start == 0:
@@ -158,8 +161,7 @@ class RunSource:
 
     def head_output_row(self, layer: int, position: int) -> torch.Tensor:
         """(H, d) the head outputs of one position (NaN where the source cannot give them)."""
-        layer = self.check_attention_layer(layer)
-        t = self.require_positions()
+        layer, t = self._checked(layer)
         if not 0 <= position < t:
             raise InspectorError(f"position must lie in [0, {t}), got {position}")
         return self._head_output_row(layer, position)
@@ -169,9 +171,7 @@ class RunSource:
 
     def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
         """(start, (H, T - start, d)): the head outputs the source holds, from position ``start`` on."""
-        layer = self.check_attention_layer(layer)
-        self.require_positions()
-        return self.head_output_start, self._head_outputs(layer)
+        return self.head_output_start, self._head_outputs(self._checked(layer)[0])
 
     def scaling(self, layer: int) -> float:
         return float(self._scaling[self.check_attention_layer(layer)])
@@ -334,9 +334,6 @@ class RunSource:
         lay = self.kv_layout
         return tuple(range(self.n_layers)) if lay is None else lay.attention_layers
 
-    def has_attention(self, layer: int) -> bool:
-        return self.check_layer(layer) in self.attention_layers
-
     def cache_layer_of(self, layer: int) -> int | None:
         """The layer whose cache holds the K/V ``layer`` reads: itself, a shared layer's, or None
         where the cache holds something else (a latent, untiled heads) or the layer has no attention."""
@@ -353,7 +350,7 @@ class RunSource:
         if t == 0:
             return 0
         layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
-        policy = getattr(getattr(self, "recorder", None), "kv_policy", None)
+        policy = self.kv_policy
         if policy is not None:  # a KV cache lab run: what the policy's cache would hold, not the simulation's
             return sum(policy.cache_bytes(i, t) for i in layers)
         lay = self.kv_layout
@@ -374,46 +371,24 @@ class RunSource:
         return sum(lay.layers[i].attention_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
 
 
+def _from_lm(name: str, *default) -> property:
+    """``self.lm.<name>`` as a property (``default`` where a model object may lack it)."""
+    return property(lambda self: getattr(self.lm, name, *default))
+
+
 class ModelShape:
     """Shapes of a source that has the loaded model (``self.lm``): a Session, a beam."""
 
     lm = None
-
-    @property
-    def n_layers(self) -> int:
-        return self.lm.n_layers
-
-    @property
-    def n_heads(self) -> int:
-        return self.lm.n_heads
-
-    @property
-    def n_kv_heads(self) -> int:
-        return self.lm.n_kv_heads
-
-    @property
-    def head_dim(self) -> int:
-        return self.lm.head_dim
-
-    @property
-    def context_length(self) -> int:
-        return self.lm.context_length
-
-    @property
-    def vocab_size(self) -> int:
-        return self.lm.vocab_size
-
-    @property
-    def model_name(self) -> str:
-        return self.lm.name
-
-    @property
-    def unverified(self) -> str | None:
-        return getattr(self.lm, "unverified", None)
-
-    @property
-    def kv_layout(self):
-        return getattr(self.lm, "kv_layout", None)
+    n_layers = _from_lm("n_layers")
+    n_heads = _from_lm("n_heads")
+    n_kv_heads = _from_lm("n_kv_heads")
+    head_dim = _from_lm("head_dim")
+    context_length = _from_lm("context_length")
+    vocab_size = _from_lm("vocab_size")
+    model_name = _from_lm("name")
+    unverified = _from_lm("unverified", None)
+    kv_layout = _from_lm("kv_layout", None)
 
     @property
     def cache_dtype(self) -> str:

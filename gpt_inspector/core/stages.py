@@ -11,18 +11,9 @@ from .errors import InspectorError
 STAGES = ("raw", "scores", "masked_scores", "probs")
 KINDS = STAGES  # the API's historical name
 STAGE_TITLES = {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
-
-
-def stage_label(kind: str) -> str:
-    """The name a user types on the command line with what it means: "scores (scaled)".
-
-    The window's buttons and menus show these, so a stage seen there maps to ``--kind`` at once.
-    """
-    title = STAGE_TITLES[kind]
-    return title if title.split()[0] == kind else f"{kind} ({title})"
-
-
-STAGE_LABELS = {k: stage_label(k) for k in STAGES}
+# the name a user types on the command line with what it means: "scores (scaled)"; the window's
+# buttons and menus show these, so a stage seen there maps to ``--kind`` at once
+STAGE_LABELS = {k: t if t.split()[0] == k else f"{k} ({t})" for k, t in STAGE_TITLES.items()}
 
 
 def check_stage(kind: str) -> str:

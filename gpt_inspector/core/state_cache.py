@@ -6,8 +6,7 @@ forward, so it cannot be cropped like K/V. This cache keeps each such layer's st
 before every forward (its running state is small and independent of the context length), so a
 step back, a mask edit's recompute and the rollback after a fault put it back bit for bit.
 
-Memory: one copy of each state layer's state per forward (step); ``state_history_bytes`` says
-how much.
+Memory: one copy of each state layer's state per forward (step).
 """
 
 from __future__ import annotations
@@ -27,11 +26,6 @@ def _copy_state(layer) -> dict:
         out[name] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
     out["device"], out["dtype"] = layer.device, layer.dtype
     return out
-
-
-def _state_bytes(snap: dict) -> int:
-    return sum(v.numel() * v.element_size() for name in ("conv_states", "recurrent_states")
-               for v in snap[name].values() if isinstance(v, torch.Tensor))  # fmt: skip
 
 
 class StateCache(DynamicCache):
@@ -80,10 +74,6 @@ class StateCache(DynamicCache):
             if extra > 0:
                 # a hybrid layer's own crop would also cut its state's convolution window: only its K/V here
                 (DynamicLayer.crop if is_state_layer(layer) else type(layer).crop)(layer, -extra)
-
-    def state_history_bytes(self) -> int:
-        """Bytes of the kept states (what stepping back exactly costs)."""
-        return sum(_state_bytes(s) for hist in self._history.values() for s in hist.values())
 
 
 def is_state_layer(layer) -> bool:

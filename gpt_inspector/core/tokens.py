@@ -2,21 +2,19 @@
 
 from __future__ import annotations
 
+import codecs
 from functools import lru_cache
+
+_HEX_BYTES = "gpt_inspector_hex_bytes"
+codecs.register_error(_HEX_BYTES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end))
 
 
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     # GPT-2's byte-level BPE maps every byte to a printable character; invert that table
-    bs = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), ord("ÿ") + 1))
-    cs = bs[:]
-    n = 0
-    for b in range(256):
-        if b not in bs:
-            bs.append(b)
-            cs.append(256 + n)
-            n += 1
-    return {chr(c): b for b, c in zip(bs, cs)}
+    from transformers.convert_slow_tokenizer import bytes_to_unicode
+
+    return {c: b for b, c in bytes_to_unicode().items()}
 
 
 def token_bytes(tokenizer, token_id: int) -> bytes | None:
@@ -39,19 +37,5 @@ def token_label(tokenizer, token_id: int) -> str:
         if piece.startswith("▁"):  # sentencepiece word start
             text = " " + text.lstrip(" ")
     else:
-        parts = []
-        i = 0
-        while i < len(raw):
-            # take the longest valid UTF-8 sequence at i, else show the byte
-            for j in range(min(len(raw), i + 4), i, -1):
-                try:
-                    parts.append(raw[i:j].decode("utf-8"))
-                    i = j
-                    break
-                except UnicodeDecodeError:
-                    continue
-            else:
-                parts.append(f"<0x{raw[i]:02X}>")
-                i += 1
-        text = "".join(parts)
+        text = raw.decode("utf-8", _HEX_BYTES)  # every byte no valid UTF-8 sequence covers as <0xNN>
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"

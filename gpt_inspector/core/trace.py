@@ -13,6 +13,7 @@ reads a tensor: a corrupt or foreign file raises ``InspectorError`` and nothing 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import os
@@ -34,6 +35,7 @@ FORMAT_V1 = "gpt-inspector-trace/1"
 KINDS = STAGES
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _MAX_JSON = 64 << 20  # bytes of one metadata value; larger is not a trace we wrote
+_SHAPE = ("n_layers", "n_heads", "n_kv_heads", "head_dim", "context_length", "vocab_size")  # ints >= 1
 
 
 def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False) -> Path:
@@ -46,7 +48,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
     t = source.cache_length
     if t == 0:
         raise InspectorError("nothing to save: run a step first")
-    if getattr(getattr(source, "recorder", None), "kv_policy", None) is not None:
+    if source.kv_policy is not None:
         # the format has no place for a policy's evictions: a reader would attend to evicted entries
         raise InspectorError("a KV cache lab run cannot be saved as a trace yet; save the reference run instead")
     L = source.n_layers
@@ -105,11 +107,8 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "sinks": json.dumps([None if source.sink(layer) is None else source.sink(layer).tolist() for layer in range(L)]),
         "score_bias": json.dumps([_bias_meta(source.score_bias(layer)) for layer in range(L)]),
         "unverified": source.unverified or "",
-        "shape": json.dumps(
-            {"n_layers": L, "n_heads": source.n_heads, "n_kv_heads": source.n_kv_heads, "head_dim": source.head_dim,
-             "context_length": source.context_length, "vocab_size": source.vocab_size,
-             "cache_dtype": source.cache_dtype, **_value_head_dim(source)}
-        ),
+        "shape": json.dumps({**{k: getattr(source, k) for k in _SHAPE}, "cache_dtype": source.cache_dtype,
+                             **_value_head_dim(source)}),
         # what the model's cache held per layer (a latent, shared layers): kv_cache_bytes as it really was
         **({} if source.kv_layout is None else {"kv_layout": json.dumps(source.kv_layout.to_json())}),
         "finished": source.finished or "",
@@ -168,10 +167,8 @@ def _write_atomically(path: Path, write) -> None:
         os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temp file, not the trace
         os.replace(tmp, path)
     except BaseException as e:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         if isinstance(e, OSError):
             raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
         if isinstance(e, Exception):  # safetensors reports some I/O failures as its own error type
@@ -188,20 +185,14 @@ def _umask() -> int:
 class Trace(RunSource):
     """A saved run, read-only, with every accessor of a live Session; no model needed."""
 
-    read_only = True
-
     def __init__(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict):
         self.path = path
         self._t = tensors
         self.meta = meta
         shape = meta["shape"]
-        self.n_layers: int = shape["n_layers"]
-        self.n_heads: int = shape["n_heads"]
-        self.n_kv_heads: int = shape["n_kv_heads"]
-        self.head_dim: int = shape["head_dim"]
+        for key in _SHAPE:  # n_layers, n_heads, ...: validated ints
+            setattr(self, key, shape[key])
         self.kv_layout = meta.get("kv_layout")  # a KVLayout (validated), or None: an ordinary per-head cache
-        self.context_length: int = shape["context_length"]
-        self.vocab_size: int = shape["vocab_size"]
         self.cache_dtype: str = shape.get("cache_dtype", "float32") if shape.get("cache_dtype") in _ITEMSIZE else "float32"
         self.model_name: str = meta["model"]
         self.prompt: str = meta["prompt"]
@@ -407,7 +398,7 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     out["seed"] = _int(name, meta, "seed")
     out["prompt_length"] = _int(name, meta, "prompt_length")
     shape = _json(name, meta, "shape", dict)
-    for key in ("n_layers", "n_heads", "n_kv_heads", "head_dim", "context_length", "vocab_size"):
+    for key in _SHAPE:
         v = shape.get(key)
         if isinstance(v, bool) or not isinstance(v, int) or v < 1:
             raise InspectorError(f"{name}: shape field {key!r} is missing or not a positive integer")
@@ -427,18 +418,13 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
         raise InspectorError(f"{name}: implausible shape {shape}")
     out["shape"] = shape
     out["decoding"] = _json(name, meta, "decoding", dict)
-    edits = [MaskEdit.from_json(e) if isinstance(e, dict) else _bad(name, "mask_edits")
-             for e in _json(name, meta, "mask_edits", list)]  # fmt: skip
-    for e in edits:
-        if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
-            raise InspectorError(f"{name}: mask edit {e.to_json()} is outside the model's layers or heads")
-    out["mask_edits"] = [e.to_json() for e in edits]
-    heads = [HeadEdit.from_json(e) if isinstance(e, dict) else _bad(name, "head_edits")
-             for e in (_json(name, meta, "head_edits", list) if "head_edits" in meta else [])]  # fmt: skip
-    for e in heads:
-        if not 0 <= e.layer < L or (e.head is not None and not 0 <= e.head < H):
-            raise InspectorError(f"{name}: head edit {e.to_json()} is outside the model's layers or heads")
-    out["head_edits"] = [e.to_json() for e in heads]
+    for key, cls, what in (("mask_edits", MaskEdit, "mask edit"), ("head_edits", HeadEdit, "head edit")):
+        raw = _json(name, meta, key, list) if key in meta or key == "mask_edits" else []  # older files: no head edits
+        edits = [cls.from_json(e) if isinstance(e, dict) else _bad(name, key) for e in raw]
+        for e in edits:  # a mask edit's layer may be None (every layer), a head edit's never is
+            if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
+                raise InspectorError(f"{name}: {what} {e.to_json()} is outside the model's layers or heads")
+        out[key] = [e.to_json() for e in edits]
     labels = _json(name, meta, "token_labels", list)
     steps = _json(name, meta, "steps", list)
     scaling = _json(name, meta, "scaling", list)

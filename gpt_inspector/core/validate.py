@@ -76,7 +76,7 @@ def length_penalty(v, context_length: int) -> float:
 def beams(lm, num_beams, total_length: int) -> int:
     """A beam count whose KV cache and records fit in memory (an estimate, refused before allocating)."""
     n = integer("num_beams", num_beams, 1)
-    itemsize = torch_itemsize(lm.dtype)
+    itemsize = getattr(lm.dtype, "itemsize", 4)  # a dtype without one: assume float32
     # per beam and position: K and V per KV head, our q and head-output records per query head
     per_token = lm.n_layers * lm.head_dim * (2 * lm.n_kv_heads + 2 * lm.n_heads) * itemsize
     need = n * (total_length * per_token + 4 * lm.vocab_size * 2)  # + the step's logits and scores
@@ -90,20 +90,12 @@ def beams(lm, num_beams, total_length: int) -> int:
     return n
 
 
-def torch_itemsize(dtype) -> int:
-    try:
-        return dtype.itemsize
-    except AttributeError:
-        return 4
-
-
 def early_stopping(v) -> bool | str:
     """generate's ``early_stopping``: True, False or "never" (strings accepted from the CLI)."""
     if isinstance(v, (bool, np.bool_)):
         return bool(v)
     if isinstance(v, str) and v.strip().lower() in ("true", "false", "never"):
-        s = v.strip().lower()
-        return {"true": True, "false": False}.get(s, "never")
+        return {"true": True, "false": False}.get(v.strip().lower(), "never")
     raise InspectorError(f"early_stopping must be True, False or 'never', got {v!r}")
 
 

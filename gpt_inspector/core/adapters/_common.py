@@ -10,13 +10,6 @@ from .. import capture
 from . import is_native
 
 
-class LayerRef:
-    """What ``capture.inspector_attention`` reads off a module: the cache layer the session crops and reads."""
-
-    def __init__(self, layer_idx: int):
-        self.layer_idx = layer_idx
-
-
 def patch(module: torch.nn.Module, name: str, fn) -> None:
     """Make ``module.name`` run ``fn(module, ...)``; the class's own method still runs under ``native()``.
 
@@ -40,7 +33,9 @@ def attend(layer_idx: int, query, key, value, mask, scaling: float, **kwargs):
     for a model loaded for sdpa, as Falcon is by default).
     """
     mask = allowed_to_additive(mask, query.dtype)  # (B, 1, Tq, Tk)
-    out, probs = capture.inspector_attention(LayerRef(layer_idx), query, key, value, mask, scaling=scaling, **kwargs)
+    # the module stands in for what inspector_attention reads off one: the cache layer the session crops and reads
+    module = types.SimpleNamespace(layer_idx=layer_idx)
+    out, probs = capture.inspector_attention(module, query, key, value, mask, scaling=scaling, **kwargs)
     return out.transpose(1, 2), probs  # (B, H, Tq, d)
 
 

@@ -22,16 +22,11 @@ def _scaled_attn(self, query, key, value, attention_mask=None):
     return out.to(value.dtype), probs
 
 
+# CodeGen adds the mask before dividing by sqrt(d): a masked score stays far below any allowed one,
+# so the same core as GPT-J's gives its numbers
 @register("gptj")
-def gptj(model) -> None:
-    for block in model.transformer.h:
-        patch(block.attn, "_attn", _scaled_attn)
-
-
 @register("codegen")
-def codegen(model) -> None:
-    # CodeGen adds the mask before dividing by sqrt(d): a masked score stays far below any allowed one,
-    # so the same core as GPT-J's gives its numbers
+def gptj(model) -> None:
     for block in model.transformer.h:
         patch(block.attn, "_attn", _scaled_attn)
 

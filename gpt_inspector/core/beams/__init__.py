@@ -8,19 +8,8 @@ Greedy vs beams vs a sample on one prompt lives in ``gpt_inspector.core.compare`
 """
 
 from .search import BeamSearch, resolve_max_length
-from .tree import BeamNode, BeamResult, BeamStep, Hypothesis
+from .tree import BeamNode, BeamResult, BeamStep, Hypothesis, first_difference
 from .view import BeamView
-
-
-def __getattr__(name: str):
-    # first_difference lives with compare(), which imports this package: resolved on first use
-    # so that neither import order makes a cycle
-    if name == "first_difference":
-        from ..compare import first_difference
-
-        return first_difference
-    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-
 
 __all__ = [
     "BeamSearch", "BeamView", "BeamNode", "BeamStep", "BeamResult", "Hypothesis", "first_difference",

@@ -208,17 +208,13 @@ class BeamSearch:
         return self._running_sequences[0, :, : self.cur_len].tolist()
 
     @property
-    def beam_scores(self) -> list[float]:
-        return self._running_beam_scores[0].tolist()
-
-    @property
     def hypotheses(self) -> list[Hypothesis]:
         """The kept finished hypotheses, best first."""
-        out = []
-        for j, node in enumerate(self._slot_nodes):
-            if node is not None and bool(self._is_sent_finished[0, j]):
-                out.append(self._hypothesis(j))
-        return out
+        return [self._hypothesis(j) for j, node in enumerate(self._finished_slots()) if node is not None]
+
+    def _finished_slots(self) -> list[int | None]:
+        """The tree node of each hypothesis slot holding a finished hypothesis, else None."""
+        return [n if n is not None and bool(self._is_sent_finished[0, j]) else None for j, n in enumerate(self._slot_nodes)]
 
     def _hypothesis(self, slot: int) -> Hypothesis:
         n = self.nodes[self._slot_nodes[slot]]
@@ -234,11 +230,9 @@ class BeamSearch:
             i = check_index(layer, self.lm.n_layers, "layer")
             # a KV-sharing layer keeps no cache of its own (and may have no slot in it)
             layers = [self.cache.layers[i]] if i < len(self.cache.layers) and self.lm.cache_layer(i) == i else []
-        total = 0
-        for cl in layers:
-            if getattr(cl, "is_initialized", False) and getattr(cl, "keys", None) is not None:
-                total += cl.keys.numel() * cl.keys.element_size() + cl.values.numel() * cl.values.element_size()
-        return total
+        return sum(t.numel() * t.element_size() for cl in layers
+                   if getattr(cl, "is_initialized", False) and getattr(cl, "keys", None) is not None
+                   for t in (cl.keys, cl.values))  # fmt: skip
 
     # ------------------------------------------------------------------ stepping
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -295,15 +289,13 @@ class BeamSearch:
         return n
 
     def _candidate_nodes(self, log_probs, parents, tokens, scores, hits, step) -> list[BeamNode]:
-        out = []
-        for rank, (b, tok, sc, hit) in enumerate(zip(parents, tokens, scores, hits)):
-            out.append(
-                self._new_node(
-                    parent=self._row_nodes[b], step=step, token_id=tok, text=token_label(self.lm.tokenizer, tok),
-                    logprob=float(log_probs[b, tok]), score=sc, rank=rank, parent_beam=b, stopped=hit,
-                )
-            )  # fmt: skip
-        return out
+        return [
+            self._new_node(
+                parent=self._row_nodes[b], step=step, token_id=tok, text=token_label(self.lm.tokenizer, tok),
+                logprob=float(log_probs[b, tok]), score=sc, rank=rank, parent_beam=b, stopped=hit,
+            )
+            for rank, (b, tok, sc, hit) in enumerate(zip(parents, tokens, scores, hits))
+        ]  # fmt: skip
 
     def _row_records(self, row: int, length: int, clone: bool) -> _Rows:
         rec, nl = self.recorder, self.lm.n_layers
@@ -506,7 +498,7 @@ class BeamSearch:
     # ------------------------------------------------------------------ views
     def beam_view(self, i: int) -> BeamView:
         """Running beam ``i`` now, with the Session's accessors."""
-        i = _beam_index("beam", i, self.num_beams)
+        i = check_index(i, self.num_beams, "beam")
         length = self.cur_len - 1 if self.steps_done else 0
         rows = self._row_records(i, length, clone=False) if self.steps_done else None
         tokens = self._running_sequences[0, i, : self.cur_len].tolist()
@@ -514,7 +506,7 @@ class BeamSearch:
 
     def hypothesis_view(self, j: int) -> BeamView:
         """Kept hypothesis ``j`` (0 = best; after the search, the first num_return_sequences are returned)."""
-        j = _beam_index("hypothesis", j, self.num_beams)
+        j = check_index(j, self.num_beams, "hypothesis")
         hyps = self.hypotheses
         if j >= len(hyps):
             raise InspectorError(f"only {len(hyps)} finished hypotheses so far; no hypothesis {j}")
@@ -525,7 +517,7 @@ class BeamSearch:
         """Returned sequence ``r`` (as ``result().sequences[r]``, without padding)."""
         if not self.done:
             raise InspectorError("beam search has not finished; run() it first")
-        _beam_index("returned sequence", r, self.num_return_sequences)
+        check_index(r, self.num_return_sequences, "returned sequence")
         return self.hypothesis_view(r)
 
     def _path(self, node: int) -> list[BeamNode]:
@@ -540,9 +532,7 @@ class BeamSearch:
             logits = self.steps_done[n.step].logits[n.parent_beam]  # (V,)
             probs = torch.softmax(logits, dim=-1)
             top = top_entries(probs, logits, lambda i: token_label(tok, i))
-            reason = None
-            if n.stopped:
-                reason = "eos" if n.token_id in self.eos_token_ids else "length"
+            reason = None if not n.stopped else "eos" if n.token_id in self.eos_token_ids else "length"
             steps.append(
                 Step(n.step, p - 1 + n.step, int(n.token_id), tok.decode([int(n.token_id)]), logits, probs, top,
                      decoding.entropy(probs), False, 0.0, reason, label=token_label(tok, int(n.token_id)))
@@ -551,12 +541,8 @@ class BeamSearch:
 
     # ------------------------------------------------------------------ the tree
     def _refresh_status(self) -> None:
-        kept = [
-            node if node is not None and bool(self._is_sent_finished[0, j]) else None
-            for j, node in enumerate(self._slot_nodes)
-        ]
         running = [] if self.done else self._row_nodes
-        beam_tree.refresh_status(self.nodes, running, kept, self.num_return_sequences if self.done else 0)
+        beam_tree.refresh_status(self.nodes, running, self._finished_slots(), self.num_return_sequences if self.done else 0)
 
     def tree(self) -> list[BeamNode]:
         """Every token any beam proposed and kept among the K best, as nodes (0 = the prompt)."""
@@ -564,12 +550,6 @@ class BeamSearch:
 
     def tree_json(self) -> list[dict]:
         return [n.to_json() for n in self.nodes]
-
-
-def _beam_index(what: str, i, n: int) -> int:
-    if isinstance(i, bool) or not isinstance(i, (int, np.integer)) or not 0 <= i < n:
-        raise InspectorError(f"{what} must be in [0, {n}), got {i!r}")
-    return int(i)
 
 
 def _gather_beams(tensor: torch.Tensor, beam_indices: torch.Tensor) -> torch.Tensor:

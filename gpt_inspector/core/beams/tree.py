@@ -6,6 +6,7 @@ Plain data, no model: the search (``search.py``) fills it, views and front ends 
 
 from __future__ import annotations
 
+import dataclasses
 import math
 from dataclasses import dataclass, field
 
@@ -47,12 +48,9 @@ class BeamNode:
         return math.exp(self.logprob)
 
     def to_json(self) -> dict:
-        d = {
-            "id": self.id, "parent": self.parent, "step": self.step, "token_id": self.token_id, "text": self.text,
-            "logprob": _finite(self.logprob), "score": _finite(self.score), "rank": self.rank,
-            "parent_beam": self.parent_beam, "stopped": self.stopped, "normalized": _finite(self.normalized),
-            "fate": self.fate, "beam": self.beam, "status": self.status, "returned": self.returned,
-        }  # fmt: skip
+        d = dataclasses.asdict(self)  # every field, in order
+        for k in ("logprob", "score", "normalized"):
+            d[k] = _finite(d[k])  # JSON has no inf or NaN
         return d
 
 
@@ -65,10 +63,6 @@ class Hypothesis:
     score: float  # length-normalised, what generate returns as sequences_scores
     sum_logprobs: float
     step: int  # the step it finished at
-
-    @property
-    def generated_length(self) -> int:
-        return self.step + 1
 
 
 @dataclass
@@ -114,9 +108,16 @@ def _finite(x: float | None) -> float | None:
     return float(x)
 
 
-
 # ---------------------------------------------------------------------------------------------
 # where nodes stand
+
+
+def first_difference(a: list[int], b: list[int]) -> int | None:
+    """Index of the first token where ``a`` and ``b`` differ (the shorter length if one is a prefix); None if equal."""
+    for i, (x, y) in enumerate(zip(a, b)):
+        if x != y:
+            return i
+    return None if len(a) == len(b) else min(len(a), len(b))
 
 
 def path(nodes: list[BeamNode], node: int) -> list[BeamNode]:

@@ -20,10 +20,8 @@ class _Rows:
     the beam's own mask rows where the model masks each row and head differently (position -> (H, T)).
     """
 
-    def __init__(self, q, out, k, v, bias=None, masks=None):
-        self.q, self.out, self.k, self.v = q, out, k, v
-        self.bias = bias if bias is not None else [None] * len(q)
-        self.masks = masks if masks is not None else [{} for _ in q]
+    def __init__(self, q, out, k, v, bias, masks):
+        self.q, self.out, self.k, self.v, self.bias, self.masks = q, out, k, v, bias, masks
 
 
 class BeamView(ModelShape, RunSource):
@@ -31,8 +29,6 @@ class BeamView(ModelShape, RunSource):
 
     A view is a snapshot: it keeps showing the beam as it was when the view was made.
     """
-
-    read_only = True
 
     def __init__(self, search: BeamSearch, rows: _Rows | None, length: int, tokens: list[int], node: int, label: str):
         self._search = search
@@ -101,8 +97,3 @@ class BeamView(ModelShape, RunSource):
             return 0
         r = self._rows
         return sum(t.numel() * t.element_size() for t in (*r.q, *r.out))
-
-    def save_trace(self, path, derived: bool = False):
-        from ..trace import save_trace
-
-        return save_trace(self, path, derived=derived)
