@@ -7,8 +7,22 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
-from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QApplication, QHBoxLayout, QLabel, QLayout, QSizePolicy, QWidget
+from PySide6.QtGui import QAction, QColor, QPalette
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QGraphicsRectItem,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLayout,
+    QSizePolicy,
+    QTableWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ...core.errors import InspectorError
 
 # row-major: a (T, T) array displays with rows as rows, like the matrix it is
 pg.setConfigOptions(imageAxisOrder="row-major", background="#1b1e24", foreground="#c8ccd4", antialias=False)
@@ -135,6 +149,87 @@ def info_label(text: str = "", dim: bool = True, rich: bool = False) -> QLabel:
     if dim:
         lab.setStyleSheet(f"color: {DIM};")
     return lab
+
+
+def wrapped_label(text: str = "", rich: bool | None = None, selectable: bool = False) -> QLabel:
+    """A label that wraps its text; ``rich``: force rich or plain text (else Qt guesses)."""
+    lab = QLabel(text)
+    lab.setWordWrap(True)
+    if rich is not None:
+        lab.setTextFormat(Qt.TextFormat.RichText if rich else Qt.TextFormat.PlainText)
+    if selectable:
+        lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    return lab
+
+
+def vbox(parent: QWidget, margin: int = 2, spacing: int | None = None) -> QVBoxLayout:
+    """A panel's (or a part's) column of widgets, with the panels' narrow margins."""
+    lay = QVBoxLayout(parent)
+    lay.setContentsMargins(margin, margin, margin, margin)
+    if spacing is not None:
+        lay.setSpacing(spacing)
+    return lay
+
+
+def table(columns, resize=QHeaderView.ResizeMode.ResizeToContents) -> QTableWidget:
+    """A read-only table with these column headers and no row numbers."""
+    t = QTableWidget(0, len(columns))
+    t.setHorizontalHeaderLabels(list(columns))
+    t.verticalHeader().setVisible(False)
+    t.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    t.horizontalHeader().setSectionResizeMode(resize)
+    return t
+
+
+def bare(plot, invert: bool = False, still: bool = False):
+    """No pyqtgraph context menu or auto-range button; ``invert``: rows top down; ``still``: no pan or zoom."""
+    plot.setMenuEnabled(False)
+    plot.hideButtons()
+    if invert:
+        plot.getViewBox().invertY(True)
+    if still:
+        plot.setMouseEnabled(False, False)
+    return plot
+
+
+def outline(plot, pen, z: float = 10) -> QGraphicsRectItem:
+    """A rectangle on ``plot``, placed later with setRect (the newest row, a selected cell)."""
+    r = QGraphicsRectItem(0, 0, 1, 1)
+    r.setPen(pen)
+    r.setZValue(z)
+    plot.addItem(r)
+    return r
+
+
+def context_actions(widget: QWidget, *items) -> None:
+    """Right-click menu entries ``(text, slot)`` on ``widget``."""
+    widget.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
+    for text, slot in items:
+        act = QAction(text, widget)
+        act.triggered.connect(slot)
+        widget.addAction(act)
+
+
+def report_error(window, title: str, error: BaseException) -> None:
+    """A worker job's error in the window: the user's to fix (InspectorError) or an internal one."""
+    window.show_error(title, str(error), "user" if isinstance(error, InspectorError) else "internal")
+
+
+def submit(window, panel, job, show, title: str) -> None:
+    """Run ``job`` on the window's worker with ``panel`` busy; then ``show(result)`` and bring the
+    panel to the front, or report the error under ``title``."""
+
+    def done(result, error) -> None:
+        panel.set_busy(False)
+        if error is not None:
+            report_error(window, title, error)
+            return
+        show(result)
+        window.raise_panel(panel)
+
+    panel.set_busy(True)
+    if window.run_in_worker(job, done) is None:  # held back while an export reads the session
+        panel.set_busy(False)
 
 
 def legend_swatch(color: QColor, text: str) -> QWidget:

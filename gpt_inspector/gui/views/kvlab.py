@@ -13,21 +13,19 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QComboBox,
-    QHeaderView,
     QLabel,
     QPushButton,
     QSpinBox,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
-from .common import FlowLayout, group
+from ...core.errors import InspectorError
+from .common import FlowLayout, group, report_error, table, wrapped_label
 
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
@@ -75,41 +73,27 @@ class KVLabPanel(QWidget):
         self.policy.addItems(POLICIES)
         self.policy.setCurrentText("h2o")
         self.policy.setToolTip("Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache")
-        self.budget = QSpinBox()
-        self.budget.setRange(0, 1_000_000)
-        self.budget.setValue(32)
-        self.budget.setSpecialValueText("unlimited")
-        self.budget.setToolTip("Cache entries kept per KV head (eviction policies); 0 = unlimited")
-        self.steps = QSpinBox()
-        self.steps.setRange(1, 4096)
-        self.steps.setValue(16)
-        self.steps.setToolTip("Lab steps per Run")
+        self.budget = QSpinBox(minimum=0, maximum=1_000_000, value=32, specialValueText="unlimited",
+                               toolTip="Cache entries kept per KV head (eviction policies); 0 = unlimited")  # fmt: skip
+        self.steps = QSpinBox(minimum=1, maximum=4096, value=16, toolTip="Lab steps per Run")
         self.free = QCheckBox("free-running")
         self.free.setToolTip("The policy run chooses its own tokens (default: it is fed the reference's)")
-        self.run_button = QPushButton("Run")
-        self.run_button.setToolTip("Start a lab from this session's prompt and run the steps")
+        self.run_button = QPushButton("Run", toolTip="Start a lab from this session's prompt and run the steps")
         self.run_button.clicked.connect(self.run_requested)
-        self.step_button = QPushButton("Step")
-        self.step_button.setToolTip("One more lab step")
+        # the other buttons act on a lab: off until Run made one
+        self.step_button = QPushButton("Step", toolTip="One more lab step", enabled=False)
         self.step_button.clicked.connect(self.step_requested)
-        self.step_button.setEnabled(False)
-        self.back_button = QPushButton("Back")
-        self.back_button.setToolTip("Undo the last lab step exactly: both runs and the policy's own state "
-                                    "(scores, evictions, quantized rows)")  # fmt: skip
+        self.back_button = QPushButton("Back", enabled=False, toolTip="Undo the last lab step exactly: both runs and "
+                                       "the policy's own state (scores, evictions, quantized rows)")  # fmt: skip
         self.back_button.clicked.connect(self.back_requested)
-        self.back_button.setEnabled(False)
-        self.probe_button = QPushButton("Probe cache")
-        self.probe_button.setToolTip("Run the cache probe on layer 0 of the policy's cache: prompt tokens recovered")
+        self.probe_button = QPushButton("Probe cache", enabled=False,
+                                        toolTip="Run the cache probe on layer 0 of the policy's cache: prompt tokens recovered")  # fmt: skip
         self.probe_button.clicked.connect(self.probe_requested)
-        self.probe_button.setEnabled(False)
-        self.show_button = QPushButton("Show policy run")
-        self.show_button.setToolTip("Show the policy run in the window: evicted entries are masked columns in the "
-                                    "score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
+        self.show_button = QPushButton("Show policy run", enabled=False, toolTip="Show the policy run in the window: evicted "
+                                       "entries are masked columns in the score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
         self.show_button.clicked.connect(self.show_requested)
-        self.show_button.setEnabled(False)
         self.policy.currentTextChanged.connect(lambda name: self.budget.setEnabled(name not in QUANT))
-        self.status = QLabel("pick a policy and a budget, then Run: the lab steps it beside the full cache")
-        self.status.setWordWrap(True)
+        self.status = wrapped_label("pick a policy and a budget, then Run: the lab steps it beside the full cache")
         self.bytes_label = QLabel("")
         self.privacy_label = QLabel("")
 
@@ -126,11 +110,7 @@ class KVLabPanel(QWidget):
         self.divergence.setVisible(False)
         self.plot.addItem(self.divergence)
 
-        self.table = QTableWidget(0, 5)
-        self.table.setHorizontalHeaderLabels(["layer", "policy bytes", "full bytes", "evicted", "max lost mass"])
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table = table(["layer", "policy bytes", "full bytes", "evicted", "max lost mass"])
 
         # the panel is a tab of the Q/K/V dock (~300-450 px wide): the controls wrap, Run stays in reach
         top = FlowLayout(spacing=6)
@@ -226,12 +206,9 @@ def create_panel(window) -> KVLabPanel:
         def finish(result, error) -> None:
             state["busy"] = False
             if error is not None:
-                from ...core.errors import InspectorError
-
                 panel.set_busy(False)
                 panel.status.setText(str(error))
-                window.show_error("Cannot run the KV cache lab", str(error),
-                                  "user" if isinstance(error, InspectorError) else "internal")  # fmt: skip
+                report_error(window, "Cannot run the KV cache lab", error)
                 return
             done(result)
 
@@ -245,7 +222,6 @@ def create_panel(window) -> KVLabPanel:
             state.pop("before", None)  # a fresh lab: not the one shown in the window
 
         def job(src):
-            from ...core.errors import InspectorError
             from ...core.kvlab import KVLab, make
 
             if getattr(src, "read_only", True) or not hasattr(src, "lm"):
@@ -263,8 +239,6 @@ def create_panel(window) -> KVLabPanel:
         """Run ``act(lab)`` on the worker, then show the lab as it is."""
 
         def job(_src):
-            from ...core.errors import InspectorError
-
             lab = state["lab"]
             if lab is None:
                 raise InspectorError("no lab yet: press Run first")
@@ -281,8 +255,6 @@ def create_panel(window) -> KVLabPanel:
 
     def probe() -> None:
         def job(_src):
-            from ...core.errors import InspectorError
-
             if state["lab"] is None:
                 raise InspectorError("no lab yet: press Run first")
             return state["lab"].probe()

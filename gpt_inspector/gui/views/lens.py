@@ -11,20 +11,19 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QHBoxLayout,
     QHeaderView,
-    QLabel,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
 
+from ...core.errors import Cancelled, InspectorError
 from ..deferred import on_screen
+from .common import context_actions, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
@@ -49,14 +48,9 @@ class LensPanel(QWidget):
         self.follow = QCheckBox("after every step")
         self.follow.setToolTip("Recompute after each step while this panel is shown (one extra unembedding per layer)")
         self.follow.setChecked(True)
-        self.status = QLabel("run a step, then the lens shows where the prediction formed")
-        self.status.setWordWrap(True)
+        self.status = wrapped_label("run a step, then the lens shows where the prediction formed")
 
-        self.table = QTableWidget(0, 2 + TOP_K)
-        self.table.setHorizontalHeaderLabels(["layer", "p(chosen)"] + [f"#{i + 1}" for i in range(TOP_K)])
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table = table(["layer", "p(chosen)"] + [f"#{i + 1}" for i in range(TOP_K)])
 
         self.curve_plot = pg.PlotWidget()
         self.curve_plot.setMinimumHeight(110)
@@ -74,8 +68,7 @@ class LensPanel(QWidget):
         self.image.setColorMap(pg.colormap.get("CET-D1"))  # diverging: pushes for vs against
         self.map_plot.addItem(self.image)
         self.map_plot.scene().sigMouseClicked.connect(self._clicked)
-        self.map_note = QLabel("")
-        self.map_note.setWordWrap(True)
+        self.map_note = wrapped_label("")
 
         top = QHBoxLayout()
         top.addWidget(self.compute_button)
@@ -83,8 +76,7 @@ class LensPanel(QWidget):
         top.addWidget(self.export_button)
         top.addStretch(1)
         right = QWidget()
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(0, 0, 0, 0)
+        rl = vbox(right, 0)
         rl.addWidget(self.curve_plot, 1)
         rl.addWidget(self.map_plot, 1)
         rl.addWidget(self.map_note)
@@ -164,8 +156,6 @@ def create_panel(window) -> LensPanel:
     state = {"version": None, "busy": False}
 
     def done(result, error) -> None:
-        from ...core.errors import Cancelled
-
         state["busy"] = False
         panel.set_busy(False)
         if isinstance(error, Cancelled):  # gave way to a step: compute for wherever the user stops
@@ -182,8 +172,6 @@ def create_panel(window) -> LensPanel:
 
         def job(src, waiting=None):
             if getattr(src, "read_only", True) or not hasattr(src, "recorder"):
-                from ...core.errors import InspectorError
-
                 raise InspectorError("the logit lens needs a live session (a trace or a beam has no model to run)")
             return lens(src, stop=waiting)
 
@@ -232,13 +220,10 @@ def create_panel(window) -> LensPanel:
 def _add_interventions(window) -> None:
     """Knock-out and patching on the selected head, from the overview's and the score matrix's
     context menus and the Tools menu; each runs on the worker and recomputes like a mask edit."""
-    from PySide6.QtGui import QAction
     from PySide6.QtWidgets import QInputDialog
 
     def edit(change, what: str) -> None:
         def job(s):
-            from ...core.errors import InspectorError
-
             if getattr(s, "read_only", True):
                 raise InspectorError("knock-out and patching need a live session (a trace or a beam is read-only)")
             change(s)
@@ -246,9 +231,7 @@ def _add_interventions(window) -> None:
 
         def done(result, error) -> None:
             if error is not None:
-                from ...core.errors import InspectorError
-
-                window.show_error("Cannot do that", str(error), "user" if isinstance(error, InspectorError) else "internal")
+                report_error(window, "Cannot do that", error)
             else:
                 window.statusBar().showMessage(result, 8000)
 
@@ -296,7 +279,4 @@ def _add_interventions(window) -> None:
     for text, slot, key in items:
         window.tools_menu.addAction(window.acts.action(text, slot, key, "Recompute the run with this change, tokens kept"))
     for view in (window.overview, window.score_matrix):
-        for text, slot, _ in items:
-            act = QAction(text, view.glw)
-            act.triggered.connect(slot)
-            view.glw.addAction(act)
+        context_actions(view.glw, *((text, slot) for text, slot, _ in items))

@@ -13,16 +13,17 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
     QVBoxLayout,
     QWidget,
 )
+
+from ...core.errors import InspectorError
+from .common import submit, table, wrapped_label
 
 PANEL_TITLE = "Cache probe"
 PANEL_AREA = "right"
@@ -60,26 +61,14 @@ class ProbePanel(QWidget):
         self.layer_box = QComboBox()
         self.layer_box.setToolTip("probed layer")
         self.layer_box.currentIndexChanged.connect(self._show_layer)
-        self.summary = QLabel("no probe run yet")
-        self.summary.setWordWrap(True)
-        self.summary.setTextFormat(Qt.PlainText)
-        self.summary.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.text = QLabel("")
-        self.text.setWordWrap(True)
-        self.text.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.text.setTextFormat(Qt.PlainText)
-        explain = QLabel(EXPLAIN)
-        explain.setWordWrap(True)
+        self.summary = wrapped_label("no probe run yet", rich=False, selectable=True)
+        self.text = wrapped_label("", rich=False, selectable=True)
+        explain = wrapped_label(EXPLAIN)
         explain.setStyleSheet("color: gray")
 
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table = table(COLUMNS)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeToContents)
-        header.setStretchLastSection(True)
+        self.table.horizontalHeader().setStretchLastSection(True)
 
         top = QHBoxLayout()
         top.addWidget(self.title)
@@ -192,31 +181,17 @@ def create_panel(window) -> ProbePanel:
     """Dock hook for the main window: the Probe button and Tools ▸ Probe run on its worker thread."""
     panel = ProbePanel()
 
-    def done(result, error) -> None:
-        panel.set_busy(False)
-        if error is not None:
-            from ...core.errors import InspectorError
-
-            kind = "user" if isinstance(error, InspectorError) else "internal"
-            window.show_error("Cache probe failed", str(error), kind)
-            return
-        panel.show_result(result)
-        window.raise_panel(panel)
-
     def request(layers) -> None:
         layers = list(layers) or [0]
 
         def job(src):
-            from ...core.errors import InspectorError
             from ...core.probe import probe_session
 
             if not hasattr(src, "lm"):
                 raise InspectorError("the cache probe needs a live session: load a model (a trace has no model)")
             return probe_session(src, layers=layers)
 
-        panel.set_busy(True)
-        if window.run_in_worker(job, done) is None:  # held back while an export reads the session
-            panel.set_busy(False)
+        submit(window, panel, job, panel.show_result, "Cache probe failed")
 
     panel.probe_requested.connect(request)
     window.snapshot_changed.connect(panel.set_snapshot)
