@@ -159,13 +159,13 @@ def full_thumbnails(source: RunSource, max_bins: int = 32) -> Thumbnails:
     return th
 
 
-def _pool_rows(a: np.ndarray, block: int) -> np.ndarray:
+def pool_rows(a: np.ndarray, block: int, dtype=np.float32) -> np.ndarray:
     """(T, w) -> (ceil(T / block), w): the mean of each block of rows (the last block may be short)."""
     if block == 1:
         return a
     starts = np.arange(0, a.shape[0], block)
     counts = np.diff(np.append(starts, a.shape[0]))[:, None]
-    return np.ascontiguousarray(np.add.reduceat(a, starts, axis=0) / counts, dtype=np.float32)
+    return np.ascontiguousarray(np.add.reduceat(a, starts, axis=0) / counts, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------- the model
@@ -513,8 +513,8 @@ class ViewModel:
             scaling=o.scaling(layer),
             softcap=o.softcap(layer),
             query_bias=_query_bias(o, layer, head, query),
-            kv_k=_pool_rows(_heads_side_by_side(keys), kv_block),
-            kv_v=_pool_rows(_heads_side_by_side(values), kv_block),
+            kv_k=pool_rows(_heads_side_by_side(keys), kv_block),
+            kv_v=pool_rows(_heads_side_by_side(values), kv_block),
             kv_block=kv_block,
             kv_cached=_cached(o, layer, kv_block),
             kv_head=kvh,
@@ -532,7 +532,7 @@ def _policy_rows(o: RunSource, layer: int) -> dict:
 
 def _cached(o: RunSource, layer: int, block: int) -> np.ndarray | None:
     rows = o.cached_rows(layer)  # (T, n) or None
-    return None if rows is None else _pool_rows(rows.float().numpy(), block)
+    return None if rows is None else pool_rows(rows.float().numpy(), block)
 
 
 def _query_bias(o: RunSource, layer: int, head: int, query: int) -> np.ndarray | None:

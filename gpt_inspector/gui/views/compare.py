@@ -7,6 +7,7 @@ to ``ComparePanel.show_result``; "Inspect beam" shows the chosen beam in the mai
 
 from __future__ import annotations
 
+import html
 import math
 from typing import TYPE_CHECKING
 
@@ -29,11 +30,10 @@ from PySide6.QtWidgets import (
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
-from .common import FlowLayout, group
+from .common import FlowLayout, elide, group, vbox, wrapped_label
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -58,10 +58,6 @@ _BACKGROUND = QColor("#1b1e24")
 _DX, _DY = 96.0, 30.0  # tree spacing: per step, per leaf
 _NODE_W, _NODE_H = 78.0, 22.0
 _MIN_SCALE = 0.75  # below this node labels drop under ~9 px: scroll instead of shrinking further
-
-
-def _elide(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
 
 
 def _fmt(x) -> str:
@@ -239,10 +235,10 @@ class BeamTreeView(QGraphicsView):
         item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable, True)
         item.setToolTip(self._tooltip(n, by_id))
         self._scene.addItem(item)
-        text = n["text"] if n["parent"] is not None else _elide(n["text"], 24)
+        text = n["text"] if n["parent"] is not None else elide(n["text"], 24)
         if n.get("stopped"):
             text += " ■"
-        label = QGraphicsSimpleTextItem(_elide(text, 11) if n["parent"] is not None else text, item)
+        label = QGraphicsSimpleTextItem(elide(text, 11) if n["parent"] is not None else text, item)
         label.setBrush(QBrush(_PRUNED if status == "pruned" else _TEXT))
         br = label.boundingRect()
         rect = path.boundingRect()
@@ -323,10 +319,8 @@ class ComparePanel(QWidget):
         controls.addWidget(group(self.sample, QLabel("T"), self.temperature, QLabel("seed"), self.seed))
         controls.addWidget(self.run_button)
 
-        self.summary = QLabel("Compare greedy decoding, beam search and a seeded sample on the session's prompt.")
-        self.summary.setTextFormat(Qt.TextFormat.RichText)
-        self.summary.setWordWrap(True)
-        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.summary = wrapped_label("Compare greedy decoding, beam search and a seeded sample on the session's prompt.",
+                                     rich=True, selectable=True)  # fmt: skip
 
         self.table = QTableWidget(0, 0)
         self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
@@ -338,22 +332,17 @@ class ComparePanel(QWidget):
 
         self.split = split = QSplitter(Qt.Orientation.Vertical)
         top = QWidget()
-        tl = QVBoxLayout(top)
-        tl.setContentsMargins(0, 0, 0, 0)
+        tl = vbox(top, 0)
         tl.addWidget(self.table, 1)
         tl.addWidget(self.summary)
         split.addWidget(top)
         bottom = QWidget()
-        bl = QVBoxLayout(bottom)
-        bl.setContentsMargins(0, 0, 0, 0)
-        bl.setSpacing(1)
-        legend = QLabel(
+        bl = vbox(bottom, 0, spacing=1)
+        legend = wrapped_label(  # wrapped: one line of it is ~700 px, wider than the dock
             "beam tree — edges: cumulative log-prob · <span style='color:#ffb84f'>amber</span>: returned · "
             "<span style='color:#3fb950'>green</span>: finished · <span style='color:#4fa3ff'>blue</span>: alive · "
-            "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)"
-        )
-        legend.setTextFormat(Qt.TextFormat.RichText)
-        legend.setWordWrap(True)  # one line of it is ~700 px, wider than the dock
+            "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)", rich=True,
+        )  # fmt: skip
         bl.addWidget(legend)
         bl.addWidget(self.tree, 1)
         split.addWidget(bottom)
@@ -371,8 +360,7 @@ class ComparePanel(QWidget):
         self.inspect_button.setEnabled(False)
         controls.addWidget(group(self.inspect_pick, self.inspect_button))
 
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
+        lay = vbox(self)
         lay.addLayout(controls)
         lay.addWidget(split, 1)
 
@@ -497,7 +485,7 @@ class ComparePanel(QWidget):
 
 
 def _html(s: str) -> str:
-    return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "↵")
+    return html.escape(str(s), quote=False).replace("\n", "↵")
 
 
 def _compare_job(settings: dict):

@@ -12,18 +12,15 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QHBoxLayout,
     QHeaderView,
-    QLabel,
     QListWidget,
     QListWidgetItem,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
-from .common import DIM
+from .common import DIM, table, vbox, wrapped_label
 
 
 def describe_edit(e, labels) -> str:
@@ -39,16 +36,13 @@ class MaskEditor(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.edits: list = []
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        hint = QLabel("Turn on <b>Edit mask</b> above the score matrix, then click or drag cells.")
-        hint.setWordWrap(True)
+        lay = vbox(self)
+        hint = wrapped_label("Turn on <b>Edit mask</b> above the score matrix, then click or drag cells.")
         hint.setStyleSheet(f"color: {DIM};")
         lay.addWidget(hint)
         split = QSplitter(Qt.Orientation.Vertical)
         top = QWidget()
-        tl = QVBoxLayout(top)
-        tl.setContentsMargins(0, 0, 0, 0)
+        tl = vbox(top, 0)
         self.list = QListWidget()
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
         tl.addWidget(self.list)
@@ -63,17 +57,10 @@ class MaskEditor(QWidget):
         tl.addLayout(row)
         split.addWidget(top)
         bottom = QWidget()
-        bl = QVBoxLayout(bottom)
-        bl.setContentsMargins(0, 0, 0, 0)
-        self.summary = QLabel("no edit yet")
-        self.summary.setWordWrap(True)
-        self.summary.setTextFormat(Qt.TextFormat.RichText)
+        bl = vbox(bottom, 0)
+        self.summary = wrapped_label("no edit yet", rich=True)
         bl.addWidget(self.summary)
-        self.table = QTableWidget(0, 4)
-        self.table.setHorizontalHeaderLabels(["token", "before", "after", "Δ"])
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
+        self.table = table(["token", "before", "after", "Δ"], QHeaderView.ResizeMode.Stretch)
         bl.addWidget(self.table)
         split.addWidget(bottom)
         lay.addWidget(split, 1)

@@ -14,9 +14,9 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontMetrics
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 
-from .common import BAR_BRUSH, CHOSEN_BRUSH, elide, info_label, show_axes
+from .common import BAR_BRUSH, CHOSEN_BRUSH, bare, elide, info_label, show_axes, vbox
 
 
 class _LabelAxis(pg.AxisItem):
@@ -37,9 +37,7 @@ class NextTokenView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
+        lay = vbox(self, spacing=2)
         self.summary = QLabel("no step yet")
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)
@@ -48,11 +46,7 @@ class NextTokenView(QWidget):
         lay.addWidget(self.glw, 1)
         self.axis = _LabelAxis()
         self.axis.setWidth(90)
-        self.plot = self.glw.addPlot(axisItems={"left": self.axis})
-        self.plot.getViewBox().invertY(True)
-        self.plot.setMouseEnabled(False, False)
-        self.plot.setMenuEnabled(False)
-        self.plot.hideButtons()
+        self.plot = bare(self.glw.addPlot(axisItems={"left": self.axis}), invert=True, still=True)
         self.plot.setLabel("bottom", "probability")
         self.plot.getAxis("bottom").enableAutoSIPrefix(False)
         self.bars = pg.BarGraphItem(x0=[], y=[], height=0.75, width=[], brushes=[])

@@ -14,7 +14,6 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
@@ -22,13 +21,28 @@ from PySide6.QtWidgets import (
     QHBoxLayout,
     QLabel,
     QToolButton,
-    QVBoxLayout,
     QWidget,
 )
 
 from .. import viewdata
 from ..viewdata import KIND_LABELS, KINDS
-from .common import TOGGLE_STYLE, FlowLayout, show_axes, CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
+from .common import (
+    CMAP,
+    MASKED_COLOR,
+    NEWEST_PEN,
+    SELECTED_PEN,
+    TOGGLE_STYLE,
+    FlowLayout,
+    TokenAxis,
+    bare,
+    context_actions,
+    info_label,
+    legend_swatch,
+    outline,
+    placeholder_text,
+    show_axes,
+    vbox,
+)
 
 SCOPES = (("head", "this head"), ("layer", "this layer"), ("all", "all layers"))
 
@@ -76,9 +90,7 @@ class ScoreMatrix(QWidget):
         self._drag_cells: list[tuple[int, int]] = []
         self._last_matrix = None
         self._hovered: tuple[int, int] | None = None  # the cell under the pointer, read out below the plot
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
+        lay = vbox(self, spacing=2)
         bar_w = QWidget()
         bar_w.setStyleSheet(TOGGLE_STYLE)
         bar = FlowLayout(bar_w, spacing=4)  # wraps in a narrow dock instead of widening it
@@ -121,24 +133,14 @@ class ScoreMatrix(QWidget):
         lay.addWidget(self.glw, 1)
         self.left = TokenAxis("left", chars=9)
         self.bottom = TokenAxis("bottom", chars=6)
-        self.plot = self.glw.addPlot(axisItems={"left": self.left, "bottom": self.bottom})
+        self.plot = bare(self.glw.addPlot(axisItems={"left": self.left, "bottom": self.bottom}), invert=True)
         self.plot.setLabel("left", "query")
         self.plot.setLabel("bottom", "key")
-        self.plot.setMenuEnabled(False)
-        self.plot.hideButtons()
-        self.glw.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
-        for text, slot in (("Export this matrix…", self.export_requested.emit), ("Reset zoom", self._reset_zoom)):
-            act = QAction(text, self.glw)
-            act.triggered.connect(slot)
-            self.glw.addAction(act)
+        context_actions(self.glw, ("Export this matrix…", self.export_requested.emit), ("Reset zoom", self._reset_zoom))
         self.vb = self.plot.getViewBox()
-        self.vb.invertY(True)
         self.vb.setAspectLocked(True)
-        self.backdrop = QGraphicsRectItem(0, 0, 1, 1)
+        self.backdrop = outline(self.plot, pg.mkPen(None), -5)
         self.backdrop.setBrush(pg.mkBrush(MASKED_COLOR))
-        self.backdrop.setPen(pg.mkPen(None))
-        self.backdrop.setZValue(-5)
-        self.plot.addItem(self.backdrop)
         self.image = _MatrixImage(self)
         self.plot.addItem(self.image)
         # past the exact limit the image holds block maxima; where the view zooms in, the worker
@@ -161,14 +163,8 @@ class ScoreMatrix(QWidget):
         self._view_timer.timeout.connect(self._send_view)
         self.cbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=CMAP, interactive=False, width=12)
         self.cbar.setImageItem(self.image, insert_in=self.plot)
-        self.newest = QGraphicsRectItem(0, 0, 1, 1)
-        self.newest.setPen(NEWEST_PEN)
-        self.newest.setZValue(10)
-        self.plot.addItem(self.newest)
-        self.selrow = QGraphicsRectItem(0, 0, 1, 1)
-        self.selrow.setPen(SELECTED_PEN)
-        self.selrow.setZValue(11)
-        self.plot.addItem(self.selrow)
+        self.newest = outline(self.plot, NEWEST_PEN, 10)
+        self.selrow = outline(self.plot, SELECTED_PEN, 11)
         self.edits = pg.ScatterPlotItem(symbol="x", size=9, pen=pg.mkPen("#ff4040", width=2), brush=None, pxMode=True)
         self.edits.setZValue(12)
         self.plot.addItem(self.edits)

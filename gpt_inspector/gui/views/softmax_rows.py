@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QWidget
 
-from .common import TEXT, TokenAxis, info_label
+from .common import TEXT, TokenAxis, bare, info_label, vbox
 
 _BRUSH = pg.mkBrush(79, 143, 223, 200)
 _SEL_BRUSH = pg.mkBrush(255, 184, 79, 220)
@@ -24,9 +24,7 @@ class SoftmaxRows(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
+        lay = vbox(self, spacing=2)
         bar = QHBoxLayout()
         self.title = info_label("")
         bar.addWidget(self.title, 1)
@@ -51,10 +49,7 @@ class SoftmaxRows(QWidget):
         self.plots, self.curves, self.axes, self.labels = [], [], [], []
         for h in range(H):
             ax = TokenAxis("bottom", chars=5)
-            p = pg.PlotItem(axisItems={"bottom": ax})
-            p.setMenuEnabled(False)
-            p.hideButtons()
-            p.setMouseEnabled(False, False)
+            p = bare(pg.PlotItem(axisItems={"bottom": ax}), still=True)
             p.setYRange(0, 1, padding=0.02)
             p.getAxis("left").setWidth(28)
             p.getAxis("left").setTicks([[(0, "0"), (0.5, ".5"), (1, "1")]])
