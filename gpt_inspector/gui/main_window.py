@@ -37,7 +37,7 @@ from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
-from .viewdata import Selection, Snapshot
+from .viewdata import Snapshot
 from .views import compare, kvlab, lens, mathcheck, probe
 from .views.kv_cache import KVCacheView, human_bytes
 from .views.mask_editor import MaskEditor
@@ -48,6 +48,12 @@ from .views.score_matrix import ScoreMatrix
 from .views.softmax_rows import SoftmaxRows
 from .views.token_strip import TokenStrip
 from .worker import ModelSpec, SessionSpec
+
+
+def _controller_state(name: str) -> property:
+    """A window attribute that reads the controller's (which owns the state)."""
+    return property(lambda self: getattr(self.controller, name))
+
 
 class MainWindow(DockLayout, QMainWindow):
     snapshot_changed = Signal(object)  # Snapshot, after every view showed it
@@ -175,41 +181,15 @@ class MainWindow(DockLayout, QMainWindow):
         self.addToolBar(Qt.ToolBarArea.TopToolBarArea, self.unverified_bar)
         self.unverified_bar.hide()
 
-    # ================================================================== state (the controller's)
-    @property
-    def worker(self):
-        return self.controller.worker
-
-    @property
-    def snapshot(self) -> Snapshot | None:
-        return self.controller.snapshot
-
-    def current_snapshot(self) -> Snapshot | None:
-        return self.controller.snapshot
-
-    @property
-    def selection(self) -> Selection:
-        return self.controller.selection
-
-    @property
-    def busy(self) -> bool:
-        return self.controller.busy
-
-    @property
-    def running(self) -> bool:
-        return self.controller.running
-
-    @property
-    def read_only(self) -> bool:
-        return self.controller.read_only
-
-    @property
-    def has_source(self) -> bool:
-        return self.controller.has_source
-
-    @property
-    def last_stop_reason(self) -> str | None:
-        return self.controller.last_stop_reason
+    # ================================================================== state (the controller's, read here)
+    worker = _controller_state("worker")
+    snapshot = _controller_state("snapshot")  # Snapshot | None
+    selection = _controller_state("selection")  # Selection
+    busy = _controller_state("busy")
+    running = _controller_state("running")
+    read_only = _controller_state("read_only")
+    has_source = _controller_state("has_source")
+    last_stop_reason = _controller_state("last_stop_reason")  # str | None
 
     # ================================================================== extension API
     def raise_panel(self, widget: QWidget) -> None:

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
 from PySide6.QtGui import QAction, QColor, QPalette
@@ -259,10 +258,6 @@ def show_axes(plot, names, on: bool) -> None:
     """Show or hide these axes: an empty plot shows none, rather than ticks for data it does not have."""
     for name in names:
         plot.showAxis(name, on)
-
-
-def as_image(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def prob_color(p: float | None) -> QColor:

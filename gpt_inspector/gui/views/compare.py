@@ -86,10 +86,6 @@ class BeamTreeView(QGraphicsView):
         self._focus: tuple[float, float] | None = None  # scene point to keep in view when it cannot all fit
         self._auto_fit = False
 
-    @property
-    def scene_(self) -> QGraphicsScene:
-        return self._scene
-
     def wheelEvent(self, ev):  # noqa: N802 (Qt)
         self._auto_fit = False
         f = 1.15 if ev.angleDelta().y() > 0 else 1 / 1.15
@@ -167,7 +163,6 @@ class BeamTreeView(QGraphicsView):
         if not nodes:
             return
         pos = self.layout(nodes)
-        by_id = {n["id"]: n for n in nodes}
         small = QFont()
         small.setPointSizeF(max(6.0, small.pointSizeF() * 0.8))
         # edges first, so nodes paint over them
@@ -200,7 +195,7 @@ class BeamTreeView(QGraphicsView):
             self._scene.addItem(label)
         for n in nodes:
             x, y = pos[n["id"]]
-            self._add_node(n, x, y, by_id)
+            self._add_node(n, x, y)
         self._scene.setSceneRect(self._scene.itemsBoundingRect().adjusted(-20, -20, 20, 20))
         best = [n for n in nodes if n.get("returned") == 0]
         best = best or [n for n in nodes if n["status"] != "pruned"] or nodes
@@ -209,7 +204,7 @@ class BeamTreeView(QGraphicsView):
         self._auto_fit = True
         self.fit()
 
-    def _add_node(self, n: dict, x: float, y: float, by_id: dict) -> None:
+    def _add_node(self, n: dict, x: float, y: float) -> None:
         status = n["status"]
         path = QPainterPath()
         if n["parent"] is not None:
@@ -233,7 +228,7 @@ class BeamTreeView(QGraphicsView):
         item.setData(0, status)
         item.setData(1, n["id"])
         item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable, True)
-        item.setToolTip(self._tooltip(n, by_id))
+        item.setToolTip(self._tooltip(n))
         self._scene.addItem(item)
         text = n["text"] if n["parent"] is not None else elide(n["text"], 24)
         if n.get("stopped"):
@@ -246,7 +241,7 @@ class BeamTreeView(QGraphicsView):
         self.node_items[n["id"]] = item
 
     @staticmethod
-    def _tooltip(n: dict, by_id: dict) -> str:
+    def _tooltip(n: dict) -> str:
         if n["parent"] is None:
             return f"prompt: {n['text']}"
         lines = [
