@@ -12,6 +12,7 @@ the run checks between steps) and ``set_selection()`` (read at the next snapshot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -133,10 +134,8 @@ class Worker(QObject):
             else:
                 tb = "".join(traceback.format_exception_only(type(e), e)).strip()
                 self.error.emit("Internal error", f"{tb}\n\n{traceback.format_exc(limit=-3)}", "internal")
-            try:
+            with contextlib.suppress(Exception):  # the error that brought us here is already reported
                 self._publish()
-            except Exception:  # the error that brought us here is already reported
-                pass
         finally:
             self.busy.emit("")
             self.done.emit(serial)

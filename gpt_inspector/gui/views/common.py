@@ -161,13 +161,25 @@ def wrapped_label(text: str = "", rich: bool | None = None, selectable: bool = F
     return lab
 
 
-def vbox(parent: QWidget, margin: int = 2, spacing: int | None = None) -> QVBoxLayout:
-    """A panel's (or a part's) column of widgets, with the panels' narrow margins."""
+def vbox(parent: QWidget, *items, margin: int | None = None, spacing: int | None = None) -> QVBoxLayout:
+    """``parent``'s column of widgets and layouts, top down (``(item, stretch)`` for a stretching one);
+    ``margin`` and ``spacing`` in pixels, else Qt's."""
     lay = QVBoxLayout(parent)
-    lay.setContentsMargins(margin, margin, margin, margin)
+    if margin is not None:
+        lay.setContentsMargins(margin, margin, margin, margin)
     if spacing is not None:
         lay.setSpacing(spacing)
+    for item in items:
+        item, stretch = item if isinstance(item, tuple) else (item, 0)
+        (lay.addLayout if isinstance(item, QLayout) else lay.addWidget)(item, stretch)
     return lay
+
+
+def column(*items, spacing: int | None = None) -> QWidget:
+    """A borderless widget holding ``items`` top down (one pane of a splitter)."""
+    w = QWidget()
+    vbox(w, *items, margin=0, spacing=spacing)
+    return w
 
 
 def table(columns, resize=QHeaderView.ResizeMode.ResizeToContents) -> QTableWidget:

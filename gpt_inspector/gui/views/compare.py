@@ -33,7 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import FlowLayout, elide, group, vbox, wrapped_label
+from .common import FlowLayout, column, elide, group, vbox, wrapped_label
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -326,21 +326,13 @@ class ComparePanel(QWidget):
         self.tree = BeamTreeView()
 
         self.split = split = QSplitter(Qt.Orientation.Vertical)
-        top = QWidget()
-        tl = vbox(top, 0)
-        tl.addWidget(self.table, 1)
-        tl.addWidget(self.summary)
-        split.addWidget(top)
-        bottom = QWidget()
-        bl = vbox(bottom, 0, spacing=1)
+        split.addWidget(column((self.table, 1), self.summary))
         legend = wrapped_label(  # wrapped: one line of it is ~700 px, wider than the dock
             "beam tree — edges: cumulative log-prob · <span style='color:#ffb84f'>amber</span>: returned · "
             "<span style='color:#3fb950'>green</span>: finished · <span style='color:#4fa3ff'>blue</span>: alive · "
             "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)", rich=True,
         )  # fmt: skip
-        bl.addWidget(legend)
-        bl.addWidget(self.tree, 1)
-        split.addWidget(bottom)
+        split.addWidget(column(legend, (self.tree, 1), spacing=1))
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)
 
@@ -355,9 +347,7 @@ class ComparePanel(QWidget):
         self.inspect_button.setEnabled(False)
         controls.addWidget(group(self.inspect_pick, self.inspect_button))
 
-        lay = vbox(self)
-        lay.addLayout(controls)
-        lay.addWidget(split, 1)
+        vbox(self, controls, (split, 1), margin=2)
 
     # ------------------------------------------------------------------ requests
     def settings(self) -> dict:

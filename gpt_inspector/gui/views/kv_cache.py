@@ -73,7 +73,7 @@ class KVCacheView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, spacing=2)
+        lay = vbox(self, margin=2, spacing=2)
         head = QHBoxLayout()
         self.title = info_label("")
         head.addWidget(self.title, 1)

@@ -20,12 +20,11 @@ from PySide6.QtWidgets import (
     QSpinBox,
     QSplitter,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
 from ...core.errors import InspectorError
-from .common import FlowLayout, group, report_error, table, wrapped_label
+from .common import FlowLayout, group, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
@@ -121,12 +120,7 @@ class KVLabPanel(QWidget):
         split = QSplitter(Qt.Horizontal)
         split.addWidget(self.plot)
         split.addWidget(self.table)
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(self.bytes_label)
-        lay.addWidget(self.privacy_label)
-        lay.addWidget(split, 1)
+        vbox(self, top, self.status, self.bytes_label, self.privacy_label, (split, 1))
 
     def settings(self) -> tuple[str, int | None, int, bool]:
         name = self.policy.currentText()
@@ -235,17 +229,17 @@ def create_panel(window) -> KVLabPanel:
 
         submit(job, panel.show_view, f"running {name} for {n} steps beside the full cache…")
 
-    def on_lab(act, what: str) -> None:
-        """Run ``act(lab)`` on the worker, then show the lab as it is."""
+    def on_lab(act, what: str, show=None) -> None:
+        """Run ``act(lab)`` on the worker, then ``show`` what it returned, or (no ``show``) the lab as it is."""
 
         def job(_src):
             lab = state["lab"]
             if lab is None:
                 raise InspectorError("no lab yet: press Run first")
-            act(lab)
-            return LabView.of(lab)
+            out = act(lab)
+            return out if show is not None else LabView.of(lab)
 
-        submit(job, panel.show_view, what)
+        submit(job, show or panel.show_view, what)
 
     def step() -> None:
         on_lab(lambda lab: lab.step(), "one more lab step…")
@@ -254,12 +248,7 @@ def create_panel(window) -> KVLabPanel:
         on_lab(lambda lab: lab.step_back(), "stepping the lab back…")
 
     def probe() -> None:
-        def job(_src):
-            if state["lab"] is None:
-                raise InspectorError("no lab yet: press Run first")
-            return state["lab"].probe()
-
-        submit(job, panel.show_privacy, "probing the policy's cache for the prompt…")
+        on_lab(lambda lab: lab.probe(), "probing the policy's cache for the prompt…", panel.show_privacy)
 
     def show() -> None:
         lab = state["lab"]

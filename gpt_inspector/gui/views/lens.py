@@ -17,13 +17,12 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
 from ...core.errors import Cancelled, InspectorError
 from ..deferred import on_screen
-from .common import context_actions, report_error, table, vbox, wrapped_label
+from .common import column, context_actions, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
@@ -75,18 +74,10 @@ class LensPanel(QWidget):
         top.addWidget(self.follow)
         top.addWidget(self.export_button)
         top.addStretch(1)
-        right = QWidget()
-        rl = vbox(right, 0)
-        rl.addWidget(self.curve_plot, 1)
-        rl.addWidget(self.map_plot, 1)
-        rl.addWidget(self.map_note)
         split = QSplitter(Qt.Horizontal)
         split.addWidget(self.table)
-        split.addWidget(right)
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(split, 1)
+        split.addWidget(column((self.curve_plot, 1), (self.map_plot, 1), self.map_note))
+        vbox(self, top, self.status, (split, 1))
 
     def clear(self, text: str) -> None:
         self.result = None

@@ -20,7 +20,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import DIM, table, vbox, wrapped_label
+from .common import DIM, column, table, vbox, wrapped_label
 
 
 def describe_edit(e, labels) -> str:
@@ -36,16 +36,10 @@ class MaskEditor(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.edits: list = []
-        lay = vbox(self)
         hint = wrapped_label("Turn on <b>Edit mask</b> above the score matrix, then click or drag cells.")
         hint.setStyleSheet(f"color: {DIM};")
-        lay.addWidget(hint)
-        split = QSplitter(Qt.Orientation.Vertical)
-        top = QWidget()
-        tl = vbox(top, 0)
         self.list = QListWidget()
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
-        tl.addWidget(self.list)
         row = QHBoxLayout()
         self.remove = QPushButton("Remove selected")
         self.remove.clicked.connect(self._remove)
@@ -54,16 +48,12 @@ class MaskEditor(QWidget):
         row.addWidget(self.remove)
         row.addWidget(self.clear)
         row.addStretch(1)
-        tl.addLayout(row)
-        split.addWidget(top)
-        bottom = QWidget()
-        bl = vbox(bottom, 0)
         self.summary = wrapped_label("no edit yet", rich=True)
-        bl.addWidget(self.summary)
         self.table = table(["token", "before", "after", "Δ"], QHeaderView.ResizeMode.Stretch)
-        bl.addWidget(self.table)
-        split.addWidget(bottom)
-        lay.addWidget(split, 1)
+        split = QSplitter(Qt.Orientation.Vertical)
+        split.addWidget(column(self.list, row))
+        split.addWidget(column(self.summary, self.table))
+        vbox(self, hint, (split, 1), margin=2)
         self.report = None
 
     def _remove(self) -> None:

@@ -17,11 +17,10 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSplitter,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
-from .common import submit, table, wrapped_label
+from .common import submit, table, vbox, wrapped_label
 
 PANEL_TITLE = "Math check"
 PANEL_AREA = "right"
@@ -73,11 +72,7 @@ class MathCheckPanel(QWidget):
         buttons.addWidget(self.check_button)
         buttons.addWidget(self.check_all_button)
         buttons.addStretch(1)
-        lay = QVBoxLayout(self)
-        lay.addLayout(buttons)
-        lay.addWidget(self.formula)
-        lay.addWidget(self.verdict)
-        lay.addWidget(split, 1)
+        vbox(self, buttons, self.formula, self.verdict, (split, 1))
         self._set_formula(None)
 
     # ------------------------------------------------------------------ public

@@ -37,7 +37,7 @@ class NextTokenView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, spacing=2)
+        lay = vbox(self, margin=2, spacing=2)
         self.summary = QLabel("no step yet")
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)

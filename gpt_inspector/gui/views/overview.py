@@ -30,7 +30,7 @@ class OverviewGrid(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, spacing=2)
+        lay = vbox(self, margin=2, spacing=2)
         bar = QHBoxLayout()
         self.title = info_label("Overview")
         bar.addWidget(self.title, 1)

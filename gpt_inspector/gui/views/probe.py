@@ -18,12 +18,11 @@ from PySide6.QtWidgets import (
     QListWidgetItem,
     QPushButton,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
 from ...core.errors import InspectorError
-from .common import submit, table, wrapped_label
+from .common import submit, table, vbox, wrapped_label
 
 PANEL_TITLE = "Cache probe"
 PANEL_AREA = "right"
@@ -78,13 +77,7 @@ class ProbePanel(QWidget):
         run = QHBoxLayout()
         run.addWidget(self.layers, 1)
         run.addWidget(self.probe_button, 0, Qt.AlignTop)
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(explain)
-        lay.addLayout(run)
-        lay.addWidget(self.summary)
-        lay.addWidget(self.text)
-        lay.addWidget(self.table, 1)
+        vbox(self, top, explain, run, self.summary, self.text, (self.table, 1))
 
         self._enable()
 

@@ -53,7 +53,7 @@ class _KImage(pg.ImageItem):
 class QKVView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, spacing=2)
+        lay = vbox(self, margin=2, spacing=2)
         self.title = info_label("")
         lay.addWidget(self.title)
         self.glw = pg.GraphicsLayoutWidget()

@@ -90,7 +90,7 @@ class ScoreMatrix(QWidget):
         self._drag_cells: list[tuple[int, int]] = []
         self._last_matrix = None
         self._hovered: tuple[int, int] | None = None  # the cell under the pointer, read out below the plot
-        lay = vbox(self, spacing=2)
+        lay = vbox(self, margin=2, spacing=2)
         bar_w = QWidget()
         bar_w.setStyleSheet(TOGGLE_STYLE)
         bar = FlowLayout(bar_w, spacing=4)  # wraps in a narrow dock instead of widening it

@@ -24,7 +24,7 @@ class SoftmaxRows(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, spacing=2)
+        lay = vbox(self, margin=2, spacing=2)
         bar = QHBoxLayout()
         self.title = info_label("")
         bar.addWidget(self.title, 1)
