@@ -73,7 +73,6 @@ class KVCacheView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, margin=2, spacing=2)
         head = QHBoxLayout()
         self.title = info_label("")
         head.addWidget(self.title, 1)
@@ -89,9 +88,8 @@ class KVCacheView(QWidget):
             b.setToolTip(f"Save this layer's {which.upper()} cache as PNG or SVG")
             b.clicked.connect(lambda _=False, w=which: self.export_requested.emit(w))
             head.addWidget(b)
-        lay.addLayout(head)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
+        vbox(self, head, (self.glw, 1), margin=2, spacing=2)
         self.axis = TokenAxis("left", chars=8)
         self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title=None, axisItems={"left": self.axis})
         self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title=None)

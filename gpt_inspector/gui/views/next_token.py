@@ -37,13 +37,10 @@ class NextTokenView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, margin=2, spacing=2)
         self.summary = QLabel("no step yet")
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)
-        lay.addWidget(self.summary)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
         self.axis = _LabelAxis()
         self.axis.setWidth(90)
         self.plot = bare(self.glw.addPlot(axisItems={"left": self.axis}), invert=True, still=True)
@@ -59,7 +56,7 @@ class NextTokenView(QWidget):
         self.redecide.setToolTip("Choose the current token again from the same logits at the current settings")
         self.redecide.clicked.connect(self.redecide_requested)
         bar.addWidget(self.redecide)
-        lay.addLayout(bar)
+        vbox(self, self.summary, (self.glw, 1), bar, margin=2, spacing=2)
         self.top_ids: list[int] = []
         self.probs: list[float] = []
         self.chosen = -1

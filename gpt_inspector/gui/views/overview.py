@@ -30,7 +30,6 @@ class OverviewGrid(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, margin=2, spacing=2)
         bar = QHBoxLayout()
         self.title = info_label("Overview")
         bar.addWidget(self.title, 1)
@@ -38,9 +37,8 @@ class OverviewGrid(QWidget):
         exp.setToolTip("Export the grid of attention patterns")
         exp.clicked.connect(lambda: self.export_requested.emit(None))
         bar.addWidget(exp)
-        lay.addLayout(bar)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
+        vbox(self, bar, (self.glw, 1), margin=2, spacing=2)
         self.left = IndexAxis("left", "L")
         self.top = IndexAxis("top", "H")
         self.plot = bare(self.glw.addPlot(axisItems={"left": self.left, "top": self.top}), invert=True, still=True)

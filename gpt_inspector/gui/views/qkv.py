@@ -53,13 +53,10 @@ class _KImage(pg.ImageItem):
 class QKVView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, margin=2, spacing=2)
         self.title = info_label("")
-        lay.addWidget(self.title)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
         self.readout = wrapped_label(" ", rich=True)
-        lay.addWidget(self.readout)
+        vbox(self, self.title, (self.glw, 1), self.readout, margin=2, spacing=2)
 
         self.qplot = bare(self.glw.addPlot(row=0, col=0, colspan=2), still=True)
         self.qplot.setLabel("left", "q")

@@ -90,7 +90,6 @@ class ScoreMatrix(QWidget):
         self._drag_cells: list[tuple[int, int]] = []
         self._last_matrix = None
         self._hovered: tuple[int, int] | None = None  # the cell under the pointer, read out below the plot
-        lay = vbox(self, margin=2, spacing=2)
         bar_w = QWidget()
         bar_w.setStyleSheet(TOGGLE_STYLE)
         bar = FlowLayout(bar_w, spacing=4)  # wraps in a narrow dock instead of widening it
@@ -125,12 +124,8 @@ class ScoreMatrix(QWidget):
         exp.setToolTip("Export this matrix (PNG, SVG, CSV, …)")
         exp.clicked.connect(self.export_requested)
         bar.addWidget(exp)
-        lay.addWidget(bar_w)
         self.title = info_label("")
-
-        lay.addWidget(self.title)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
         self.left = TokenAxis("left", chars=9)
         self.bottom = TokenAxis("bottom", chars=6)
         self.plot = bare(self.glw.addPlot(axisItems={"left": self.left, "bottom": self.bottom}), invert=True)
@@ -179,7 +174,7 @@ class ScoreMatrix(QWidget):
         nw.setStyleSheet("color: #ff6b6b;")
         foot.addWidget(nw)
         foot.addWidget(self.readout, 1)
-        lay.addLayout(foot)
+        vbox(self, bar_w, self.title, (self.glw, 1), foot, margin=2, spacing=2)
         self._show_empty()
         self.vb.sigRangeChanged.connect(lambda *_: self._view_timer.start())
 

@@ -24,16 +24,14 @@ class SoftmaxRows(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = vbox(self, margin=2, spacing=2)
         bar = QHBoxLayout()
         self.title = info_label("")
         bar.addWidget(self.title, 1)
         self.only_selected = QCheckBox("selected head only")
         self.only_selected.toggled.connect(self._relayout)
         bar.addWidget(self.only_selected)
-        lay.addLayout(bar)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
+        vbox(self, bar, (self.glw, 1), margin=2, spacing=2)
         self.plots: list[pg.PlotItem] = []
         self.curves: list[pg.PlotDataItem] = []
         self.axes: list[TokenAxis] = []
