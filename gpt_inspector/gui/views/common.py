@@ -161,15 +161,26 @@ def wrapped_label(text: str = "", rich: bool | None = None, selectable: bool = F
     return lab
 
 
-def vbox(parent: QWidget, *items, margin: int | None = None, spacing: int | None = None) -> QVBoxLayout:
-    """``parent``'s column of widgets and layouts, top down (``(item, stretch)`` for a stretching one);
-    ``margin`` and ``spacing`` in pixels, else Qt's."""
-    lay = QVBoxLayout(parent)
+def vbox(parent: QWidget | None, *items, margin: int | None = None, spacing: int | None = None) -> QVBoxLayout:
+    """``parent``'s column of widgets and layouts, top down: ``(item, stretch)`` for one that
+    stretches, an int for empty stretch; ``margin`` and ``spacing`` in pixels, else Qt's."""
+    return _fill(QVBoxLayout(parent), items, margin, spacing)
+
+
+def hbox(parent: QWidget | None, *items, margin: int | None = None, spacing: int | None = None) -> QHBoxLayout:
+    """A row, left to right, as ``vbox`` makes a column."""
+    return _fill(QHBoxLayout(parent), items, margin, spacing)
+
+
+def _fill(lay, items, margin: int | None, spacing: int | None):
     if margin is not None:
         lay.setContentsMargins(margin, margin, margin, margin)
     if spacing is not None:
         lay.setSpacing(spacing)
     for item in items:
+        if isinstance(item, int):
+            lay.addStretch(item)
+            continue
         item, stretch = item if isinstance(item, tuple) else (item, 0)
         (lay.addLayout if isinstance(item, QLayout) else lay.addWidget)(item, stretch)
     return lay
@@ -245,14 +256,10 @@ def submit(window, panel, job, show, title: str) -> None:
 
 def legend_swatch(color: QColor, text: str) -> QWidget:
     w = QWidget()
-    lay = QHBoxLayout(w)
-    lay.setContentsMargins(0, 0, 0, 0)
-    lay.setSpacing(4)
     sw = QLabel()
     sw.setFixedSize(12, 12)
     sw.setStyleSheet(f"background: {color.name()}; border: 1px solid #555;")
-    lay.addWidget(sw)
-    lay.addWidget(QLabel(text))
+    hbox(w, sw, QLabel(text), margin=0, spacing=4)
     return w
 
 
@@ -305,11 +312,7 @@ def apply_theme(app: QApplication) -> None:
 def group(*widgets: QWidget) -> QWidget:
     """Widgets that wrap as one in a FlowLayout (a label with its field)."""
     box = QWidget()
-    lay = QHBoxLayout(box)
-    lay.setContentsMargins(0, 0, 0, 0)
-    lay.setSpacing(3)
-    for w in widgets:
-        lay.addWidget(w)
+    hbox(box, *widgets, margin=0, spacing=3)
     return box
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QPushButton, QWidget
+from PySide6.QtWidgets import QCheckBox, QPushButton, QWidget
 
 from ..viewdata import pool_rows
 from .common import (
@@ -28,6 +28,7 @@ from .common import (
     TokenAxis,
     WholeAxis,
     bare,
+    hbox,
     info_label,
     nice_stride,
     outline,
@@ -73,16 +74,14 @@ class KVCacheView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        head = QHBoxLayout()
         self.title = info_label("")
-        head.addWidget(self.title, 1)
         # where the model caches something else than per-head K/V (MLA's latent): show that instead
         self.as_cached = QCheckBox("as cached")
         self.as_cached.setToolTip("Show the rows the model's cache really stores (a compressed latent) "
                                   "instead of the per-head K and V attention receives")
         self.as_cached.hide()
         self.as_cached.toggled.connect(self._refresh)
-        head.addWidget(self.as_cached)
+        head = hbox(None, (self.title, 1), self.as_cached)
         for which in ("k", "v"):
             b = QPushButton(f"Export {which.upper()}…")
             b.setToolTip(f"Save this layer's {which.upper()} cache as PNG or SVG")

@@ -12,8 +12,8 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
-    QHBoxLayout,
     QHeaderView,
+    QLabel,
     QPushButton,
     QSplitter,
     QTableWidgetItem,
@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 
 from ...core.errors import Cancelled, InspectorError
 from ..deferred import on_screen
-from .common import column, context_actions, report_error, table, vbox, wrapped_label
+from .common import column, context_actions, hbox, report_error, table, vbox
 
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
@@ -47,7 +47,8 @@ class LensPanel(QWidget):
         self.follow = QCheckBox("after every step")
         self.follow.setToolTip("Recompute after each step while this panel is shown (one extra unembedding per layer)")
         self.follow.setChecked(True)
-        self.status = wrapped_label("run a step, then the lens shows where the prediction formed")
+        self.status = QLabel("run a step, then the lens shows where the prediction formed")
+        self.status.setWordWrap(True)
 
         self.table = table(["layer", "p(chosen)"] + [f"#{i + 1}" for i in range(TOP_K)])
 
@@ -67,13 +68,10 @@ class LensPanel(QWidget):
         self.image.setColorMap(pg.colormap.get("CET-D1"))  # diverging: pushes for vs against
         self.map_plot.addItem(self.image)
         self.map_plot.scene().sigMouseClicked.connect(self._clicked)
-        self.map_note = wrapped_label("")
+        self.map_note = QLabel("")
+        self.map_note.setWordWrap(True)
 
-        top = QHBoxLayout()
-        top.addWidget(self.compute_button)
-        top.addWidget(self.follow)
-        top.addWidget(self.export_button)
-        top.addStretch(1)
+        top = hbox(None, self.compute_button, self.follow, self.export_button, 1)
         split = QSplitter(Qt.Horizontal)
         split.addWidget(self.table)
         split.addWidget(column((self.curve_plot, 1), (self.map_plot, 1), self.map_note))

@@ -10,7 +10,6 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QHBoxLayout,
     QHeaderView,
     QListWidget,
     QListWidgetItem,
@@ -20,7 +19,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import DIM, column, table, vbox, wrapped_label
+from .common import DIM, column, hbox, table, vbox, wrapped_label
 
 
 def describe_edit(e, labels) -> str:
@@ -40,18 +39,14 @@ class MaskEditor(QWidget):
         hint.setStyleSheet(f"color: {DIM};")
         self.list = QListWidget()
         self.list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
-        row = QHBoxLayout()
         self.remove = QPushButton("Remove selected")
         self.remove.clicked.connect(self._remove)
         self.clear = QPushButton("Clear all")
         self.clear.clicked.connect(lambda: self.edits_replaced.emit([]))
-        row.addWidget(self.remove)
-        row.addWidget(self.clear)
-        row.addStretch(1)
         self.summary = wrapped_label("no edit yet", rich=True)
         self.table = table(["token", "before", "after", "Δ"], QHeaderView.ResizeMode.Stretch)
         split = QSplitter(Qt.Orientation.Vertical)
-        split.addWidget(column(self.list, row))
+        split.addWidget(column(self.list, hbox(None, self.remove, self.clear, 1)))
         split.addWidget(column(self.summary, self.table))
         vbox(self, hint, (split, 1), margin=2)
         self.report = None

@@ -13,14 +13,13 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
-    QHBoxLayout,
     QPushButton,
     QSplitter,
     QTableWidgetItem,
     QWidget,
 )
 
-from .common import submit, table, vbox, wrapped_label
+from .common import hbox, submit, table, vbox, wrapped_label
 
 PANEL_TITLE = "Math check"
 PANEL_AREA = "right"
@@ -68,10 +67,7 @@ class MathCheckPanel(QWidget):
         split.addWidget(self.plot)
         split.addWidget(self.table)
         split.addWidget(self.heads)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.check_button)
-        buttons.addWidget(self.check_all_button)
-        buttons.addStretch(1)
+        buttons = hbox(None, self.check_button, self.check_all_button, 1)
         vbox(self, buttons, self.formula, self.verdict, (split, 1))
         self._set_formula(None)
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, Signal
-from PySide6.QtWidgets import QHBoxLayout, QToolButton, QWidget
+from PySide6.QtWidgets import QToolButton, QWidget
 
 from .common import (
     CMAP,
     IndexAxis,
     bare,
     context_actions,
+    hbox,
     info_label,
     outline,
     placeholder_text,
@@ -30,15 +31,12 @@ class OverviewGrid(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        bar = QHBoxLayout()
         self.title = info_label("Overview")
-        bar.addWidget(self.title, 1)
         exp = QToolButton(text="Export…")
         exp.setToolTip("Export the grid of attention patterns")
         exp.clicked.connect(lambda: self.export_requested.emit(None))
-        bar.addWidget(exp)
         self.glw = pg.GraphicsLayoutWidget()
-        vbox(self, bar, (self.glw, 1), margin=2, spacing=2)
+        vbox(self, hbox(None, (self.title, 1), exp), (self.glw, 1), margin=2, spacing=2)
         self.left = IndexAxis("left", "L")
         self.top = IndexAxis("top", "H")
         self.plot = bare(self.glw.addPlot(axisItems={"left": self.left, "top": self.top}), invert=True, still=True)

@@ -22,7 +22,7 @@ from PySide6.QtWidgets import (
 )
 
 from ...core.errors import InspectorError
-from .common import submit, table, vbox, wrapped_label
+from .common import hbox, submit, table, vbox, wrapped_label
 
 PANEL_TITLE = "Cache probe"
 PANEL_AREA = "right"
@@ -69,11 +69,7 @@ class ProbePanel(QWidget):
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
         self.table.horizontalHeader().setStretchLastSection(True)
 
-        top = QHBoxLayout()
-        top.addWidget(self.title)
-        top.addStretch(1)
-        top.addWidget(QLabel("layer"))
-        top.addWidget(self.layer_box)
+        top = hbox(None, self.title, 1, QLabel("layer"), self.layer_box)
         run = QHBoxLayout()
         run.addWidget(self.layers, 1)
         run.addWidget(self.probe_button, 0, Qt.AlignTop)

@@ -18,7 +18,6 @@ from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
     QGraphicsRectItem,
-    QHBoxLayout,
     QLabel,
     QToolButton,
     QWidget,
@@ -36,6 +35,7 @@ from .common import (
     TokenAxis,
     bare,
     context_actions,
+    hbox,
     info_label,
     legend_swatch,
     outline,
@@ -168,12 +168,9 @@ class ScoreMatrix(QWidget):
         self.plot.addItem(self.preview)
         self._hint = placeholder_text(None, self.plot, "press Step (F10) to run the prompt")
         self.readout = info_label(" ", dim=False)
-        foot = QHBoxLayout()
-        foot.addWidget(legend_swatch(MASKED_COLOR, "masked"))
         nw = QLabel("▭ newest row")
         nw.setStyleSheet("color: #ff6b6b;")
-        foot.addWidget(nw)
-        foot.addWidget(self.readout, 1)
+        foot = hbox(None, legend_swatch(MASKED_COLOR, "masked"), nw, (self.readout, 1))
         vbox(self, bar_w, self.title, (self.glw, 1), foot, margin=2, spacing=2)
         self._show_empty()
         self.vb.sigRangeChanged.connect(lambda *_: self._view_timer.start())

@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QWidget
 
-from .common import TEXT, TokenAxis, bare, info_label, vbox
+from .common import TEXT, TokenAxis, bare, hbox, info_label, vbox
 
 _BRUSH = pg.mkBrush(79, 143, 223, 200)
 _SEL_BRUSH = pg.mkBrush(255, 184, 79, 220)
@@ -24,14 +24,11 @@ class SoftmaxRows(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        bar = QHBoxLayout()
         self.title = info_label("")
-        bar.addWidget(self.title, 1)
         self.only_selected = QCheckBox("selected head only")
         self.only_selected.toggled.connect(self._relayout)
-        bar.addWidget(self.only_selected)
         self.glw = pg.GraphicsLayoutWidget()
-        vbox(self, bar, (self.glw, 1), margin=2, spacing=2)
+        vbox(self, hbox(None, (self.title, 1), self.only_selected), (self.glw, 1), margin=2, spacing=2)
         self.plots: list[pg.PlotItem] = []
         self.curves: list[pg.PlotDataItem] = []
         self.axes: list[TokenAxis] = []
