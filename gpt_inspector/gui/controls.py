@@ -10,32 +10,23 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
     QSlider,
     QSpinBox,
-    QVBoxLayout,
     QWidget,
 )
 
 from ..core.breakpoints import Breakpoints
 from . import settings as _settings
 from .commands import ModelSpec, SessionSpec
+from .views.common import hbox, vbox
 
 DEMO_LABEL = "Demo model (built in)"
 RECENT_MODELS = "recent/models"
 DEFAULT_PROMPT = "She eats apple"
 THROTTLE_MS = 40  # decoding changes from a dragged slider: at most ~25 redraws a second
-
-
-def _row(*widgets: QWidget, stretch: int = 0) -> QHBoxLayout:
-    """Widgets side by side in one form row, each with this stretch."""
-    row = QHBoxLayout()
-    for w in widgets:
-        row.addWidget(w, stretch)
-    return row
 
 
 class SessionPanel(QWidget):
@@ -45,12 +36,10 @@ class SessionPanel(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(4, 4, 4, 4)
+        lay = vbox(self, margin=4)
 
         g = QGroupBox("Model")
         f = QFormLayout(g)
-        row = QHBoxLayout()
         self.model = QComboBox()
         self.model.setEditable(True)
         self.model.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
@@ -58,19 +47,17 @@ class SessionPanel(QWidget):
         self.model.setToolTip("The demo model, a Hugging Face hub id (from the local cache) or a local folder")
         self.model.setMinimumContentsLength(12)
         self.model.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        row.addWidget(self.model, 1)
         browse = QPushButton("…")
         browse.setToolTip("Choose a local model folder")
         browse.setFixedWidth(28)
         browse.clicked.connect(self._browse)
-        row.addWidget(browse)
-        f.addRow(row)
+        f.addRow(hbox(None, (self.model, 1), browse))
         self.device = QComboBox()
         self.device.addItems(["auto", "cpu", "cuda", "mps"])
         self.device.setEditable(True)
         self.dtype = QComboBox()
         self.dtype.addItems(["float32", "float16", "bfloat16"])
-        f.addRow("device / dtype", _row(self.device, self.dtype, stretch=1))
+        f.addRow("device / dtype", hbox(None, (self.device, 1), (self.dtype, 1)))
         self.device_map = QComboBox()
         self.device_map.addItems(["one device", "auto", "balanced", "sequential"])
         self.device_map.setToolTip("Spread the layers over the GPUs, the CPU and disk (accelerate); "
@@ -78,7 +65,7 @@ class SessionPanel(QWidget):
         self.max_memory = QLineEdit()
         self.max_memory.setPlaceholderText("0=20GiB,cpu=60GiB")
         self.max_memory.setToolTip("With a device map: the most each device may hold (GPU index, cpu, disk)")
-        f.addRow("device map / max", _row(self.device_map, self.max_memory, stretch=1))
+        f.addRow("device map / max", hbox(None, (self.device_map, 1), (self.max_memory, 1)))
         self.offload_folder = QLineEdit()
         self.offload_folder.setPlaceholderText("offload folder (disk), optional")
         self.offload_folder.setToolTip("With a device map: where the weights that fit nowhere else wait on disk")
@@ -99,14 +86,12 @@ class SessionPanel(QWidget):
         lay.addWidget(g)
 
         g = QGroupBox("Prompt")
-        v = QVBoxLayout(g)
         self.prompt = QPlainTextEdit(DEFAULT_PROMPT)
         self.prompt.setMaximumHeight(80)
-        v.addWidget(self.prompt)
         self.start_button = QPushButton("Start from this prompt")
         self.start_button.setToolTip("New session with this prompt and seed (mask edits are kept)")
         self.start_button.clicked.connect(self.start_requested)
-        v.addWidget(self.start_button)
+        vbox(g, self.prompt, self.start_button)
         lay.addWidget(g)
 
         g = QGroupBox("Decoding")
@@ -114,16 +99,13 @@ class SessionPanel(QWidget):
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=10.0, singleStep=0.05, decimals=2,
                                           toolTip="0 = greedy (the distribution is then shown at temperature 1)")  # fmt: skip
         self.temp_slider = QSlider(Qt.Orientation.Horizontal, minimum=0, maximum=200)
-        tr = QHBoxLayout()
-        tr.addWidget(self.temperature)
-        tr.addWidget(self.temp_slider, 1)
-        f.addRow("temperature", tr)
+        f.addRow("temperature", hbox(None, self.temperature, (self.temp_slider, 1)))
         self.top_k = QSpinBox(minimum=0, maximum=1_000_000, specialValueText="off")
         self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0, decimals=2, toolTip="1.00 = off")
-        f.addRow("top-k / top-p", _row(self.top_k, self.top_p))
+        f.addRow("top-k / top-p", hbox(None, self.top_k, self.top_p))
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1)
         self.max_steps = QSpinBox(minimum=1, maximum=1_000_000, value=32, toolTip="Run (F5) stops after this many steps at most")
-        f.addRow("seed / max steps", _row(self.seed, self.max_steps))
+        f.addRow("seed / max steps", hbox(None, self.seed, self.max_steps))
         lay.addWidget(g)
         lay.addStretch(1)
 

@@ -25,13 +25,11 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
-    QHBoxLayout,
     QLabel,
     QLineEdit,
     QMessageBox,
     QPushButton,
     QScrollArea,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -39,6 +37,7 @@ from .. import figures
 from ..core.errors import InspectorError, StepFailed
 from ..core.stages import STAGE_LABELS
 from ..figures import fullres
+from .views.common import hbox, vbox
 
 FILTERS = {".png": "PNG image (*.png)", ".svg": "SVG image (*.svg)", ".pdf": "PDF document (*.pdf)"}
 PREVIEW_DPI = 100.0
@@ -76,9 +75,7 @@ class ExportDialog(QDialog):
         self.path_edit = QLineEdit(str((_last_dir or Path.home()) / default_name))
         browse = QPushButton("Browse…")
         browse.clicked.connect(self._browse)
-        row = QHBoxLayout()
-        row.addWidget(self.path_edit, 1)
-        row.addWidget(browse)
+        row = hbox(None, (self.path_edit, 1), browse)
 
         self.format_box = QComboBox()
         for text, suffix in (("PNG (bitmap)", ".png"), ("SVG (vector)", ".svg"), ("PDF (vector)", ".pdf")):
@@ -105,11 +102,7 @@ class ExportDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addWidget(QLabel(what))
-        layout.addWidget(scroll, 1)
-        layout.addLayout(form)
-        layout.addWidget(buttons)
+        vbox(self, QLabel(what), (scroll, 1), form, buttons)
 
         self.format_box.currentIndexChanged.connect(self._format_changed)
         self.path_edit.textChanged.connect(self._path_changed)
