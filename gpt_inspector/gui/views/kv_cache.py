@@ -144,9 +144,8 @@ class KVCacheView(QWidget):
         for p, text in ((self.kplot, "K cache"), (self.vplot, "V cache"), (self.bplot, "bytes per layer"),
                         (self.hplot, "size per step")):  # fmt: skip
             p.setTitle(text, size="8pt")
-        self.glw.ci.layout.setColumnStretchFactor(0, 3)
-        self.glw.ci.layout.setColumnStretchFactor(1, 3)
-        self.glw.ci.layout.setColumnStretchFactor(3, 2)
+        for col, share in ((0, 3), (1, 3), (3, 2)):
+            self.glw.ci.layout.setColumnStretchFactor(col, share)
         self._hint = placeholder_text(None, self.kplot, "empty")
         self._hint.setPos(0.5, 0.5)
         self._last = None

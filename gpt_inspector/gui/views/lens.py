@@ -226,19 +226,13 @@ def _add_interventions(window) -> None:
 
         window.run_in_worker(job, done)
 
-    def knock_head() -> None:
+    def knock(whole_layer: bool) -> None:
         from ...core.capture import HeadEdit
 
-        layer, head = window.selection.layer, window.selection.head
+        layer, head = window.selection.layer, None if whole_layer else window.selection.head
+        what = f"layer {layer}'s attention" if whole_layer else f"head {layer}.{head}"
         edit(lambda s: s.set_head_edits([*s.head_edits, HeadEdit(layer, head)]),
-             f"knocked out head {layer}.{head}; the run was recomputed with the chosen tokens kept")  # fmt: skip
-
-    def knock_layer() -> None:
-        from ...core.capture import HeadEdit
-
-        layer = window.selection.layer
-        edit(lambda s: s.set_head_edits([*s.head_edits, HeadEdit(layer)]),
-             f"knocked out layer {layer}'s attention; the run was recomputed with the chosen tokens kept")  # fmt: skip
+             f"knocked out {what}; the run was recomputed with the chosen tokens kept")  # fmt: skip
 
     def patch_head() -> None:
         layer, head = window.selection.layer, window.selection.head
@@ -260,8 +254,8 @@ def _add_interventions(window) -> None:
     def clear() -> None:
         edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared")
 
-    items = [("Knock out the selected head", knock_head, "Ctrl+K"),
-             ("Knock out the selected layer's attention", knock_layer, None),
+    items = [("Knock out the selected head", lambda: knock(False), "Ctrl+K"),
+             ("Knock out the selected layer's attention", lambda: knock(True), None),
              ("Patch the selected head from another prompt…", patch_head, None),
              ("Clear knock-outs and patches", clear, None)]  # fmt: skip
     window.tools_menu.addSeparator()

@@ -194,27 +194,22 @@ class ScoreMatrix(QWidget):
             self.view_changed.emit(view)
 
     def _show_tile(self, snap) -> None:
-        if snap.tile is None:
-            self.tile.setVisible(False)
-            self.tile_backdrop.setVisible(False)
-            return
-        q0, k0 = snap.tile_origin
-        n, m = snap.tile.shape
-        self.tile.setImage(snap.tile, autoLevels=False, levels=snap.levels)
-        self.tile.setRect(QRectF(k0, q0, m, n))
-        self.tile_backdrop.setRect(QRectF(k0, q0, m, n))
-        self.tile.setVisible(True)
-        self.tile_backdrop.setVisible(True)
+        if snap.tile is not None:
+            q0, k0 = snap.tile_origin
+            n, m = snap.tile.shape
+            self.tile.setImage(snap.tile, autoLevels=False, levels=snap.levels)
+            self.tile.setRect(QRectF(k0, q0, m, n))
+            self.tile_backdrop.setRect(QRectF(k0, q0, m, n))
+        self.tile.setVisible(snap.tile is not None)
+        self.tile_backdrop.setVisible(snap.tile is not None)
 
     def _show_empty(self) -> None:
         """Before the first step: the hint alone, no cell outlines or axes over it."""
         self.T = 0
         self.image.clear()
         self._last_matrix = None
-        self.tile.setVisible(False)
-        self.tile_backdrop.setVisible(False)
         self.edits.setData([], [])
-        for item in (self.newest, self.selrow, self.backdrop):
+        for item in (self.newest, self.selrow, self.backdrop, self.tile, self.tile_backdrop):
             item.setVisible(False)
         show_axes(self.plot, ("left", "bottom"), False)
         self.cbar.setVisible(False)
