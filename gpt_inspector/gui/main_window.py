@@ -323,22 +323,20 @@ class MainWindow(DockLayout, QMainWindow):
 
     def open_trace(self, path: str) -> int | None:
         _settings.remember(RECENT_TRACES, str(path))
-        serial = self.controller.open_trace(str(path))
-        self._confirm_when_done(serial, f"Opened trace {path} (read-only)")
-        return serial
+        return self._confirm_when_done(self.controller.open_trace(str(path)), f"Opened trace {path} (read-only)")
 
     def save_trace(self, path: str) -> int | None:
         path = str(path)
         if not path.endswith(".safetensors"):
             path += ".safetensors"
         _settings.remember(RECENT_TRACES, path)
-        serial = self.controller.save_trace(path)
-        self._confirm_when_done(serial, f"Saved trace to {path}")
-        return serial
+        return self._confirm_when_done(self.controller.save_trace(path), f"Saved trace to {path}")
 
-    def _confirm_when_done(self, serial: int | None, text: str) -> None:
+    def _confirm_when_done(self, serial: int | None, text: str) -> int | None:
+        """Show ``text`` once the command ``serial`` is done, if no error came with it; returns ``serial``."""
         if serial is not None:
             self._confirm[serial] = (text, len(self.errors))
+        return serial
 
     def _session_shown(self, prompt: str, seed: int) -> None:
         # the controls show what runs, so that a later difference means the user edited them

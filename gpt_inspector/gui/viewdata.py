@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..core import attention as eq
-from ..core.attention import KINDS, STAGE_TITLES
+from ..core.attention import KINDS
 from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
 from ..core.pooling import ThreadChooser, one_thread, torch_threads
@@ -29,10 +29,8 @@ from ..core.stages import STAGE_LABELS
 from ..core.step import Step
 from .pooled import PooledMatrix, Thumbnails, block_for
 
-__all__ = ["KIND_LABELS", "KIND_TITLES", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails", "ViewModel",
-           "full_thumbnails"]  # fmt: skip
+__all__ = ["KIND_LABELS", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails", "ViewModel", "full_thumbnails"]
 
-KIND_TITLES = STAGE_TITLES
 KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
 
 
@@ -124,10 +122,6 @@ class Snapshot:
     t_built: float = 0.0
     source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
     unverified: str | None = None  # why the load's fidelity self-test could not vouch for the numbers
-
-    @property
-    def empty(self) -> bool:
-        return self.T == 0
 
     def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
         return [e for e in self.mask_edits if (e.layer is None or e.layer == layer) and (e.head is None or e.head == head)]

@@ -336,15 +336,11 @@ class ComparePanel(QWidget):
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)
 
-        self.inspect_pick = QComboBox(toolTip="a returned beam")
-        self.inspect_button = QPushButton("Inspect beam")
-        self.inspect_button.setToolTip(
+        self.inspect_pick = QComboBox(toolTip="a returned beam", enabled=False)
+        self.inspect_button = QPushButton("Inspect beam", enabled=False, toolTip=(
             "Show this beam's attention, Q/K/V and KV cache in the main window, read-only "
-            "(the live session is replaced; run Compare or load a prompt to go on)"
-        )
+            "(the live session is replaced; run Compare or load a prompt to go on)"))  # fmt: skip
         self.inspect_button.clicked.connect(lambda: self.inspect_requested.emit(self.inspect_pick.currentIndex()))
-        self.inspect_pick.setEnabled(False)
-        self.inspect_button.setEnabled(False)
         controls.addWidget(group(self.inspect_pick, self.inspect_button))
 
         vbox(self, controls, (split, 1), margin=2)
