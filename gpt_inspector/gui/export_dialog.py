@@ -73,9 +73,7 @@ class ExportDialog(QDialog):
         scroll.setMinimumSize(min(pixmap.width() + 24, 760), min(pixmap.height() + 24, 520))
 
         self.path_edit = QLineEdit(str((_last_dir or Path.home()) / default_name))
-        browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse)
-        row = hbox(None, (self.path_edit, 1), browse)
+        row = hbox(None, (self.path_edit, 1), QPushButton("Browse…", clicked=self._browse))
 
         self.format_box = QComboBox()
         for text, suffix in (("PNG (bitmap)", ".png"), ("SVG (vector)", ".svg"), ("PDF (vector)", ".pdf")):

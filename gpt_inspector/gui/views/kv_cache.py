@@ -83,10 +83,8 @@ class KVCacheView(QWidget):
         self.as_cached.toggled.connect(self._refresh)
         head = hbox(None, (self.title, 1), self.as_cached)
         for which in ("k", "v"):
-            b = QPushButton(f"Export {which.upper()}…")
-            b.setToolTip(f"Save this layer's {which.upper()} cache as PNG or SVG")
-            b.clicked.connect(lambda _=False, w=which: self.export_requested.emit(w))
-            head.addWidget(b)
+            head.addWidget(QPushButton(f"Export {which.upper()}…", toolTip=f"Save this layer's {which.upper()} cache as PNG or SVG",
+                                       clicked=lambda _=False, w=which: self.export_requested.emit(w)))  # fmt: skip
         self.glw = pg.GraphicsLayoutWidget()
         vbox(self, head, (self.glw, 1), margin=2, spacing=2)
         self.axis = TokenAxis("left", chars=8)

@@ -38,15 +38,11 @@ class LensPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
-        self.compute_button = QPushButton("Compute")
-        self.compute_button.setToolTip("The logit lens and head attribution of the current step")
+        self.compute_button = QPushButton("Compute", toolTip="The logit lens and head attribution of the current step")
         self.compute_button.clicked.connect(self.compute_requested)
-        self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip("Save the lens and the head map as PNG, SVG or PDF")
-        self.export_button.setEnabled(False)
-        self.follow = QCheckBox("after every step")
-        self.follow.setToolTip("Recompute after each step while this panel is shown (one extra unembedding per layer)")
-        self.follow.setChecked(True)
+        self.export_button = QPushButton("Export…", toolTip="Save the lens and the head map as PNG, SVG or PDF", enabled=False)
+        self.follow = QCheckBox("after every step", checked=True,
+                                toolTip="Recompute after each step while this panel is shown (one extra unembedding per layer)")  # fmt: skip
         self.status = QLabel("run a step, then the lens shows where the prediction formed")
         self.status.setWordWrap(True)
 

@@ -36,11 +36,10 @@ class MathCheckPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.check_button = QPushButton("Check selected head")
-        self.check_button.setToolTip("Recompute softmax(qKᵀ·s)·V by hand for the selected head and compare")
+        self.check_button = QPushButton("Check selected head",
+                                        toolTip="Recompute softmax(qKᵀ·s)·V by hand for the selected head and compare")  # fmt: skip
         self.check_button.clicked.connect(self.check_requested)
-        self.check_all_button = QPushButton("Check every head")
-        self.check_all_button.setToolTip("The same for every layer and head, at every query position")
+        self.check_all_button = QPushButton("Check every head", toolTip="The same for every layer and head, at every query position")
         self.check_all_button.clicked.connect(self.check_all_requested)
         self.check = None
         self.report = None

@@ -32,9 +32,8 @@ class OverviewGrid(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.title = info_label("Overview")
-        exp = QToolButton(text="Export…")
-        exp.setToolTip("Export the grid of attention patterns")
-        exp.clicked.connect(lambda: self.export_requested.emit(None))
+        exp = QToolButton(text="Export…", toolTip="Export the grid of attention patterns",
+                          clicked=lambda: self.export_requested.emit(None))  # fmt: skip
         self.glw = pg.GraphicsLayoutWidget()
         vbox(self, hbox(None, (self.title, 1), exp), (self.glw, 1), margin=2, spacing=2)
         self.left = IndexAxis("left", "L")

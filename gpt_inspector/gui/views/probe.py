@@ -52,8 +52,7 @@ class ProbePanel(QWidget):
         self.layers.setToolTip("the layers to probe; layer 0 needs no model run past the embeddings")
         self.layers.setMaximumHeight(90)
         self.layers.itemChanged.connect(lambda _item: self._enable())
-        self.probe_button = QPushButton("Probe")
-        self.probe_button.clicked.connect(lambda: self.probe_requested.emit(self.chosen_layers()))
+        self.probe_button = QPushButton("Probe", clicked=lambda: self.probe_requested.emit(self.chosen_layers()))
         self._live = False
         self._busy = False
         self.title = QLabel("<b>Cache privacy probe</b>")

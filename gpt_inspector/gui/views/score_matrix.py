@@ -97,8 +97,7 @@ class ScoreMatrix(QWidget):
         self.kind_group = QButtonGroup(self)
         self.kind_buttons: dict[str, QToolButton] = {}
         for kind in KINDS:
-            b = QToolButton(text=KIND_LABELS[kind])
-            b.setCheckable(True)
+            b = QToolButton(text=KIND_LABELS[kind], checkable=True)
             b.setToolTip({
                 "raw": "q·k for every query/key pair, before scaling",
                 "scores": "q·k × scaling (1/√d): the logits of attention",
@@ -110,9 +109,8 @@ class ScoreMatrix(QWidget):
             bar.addWidget(b)
             b.clicked.connect(lambda _=False, k=kind: self.kind_changed.emit(k))
         self.kind_buttons["probs"].setChecked(True)
-        self.edit_button = QToolButton(text="Edit mask")
-        self.edit_button.setCheckable(True)
-        self.edit_button.setToolTip("Click or drag cells to block / unblock attention (cells above the diagonal are ignored)")
+        self.edit_button = QToolButton(text="Edit mask", checkable=True,
+                                       toolTip="Click or drag cells to block / unblock attention (cells above the diagonal are ignored)")  # fmt: skip
         self.edit_button.toggled.connect(self.set_edit_mode)
         bar.addWidget(self.edit_button)
         self.scope = QComboBox()
@@ -120,8 +118,7 @@ class ScoreMatrix(QWidget):
             self.scope.addItem(text, key)
         self.scope.setToolTip("Which heads a mask edit applies to")
         bar.addWidget(self.scope)
-        exp = QToolButton(text="Export…")
-        exp.setToolTip("Export this matrix (PNG, SVG, CSV, …)")
+        exp = QToolButton(text="Export…", toolTip="Export this matrix (PNG, SVG, CSV, …)")
         exp.clicked.connect(self.export_requested)
         bar.addWidget(exp)
         self.title = info_label("")
