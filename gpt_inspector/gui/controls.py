@@ -40,19 +40,15 @@ class SessionPanel(QWidget):
 
         g = QGroupBox("Model")
         f = QFormLayout(g)
-        self.model = QComboBox()
-        self.model.setEditable(True)
-        self.model.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        self.model = QComboBox(editable=True, insertPolicy=QComboBox.InsertPolicy.NoInsert, minimumContentsLength=12,
+                               sizeAdjustPolicy=QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon,
+                               toolTip="The demo model, a Hugging Face hub id (from the local cache) or a local folder")  # fmt: skip
         self.model.lineEdit().setPlaceholderText("hub id (gpt2) or folder")
-        self.model.setToolTip("The demo model, a Hugging Face hub id (from the local cache) or a local folder")
-        self.model.setMinimumContentsLength(12)
-        self.model.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         browse = QPushButton("…", toolTip="Choose a local model folder", clicked=self._browse)
         browse.setFixedWidth(28)
         f.addRow(hbox(None, (self.model, 1), browse))
-        self.device = QComboBox()
+        self.device = QComboBox(editable=True)
         self.device.addItems(["auto", "cpu", "cuda", "mps"])
-        self.device.setEditable(True)
         self.dtype = QComboBox()
         self.dtype.addItems(["float32", "float16", "bfloat16"])
         f.addRow("device / dtype", hbox(None, (self.device, 1), (self.dtype, 1)))
@@ -60,18 +56,14 @@ class SessionPanel(QWidget):
         self.device_map.addItems(["one device", "auto", "balanced", "sequential"])
         self.device_map.setToolTip("Spread the layers over the GPUs, the CPU and disk (accelerate); "
                                    "the device above is then ignored")  # fmt: skip
-        self.max_memory = QLineEdit()
-        self.max_memory.setPlaceholderText("0=20GiB,cpu=60GiB")
-        self.max_memory.setToolTip("With a device map: the most each device may hold (GPU index, cpu, disk)")
+        self.max_memory = QLineEdit(placeholderText="0=20GiB,cpu=60GiB",
+                                    toolTip="With a device map: the most each device may hold (GPU index, cpu, disk)")  # fmt: skip
         f.addRow("device map / max", hbox(None, (self.device_map, 1), (self.max_memory, 1)))
-        self.offload_folder = QLineEdit()
-        self.offload_folder.setPlaceholderText("offload folder (disk), optional")
-        self.offload_folder.setToolTip("With a device map: where the weights that fit nowhere else wait on disk")
+        self.offload_folder = QLineEdit(placeholderText="offload folder (disk), optional",
+                                        toolTip="With a device map: where the weights that fit nowhere else wait on disk")  # fmt: skip
         f.addRow(self.offload_folder)
-        self.allow_pickle = QCheckBox("allow pickle weights")
-        self.allow_pickle.setToolTip("Pickle (.bin) files can run code when loaded: only for sources you trust")
-        self.trust_code = QCheckBox("trust remote code")
-        self.trust_code.setToolTip("Runs the model repository's own Python code: only for sources you trust")
+        self.allow_pickle = QCheckBox("allow pickle weights", toolTip="Pickle (.bin) files can run code when loaded: only for sources you trust")
+        self.trust_code = QCheckBox("trust remote code", toolTip="Runs the model repository's own Python code: only for sources you trust")
         self.allow_unverified = QCheckBox("load even if unverified")
         self.allow_unverified.setToolTip("Load a model whose logits through gpt-inspector differ from its own "
                                          "attention (the load-time self-test failed); every view is marked UNVERIFIED")

@@ -290,13 +290,12 @@ class ComparePanel(QWidget):
         self.beams = QSpinBox(minimum=1, maximum=32, value=2, toolTip="num_beams")
         self.returns = QSpinBox(minimum=1, maximum=32, value=2, toolTip="num_return_sequences (≤ beams)")
         self.new_tokens = QSpinBox(minimum=1, maximum=1024, value=8, toolTip="max_new_tokens")
-        self.length_penalty = QDoubleSpinBox(minimum=-10.0, maximum=10.0, value=1.0, singleStep=0.5, decimals=2)
-        self.length_penalty.setToolTip("hypothesis score = sum log p / generated_length ** length_penalty")
+        self.length_penalty = QDoubleSpinBox(minimum=-10.0, maximum=10.0, value=1.0, singleStep=0.5, decimals=2,
+                                             toolTip="hypothesis score = sum log p / generated_length ** length_penalty")  # fmt: skip
         self.early = QComboBox(toolTip="early_stopping")
         self.early.addItems(["False", "True", "never"])
         self.sample = QCheckBox("sample", toolTip="also draw one seeded sample")
-        self.temperature = QDoubleSpinBox(minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2)
-        self.temperature.setToolTip("sampling temperature")
+        self.temperature = QDoubleSpinBox(minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2, toolTip="sampling temperature")
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=0, toolTip="sampling seed")
         self.run_button = QPushButton("Compare", clicked=self._request)
         self.beams.valueChanged.connect(lambda v: self.returns.setMaximum(v))

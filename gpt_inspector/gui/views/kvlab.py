@@ -75,8 +75,7 @@ class KVLabPanel(QWidget):
         self.budget = QSpinBox(minimum=0, maximum=1_000_000, value=32, specialValueText="unlimited",
                                toolTip="Cache entries kept per KV head (eviction policies); 0 = unlimited")  # fmt: skip
         self.steps = QSpinBox(minimum=1, maximum=4096, value=16, toolTip="Lab steps per Run")
-        self.free = QCheckBox("free-running")
-        self.free.setToolTip("The policy run chooses its own tokens (default: it is fed the reference's)")
+        self.free = QCheckBox("free-running", toolTip="The policy run chooses its own tokens (default: it is fed the reference's)")
         self.run_button = QPushButton("Run", toolTip="Start a lab from this session's prompt and run the steps")
         self.run_button.clicked.connect(self.run_requested)
         # the other buttons act on a lab: off until Run made one

@@ -56,8 +56,7 @@ class ProbePanel(QWidget):
         self._live = False
         self._busy = False
         self.title = QLabel("<b>Cache privacy probe</b>")
-        self.layer_box = QComboBox()
-        self.layer_box.setToolTip("probed layer")
+        self.layer_box = QComboBox(toolTip="probed layer")
         self.layer_box.currentIndexChanged.connect(self._show_layer)
         self.summary = wrapped_label("no probe run yet", rich=False, selectable=True)
         self.text = wrapped_label("", rich=False, selectable=True)
