@@ -118,11 +118,8 @@ class ExportDialog(QDialog):
         p = Path(self.path_edit.text().strip()).expanduser()
         return p if p.suffix else p.with_suffix(self.suffix())
 
-    def scale(self) -> float:
-        return self.scale_spin.value()
-
     def dpi(self) -> float:
-        return self.scale() * figures.DPI
+        return self.scale_spin.value() * figures.DPI
 
     def full_resolution(self) -> bool:
         return self.full_box is not None and self.full_box.isChecked()

@@ -154,11 +154,7 @@ class MainWindow(DockLayout, QMainWindow):
     def _build_status(self) -> None:
         sb = self.statusBar()
         self.st_busy = QLabel("")
-        self.st_progress = QProgressBar()
-        self.st_progress.setMaximumWidth(180)
-        self.st_progress.setMaximumHeight(14)
-        self.st_progress.setTextVisible(False)
-        self.st_progress.hide()
+        self.st_progress = QProgressBar(maximumWidth=180, maximumHeight=14, textVisible=False, visible=False)
         self.st_step = QLabel("no model")
         self.st_device = QLabel("")
         self.st_positions = QLabel("")
@@ -169,13 +165,10 @@ class MainWindow(DockLayout, QMainWindow):
         for w in (self.st_step, self.st_positions, self.st_kv, self.st_time, self.st_device):
             sb.addPermanentWidget(w)
         # a model loaded with --unverified: a red band across the window above every panel
-        self.unverified_bar = QToolBar("Unverified", self)
-        self.unverified_bar.setObjectName("unverified_bar")
-        self.unverified_bar.setMovable(False)
+        self.unverified_bar = QToolBar("Unverified", self, objectName="unverified_bar", movable=False)
         self.unverified_bar.toggleViewAction().setVisible(False)  # not something to switch off by accident
-        self.unverified_label = QLabel("")
-        self.unverified_label.setObjectName("unverified_banner")
-        self.unverified_label.setStyleSheet("background: #b00020; color: white; font-weight: bold; padding: 3px 8px;")
+        self.unverified_label = QLabel("", objectName="unverified_banner",
+                                       styleSheet="background: #b00020; color: white; font-weight: bold; padding: 3px 8px;")  # fmt: skip
         self.unverified_bar.addWidget(self.unverified_label)
         self.addToolBarBreak(Qt.ToolBarArea.TopToolBarArea)
         self.addToolBar(Qt.ToolBarArea.TopToolBarArea, self.unverified_bar)
