@@ -180,8 +180,7 @@ def run(args) -> int:
             fail(f"cannot write {screenshot}")
 
     win.when_idle(finish)
-    guard = QTimer()
-    guard.setSingleShot(True)
+    guard = QTimer(singleShot=True)
     guard.timeout.connect(lambda: fail("timed out waiting for the window"))
     guard.start(SCREENSHOT_TIMEOUT_S * 1000)
     loop.exec()

@@ -98,9 +98,7 @@ class SessionPanel(QWidget):
         lay.addWidget(g)
         lay.addStretch(1)
 
-        self._throttle = QTimer(self)
-        self._throttle.setSingleShot(True)
-        self._throttle.setInterval(THROTTLE_MS)
+        self._throttle = QTimer(self, singleShot=True, interval=THROTTLE_MS)
         self._throttle.timeout.connect(self.decoding_changed)
         self.temp_slider.valueChanged.connect(lambda v: self.temperature.setValue(v / 100.0))
         self.temperature.valueChanged.connect(self._temperature_changed)

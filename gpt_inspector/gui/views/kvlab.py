@@ -95,10 +95,8 @@ class KVLabPanel(QWidget):
         self.bytes_label = QLabel("")
         self.privacy_label = QLabel("")
 
-        self.plot = pg.PlotWidget()
+        self.plot = pg.PlotWidget(labels={"bottom": "step", "left": "KL(reference ‖ policy), nats"})
         self.plot.setMinimumHeight(120)
-        self.plot.setLabel("bottom", "step")
-        self.plot.setLabel("left", "KL(reference ‖ policy), nats")
         self.plot.addLegend(offset=(-10, 10))
         self.kl_curve = self.plot.plot([], [], pen=pg.mkPen((66, 133, 244), width=2), symbol="o", symbolSize=5,
                                        name="KL")  # fmt: skip

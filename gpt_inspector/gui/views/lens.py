@@ -48,17 +48,13 @@ class LensPanel(QWidget):
 
         self.table = table(["layer", "p(chosen)"] + [f"#{i + 1}" for i in range(TOP_K)])
 
-        self.curve_plot = pg.PlotWidget()
+        self.curve_plot = pg.PlotWidget(labels={"bottom": "layer", "left": "p(chosen)"})
         self.curve_plot.setMinimumHeight(110)
-        self.curve_plot.setLabel("bottom", "layer")
-        self.curve_plot.setLabel("left", "p(chosen)")
         self.curve_plot.setYRange(0, 1)
         self.curve = self.curve_plot.plot([], [], pen=pg.mkPen((66, 133, 244), width=2), symbol="o", symbolSize=6)
 
-        self.map_plot = pg.PlotWidget()
+        self.map_plot = pg.PlotWidget(labels={"bottom": "head", "left": "layer"})
         self.map_plot.setMinimumHeight(110)
-        self.map_plot.setLabel("bottom", "head")
-        self.map_plot.setLabel("left", "layer")
         self.map_plot.invertY(True)
         self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setColorMap(pg.colormap.get("CET-D1"))  # diverging: pushes for vs against

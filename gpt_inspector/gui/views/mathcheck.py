@@ -46,11 +46,10 @@ class MathCheckPanel(QWidget):
         self.formula = wrapped_label("", rich=True)
         self.verdict = wrapped_label("no check run yet", selectable=True)
 
-        self.plot = pg.PlotWidget()
         # the plots' own dark background (pyqtgraph's config), like every other panel
+        self.plot = pg.PlotWidget(labels={"bottom": "output dimension"})
         self.plot.setMinimumHeight(140)
         self.plot.showGrid(x=False, y=True, alpha=0.3)
-        self.plot.setLabel("bottom", "output dimension")
         self.plot.addLegend(offset=(5, 5), labelTextColor="#c8ccd4", brush=pg.mkBrush(27, 30, 36, 200))
         self._bars_recomputed = pg.BarGraphItem(x=[], height=[], width=0.4, brush=_RECOMPUTED, name="recomputed")
         self._bars_model = pg.BarGraphItem(x=[], height=[], width=0.4, brush=_MODEL, name="model")

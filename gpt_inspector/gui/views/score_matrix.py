@@ -125,9 +125,8 @@ class ScoreMatrix(QWidget):
         self.glw = pg.GraphicsLayoutWidget()
         self.left = TokenAxis("left", chars=9)
         self.bottom = TokenAxis("bottom", chars=6)
-        self.plot = bare(self.glw.addPlot(axisItems={"left": self.left, "bottom": self.bottom}), invert=True)
-        self.plot.setLabel("left", "query")
-        self.plot.setLabel("bottom", "key")
+        self.plot = bare(self.glw.addPlot(axisItems={"left": self.left, "bottom": self.bottom},
+                                          labels={"left": "query", "bottom": "key"}), invert=True)  # fmt: skip
         context_actions(self.glw, ("Export this matrix…", self.export_requested.emit), ("Reset zoom", self._reset_zoom))
         self.vb = self.plot.getViewBox()
         self.vb.setAspectLocked(True)
@@ -149,9 +148,7 @@ class ScoreMatrix(QWidget):
             self.plot.addItem(item)
         self.tile.setLookupTable(CMAP.getLookupTable(nPts=256))
         self._view_sent = None
-        self._view_timer = QTimer(self)
-        self._view_timer.setSingleShot(True)
-        self._view_timer.setInterval(120)  # a wheel zoom sends one request when it settles, not one per notch
+        self._view_timer = QTimer(self, singleShot=True, interval=120)  # a wheel zoom sends one request when it settles, not one per notch
         self._view_timer.timeout.connect(self._send_view)
         self.cbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=CMAP, interactive=False, width=12)
         self.cbar.setImageItem(self.image, insert_in=self.plot)
