@@ -52,10 +52,9 @@ class SessionPanel(QWidget):
         self.dtype = QComboBox()
         self.dtype.addItems(["float32", "float16", "bfloat16"])
         f.addRow("device / dtype", hbox(None, (self.device, 1), (self.dtype, 1)))
-        self.device_map = QComboBox()
+        self.device_map = QComboBox(toolTip="Spread the layers over the GPUs, the CPU and disk (accelerate); "
+                                            "the device above is then ignored")  # fmt: skip
         self.device_map.addItems(["one device", "auto", "balanced", "sequential"])
-        self.device_map.setToolTip("Spread the layers over the GPUs, the CPU and disk (accelerate); "
-                                   "the device above is then ignored")  # fmt: skip
         self.max_memory = QLineEdit(placeholderText="0=20GiB,cpu=60GiB",
                                     toolTip="With a device map: the most each device may hold (GPU index, cpu, disk)")  # fmt: skip
         f.addRow("device map / max", hbox(None, (self.device_map, 1), (self.max_memory, 1)))
@@ -76,8 +75,7 @@ class SessionPanel(QWidget):
         lay.addWidget(g)
 
         g = QGroupBox("Prompt")
-        self.prompt = QPlainTextEdit(DEFAULT_PROMPT)
-        self.prompt.setMaximumHeight(80)
+        self.prompt = QPlainTextEdit(DEFAULT_PROMPT, maximumHeight=80)
         self.start_button = QPushButton("Start from this prompt", toolTip="New session with this prompt and seed (mask edits are kept)")
         self.start_button.clicked.connect(self.start_requested)
         vbox(g, self.prompt, self.start_button)
@@ -191,8 +189,7 @@ class BreakpointsPanel(QWidget):
         f = QFormLayout(self)
         f.setContentsMargins(6, 6, 6, 6)
         self.on_text = QCheckBox("token contains")
-        self.text = QLineEdit()
-        self.text.setPlaceholderText("e.g. .")
+        self.text = QLineEdit(placeholderText="e.g. .")
         self.text.textEdited.connect(lambda s: self.on_text.setChecked(bool(s)))
         f.addRow(self.on_text, self.text)
         self.on_prob = QCheckBox("probability below")

@@ -84,11 +84,10 @@ class ExportDialog(QDialog):
         # None: not offered (grids, matrices); one head's cells can all be drawn, at any T
         self.full_box = None
         if full_resolution is not None:
-            self.full_box = QCheckBox("Full resolution: every cell, unpooled")
-            self.full_box.setChecked(bool(full_resolution))
-            self.full_box.setToolTip("Draw each query × key cell as itself: whole pixels per cell in a PNG (the "
-                                     "image grows with the context), the full matrix embedded in an SVG or PDF. "
-                                     f"Past {fullres.MAX_CELLS:,} positions it pools and says the block size.")  # fmt: skip
+            self.full_box = QCheckBox("Full resolution: every cell, unpooled", checked=bool(full_resolution),
+                                      toolTip="Draw each query × key cell as itself: whole pixels per cell in a PNG (the "
+                                      "image grows with the context), the full matrix embedded in an SVG or PDF. "
+                                      f"Past {fullres.MAX_CELLS:,} positions it pools and says the block size.")  # fmt: skip
 
         form = QFormLayout()
         form.addRow("File:", row)

@@ -76,11 +76,10 @@ class BeamTreeView(QGraphicsView):
 
     def __init__(self, parent: QWidget | None = None):
         self._scene = QGraphicsScene()
-        super().__init__(self._scene, parent)
+        super().__init__(self._scene, parent, dragMode=QGraphicsView.DragMode.ScrollHandDrag,
+                         transformationAnchor=QGraphicsView.ViewportAnchor.AnchorUnderMouse,
+                         backgroundBrush=QBrush(_BACKGROUND))  # the plots' dark background, in any Qt theme  # fmt: skip
         self.setRenderHint(QPainter.RenderHint.Antialiasing, True)
-        self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
-        self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
-        self.setBackgroundBrush(QBrush(_BACKGROUND))  # the plots' dark background, in any Qt theme
         self.node_items: dict[int, QGraphicsPathItem] = {}
         self.edge_items: dict[int, QGraphicsPathItem] = {}  # keyed by the child node
         self._focus: tuple[float, float] | None = None  # scene point to keep in view when it cannot all fit
@@ -315,12 +314,10 @@ class ComparePanel(QWidget):
         self.summary = wrapped_label("Compare greedy decoding, beam search and a seeded sample on the session's prompt.",
                                      rich=True, selectable=True)  # fmt: skip
 
-        self.table = QTableWidget(0, 0)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table = QTableWidget(0, 0, editTriggers=QAbstractItemView.EditTrigger.NoEditTriggers,
+                                  selectionMode=QAbstractItemView.SelectionMode.SingleSelection, wordWrap=False)  # fmt: skip
         self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.setWordWrap(False)
         self.tree = BeamTreeView()
 
         self.split = split = QSplitter(Qt.Orientation.Vertical)

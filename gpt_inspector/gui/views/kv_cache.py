@@ -76,10 +76,8 @@ class KVCacheView(QWidget):
         super().__init__(parent)
         self.title = info_label("")
         # where the model caches something else than per-head K/V (MLA's latent): show that instead
-        self.as_cached = QCheckBox("as cached")
-        self.as_cached.setToolTip("Show the rows the model's cache really stores (a compressed latent) "
-                                  "instead of the per-head K and V attention receives")
-        self.as_cached.hide()
+        self.as_cached = QCheckBox("as cached", visible=False, toolTip="Show the rows the model's cache really stores "
+                                   "(a compressed latent) instead of the per-head K and V attention receives")  # fmt: skip
         self.as_cached.toggled.connect(self._refresh)
         head = hbox(None, (self.title, 1), self.as_cached)
         for which in ("k", "v"):

@@ -68,10 +68,9 @@ class KVLabPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.view: LabView | None = None
-        self.policy = QComboBox()
+        self.policy = QComboBox(toolTip="Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache")
         self.policy.addItems(POLICIES)
         self.policy.setCurrentText("h2o")
-        self.policy.setToolTip("Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache")
         self.budget = QSpinBox(minimum=0, maximum=1_000_000, value=32, specialValueText="unlimited",
                                toolTip="Cache entries kept per KV head (eviction policies); 0 = unlimited")  # fmt: skip
         self.steps = QSpinBox(minimum=1, maximum=4096, value=16, toolTip="Lab steps per Run")

@@ -37,8 +37,7 @@ class MaskEditor(QWidget):
         self.edits: list = []
         hint = wrapped_label("Turn on <b>Edit mask</b> above the score matrix, then click or drag cells.")
         hint.setStyleSheet(f"color: {DIM};")
-        self.list = QListWidget()
-        self.list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.list = QListWidget(selectionMode=QAbstractItemView.SelectionMode.ExtendedSelection)
         self.remove = QPushButton("Remove selected", clicked=self._remove)
         self.clear = QPushButton("Clear all", clicked=lambda: self.edits_replaced.emit([]))
         self.summary = wrapped_label("no edit yet", rich=True)

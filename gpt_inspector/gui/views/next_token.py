@@ -24,6 +24,11 @@ class _LabelAxis(pg.AxisItem):
         super().__init__("left")
         self.labels: list[str] = []
 
+    def set_labels(self, labels) -> None:
+        self.labels = list(labels)
+        self.picture = None
+        self.update()
+
     def tickValues(self, minVal, maxVal, size):
         return [(1, [float(i) for i in range(len(self.labels))])]
 
@@ -83,9 +88,7 @@ class NextTokenView(QWidget):
         self.decoding.setText(" · ".join(parts))
         if st is None:
             self.bars.setOpts(x0=[], y=[], width=[], brushes=[])
-            self.axis.labels = []
-            self.axis.picture = None
-            self.axis.update()
+            self.axis.set_labels([])
             for ti in self.texts:
                 ti.setVisible(False)
             self.top_ids, self.probs, self.chosen = [], [], -1
@@ -100,13 +103,12 @@ class NextTokenView(QWidget):
         n = len(top)
         self.bars.setOpts(x0=np.zeros(n), y=np.arange(n), height=0.75, width=np.array(self.probs),
                           brushes=[CHOSEN_BRUSH if e.token_id == st.token_id else BAR_BRUSH for e in top])  # fmt: skip
-        self.axis.labels = [e.label for e in top]
+        labels = [e.label for e in top]
         # wide enough for the longest label: pyqtgraph drops a tick label that does not fit
         fm = QFontMetrics(self.axis.style.get("tickFont") or self.font())
-        need = max((fm.horizontalAdvance(elide(s, 12)) for s in self.axis.labels), default=0) + 14
+        need = max((fm.horizontalAdvance(elide(s, 12)) for s in labels), default=0) + 14
         self.axis.setWidth(max(60, min(need, 160)))
-        self.axis.picture = None
-        self.axis.update()
+        self.axis.set_labels(labels)
         while len(self.texts) < n:
             ti = pg.TextItem("", color="#c8ccd4", anchor=(0, 0.5))
             self.plot.addItem(ti)

@@ -48,9 +48,7 @@ class ProbePanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
-        self.layers = QListWidget()
-        self.layers.setToolTip("the layers to probe; layer 0 needs no model run past the embeddings")
-        self.layers.setMaximumHeight(90)
+        self.layers = QListWidget(toolTip="the layers to probe; layer 0 needs no model run past the embeddings", maximumHeight=90)
         self.layers.itemChanged.connect(lambda _item: self._enable())
         self.probe_button = QPushButton("Probe", clicked=lambda: self.probe_requested.emit(self.chosen_layers()))
         self._live = False

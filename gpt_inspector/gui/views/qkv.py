@@ -68,8 +68,6 @@ class QKVView(QWidget):
         self.kaxis = TokenAxis("left", chars=8)
         self.kplot = self.glw.addPlot(row=1, col=0, axisItems={"left": self.kaxis})
         self.vplot = self.glw.addPlot(row=1, col=1)
-        self.kplot.setTitle("K", size="9pt")
-        self.vplot.setTitle("V", size="9pt")
         self.kimg = _KImage(self)
         self.vimg = pg.ImageItem(axisOrder="row-major")
         self.rows: list[tuple[QGraphicsRectItem, QGraphicsRectItem]] = []

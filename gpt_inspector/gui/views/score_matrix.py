@@ -113,10 +113,9 @@ class ScoreMatrix(QWidget):
                                        toolTip="Click or drag cells to block / unblock attention (cells above the diagonal are ignored)")  # fmt: skip
         self.edit_button.toggled.connect(self.set_edit_mode)
         bar.addWidget(self.edit_button)
-        self.scope = QComboBox()
+        self.scope = QComboBox(toolTip="Which heads a mask edit applies to")
         for key, text in SCOPES:
             self.scope.addItem(text, key)
-        self.scope.setToolTip("Which heads a mask edit applies to")
         bar.addWidget(self.scope)
         exp = QToolButton(text="Export…", toolTip="Export this matrix (PNG, SVG, CSV, …)")
         exp.clicked.connect(self.export_requested)
