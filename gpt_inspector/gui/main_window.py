@@ -33,10 +33,10 @@ from PySide6.QtWidgets import (
 
 from . import settings as _settings
 from .actions import RECENT_TRACES, WindowActions
-from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
+from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .viewdata import Snapshot
 from .views import compare, kvlab, lens, mathcheck, probe
 from .views.kv_cache import KVCacheView, human_bytes
@@ -429,7 +429,8 @@ class MainWindow(DockLayout, QMainWindow):
     # ================================================================== export
     def _export(self, fn_name: str, *args) -> None:
         """Hand the export to the dialog module, which builds the figure on the worker thread."""
-        from . import export_dialog as mod  # matplotlib loads on the first export, not at start-up
+        # imported here: matplotlib loads on the first export, not at start-up
+        from . import export_dialog as mod
 
         if not self.has_source:
             QMessageBox.information(self, "Export", "Nothing to export yet: load a model or open a trace.")

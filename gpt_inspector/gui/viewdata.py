@@ -194,7 +194,8 @@ class ViewModel:
         self._id_labels: tuple[str, ...] = ()
         self._labels: dict[int, str] = {}
         self._probs: dict[int, float] = {}  # step index -> probability of its chosen token
-        per_pos = self._bytes_per_position()
+        t = source.cache_length
+        per_pos = source.kv_cache_bytes() // t if t else 0
         self._kv_hist = [per_pos * (source.prompt_length + st.index) for st in source.steps_done]
         self.mask_report: MaskReportInfo | None = None
         self.t_model_done = time.perf_counter()
@@ -230,10 +231,6 @@ class ViewModel:
         if self._pooled is not None:
             self._pooled.invalidate(position)
         self._tile = None
-
-    def _bytes_per_position(self) -> int:
-        t = self.obj.cache_length
-        return self.obj.kv_cache_bytes() // t if t else 0
 
     def _report(self, r) -> MaskReportInfo:
         if r.before is None or r.after is None:
