@@ -160,31 +160,28 @@ def run(args) -> int:
     # QThread started later in this process (tests, embedding)
     loop = QEventLoop()
 
+    def fail(message: str = "") -> None:
+        if message:
+            print(f"gpt-inspector: error: {message}", file=sys.stderr)
+        status["rc"] = 2
+        loop.quit()
+
     def finish():
         if win.errors:
-            status["rc"] = 2
-            loop.quit()
-            return
+            return fail()  # the error is printed already (headless_errors)
         # one more turn of the event loop so layouts settle, then paint everything into a pixmap
         QTimer.singleShot(300, shoot)
 
     def shoot():
         app.processEvents()
-        ok = win.grab().save(str(screenshot))
-        if not ok:
-            print(f"gpt-inspector: error: cannot write {screenshot}", file=sys.stderr)
-            status["rc"] = 2
-        loop.quit()
-
-    def timeout():
-        print("gpt-inspector: error: timed out waiting for the window", file=sys.stderr)
-        status["rc"] = 2
-        loop.quit()
+        if win.grab().save(str(screenshot)):
+            loop.quit()
+        else:
+            fail(f"cannot write {screenshot}")
 
     win.when_idle(finish)
-    guard = QTimer()
-    guard.setSingleShot(True)
-    guard.timeout.connect(timeout)
+    guard = QTimer(singleShot=True)
+    guard.timeout.connect(lambda: fail("timed out waiting for the window"))
     guard.start(SCREENSHOT_TIMEOUT_S * 1000)
     loop.exec()
     guard.stop()

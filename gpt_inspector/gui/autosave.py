@@ -9,6 +9,7 @@ file instead. Recipes hold prompts, so the folder is 0700 and the files 0600.
 
 from __future__ import annotations
 
+import contextlib
 import itertools
 import json
 import os
@@ -43,11 +44,9 @@ def path(owner: str | None = None) -> Path:
 def _all_files() -> list[tuple[str | None, Path]]:
     base = path()
     found: list[tuple[str | None, Path]] = [(None, base)] if base.is_file() else []
-    try:
+    with contextlib.suppress(OSError):
         for p in base.parent.glob(f"{base.stem}-*{base.suffix}"):
             found.append((p.name[len(base.stem) + 1 : -len(base.suffix) or None], p))
-    except OSError:
-        pass
     return found
 
 
@@ -67,10 +66,8 @@ def write(recipe: dict, owner: str | None = None) -> None:
             os.fsync(f.fileno())
         os.replace(tmp, p)
     except BaseException:
-        try:
+        with contextlib.suppress(OSError):
             os.unlink(tmp)
-        except OSError:
-            pass
         raise
 
 
@@ -99,10 +96,8 @@ def clear(owner: str | None = ...) -> None:  # type: ignore[assignment]
     """Remove one window's file (``owner``), or with no argument every autosave (the user said no)."""
     targets = [p for _, p in _all_files()] if owner is ... else [path(owner)]
     for p in targets:
-        try:
+        with contextlib.suppress(OSError):
             p.unlink()
-        except OSError:
-            pass
 
 
 def summary(recipe: dict) -> str:

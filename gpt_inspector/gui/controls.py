@@ -10,19 +10,18 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QGroupBox,
-    QHBoxLayout,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
     QSlider,
     QSpinBox,
-    QVBoxLayout,
     QWidget,
 )
 
 from ..core.breakpoints import Breakpoints
 from . import settings as _settings
 from .commands import ModelSpec, SessionSpec
+from .views.common import hbox, vbox
 
 DEMO_LABEL = "Demo model (built in)"
 RECENT_MODELS = "recent/models"
@@ -37,54 +36,33 @@ class SessionPanel(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(4, 4, 4, 4)
+        lay = vbox(self, margin=4)
 
         g = QGroupBox("Model")
         f = QFormLayout(g)
-        row = QHBoxLayout()
-        self.model = QComboBox()
-        self.model.setEditable(True)
-        self.model.setInsertPolicy(QComboBox.InsertPolicy.NoInsert)
+        self.model = QComboBox(editable=True, insertPolicy=QComboBox.InsertPolicy.NoInsert, minimumContentsLength=12,
+                               sizeAdjustPolicy=QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon,
+                               toolTip="The demo model, a Hugging Face hub id (from the local cache) or a local folder")  # fmt: skip
         self.model.lineEdit().setPlaceholderText("hub id (gpt2) or folder")
-        self.model.setToolTip("The demo model, a Hugging Face hub id (from the local cache) or a local folder")
-        self.model.setMinimumContentsLength(12)
-        self.model.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
-        row.addWidget(self.model, 1)
-        browse = QPushButton("…")
-        browse.setToolTip("Choose a local model folder")
+        browse = QPushButton("…", toolTip="Choose a local model folder", clicked=self._browse)
         browse.setFixedWidth(28)
-        browse.clicked.connect(self._browse)
-        row.addWidget(browse)
-        f.addRow(row)
-        self.device = QComboBox()
+        f.addRow(hbox(None, (self.model, 1), browse))
+        self.device = QComboBox(editable=True)
         self.device.addItems(["auto", "cpu", "cuda", "mps"])
-        self.device.setEditable(True)
         self.dtype = QComboBox()
         self.dtype.addItems(["float32", "float16", "bfloat16"])
-        dd = QHBoxLayout()
-        dd.addWidget(self.device, 1)
-        dd.addWidget(self.dtype, 1)
-        f.addRow("device / dtype", dd)
-        self.device_map = QComboBox()
+        f.addRow("device / dtype", hbox(None, (self.device, 1), (self.dtype, 1)))
+        self.device_map = QComboBox(toolTip="Spread the layers over the GPUs, the CPU and disk (accelerate); "
+                                            "the device above is then ignored")  # fmt: skip
         self.device_map.addItems(["one device", "auto", "balanced", "sequential"])
-        self.device_map.setToolTip("Spread the layers over the GPUs, the CPU and disk (accelerate); "
-                                   "the device above is then ignored")  # fmt: skip
-        self.max_memory = QLineEdit()
-        self.max_memory.setPlaceholderText("0=20GiB,cpu=60GiB")
-        self.max_memory.setToolTip("With a device map: the most each device may hold (GPU index, cpu, disk)")
-        dm = QHBoxLayout()
-        dm.addWidget(self.device_map, 1)
-        dm.addWidget(self.max_memory, 1)
-        f.addRow("device map / max", dm)
-        self.offload_folder = QLineEdit()
-        self.offload_folder.setPlaceholderText("offload folder (disk), optional")
-        self.offload_folder.setToolTip("With a device map: where the weights that fit nowhere else wait on disk")
+        self.max_memory = QLineEdit(placeholderText="0=20GiB,cpu=60GiB",
+                                    toolTip="With a device map: the most each device may hold (GPU index, cpu, disk)")  # fmt: skip
+        f.addRow("device map / max", hbox(None, (self.device_map, 1), (self.max_memory, 1)))
+        self.offload_folder = QLineEdit(placeholderText="offload folder (disk), optional",
+                                        toolTip="With a device map: where the weights that fit nowhere else wait on disk")  # fmt: skip
         f.addRow(self.offload_folder)
-        self.allow_pickle = QCheckBox("allow pickle weights")
-        self.allow_pickle.setToolTip("Pickle (.bin) files can run code when loaded: only for sources you trust")
-        self.trust_code = QCheckBox("trust remote code")
-        self.trust_code.setToolTip("Runs the model repository's own Python code: only for sources you trust")
+        self.allow_pickle = QCheckBox("allow pickle weights", toolTip="Pickle (.bin) files can run code when loaded: only for sources you trust")
+        self.trust_code = QCheckBox("trust remote code", toolTip="Runs the model repository's own Python code: only for sources you trust")
         self.allow_unverified = QCheckBox("load even if unverified")
         self.allow_unverified.setToolTip("Load a model whose logits through gpt-inspector differ from its own "
                                          "attention (the load-time self-test failed); every view is marked UNVERIFIED")
@@ -97,58 +75,28 @@ class SessionPanel(QWidget):
         lay.addWidget(g)
 
         g = QGroupBox("Prompt")
-        v = QVBoxLayout(g)
-        self.prompt = QPlainTextEdit(DEFAULT_PROMPT)
-        self.prompt.setMaximumHeight(80)
-        v.addWidget(self.prompt)
-        self.start_button = QPushButton("Start from this prompt")
-        self.start_button.setToolTip("New session with this prompt and seed (mask edits are kept)")
+        self.prompt = QPlainTextEdit(DEFAULT_PROMPT, maximumHeight=80)
+        self.start_button = QPushButton("Start from this prompt", toolTip="New session with this prompt and seed (mask edits are kept)")
         self.start_button.clicked.connect(self.start_requested)
-        v.addWidget(self.start_button)
+        vbox(g, self.prompt, self.start_button)
         lay.addWidget(g)
 
         g = QGroupBox("Decoding")
         f = QFormLayout(g)
-        self.temperature = QDoubleSpinBox()
-        self.temperature.setRange(0.0, 10.0)
-        self.temperature.setSingleStep(0.05)
-        self.temperature.setDecimals(2)
-        self.temperature.setToolTip("0 = greedy (the distribution is then shown at temperature 1)")
-        self.temp_slider = QSlider(Qt.Orientation.Horizontal)
-        self.temp_slider.setRange(0, 200)
-        tr = QHBoxLayout()
-        tr.addWidget(self.temperature)
-        tr.addWidget(self.temp_slider, 1)
-        f.addRow("temperature", tr)
-        self.top_k = QSpinBox()
-        self.top_k.setRange(0, 1_000_000)
-        self.top_k.setSpecialValueText("off")
-        self.top_p = QDoubleSpinBox()
-        self.top_p.setRange(0.01, 1.0)
-        self.top_p.setSingleStep(0.05)
-        self.top_p.setValue(1.0)
-        self.top_p.setDecimals(2)
-        self.top_p.setToolTip("1.00 = off")
-        kp = QHBoxLayout()
-        kp.addWidget(self.top_k)
-        kp.addWidget(self.top_p)
-        f.addRow("top-k / top-p", kp)
-        self.seed = QSpinBox()
-        self.seed.setRange(0, 2**31 - 1)
-        self.max_steps = QSpinBox()
-        self.max_steps.setRange(1, 1_000_000)
-        self.max_steps.setValue(32)
-        self.max_steps.setToolTip("Run (F5) stops after this many steps at most")
-        sm = QHBoxLayout()
-        sm.addWidget(self.seed)
-        sm.addWidget(self.max_steps)
-        f.addRow("seed / max steps", sm)
+        self.temperature = QDoubleSpinBox(minimum=0.0, maximum=10.0, singleStep=0.05, decimals=2,
+                                          toolTip="0 = greedy (the distribution is then shown at temperature 1)")  # fmt: skip
+        self.temp_slider = QSlider(Qt.Orientation.Horizontal, minimum=0, maximum=200)
+        f.addRow("temperature", hbox(None, self.temperature, (self.temp_slider, 1)))
+        self.top_k = QSpinBox(minimum=0, maximum=1_000_000, specialValueText="off")
+        self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0, decimals=2, toolTip="1.00 = off")
+        f.addRow("top-k / top-p", hbox(None, self.top_k, self.top_p))
+        self.seed = QSpinBox(minimum=0, maximum=2**31 - 1)
+        self.max_steps = QSpinBox(minimum=1, maximum=1_000_000, value=32, toolTip="Run (F5) stops after this many steps at most")
+        f.addRow("seed / max steps", hbox(None, self.seed, self.max_steps))
         lay.addWidget(g)
         lay.addStretch(1)
 
-        self._throttle = QTimer(self)
-        self._throttle.setSingleShot(True)
-        self._throttle.setInterval(THROTTLE_MS)
+        self._throttle = QTimer(self, singleShot=True, interval=THROTTLE_MS)
         self._throttle.timeout.connect(self.decoding_changed)
         self.temp_slider.valueChanged.connect(lambda v: self.temperature.setValue(v / 100.0))
         self.temperature.valueChanged.connect(self._temperature_changed)
@@ -241,24 +189,15 @@ class BreakpointsPanel(QWidget):
         f = QFormLayout(self)
         f.setContentsMargins(6, 6, 6, 6)
         self.on_text = QCheckBox("token contains")
-        self.text = QLineEdit()
-        self.text.setPlaceholderText("e.g. .")
+        self.text = QLineEdit(placeholderText="e.g. .")
         self.text.textEdited.connect(lambda s: self.on_text.setChecked(bool(s)))
         f.addRow(self.on_text, self.text)
         self.on_prob = QCheckBox("probability below")
-        self.prob = QDoubleSpinBox()
-        self.prob.setRange(0.0, 1.0)
-        self.prob.setSingleStep(0.05)
-        self.prob.setDecimals(3)
-        self.prob.setValue(0.1)
+        self.prob = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05, decimals=3, value=0.1)
         self.prob.valueChanged.connect(lambda _: self.on_prob.setChecked(True))
         f.addRow(self.on_prob, self.prob)
         self.on_entropy = QCheckBox("entropy above")
-        self.entropy = QDoubleSpinBox()
-        self.entropy.setRange(0.0, 100.0)
-        self.entropy.setSingleStep(0.25)
-        self.entropy.setValue(3.0)
-        self.entropy.setSuffix(" nats")
+        self.entropy = QDoubleSpinBox(minimum=0.0, maximum=100.0, singleStep=0.25, value=3.0, suffix=" nats")
         self.entropy.valueChanged.connect(lambda _: self.on_entropy.setChecked(True))
         f.addRow(self.on_entropy, self.entropy)
 

@@ -33,8 +33,8 @@ class DeferredViews(QObject):
             view.set_snapshot(self.pending.pop(view))
 
     def eventFilter(self, obj, event) -> bool:  # noqa: N802 (Qt)
-        if event.type() == QEvent.Type.Show and obj in self.pending:
-            obj.set_snapshot(self.pending.pop(obj))
+        if event.type() == QEvent.Type.Show:
+            self.reveal(obj)
         return False
 
 

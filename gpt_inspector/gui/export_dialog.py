@@ -25,13 +25,11 @@ from PySide6.QtWidgets import (
     QDoubleSpinBox,
     QFileDialog,
     QFormLayout,
-    QHBoxLayout,
     QLabel,
     QLineEdit,
     QMessageBox,
     QPushButton,
     QScrollArea,
-    QVBoxLayout,
     QWidget,
 )
 
@@ -39,6 +37,7 @@ from .. import figures
 from ..core.errors import InspectorError, StepFailed
 from ..core.stages import STAGE_LABELS
 from ..figures import fullres
+from .views.common import hbox, vbox
 
 FILTERS = {".png": "PNG image (*.png)", ".svg": "SVG image (*.svg)", ".pdf": "PDF document (*.pdf)"}
 PREVIEW_DPI = 100.0
@@ -74,32 +73,21 @@ class ExportDialog(QDialog):
         scroll.setMinimumSize(min(pixmap.width() + 24, 760), min(pixmap.height() + 24, 520))
 
         self.path_edit = QLineEdit(str((_last_dir or Path.home()) / default_name))
-        browse = QPushButton("Browse…")
-        browse.clicked.connect(self._browse)
-        row = QHBoxLayout()
-        row.addWidget(self.path_edit, 1)
-        row.addWidget(browse)
+        row = hbox(None, (self.path_edit, 1), QPushButton("Browse…", clicked=self._browse))
 
         self.format_box = QComboBox()
-        self.format_box.addItem("PNG (bitmap)", ".png")
-        self.format_box.addItem("SVG (vector)", ".svg")
-        self.format_box.addItem("PDF (vector)", ".pdf")
-        self.scale_spin = QDoubleSpinBox()
-        self.scale_spin.setRange(0.5, 8.0)
-        self.scale_spin.setSingleStep(0.5)
-        self.scale_spin.setDecimals(2)
-        self.scale_spin.setSuffix(" ×")
-        self.scale_spin.setValue(scale)
-        self.scale_spin.setToolTip("PNG pixels per unit: 1 is 100 dpi; 2 suits high-DPI screens and print")
+        for text, suffix in (("PNG (bitmap)", ".png"), ("SVG (vector)", ".svg"), ("PDF (vector)", ".pdf")):
+            self.format_box.addItem(text, suffix)
+        self.scale_spin = QDoubleSpinBox(minimum=0.5, maximum=8.0, singleStep=0.5, decimals=2, suffix=" ×", value=scale,
+                                         toolTip="PNG pixels per unit: 1 is 100 dpi; 2 suits high-DPI screens and print")  # fmt: skip
         self.size_label = QLabel()
         # None: not offered (grids, matrices); one head's cells can all be drawn, at any T
         self.full_box = None
         if full_resolution is not None:
-            self.full_box = QCheckBox("Full resolution: every cell, unpooled")
-            self.full_box.setChecked(bool(full_resolution))
-            self.full_box.setToolTip("Draw each query × key cell as itself: whole pixels per cell in a PNG (the "
-                                     "image grows with the context), the full matrix embedded in an SVG or PDF. "
-                                     f"Past {fullres.MAX_CELLS:,} positions it pools and says the block size.")  # fmt: skip
+            self.full_box = QCheckBox("Full resolution: every cell, unpooled", checked=bool(full_resolution),
+                                      toolTip="Draw each query × key cell as itself: whole pixels per cell in a PNG (the "
+                                      "image grows with the context), the full matrix embedded in an SVG or PDF. "
+                                      f"Past {fullres.MAX_CELLS:,} positions it pools and says the block size.")  # fmt: skip
 
         form = QFormLayout()
         form.addRow("File:", row)
@@ -111,11 +99,7 @@ class ExportDialog(QDialog):
         buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
         buttons.accepted.connect(self.accept)
         buttons.rejected.connect(self.reject)
-        layout = QVBoxLayout(self)
-        layout.addWidget(QLabel(what))
-        layout.addWidget(scroll, 1)
-        layout.addLayout(form)
-        layout.addWidget(buttons)
+        vbox(self, QLabel(what), (scroll, 1), form, buttons)
 
         self.format_box.currentIndexChanged.connect(self._format_changed)
         self.path_edit.textChanged.connect(self._path_changed)
@@ -133,11 +117,8 @@ class ExportDialog(QDialog):
         p = Path(self.path_edit.text().strip()).expanduser()
         return p if p.suffix else p.with_suffix(self.suffix())
 
-    def scale(self) -> float:
-        return self.scale_spin.value()
-
     def dpi(self) -> float:
-        return self.scale() * figures.DPI
+        return self.scale_spin.value() * figures.DPI
 
     def full_resolution(self) -> bool:
         return self.full_box is not None and self.full_box.isChecked()
@@ -217,22 +198,36 @@ def _show(parent, figure, default_name: str, scale: float, what: str, preview: b
         full(path, dpi)
         return _LATER
     QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+    error = None
     try:
         written = figures.save(figure, path, dpi)
     except InspectorError as e:
-        QApplication.restoreOverrideCursor()
-        QMessageBox.warning(parent, "Export image", str(e))
-        return None
+        error = str(e)
     except MemoryError:
-        QApplication.restoreOverrideCursor()
-        QMessageBox.warning(parent, "Export image", "Not enough memory for this image; lower the scale or use SVG or PDF.")
+        error = "Not enough memory for this image; lower the scale or use SVG or PDF."
+    finally:
+        QApplication.restoreOverrideCursor()  # before any message box
+    if error is not None:
+        QMessageBox.warning(parent, "Export image", error)
         return None
-    QApplication.restoreOverrideCursor()
     _last_dir = written.parent
-    bar = getattr(parent, "statusBar", None)
-    if callable(bar):  # the dialog closed: without a word the user cannot tell a save from a cancel
-        bar().showMessage(f"Exported {what} to {written}", 15000)
+    # the dialog closed: without a word the user cannot tell a save from a cancel
+    _say(parent, f"Exported {what} to {written}")
     return written
+
+
+def _say(window, text: str) -> None:
+    bar = getattr(window, "statusBar", None)
+    if callable(bar):
+        bar().showMessage(text, 15000)
+
+
+def _report(window, error: BaseException) -> None:
+    """The user's to fix (or a window without an error dialog): a message box; else the window's internal error."""
+    if isinstance(error, (InspectorError, StepFailed)) or not hasattr(window, "show_error"):
+        QMessageBox.warning(window, "Export image", str(error))
+    else:
+        window.show_error("Export failed", str(error), "internal")
 
 
 def _in_worker(window, build, default_name: str, scale: float, what: str, on_done=None, full_write=None) -> int | None:
@@ -247,16 +242,11 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
         def written(result, error) -> None:
             global _last_dir
             if error is not None:
-                if isinstance(error, (InspectorError, StepFailed)) or not hasattr(window, "show_error"):
-                    QMessageBox.warning(window, "Export image", str(error))
-                else:
-                    window.show_error("Export failed", str(error), "internal")
+                _report(window, error)
                 result = None
             else:
                 _last_dir = result.parent
-                bar = getattr(window, "statusBar", None)
-                if callable(bar):
-                    bar().showMessage(f"Exported {what} at full resolution to {result}", 15000)
+                _say(window, f"Exported {what} at full resolution to {result}")
             if on_done is not None:
                 on_done(result)
 
@@ -276,12 +266,7 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
     def done(result, error) -> None:
         path = None
         if error is not None:
-            if isinstance(error, (InspectorError, StepFailed)):
-                QMessageBox.warning(window, "Export image", str(error))
-            elif hasattr(window, "show_error"):
-                window.show_error("Export failed", str(error), "internal")
-            else:
-                QMessageBox.warning(window, "Export image", str(error))
+            _report(window, error)
         else:
             fig, preview = result
             try:

@@ -33,11 +33,11 @@ from PySide6.QtWidgets import (
 
 from . import settings as _settings
 from .actions import RECENT_TRACES, WindowActions
-from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
-from .viewdata import Selection, Snapshot
+from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share  # noqa: F401 (re-exported)
+from .viewdata import Snapshot
 from .views import compare, kvlab, lens, mathcheck, probe
 from .views.kv_cache import KVCacheView, human_bytes
 from .views.mask_editor import MaskEditor
@@ -48,6 +48,12 @@ from .views.score_matrix import ScoreMatrix
 from .views.softmax_rows import SoftmaxRows
 from .views.token_strip import TokenStrip
 from .worker import ModelSpec, SessionSpec
+
+
+def _controller_state(name: str) -> property:
+    """A window attribute that reads the controller's (which owns the state)."""
+    return property(lambda self: getattr(self.controller, name))
+
 
 class MainWindow(DockLayout, QMainWindow):
     snapshot_changed = Signal(object)  # Snapshot, after every view showed it
@@ -148,11 +154,7 @@ class MainWindow(DockLayout, QMainWindow):
     def _build_status(self) -> None:
         sb = self.statusBar()
         self.st_busy = QLabel("")
-        self.st_progress = QProgressBar()
-        self.st_progress.setMaximumWidth(180)
-        self.st_progress.setMaximumHeight(14)
-        self.st_progress.setTextVisible(False)
-        self.st_progress.hide()
+        self.st_progress = QProgressBar(maximumWidth=180, maximumHeight=14, textVisible=False, visible=False)
         self.st_step = QLabel("no model")
         self.st_device = QLabel("")
         self.st_positions = QLabel("")
@@ -163,53 +165,24 @@ class MainWindow(DockLayout, QMainWindow):
         for w in (self.st_step, self.st_positions, self.st_kv, self.st_time, self.st_device):
             sb.addPermanentWidget(w)
         # a model loaded with --unverified: a red band across the window above every panel
-        self.unverified_bar = QToolBar("Unverified", self)
-        self.unverified_bar.setObjectName("unverified_bar")
-        self.unverified_bar.setMovable(False)
+        self.unverified_bar = QToolBar("Unverified", self, objectName="unverified_bar", movable=False)
         self.unverified_bar.toggleViewAction().setVisible(False)  # not something to switch off by accident
-        self.unverified_label = QLabel("")
-        self.unverified_label.setObjectName("unverified_banner")
-        self.unverified_label.setStyleSheet("background: #b00020; color: white; font-weight: bold; padding: 3px 8px;")
+        self.unverified_label = QLabel("", objectName="unverified_banner",
+                                       styleSheet="background: #b00020; color: white; font-weight: bold; padding: 3px 8px;")  # fmt: skip
         self.unverified_bar.addWidget(self.unverified_label)
         self.addToolBarBreak(Qt.ToolBarArea.TopToolBarArea)
         self.addToolBar(Qt.ToolBarArea.TopToolBarArea, self.unverified_bar)
         self.unverified_bar.hide()
 
-    # ================================================================== state (the controller's)
-    @property
-    def worker(self):
-        return self.controller.worker
-
-    @property
-    def snapshot(self) -> Snapshot | None:
-        return self.controller.snapshot
-
-    def current_snapshot(self) -> Snapshot | None:
-        return self.controller.snapshot
-
-    @property
-    def selection(self) -> Selection:
-        return self.controller.selection
-
-    @property
-    def busy(self) -> bool:
-        return self.controller.busy
-
-    @property
-    def running(self) -> bool:
-        return self.controller.running
-
-    @property
-    def read_only(self) -> bool:
-        return self.controller.read_only
-
-    @property
-    def has_source(self) -> bool:
-        return self.controller.has_source
-
-    @property
-    def last_stop_reason(self) -> str | None:
-        return self.controller.last_stop_reason
+    # ================================================================== state (the controller's, read here)
+    worker = _controller_state("worker")
+    snapshot = _controller_state("snapshot")  # Snapshot | None
+    selection = _controller_state("selection")  # Selection
+    busy = _controller_state("busy")
+    running = _controller_state("running")
+    read_only = _controller_state("read_only")
+    has_source = _controller_state("has_source")
+    last_stop_reason = _controller_state("last_stop_reason")  # str | None
 
     # ================================================================== extension API
     def raise_panel(self, widget: QWidget) -> None:
@@ -343,22 +316,20 @@ class MainWindow(DockLayout, QMainWindow):
 
     def open_trace(self, path: str) -> int | None:
         _settings.remember(RECENT_TRACES, str(path))
-        serial = self.controller.open_trace(str(path))
-        self._confirm_when_done(serial, f"Opened trace {path} (read-only)")
-        return serial
+        return self._confirm_when_done(self.controller.open_trace(str(path)), f"Opened trace {path} (read-only)")
 
     def save_trace(self, path: str) -> int | None:
         path = str(path)
         if not path.endswith(".safetensors"):
             path += ".safetensors"
         _settings.remember(RECENT_TRACES, path)
-        serial = self.controller.save_trace(path)
-        self._confirm_when_done(serial, f"Saved trace to {path}")
-        return serial
+        return self._confirm_when_done(self.controller.save_trace(path), f"Saved trace to {path}")
 
-    def _confirm_when_done(self, serial: int | None, text: str) -> None:
+    def _confirm_when_done(self, serial: int | None, text: str) -> int | None:
+        """Show ``text`` once the command ``serial`` is done, if no error came with it; returns ``serial``."""
         if serial is not None:
             self._confirm[serial] = (text, len(self.errors))
+        return serial
 
     def _session_shown(self, prompt: str, seed: int) -> None:
         # the controls show what runs, so that a later difference means the user edited them
@@ -458,7 +429,8 @@ class MainWindow(DockLayout, QMainWindow):
     # ================================================================== export
     def _export(self, fn_name: str, *args) -> None:
         """Hand the export to the dialog module, which builds the figure on the worker thread."""
-        from . import export_dialog as mod  # matplotlib loads on the first export, not at start-up
+        # imported here: matplotlib loads on the first export, not at start-up
+        from . import export_dialog as mod
 
         if not self.has_source:
             QMessageBox.information(self, "Export", "Nothing to export yet: load a model or open a trace.")

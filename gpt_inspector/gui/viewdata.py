@@ -20,7 +20,7 @@ import numpy as np
 import torch
 
 from ..core import attention as eq
-from ..core.attention import KINDS, STAGE_TITLES
+from ..core.attention import KINDS
 from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
 from ..core.pooling import ThreadChooser, one_thread, torch_threads
@@ -29,10 +29,8 @@ from ..core.stages import STAGE_LABELS
 from ..core.step import Step
 from .pooled import PooledMatrix, Thumbnails, block_for
 
-__all__ = ["KIND_LABELS", "KIND_TITLES", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails", "ViewModel",
-           "full_thumbnails"]  # fmt: skip
+__all__ = ["KIND_LABELS", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails", "ViewModel", "full_thumbnails"]
 
-KIND_TITLES = STAGE_TITLES
 KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
 
 
@@ -125,10 +123,6 @@ class Snapshot:
     source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
     unverified: str | None = None  # why the load's fidelity self-test could not vouch for the numbers
 
-    @property
-    def empty(self) -> bool:
-        return self.T == 0
-
     def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
         return [e for e in self.mask_edits if (e.layer is None or e.layer == layer) and (e.head is None or e.head == head)]
 
@@ -159,13 +153,13 @@ def full_thumbnails(source: RunSource, max_bins: int = 32) -> Thumbnails:
     return th
 
 
-def _pool_rows(a: np.ndarray, block: int) -> np.ndarray:
+def pool_rows(a: np.ndarray, block: int, dtype=np.float32) -> np.ndarray:
     """(T, w) -> (ceil(T / block), w): the mean of each block of rows (the last block may be short)."""
     if block == 1:
         return a
     starts = np.arange(0, a.shape[0], block)
     counts = np.diff(np.append(starts, a.shape[0]))[:, None]
-    return np.ascontiguousarray(np.add.reduceat(a, starts, axis=0) / counts, dtype=np.float32)
+    return np.ascontiguousarray(np.add.reduceat(a, starts, axis=0) / counts, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------- the model
@@ -200,7 +194,8 @@ class ViewModel:
         self._id_labels: tuple[str, ...] = ()
         self._labels: dict[int, str] = {}
         self._probs: dict[int, float] = {}  # step index -> probability of its chosen token
-        per_pos = self._bytes_per_position()
+        t = source.cache_length
+        per_pos = source.kv_cache_bytes() // t if t else 0
         self._kv_hist = [per_pos * (source.prompt_length + st.index) for st in source.steps_done]
         self.mask_report: MaskReportInfo | None = None
         self.t_model_done = time.perf_counter()
@@ -236,10 +231,6 @@ class ViewModel:
         if self._pooled is not None:
             self._pooled.invalidate(position)
         self._tile = None
-
-    def _bytes_per_position(self) -> int:
-        t = self.obj.cache_length
-        return self.obj.kv_cache_bytes() // t if t else 0
 
     def _report(self, r) -> MaskReportInfo:
         if r.before is None or r.after is None:
@@ -513,8 +504,8 @@ class ViewModel:
             scaling=o.scaling(layer),
             softcap=o.softcap(layer),
             query_bias=_query_bias(o, layer, head, query),
-            kv_k=_pool_rows(_heads_side_by_side(keys), kv_block),
-            kv_v=_pool_rows(_heads_side_by_side(values), kv_block),
+            kv_k=pool_rows(_heads_side_by_side(keys), kv_block),
+            kv_v=pool_rows(_heads_side_by_side(values), kv_block),
             kv_block=kv_block,
             kv_cached=_cached(o, layer, kv_block),
             kv_head=kvh,
@@ -532,7 +523,7 @@ def _policy_rows(o: RunSource, layer: int) -> dict:
 
 def _cached(o: RunSource, layer: int, block: int) -> np.ndarray | None:
     rows = o.cached_rows(layer)  # (T, n) or None
-    return None if rows is None else _pool_rows(rows.float().numpy(), block)
+    return None if rows is None else pool_rows(rows.float().numpy(), block)
 
 
 def _query_bias(o: RunSource, layer: int, head: int, query: int) -> np.ndarray | None:

@@ -12,6 +12,7 @@ the run checks between steps) and ``set_selection()`` (read at the next snapshot
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -22,6 +23,7 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 from ..core.breakpoints import Breakpoints, finish, run_until
 from ..core.editing import restart_starts_new_session, toggle_cells
 from ..core.errors import Cancelled, InspectorError, StepFailed
+from ..core.session import Session
 from . import autosave, gc_guard
 from . import commands as C
 from .commands import ModelSpec, SessionSpec
@@ -124,17 +126,16 @@ class Worker(QObject):
         self.thread_idents.add(threading.get_ident())
         try:
             HANDLERS[type(command)](self, serial, command)
-        except InspectorError as e:
-            self.error.emit("Cannot do that", str(e), "user")
-            self._publish_safely()
-        except StepFailed as e:
-            self.error.emit("The model failed", str(e), "model")
-            self._publish_safely()
         except Exception as e:  # a bug must not kill the thread or the session
-            tb = "".join(traceback.format_exception_only(type(e), e)).strip()
-            detail = traceback.format_exc(limit=-3)
-            self.error.emit("Internal error", f"{tb}\n\n{detail}", "internal")
-            self._publish_safely()
+            if isinstance(e, InspectorError):
+                self.error.emit("Cannot do that", str(e), "user")
+            elif isinstance(e, StepFailed):
+                self.error.emit("The model failed", str(e), "model")
+            else:
+                tb = "".join(traceback.format_exception_only(type(e), e)).strip()
+                self.error.emit("Internal error", f"{tb}\n\n{traceback.format_exc(limit=-3)}", "internal")
+            with contextlib.suppress(Exception):  # the error that brought us here is already reported
+                self._publish()
         finally:
             self.busy.emit("")
             self.done.emit(serial)
@@ -189,8 +190,6 @@ class Worker(QObject):
 
     def _autosave(self) -> None:
         """Write the session recipe when it changed (every step of a run included)."""
-        from ..core.session import Session
-
         if not self.autosave or not isinstance(self.obj, Session):
             return
         recipe = self.obj.recipe()
@@ -211,15 +210,7 @@ class Worker(QObject):
                 self._autosaved = "failed"
                 self.error.emit("Autosave failed", f"cannot write {autosave.path(self.autosave_owner)}: {e.strerror or e}", "user")
 
-    def _publish_safely(self) -> None:
-        try:
-            self._publish()
-        except Exception:  # the error that brought us here is already reported
-            pass
-
     def _session(self):
-        from ..core.session import Session
-
         if not isinstance(self.obj, Session):
             if self.obj is None:
                 raise InspectorError("no model loaded: choose a model and press Load")
@@ -234,8 +225,6 @@ class Worker(QObject):
         self.obj = obj
         self.vm = ViewModel(obj, dev, dt)
         self._streaming = False
-        from ..core.session import Session
-
         if isinstance(obj, Session):
             self.session_shown.emit(obj.prompt, int(obj.seed))
         self._publish()
@@ -267,7 +256,7 @@ class Worker(QObject):
     # -- commands ----------------------------------------------------------------------------
     @handles(C.Load)
     def _do_load(self, serial, cmd: C.Load) -> None:
-        from ..core import Session, load_model
+        from ..core import load_model
 
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
@@ -283,7 +272,7 @@ class Worker(QObject):
     @handles(C.Restore)
     def _do_restore(self, serial, cmd: C.Restore) -> None:
         """Load the recipe's model and replay it; pickle and remote code stay off on restore."""
-        from ..core import Session, load_model
+        from ..core import load_model
 
         recipe = cmd.recipe
         load = recipe.get("load") or {}
@@ -319,8 +308,6 @@ class Worker(QObject):
 
     @handles(C.NewSession)
     def _do_new_session(self, serial, cmd: C.NewSession) -> None:
-        from ..core import Session
-
         if self.lm is None:
             raise InspectorError("no model loaded: choose a model and press Load")
         session = cmd.session

@@ -4,11 +4,24 @@ from __future__ import annotations
 
 import math
 
-import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
-from PySide6.QtGui import QColor, QPalette
-from PySide6.QtWidgets import QApplication, QHBoxLayout, QLabel, QLayout, QSizePolicy, QWidget
+from PySide6.QtGui import QAction, QColor, QPalette
+from PySide6.QtWidgets import (
+    QAbstractItemView,
+    QApplication,
+    QGraphicsRectItem,
+    QHBoxLayout,
+    QHeaderView,
+    QLabel,
+    QLayout,
+    QSizePolicy,
+    QTableWidget,
+    QVBoxLayout,
+    QWidget,
+)
+
+from ...core.errors import InspectorError
 
 # row-major: a (T, T) array displays with rows as rows, like the matrix it is
 pg.setConfigOptions(imageAxisOrder="row-major", background="#1b1e24", foreground="#c8ccd4", antialias=False)
@@ -137,16 +150,116 @@ def info_label(text: str = "", dim: bool = True, rich: bool = False) -> QLabel:
     return lab
 
 
+def wrapped_label(text: str = "", rich: bool | None = None, selectable: bool = False) -> QLabel:
+    """A label that wraps its text; ``rich``: force rich or plain text (else Qt guesses)."""
+    lab = QLabel(text)
+    lab.setWordWrap(True)
+    if rich is not None:
+        lab.setTextFormat(Qt.TextFormat.RichText if rich else Qt.TextFormat.PlainText)
+    if selectable:
+        lab.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+    return lab
+
+
+def vbox(parent: QWidget | None, *items, margin: int | None = None, spacing: int | None = None) -> QVBoxLayout:
+    """``parent``'s column of widgets and layouts, top down: ``(item, stretch)`` for one that
+    stretches, an int for empty stretch; ``margin`` and ``spacing`` in pixels, else Qt's."""
+    return _fill(QVBoxLayout(parent), items, margin, spacing)
+
+
+def hbox(parent: QWidget | None, *items, margin: int | None = None, spacing: int | None = None) -> QHBoxLayout:
+    """A row, left to right, as ``vbox`` makes a column."""
+    return _fill(QHBoxLayout(parent), items, margin, spacing)
+
+
+def _fill(lay, items, margin: int | None, spacing: int | None):
+    if margin is not None:
+        lay.setContentsMargins(margin, margin, margin, margin)
+    if spacing is not None:
+        lay.setSpacing(spacing)
+    for item in items:
+        if isinstance(item, int):
+            lay.addStretch(item)
+            continue
+        item, stretch = item if isinstance(item, tuple) else (item, 0)
+        (lay.addLayout if isinstance(item, QLayout) else lay.addWidget)(item, stretch)
+    return lay
+
+
+def column(*items, spacing: int | None = None) -> QWidget:
+    """A borderless widget holding ``items`` top down (one pane of a splitter)."""
+    w = QWidget()
+    vbox(w, *items, margin=0, spacing=spacing)
+    return w
+
+
+def table(columns, resize=QHeaderView.ResizeMode.ResizeToContents) -> QTableWidget:
+    """A read-only table with these column headers and no row numbers."""
+    t = QTableWidget(0, len(columns))
+    t.setHorizontalHeaderLabels(list(columns))
+    t.verticalHeader().setVisible(False)
+    t.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
+    t.horizontalHeader().setSectionResizeMode(resize)
+    return t
+
+
+def bare(plot, invert: bool = False, still: bool = False):
+    """No pyqtgraph context menu or auto-range button; ``invert``: rows top down; ``still``: no pan or zoom."""
+    plot.setMenuEnabled(False)
+    plot.hideButtons()
+    if invert:
+        plot.getViewBox().invertY(True)
+    if still:
+        plot.setMouseEnabled(False, False)
+    return plot
+
+
+def outline(plot, pen, z: float = 10) -> QGraphicsRectItem:
+    """A rectangle on ``plot``, placed later with setRect (the newest row, a selected cell)."""
+    r = QGraphicsRectItem(0, 0, 1, 1)
+    r.setPen(pen)
+    r.setZValue(z)
+    plot.addItem(r)
+    return r
+
+
+def context_actions(widget: QWidget, *items) -> None:
+    """Right-click menu entries ``(text, slot)`` on ``widget``."""
+    widget.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
+    for text, slot in items:
+        act = QAction(text, widget)
+        act.triggered.connect(slot)
+        widget.addAction(act)
+
+
+def report_error(window, title: str, error: BaseException) -> None:
+    """A worker job's error in the window: the user's to fix (InspectorError) or an internal one."""
+    window.show_error(title, str(error), "user" if isinstance(error, InspectorError) else "internal")
+
+
+def submit(window, panel, job, show, title: str) -> None:
+    """Run ``job`` on the window's worker with ``panel`` busy; then ``show(result)`` and bring the
+    panel to the front, or report the error under ``title``."""
+
+    def done(result, error) -> None:
+        panel.set_busy(False)
+        if error is not None:
+            report_error(window, title, error)
+            return
+        show(result)
+        window.raise_panel(panel)
+
+    panel.set_busy(True)
+    if window.run_in_worker(job, done) is None:  # held back while an export reads the session
+        panel.set_busy(False)
+
+
 def legend_swatch(color: QColor, text: str) -> QWidget:
     w = QWidget()
-    lay = QHBoxLayout(w)
-    lay.setContentsMargins(0, 0, 0, 0)
-    lay.setSpacing(4)
     sw = QLabel()
     sw.setFixedSize(12, 12)
     sw.setStyleSheet(f"background: {color.name()}; border: 1px solid #555;")
-    lay.addWidget(sw)
-    lay.addWidget(QLabel(text))
+    hbox(w, sw, QLabel(text), margin=0, spacing=4)
     return w
 
 
@@ -164,10 +277,6 @@ def show_axes(plot, names, on: bool) -> None:
     """Show or hide these axes: an empty plot shows none, rather than ticks for data it does not have."""
     for name in names:
         plot.showAxis(name, on)
-
-
-def as_image(a: np.ndarray) -> np.ndarray:
-    return np.ascontiguousarray(a, dtype=np.float32)
 
 
 def prob_color(p: float | None) -> QColor:
@@ -203,11 +312,7 @@ def apply_theme(app: QApplication) -> None:
 def group(*widgets: QWidget) -> QWidget:
     """Widgets that wrap as one in a FlowLayout (a label with its field)."""
     box = QWidget()
-    lay = QHBoxLayout(box)
-    lay.setContentsMargins(0, 0, 0, 0)
-    lay.setSpacing(3)
-    for w in widgets:
-        lay.addWidget(w)
+    hbox(box, *widgets, margin=0, spacing=3)
     return box
 
 

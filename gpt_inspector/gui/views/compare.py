@@ -7,6 +7,7 @@ to ``ComparePanel.show_result``; "Inspect beam" shows the chosen beam in the mai
 
 from __future__ import annotations
 
+import html
 import math
 from typing import TYPE_CHECKING
 
@@ -29,11 +30,10 @@ from PySide6.QtWidgets import (
     QSplitter,
     QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
-from .common import FlowLayout, group
+from .common import FlowLayout, column, elide, group, vbox, wrapped_label
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -60,10 +60,6 @@ _NODE_W, _NODE_H = 78.0, 22.0
 _MIN_SCALE = 0.75  # below this node labels drop under ~9 px: scroll instead of shrinking further
 
 
-def _elide(s: str, n: int) -> str:
-    return s if len(s) <= n else s[: n - 1] + "…"
-
-
 def _fmt(x) -> str:
     return "–" if x is None else f"{x:.3f}"
 
@@ -80,19 +76,14 @@ class BeamTreeView(QGraphicsView):
 
     def __init__(self, parent: QWidget | None = None):
         self._scene = QGraphicsScene()
-        super().__init__(self._scene, parent)
+        super().__init__(self._scene, parent, dragMode=QGraphicsView.DragMode.ScrollHandDrag,
+                         transformationAnchor=QGraphicsView.ViewportAnchor.AnchorUnderMouse,
+                         backgroundBrush=QBrush(_BACKGROUND))  # the plots' dark background, in any Qt theme  # fmt: skip
         self.setRenderHint(QPainter.RenderHint.Antialiasing, True)
-        self.setDragMode(QGraphicsView.DragMode.ScrollHandDrag)
-        self.setTransformationAnchor(QGraphicsView.ViewportAnchor.AnchorUnderMouse)
-        self.setBackgroundBrush(QBrush(_BACKGROUND))  # the plots' dark background, in any Qt theme
         self.node_items: dict[int, QGraphicsPathItem] = {}
         self.edge_items: dict[int, QGraphicsPathItem] = {}  # keyed by the child node
         self._focus: tuple[float, float] | None = None  # scene point to keep in view when it cannot all fit
         self._auto_fit = False
-
-    @property
-    def scene_(self) -> QGraphicsScene:
-        return self._scene
 
     def wheelEvent(self, ev):  # noqa: N802 (Qt)
         self._auto_fit = False
@@ -171,7 +162,6 @@ class BeamTreeView(QGraphicsView):
         if not nodes:
             return
         pos = self.layout(nodes)
-        by_id = {n["id"]: n for n in nodes}
         small = QFont()
         small.setPointSizeF(max(6.0, small.pointSizeF() * 0.8))
         # edges first, so nodes paint over them
@@ -204,7 +194,7 @@ class BeamTreeView(QGraphicsView):
             self._scene.addItem(label)
         for n in nodes:
             x, y = pos[n["id"]]
-            self._add_node(n, x, y, by_id)
+            self._add_node(n, x, y)
         self._scene.setSceneRect(self._scene.itemsBoundingRect().adjusted(-20, -20, 20, 20))
         best = [n for n in nodes if n.get("returned") == 0]
         best = best or [n for n in nodes if n["status"] != "pruned"] or nodes
@@ -213,7 +203,7 @@ class BeamTreeView(QGraphicsView):
         self._auto_fit = True
         self.fit()
 
-    def _add_node(self, n: dict, x: float, y: float, by_id: dict) -> None:
+    def _add_node(self, n: dict, x: float, y: float) -> None:
         status = n["status"]
         path = QPainterPath()
         if n["parent"] is not None:
@@ -237,12 +227,12 @@ class BeamTreeView(QGraphicsView):
         item.setData(0, status)
         item.setData(1, n["id"])
         item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable, True)
-        item.setToolTip(self._tooltip(n, by_id))
+        item.setToolTip(self._tooltip(n))
         self._scene.addItem(item)
-        text = n["text"] if n["parent"] is not None else _elide(n["text"], 24)
+        text = n["text"] if n["parent"] is not None else elide(n["text"], 24)
         if n.get("stopped"):
             text += " ■"
-        label = QGraphicsSimpleTextItem(_elide(text, 11) if n["parent"] is not None else text, item)
+        label = QGraphicsSimpleTextItem(elide(text, 11) if n["parent"] is not None else text, item)
         label.setBrush(QBrush(_PRUNED if status == "pruned" else _TEXT))
         br = label.boundingRect()
         rect = path.boundingRect()
@@ -250,7 +240,7 @@ class BeamTreeView(QGraphicsView):
         self.node_items[n["id"]] = item
 
     @staticmethod
-    def _tooltip(n: dict, by_id: dict) -> str:
+    def _tooltip(n: dict) -> str:
         if n["parent"] is None:
             return f"prompt: {n['text']}"
         lines = [
@@ -299,16 +289,14 @@ class ComparePanel(QWidget):
         self.beams = QSpinBox(minimum=1, maximum=32, value=2, toolTip="num_beams")
         self.returns = QSpinBox(minimum=1, maximum=32, value=2, toolTip="num_return_sequences (≤ beams)")
         self.new_tokens = QSpinBox(minimum=1, maximum=1024, value=8, toolTip="max_new_tokens")
-        self.length_penalty = QDoubleSpinBox(minimum=-10.0, maximum=10.0, value=1.0, singleStep=0.5, decimals=2)
-        self.length_penalty.setToolTip("hypothesis score = sum log p / generated_length ** length_penalty")
+        self.length_penalty = QDoubleSpinBox(minimum=-10.0, maximum=10.0, value=1.0, singleStep=0.5, decimals=2,
+                                             toolTip="hypothesis score = sum log p / generated_length ** length_penalty")  # fmt: skip
         self.early = QComboBox(toolTip="early_stopping")
         self.early.addItems(["False", "True", "never"])
         self.sample = QCheckBox("sample", toolTip="also draw one seeded sample")
-        self.temperature = QDoubleSpinBox(minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2)
-        self.temperature.setToolTip("sampling temperature")
+        self.temperature = QDoubleSpinBox(minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2, toolTip="sampling temperature")
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=0, toolTip="sampling seed")
-        self.run_button = QPushButton("Compare")
-        self.run_button.clicked.connect(self._request)
+        self.run_button = QPushButton("Compare", clicked=self._request)
         self.beams.valueChanged.connect(lambda v: self.returns.setMaximum(v))
         self.sample.toggled.connect(self.temperature.setEnabled)
         self.sample.toggled.connect(self.seed.setEnabled)
@@ -323,58 +311,34 @@ class ComparePanel(QWidget):
         controls.addWidget(group(self.sample, QLabel("T"), self.temperature, QLabel("seed"), self.seed))
         controls.addWidget(self.run_button)
 
-        self.summary = QLabel("Compare greedy decoding, beam search and a seeded sample on the session's prompt.")
-        self.summary.setTextFormat(Qt.TextFormat.RichText)
-        self.summary.setWordWrap(True)
-        self.summary.setTextInteractionFlags(Qt.TextInteractionFlag.TextSelectableByMouse)
+        self.summary = wrapped_label("Compare greedy decoding, beam search and a seeded sample on the session's prompt.",
+                                     rich=True, selectable=True)  # fmt: skip
 
-        self.table = QTableWidget(0, 0)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.setSelectionMode(QAbstractItemView.SelectionMode.SingleSelection)
+        self.table = QTableWidget(0, 0, editTriggers=QAbstractItemView.EditTrigger.NoEditTriggers,
+                                  selectionMode=QAbstractItemView.SelectionMode.SingleSelection, wordWrap=False)  # fmt: skip
         self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
-        self.table.setWordWrap(False)
         self.tree = BeamTreeView()
 
         self.split = split = QSplitter(Qt.Orientation.Vertical)
-        top = QWidget()
-        tl = QVBoxLayout(top)
-        tl.setContentsMargins(0, 0, 0, 0)
-        tl.addWidget(self.table, 1)
-        tl.addWidget(self.summary)
-        split.addWidget(top)
-        bottom = QWidget()
-        bl = QVBoxLayout(bottom)
-        bl.setContentsMargins(0, 0, 0, 0)
-        bl.setSpacing(1)
-        legend = QLabel(
+        split.addWidget(column((self.table, 1), self.summary))
+        legend = wrapped_label(  # wrapped: one line of it is ~700 px, wider than the dock
             "beam tree — edges: cumulative log-prob · <span style='color:#ffb84f'>amber</span>: returned · "
             "<span style='color:#3fb950'>green</span>: finished · <span style='color:#4fa3ff'>blue</span>: alive · "
-            "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)"
-        )
-        legend.setTextFormat(Qt.TextFormat.RichText)
-        legend.setWordWrap(True)  # one line of it is ~700 px, wider than the dock
-        bl.addWidget(legend)
-        bl.addWidget(self.tree, 1)
-        split.addWidget(bottom)
+            "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)", rich=True,
+        )  # fmt: skip
+        split.addWidget(column(legend, (self.tree, 1), spacing=1))
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)
 
-        self.inspect_pick = QComboBox(toolTip="a returned beam")
-        self.inspect_button = QPushButton("Inspect beam")
-        self.inspect_button.setToolTip(
+        self.inspect_pick = QComboBox(toolTip="a returned beam", enabled=False)
+        self.inspect_button = QPushButton("Inspect beam", enabled=False, toolTip=(
             "Show this beam's attention, Q/K/V and KV cache in the main window, read-only "
-            "(the live session is replaced; run Compare or load a prompt to go on)"
-        )
+            "(the live session is replaced; run Compare or load a prompt to go on)"))  # fmt: skip
         self.inspect_button.clicked.connect(lambda: self.inspect_requested.emit(self.inspect_pick.currentIndex()))
-        self.inspect_pick.setEnabled(False)
-        self.inspect_button.setEnabled(False)
         controls.addWidget(group(self.inspect_pick, self.inspect_button))
 
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.addLayout(controls)
-        lay.addWidget(split, 1)
+        vbox(self, controls, (split, 1), margin=2)
 
     # ------------------------------------------------------------------ requests
     def settings(self) -> dict:
@@ -497,7 +461,7 @@ class ComparePanel(QWidget):
 
 
 def _html(s: str) -> str:
-    return str(s).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;").replace("\n", "↵")
+    return html.escape(str(s), quote=False).replace("\n", "↵")
 
 
 def _compare_job(settings: dict):

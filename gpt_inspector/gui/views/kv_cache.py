@@ -16,9 +16,26 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
-from PySide6.QtWidgets import QCheckBox, QGraphicsRectItem, QHBoxLayout, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QPushButton, QWidget
 
-from .common import nice_stride, show_axes, BAR_BRUSH, CHOSEN_BRUSH, DIVERGING, NEWEST_PEN, IndexAxis, TokenAxis, WholeAxis, info_label, placeholder_text
+from ..viewdata import pool_rows
+from .common import (
+    BAR_BRUSH,
+    CHOSEN_BRUSH,
+    DIVERGING,
+    NEWEST_PEN,
+    IndexAxis,
+    TokenAxis,
+    WholeAxis,
+    bare,
+    hbox,
+    info_label,
+    nice_stride,
+    outline,
+    placeholder_text,
+    show_axes,
+    vbox,
+)
 
 
 def human_bytes(n: float) -> str:
@@ -48,12 +65,7 @@ def cache_note(cached: float, per_head: float) -> str:
 
 def _pool_share(evicted: np.ndarray, block: int) -> np.ndarray:
     """(Hkv, T) bool -> (ceil(T / block), Hkv): the share of each row block's positions evicted."""
-    a = evicted.T.astype(np.float32)  # (T, Hkv)
-    if block == 1:
-        return a
-    starts = np.arange(0, a.shape[0], block)
-    counts = np.diff(np.append(starts, a.shape[0]))[:, None]
-    return np.add.reduceat(a, starts, axis=0) / counts
+    return pool_rows(evicted.T.astype(np.float32), block, np.float64)  # the veil's alpha rounds the float64 share
 
 
 class KVCacheView(QWidget):
@@ -62,27 +74,17 @@ class KVCacheView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
-        head = QHBoxLayout()
         self.title = info_label("")
-        head.addWidget(self.title, 1)
         # where the model caches something else than per-head K/V (MLA's latent): show that instead
-        self.as_cached = QCheckBox("as cached")
-        self.as_cached.setToolTip("Show the rows the model's cache really stores (a compressed latent) "
-                                  "instead of the per-head K and V attention receives")
-        self.as_cached.hide()
+        self.as_cached = QCheckBox("as cached", visible=False, toolTip="Show the rows the model's cache really stores "
+                                   "(a compressed latent) instead of the per-head K and V attention receives")  # fmt: skip
         self.as_cached.toggled.connect(self._refresh)
-        head.addWidget(self.as_cached)
+        head = hbox(None, (self.title, 1), self.as_cached)
         for which in ("k", "v"):
-            b = QPushButton(f"Export {which.upper()}…")
-            b.setToolTip(f"Save this layer's {which.upper()} cache as PNG or SVG")
-            b.clicked.connect(lambda _=False, w=which: self.export_requested.emit(w))
-            head.addWidget(b)
-        lay.addLayout(head)
+            head.addWidget(QPushButton(f"Export {which.upper()}…", toolTip=f"Save this layer's {which.upper()} cache as PNG or SVG",
+                                       clicked=lambda _=False, w=which: self.export_requested.emit(w)))  # fmt: skip
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
+        vbox(self, head, (self.glw, 1), margin=2, spacing=2)
         self.axis = TokenAxis("left", chars=8)
         self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title=None, axisItems={"left": self.axis})
         self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title=None)
@@ -93,15 +95,9 @@ class KVCacheView(QWidget):
         for p, img in ((self.kplot, self.kimg), (self.vplot, self.vimg)):
             img.setLookupTable(DIVERGING.getLookupTable(nPts=256))
             p.addItem(img)
-            p.getViewBox().invertY(True)
-            p.setMenuEnabled(False)
-            p.hideButtons()
+            bare(p, invert=True)
             p.hideAxis("bottom")
-            r = QGraphicsRectItem(0, 0, 1, 1)
-            r.setPen(NEWEST_PEN)
-            r.setZValue(10)
-            p.addItem(r)
-            self.newest.append(r)
+            self.newest.append(outline(p, NEWEST_PEN))
             sep = pg.PlotCurveItem(pen=pg.mkPen("#1b1e24", width=1), connect="pairs")
             sep.setZValue(5)
             p.addItem(sep)
@@ -120,29 +116,22 @@ class KVCacheView(QWidget):
         self.vplot.setYLink(self.kplot)
         self.vplot.hideAxis("left")
         # a quantizing policy's error per row of the selected KV head (hidden otherwise)
-        self.eplot = self.glw.addPlot(row=0, col=2, rowspan=2, title=None)
+        self.eplot = bare(self.glw.addPlot(row=0, col=2, rowspan=2, title=None))
         self.eplot.setYLink(self.kplot)
         self.eplot.hideAxis("left")
         self.eplot.setLabel("bottom", "rel. error")
-        self.eplot.setMenuEnabled(False)
-        self.eplot.hideButtons()
         self.ek_curve = self.eplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=1.5), name="K")
         self.ev_curve = self.eplot.plot([], [], pen=pg.mkPen("#ffb84f", width=1.5), name="V")
         self.eplot.setTitle("quant. error (K blue, V orange)", size="8pt")
         self._show_error_column(False)
         self.laxis = IndexAxis("bottom", "L")
-        self.bplot = self.glw.addPlot(row=0, col=3, title=None, axisItems={"bottom": self.laxis})
+        self.bplot = bare(self.glw.addPlot(row=0, col=3, title=None, axisItems={"bottom": self.laxis}), still=True)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brushes=[])
         self.bplot.addItem(self.bars)
-        self.bplot.setMouseEnabled(False, False)
-        self.bplot.setMenuEnabled(False)
-        self.bplot.hideButtons()
-        self.hplot = self.glw.addPlot(row=1, col=3, title=None, axisItems={"bottom": WholeAxis("bottom")})  # whole steps
+        self.hplot = bare(self.glw.addPlot(row=1, col=3, title=None, axisItems={"bottom": WholeAxis("bottom")}))  # whole steps
         self.hplot.setLabel("bottom", "step")
         self.hcurve = self.hplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=2), symbol="o", symbolSize=4,
                                       symbolBrush="#4fa3ff", symbolPen=None)  # fmt: skip
-        self.hplot.setMenuEnabled(False)
-        self.hplot.hideButtons()
         for p in (self.bplot, self.hplot):
             p.getAxis("left").setWidth(58)
             p.getAxis("left").enableAutoSIPrefix(True)
@@ -151,9 +140,8 @@ class KVCacheView(QWidget):
         for p, text in ((self.kplot, "K cache"), (self.vplot, "V cache"), (self.bplot, "bytes per layer"),
                         (self.hplot, "size per step")):  # fmt: skip
             p.setTitle(text, size="8pt")
-        self.glw.ci.layout.setColumnStretchFactor(0, 3)
-        self.glw.ci.layout.setColumnStretchFactor(1, 3)
-        self.glw.ci.layout.setColumnStretchFactor(3, 2)
+        for col, share in ((0, 3), (1, 3), (3, 2)):
+            self.glw.ci.layout.setColumnStretchFactor(col, share)
         self._hint = placeholder_text(None, self.kplot, "empty")
         self._hint.setPos(0.5, 0.5)
         self._last = None

@@ -13,21 +13,18 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
     QComboBox,
-    QHeaderView,
     QLabel,
     QPushButton,
     QSpinBox,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
-from .common import FlowLayout, group
+from ...core.errors import InspectorError
+from .common import FlowLayout, group, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
@@ -71,52 +68,34 @@ class KVLabPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.view: LabView | None = None
-        self.policy = QComboBox()
+        self.policy = QComboBox(toolTip="Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache")
         self.policy.addItems(POLICIES)
         self.policy.setCurrentText("h2o")
-        self.policy.setToolTip("Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache")
-        self.budget = QSpinBox()
-        self.budget.setRange(0, 1_000_000)
-        self.budget.setValue(32)
-        self.budget.setSpecialValueText("unlimited")
-        self.budget.setToolTip("Cache entries kept per KV head (eviction policies); 0 = unlimited")
-        self.steps = QSpinBox()
-        self.steps.setRange(1, 4096)
-        self.steps.setValue(16)
-        self.steps.setToolTip("Lab steps per Run")
-        self.free = QCheckBox("free-running")
-        self.free.setToolTip("The policy run chooses its own tokens (default: it is fed the reference's)")
-        self.run_button = QPushButton("Run")
-        self.run_button.setToolTip("Start a lab from this session's prompt and run the steps")
+        self.budget = QSpinBox(minimum=0, maximum=1_000_000, value=32, specialValueText="unlimited",
+                               toolTip="Cache entries kept per KV head (eviction policies); 0 = unlimited")  # fmt: skip
+        self.steps = QSpinBox(minimum=1, maximum=4096, value=16, toolTip="Lab steps per Run")
+        self.free = QCheckBox("free-running", toolTip="The policy run chooses its own tokens (default: it is fed the reference's)")
+        self.run_button = QPushButton("Run", toolTip="Start a lab from this session's prompt and run the steps")
         self.run_button.clicked.connect(self.run_requested)
-        self.step_button = QPushButton("Step")
-        self.step_button.setToolTip("One more lab step")
+        # the other buttons act on a lab: off until Run made one
+        self.step_button = QPushButton("Step", toolTip="One more lab step", enabled=False)
         self.step_button.clicked.connect(self.step_requested)
-        self.step_button.setEnabled(False)
-        self.back_button = QPushButton("Back")
-        self.back_button.setToolTip("Undo the last lab step exactly: both runs and the policy's own state "
-                                    "(scores, evictions, quantized rows)")  # fmt: skip
+        self.back_button = QPushButton("Back", enabled=False, toolTip="Undo the last lab step exactly: both runs and "
+                                       "the policy's own state (scores, evictions, quantized rows)")  # fmt: skip
         self.back_button.clicked.connect(self.back_requested)
-        self.back_button.setEnabled(False)
-        self.probe_button = QPushButton("Probe cache")
-        self.probe_button.setToolTip("Run the cache probe on layer 0 of the policy's cache: prompt tokens recovered")
+        self.probe_button = QPushButton("Probe cache", enabled=False,
+                                        toolTip="Run the cache probe on layer 0 of the policy's cache: prompt tokens recovered")  # fmt: skip
         self.probe_button.clicked.connect(self.probe_requested)
-        self.probe_button.setEnabled(False)
-        self.show_button = QPushButton("Show policy run")
-        self.show_button.setToolTip("Show the policy run in the window: evicted entries are masked columns in the "
-                                    "score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
+        self.show_button = QPushButton("Show policy run", enabled=False, toolTip="Show the policy run in the window: evicted "
+                                       "entries are masked columns in the score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
         self.show_button.clicked.connect(self.show_requested)
-        self.show_button.setEnabled(False)
         self.policy.currentTextChanged.connect(lambda name: self.budget.setEnabled(name not in QUANT))
-        self.status = QLabel("pick a policy and a budget, then Run: the lab steps it beside the full cache")
-        self.status.setWordWrap(True)
+        self.status = wrapped_label("pick a policy and a budget, then Run: the lab steps it beside the full cache")
         self.bytes_label = QLabel("")
         self.privacy_label = QLabel("")
 
-        self.plot = pg.PlotWidget()
+        self.plot = pg.PlotWidget(labels={"bottom": "step", "left": "KL(reference ‖ policy), nats"})
         self.plot.setMinimumHeight(120)
-        self.plot.setLabel("bottom", "step")
-        self.plot.setLabel("left", "KL(reference ‖ policy), nats")
         self.plot.addLegend(offset=(-10, 10))
         self.kl_curve = self.plot.plot([], [], pen=pg.mkPen((66, 133, 244), width=2), symbol="o", symbolSize=5,
                                        name="KL")  # fmt: skip
@@ -126,11 +105,7 @@ class KVLabPanel(QWidget):
         self.divergence.setVisible(False)
         self.plot.addItem(self.divergence)
 
-        self.table = QTableWidget(0, 5)
-        self.table.setHorizontalHeaderLabels(["layer", "policy bytes", "full bytes", "evicted", "max lost mass"])
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table = table(["layer", "policy bytes", "full bytes", "evicted", "max lost mass"])
 
         # the panel is a tab of the Q/K/V dock (~300-450 px wide): the controls wrap, Run stays in reach
         top = FlowLayout(spacing=6)
@@ -141,12 +116,7 @@ class KVLabPanel(QWidget):
         split = QSplitter(Qt.Horizontal)
         split.addWidget(self.plot)
         split.addWidget(self.table)
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(self.bytes_label)
-        lay.addWidget(self.privacy_label)
-        lay.addWidget(split, 1)
+        vbox(self, top, self.status, self.bytes_label, self.privacy_label, (split, 1))
 
     def settings(self) -> tuple[str, int | None, int, bool]:
         name = self.policy.currentText()
@@ -226,12 +196,9 @@ def create_panel(window) -> KVLabPanel:
         def finish(result, error) -> None:
             state["busy"] = False
             if error is not None:
-                from ...core.errors import InspectorError
-
                 panel.set_busy(False)
                 panel.status.setText(str(error))
-                window.show_error("Cannot run the KV cache lab", str(error),
-                                  "user" if isinstance(error, InspectorError) else "internal")  # fmt: skip
+                report_error(window, "Cannot run the KV cache lab", error)
                 return
             done(result)
 
@@ -245,7 +212,6 @@ def create_panel(window) -> KVLabPanel:
             state.pop("before", None)  # a fresh lab: not the one shown in the window
 
         def job(src):
-            from ...core.errors import InspectorError
             from ...core.kvlab import KVLab, make
 
             if getattr(src, "read_only", True) or not hasattr(src, "lm"):
@@ -259,19 +225,17 @@ def create_panel(window) -> KVLabPanel:
 
         submit(job, panel.show_view, f"running {name} for {n} steps beside the full cache…")
 
-    def on_lab(act, what: str) -> None:
-        """Run ``act(lab)`` on the worker, then show the lab as it is."""
+    def on_lab(act, what: str, show=None) -> None:
+        """Run ``act(lab)`` on the worker, then ``show`` what it returned, or (no ``show``) the lab as it is."""
 
         def job(_src):
-            from ...core.errors import InspectorError
-
             lab = state["lab"]
             if lab is None:
                 raise InspectorError("no lab yet: press Run first")
-            act(lab)
-            return LabView.of(lab)
+            out = act(lab)
+            return out if show is not None else LabView.of(lab)
 
-        submit(job, panel.show_view, what)
+        submit(job, show or panel.show_view, what)
 
     def step() -> None:
         on_lab(lambda lab: lab.step(), "one more lab step…")
@@ -280,14 +244,7 @@ def create_panel(window) -> KVLabPanel:
         on_lab(lambda lab: lab.step_back(), "stepping the lab back…")
 
     def probe() -> None:
-        def job(_src):
-            from ...core.errors import InspectorError
-
-            if state["lab"] is None:
-                raise InspectorError("no lab yet: press Run first")
-            return state["lab"].probe()
-
-        submit(job, panel.show_privacy, "probing the policy's cache for the prompt…")
+        on_lab(lambda lab: lab.probe(), "probing the policy's cache for the prompt…", panel.show_privacy)
 
     def show() -> None:
         lab = state["lab"]

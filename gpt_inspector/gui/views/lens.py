@@ -11,20 +11,18 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import (
-    QAbstractItemView,
     QCheckBox,
-    QHBoxLayout,
     QHeaderView,
     QLabel,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
+from ...core.errors import Cancelled, InspectorError
 from ..deferred import on_screen
+from .common import column, context_actions, hbox, report_error, table, vbox
 
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
@@ -40,35 +38,23 @@ class LensPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
-        self.compute_button = QPushButton("Compute")
-        self.compute_button.setToolTip("The logit lens and head attribution of the current step")
+        self.compute_button = QPushButton("Compute", toolTip="The logit lens and head attribution of the current step")
         self.compute_button.clicked.connect(self.compute_requested)
-        self.export_button = QPushButton("Export…")
-        self.export_button.setToolTip("Save the lens and the head map as PNG, SVG or PDF")
-        self.export_button.setEnabled(False)
-        self.follow = QCheckBox("after every step")
-        self.follow.setToolTip("Recompute after each step while this panel is shown (one extra unembedding per layer)")
-        self.follow.setChecked(True)
+        self.export_button = QPushButton("Export…", toolTip="Save the lens and the head map as PNG, SVG or PDF", enabled=False)
+        self.follow = QCheckBox("after every step", checked=True,
+                                toolTip="Recompute after each step while this panel is shown (one extra unembedding per layer)")  # fmt: skip
         self.status = QLabel("run a step, then the lens shows where the prediction formed")
         self.status.setWordWrap(True)
 
-        self.table = QTableWidget(0, 2 + TOP_K)
-        self.table.setHorizontalHeaderLabels(["layer", "p(chosen)"] + [f"#{i + 1}" for i in range(TOP_K)])
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
+        self.table = table(["layer", "p(chosen)"] + [f"#{i + 1}" for i in range(TOP_K)])
 
-        self.curve_plot = pg.PlotWidget()
+        self.curve_plot = pg.PlotWidget(labels={"bottom": "layer", "left": "p(chosen)"})
         self.curve_plot.setMinimumHeight(110)
-        self.curve_plot.setLabel("bottom", "layer")
-        self.curve_plot.setLabel("left", "p(chosen)")
         self.curve_plot.setYRange(0, 1)
         self.curve = self.curve_plot.plot([], [], pen=pg.mkPen((66, 133, 244), width=2), symbol="o", symbolSize=6)
 
-        self.map_plot = pg.PlotWidget()
+        self.map_plot = pg.PlotWidget(labels={"bottom": "head", "left": "layer"})
         self.map_plot.setMinimumHeight(110)
-        self.map_plot.setLabel("bottom", "head")
-        self.map_plot.setLabel("left", "layer")
         self.map_plot.invertY(True)
         self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setColorMap(pg.colormap.get("CET-D1"))  # diverging: pushes for vs against
@@ -77,24 +63,11 @@ class LensPanel(QWidget):
         self.map_note = QLabel("")
         self.map_note.setWordWrap(True)
 
-        top = QHBoxLayout()
-        top.addWidget(self.compute_button)
-        top.addWidget(self.follow)
-        top.addWidget(self.export_button)
-        top.addStretch(1)
-        right = QWidget()
-        rl = QVBoxLayout(right)
-        rl.setContentsMargins(0, 0, 0, 0)
-        rl.addWidget(self.curve_plot, 1)
-        rl.addWidget(self.map_plot, 1)
-        rl.addWidget(self.map_note)
+        top = hbox(None, self.compute_button, self.follow, self.export_button, 1)
         split = QSplitter(Qt.Horizontal)
         split.addWidget(self.table)
-        split.addWidget(right)
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(self.status)
-        lay.addWidget(split, 1)
+        split.addWidget(column((self.curve_plot, 1), (self.map_plot, 1), self.map_note))
+        vbox(self, top, self.status, (split, 1))
 
     def clear(self, text: str) -> None:
         self.result = None
@@ -164,8 +137,6 @@ def create_panel(window) -> LensPanel:
     state = {"version": None, "busy": False}
 
     def done(result, error) -> None:
-        from ...core.errors import Cancelled
-
         state["busy"] = False
         panel.set_busy(False)
         if isinstance(error, Cancelled):  # gave way to a step: compute for wherever the user stops
@@ -182,8 +153,6 @@ def create_panel(window) -> LensPanel:
 
         def job(src, waiting=None):
             if getattr(src, "read_only", True) or not hasattr(src, "recorder"):
-                from ...core.errors import InspectorError
-
                 raise InspectorError("the logit lens needs a live session (a trace or a beam has no model to run)")
             return lens(src, stop=waiting)
 
@@ -232,13 +201,10 @@ def create_panel(window) -> LensPanel:
 def _add_interventions(window) -> None:
     """Knock-out and patching on the selected head, from the overview's and the score matrix's
     context menus and the Tools menu; each runs on the worker and recomputes like a mask edit."""
-    from PySide6.QtGui import QAction
     from PySide6.QtWidgets import QInputDialog
 
     def edit(change, what: str) -> None:
         def job(s):
-            from ...core.errors import InspectorError
-
             if getattr(s, "read_only", True):
                 raise InspectorError("knock-out and patching need a live session (a trace or a beam is read-only)")
             change(s)
@@ -246,27 +212,19 @@ def _add_interventions(window) -> None:
 
         def done(result, error) -> None:
             if error is not None:
-                from ...core.errors import InspectorError
-
-                window.show_error("Cannot do that", str(error), "user" if isinstance(error, InspectorError) else "internal")
+                report_error(window, "Cannot do that", error)
             else:
                 window.statusBar().showMessage(result, 8000)
 
         window.run_in_worker(job, done)
 
-    def knock_head() -> None:
+    def knock(whole_layer: bool) -> None:
         from ...core.capture import HeadEdit
 
-        layer, head = window.selection.layer, window.selection.head
+        layer, head = window.selection.layer, None if whole_layer else window.selection.head
+        what = f"layer {layer}'s attention" if whole_layer else f"head {layer}.{head}"
         edit(lambda s: s.set_head_edits([*s.head_edits, HeadEdit(layer, head)]),
-             f"knocked out head {layer}.{head}; the run was recomputed with the chosen tokens kept")  # fmt: skip
-
-    def knock_layer() -> None:
-        from ...core.capture import HeadEdit
-
-        layer = window.selection.layer
-        edit(lambda s: s.set_head_edits([*s.head_edits, HeadEdit(layer)]),
-             f"knocked out layer {layer}'s attention; the run was recomputed with the chosen tokens kept")  # fmt: skip
+             f"knocked out {what}; the run was recomputed with the chosen tokens kept")  # fmt: skip
 
     def patch_head() -> None:
         layer, head = window.selection.layer, window.selection.head
@@ -288,15 +246,12 @@ def _add_interventions(window) -> None:
     def clear() -> None:
         edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared")
 
-    items = [("Knock out the selected head", knock_head, "Ctrl+K"),
-             ("Knock out the selected layer's attention", knock_layer, None),
+    items = [("Knock out the selected head", lambda: knock(False), "Ctrl+K"),
+             ("Knock out the selected layer's attention", lambda: knock(True), None),
              ("Patch the selected head from another prompt…", patch_head, None),
              ("Clear knock-outs and patches", clear, None)]  # fmt: skip
     window.tools_menu.addSeparator()
     for text, slot, key in items:
         window.tools_menu.addAction(window.acts.action(text, slot, key, "Recompute the run with this change, tokens kept"))
     for view in (window.overview, window.score_matrix):
-        for text, slot, _ in items:
-            act = QAction(text, view.glw)
-            act.triggered.connect(slot)
-            view.glw.addAction(act)
+        context_actions(view.glw, *((text, slot) for text, slot, _ in items))

@@ -10,20 +10,16 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QHBoxLayout,
     QHeaderView,
-    QLabel,
     QListWidget,
     QListWidgetItem,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
 
-from .common import DIM
+from .common import DIM, column, hbox, table, vbox, wrapped_label
 
 
 def describe_edit(e, labels) -> str:
@@ -39,44 +35,17 @@ class MaskEditor(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.edits: list = []
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        hint = QLabel("Turn on <b>Edit mask</b> above the score matrix, then click or drag cells.")
-        hint.setWordWrap(True)
+        hint = wrapped_label("Turn on <b>Edit mask</b> above the score matrix, then click or drag cells.")
         hint.setStyleSheet(f"color: {DIM};")
-        lay.addWidget(hint)
+        self.list = QListWidget(selectionMode=QAbstractItemView.SelectionMode.ExtendedSelection)
+        self.remove = QPushButton("Remove selected", clicked=self._remove)
+        self.clear = QPushButton("Clear all", clicked=lambda: self.edits_replaced.emit([]))
+        self.summary = wrapped_label("no edit yet", rich=True)
+        self.table = table(["token", "before", "after", "Δ"], QHeaderView.ResizeMode.Stretch)
         split = QSplitter(Qt.Orientation.Vertical)
-        top = QWidget()
-        tl = QVBoxLayout(top)
-        tl.setContentsMargins(0, 0, 0, 0)
-        self.list = QListWidget()
-        self.list.setSelectionMode(QAbstractItemView.SelectionMode.ExtendedSelection)
-        tl.addWidget(self.list)
-        row = QHBoxLayout()
-        self.remove = QPushButton("Remove selected")
-        self.remove.clicked.connect(self._remove)
-        self.clear = QPushButton("Clear all")
-        self.clear.clicked.connect(lambda: self.edits_replaced.emit([]))
-        row.addWidget(self.remove)
-        row.addWidget(self.clear)
-        row.addStretch(1)
-        tl.addLayout(row)
-        split.addWidget(top)
-        bottom = QWidget()
-        bl = QVBoxLayout(bottom)
-        bl.setContentsMargins(0, 0, 0, 0)
-        self.summary = QLabel("no edit yet")
-        self.summary.setWordWrap(True)
-        self.summary.setTextFormat(Qt.TextFormat.RichText)
-        bl.addWidget(self.summary)
-        self.table = QTableWidget(0, 4)
-        self.table.setHorizontalHeaderLabels(["token", "before", "after", "Δ"])
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.EditTrigger.NoEditTriggers)
-        self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.Stretch)
-        bl.addWidget(self.table)
-        split.addWidget(bottom)
-        lay.addWidget(split, 1)
+        split.addWidget(column(self.list, hbox(None, self.remove, self.clear, 1)))
+        split.addWidget(column(self.summary, self.table))
+        vbox(self, hint, (split, 1), margin=2)
         self.report = None
 
     def _remove(self) -> None:

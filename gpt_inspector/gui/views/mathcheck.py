@@ -13,17 +13,13 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
-    QAbstractItemView,
-    QHBoxLayout,
-    QHeaderView,
-    QLabel,
     QPushButton,
     QSplitter,
-    QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
+
+from .common import hbox, submit, table, vbox, wrapped_label
 
 PANEL_TITLE = "Math check"
 PANEL_AREA = "right"
@@ -40,34 +36,28 @@ class MathCheckPanel(QWidget):
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
-        self.check_button = QPushButton("Check selected head")
-        self.check_button.setToolTip("Recompute softmax(qKᵀ·s)·V by hand for the selected head and compare")
+        self.check_button = QPushButton("Check selected head",
+                                        toolTip="Recompute softmax(qKᵀ·s)·V by hand for the selected head and compare")  # fmt: skip
         self.check_button.clicked.connect(self.check_requested)
-        self.check_all_button = QPushButton("Check every head")
-        self.check_all_button.setToolTip("The same for every layer and head, at every query position")
+        self.check_all_button = QPushButton("Check every head", toolTip="The same for every layer and head, at every query position")
         self.check_all_button.clicked.connect(self.check_all_requested)
         self.check = None
         self.report = None
-        self.formula = QLabel("")
-        self.formula.setTextFormat(Qt.RichText)
-        self.formula.setWordWrap(True)
-        self.verdict = QLabel("no check run yet")
-        self.verdict.setWordWrap(True)
-        self.verdict.setTextInteractionFlags(Qt.TextSelectableByMouse)
+        self.formula = wrapped_label("", rich=True)
+        self.verdict = wrapped_label("no check run yet", selectable=True)
 
-        self.plot = pg.PlotWidget()
         # the plots' own dark background (pyqtgraph's config), like every other panel
+        self.plot = pg.PlotWidget(labels={"bottom": "output dimension"})
         self.plot.setMinimumHeight(140)
         self.plot.showGrid(x=False, y=True, alpha=0.3)
-        self.plot.setLabel("bottom", "output dimension")
         self.plot.addLegend(offset=(5, 5), labelTextColor="#c8ccd4", brush=pg.mkBrush(27, 30, 36, 200))
         self._bars_recomputed = pg.BarGraphItem(x=[], height=[], width=0.4, brush=_RECOMPUTED, name="recomputed")
         self._bars_model = pg.BarGraphItem(x=[], height=[], width=0.4, brush=_MODEL, name="model")
         self.plot.addItem(self._bars_recomputed)
         self.plot.addItem(self._bars_model)
 
-        self.table = _table(("dim", "recomputed", "model", "|diff|"))
-        self.heads = _table(("layer",))
+        self.table = table(("dim", "recomputed", "model", "|diff|"))
+        self.heads = table(("layer",))
         self.heads.setVisible(False)
         self.heads.setToolTip("max |diff| over every query position, per layer and head")
 
@@ -75,15 +65,8 @@ class MathCheckPanel(QWidget):
         split.addWidget(self.plot)
         split.addWidget(self.table)
         split.addWidget(self.heads)
-        buttons = QHBoxLayout()
-        buttons.addWidget(self.check_button)
-        buttons.addWidget(self.check_all_button)
-        buttons.addStretch(1)
-        lay = QVBoxLayout(self)
-        lay.addLayout(buttons)
-        lay.addWidget(self.formula)
-        lay.addWidget(self.verdict)
-        lay.addWidget(split, 1)
+        buttons = hbox(None, self.check_button, self.check_all_button, 1)
+        vbox(self, buttons, self.formula, self.verdict, (split, 1))
         self._set_formula(None)
 
     # ------------------------------------------------------------------ public
@@ -171,36 +154,17 @@ def create_panel(window) -> MathCheckPanel:
     """Dock hook for the main window: the buttons and Tools ▸ Check run on its worker thread."""
     panel = MathCheckPanel()
 
-    def finished(show):
-        def done(result, error) -> None:
-            panel.set_busy(False)
-            if error is not None:
-                from ...core.errors import InspectorError
-
-                kind = "user" if isinstance(error, InspectorError) else "internal"
-                window.show_error("Math check failed", str(error), kind)
-                return
-            show(result)
-            window.raise_panel(panel)
-
-        return done
-
-    def submit(job, show) -> None:
-        panel.set_busy(True)
-        if window.run_in_worker(job, finished(show)) is None:  # held back while an export reads
-            panel.set_busy(False)
-
     def one() -> None:
         from ...core.mathcheck import check
 
         sel, snap = window.selection, window.snapshot
         pos = None if sel.query is None or snap is None else snap.query
-        submit(lambda src: check(src, sel.layer, sel.head, pos), panel.show_result)
+        submit(window, panel, lambda src: check(src, sel.layer, sel.head, pos), panel.show_result, "Math check failed")
 
     def every() -> None:
         from ...core.mathcheck import check_all
 
-        submit(lambda src: check_all(src), panel.show_report)
+        submit(window, panel, lambda src: check_all(src), panel.show_report, "Math check failed")
 
     panel.check_requested.connect(one)
     panel.check_all_requested.connect(every)
@@ -210,11 +174,3 @@ def create_panel(window) -> MathCheckPanel:
     window.tools_menu.addAction(act("Check the math of every head", every))
     return panel
 
-
-def _table(columns) -> QTableWidget:
-    t = QTableWidget(0, len(columns))
-    t.setHorizontalHeaderLabels(list(columns))
-    t.verticalHeader().setVisible(False)
-    t.setEditTriggers(QAbstractItemView.NoEditTriggers)
-    t.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeToContents)
-    return t

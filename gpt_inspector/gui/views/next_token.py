@@ -14,15 +14,20 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QFontMetrics
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
 
-from .common import BAR_BRUSH, CHOSEN_BRUSH, elide, info_label, show_axes
+from .common import BAR_BRUSH, CHOSEN_BRUSH, bare, elide, info_label, show_axes, vbox
 
 
 class _LabelAxis(pg.AxisItem):
     def __init__(self):
         super().__init__("left")
         self.labels: list[str] = []
+
+    def set_labels(self, labels) -> None:
+        self.labels = list(labels)
+        self.picture = None
+        self.update()
 
     def tickValues(self, minVal, maxVal, size):
         return [(1, [float(i) for i in range(len(self.labels))])]
@@ -37,22 +42,13 @@ class NextTokenView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
         self.summary = QLabel("no step yet")
         self.summary.setTextFormat(Qt.TextFormat.RichText)
         self.summary.setWordWrap(True)
-        lay.addWidget(self.summary)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
         self.axis = _LabelAxis()
         self.axis.setWidth(90)
-        self.plot = self.glw.addPlot(axisItems={"left": self.axis})
-        self.plot.getViewBox().invertY(True)
-        self.plot.setMouseEnabled(False, False)
-        self.plot.setMenuEnabled(False)
-        self.plot.hideButtons()
+        self.plot = bare(self.glw.addPlot(axisItems={"left": self.axis}), invert=True, still=True)
         self.plot.setLabel("bottom", "probability")
         self.plot.getAxis("bottom").enableAutoSIPrefix(False)
         self.bars = pg.BarGraphItem(x0=[], y=[], height=0.75, width=[], brushes=[])
@@ -61,11 +57,10 @@ class NextTokenView(QWidget):
         bar = QHBoxLayout()
         self.decoding = info_label("")
         bar.addWidget(self.decoding, 1)
-        self.redecide = QPushButton("Re-decide")
-        self.redecide.setToolTip("Choose the current token again from the same logits at the current settings")
+        self.redecide = QPushButton("Re-decide", toolTip="Choose the current token again from the same logits at the current settings")
         self.redecide.clicked.connect(self.redecide_requested)
         bar.addWidget(self.redecide)
-        lay.addLayout(bar)
+        vbox(self, self.summary, (self.glw, 1), bar, margin=2, spacing=2)
         self.top_ids: list[int] = []
         self.probs: list[float] = []
         self.chosen = -1
@@ -93,9 +88,7 @@ class NextTokenView(QWidget):
         self.decoding.setText(" · ".join(parts))
         if st is None:
             self.bars.setOpts(x0=[], y=[], width=[], brushes=[])
-            self.axis.labels = []
-            self.axis.picture = None
-            self.axis.update()
+            self.axis.set_labels([])
             for ti in self.texts:
                 ti.setVisible(False)
             self.top_ids, self.probs, self.chosen = [], [], -1
@@ -110,13 +103,12 @@ class NextTokenView(QWidget):
         n = len(top)
         self.bars.setOpts(x0=np.zeros(n), y=np.arange(n), height=0.75, width=np.array(self.probs),
                           brushes=[CHOSEN_BRUSH if e.token_id == st.token_id else BAR_BRUSH for e in top])  # fmt: skip
-        self.axis.labels = [e.label for e in top]
+        labels = [e.label for e in top]
         # wide enough for the longest label: pyqtgraph drops a tick label that does not fit
         fm = QFontMetrics(self.axis.style.get("tickFont") or self.font())
-        need = max((fm.horizontalAdvance(elide(s, 12)) for s in self.axis.labels), default=0) + 14
+        need = max((fm.horizontalAdvance(elide(s, 12)) for s in labels), default=0) + 14
         self.axis.setWidth(max(60, min(need, 160)))
-        self.axis.picture = None
-        self.axis.update()
+        self.axis.set_labels(labels)
         while len(self.texts) < n:
             ti = pg.TextItem("", color="#c8ccd4", anchor=(0, 0.5))
             self.plot.addItem(ti)

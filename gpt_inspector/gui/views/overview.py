@@ -9,9 +9,20 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, Signal
-from PySide6.QtWidgets import QGraphicsRectItem, QHBoxLayout, QToolButton, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QToolButton, QWidget
 
-from .common import show_axes, CMAP, IndexAxis, info_label, placeholder_text
+from .common import (
+    CMAP,
+    IndexAxis,
+    bare,
+    context_actions,
+    hbox,
+    info_label,
+    outline,
+    placeholder_text,
+    show_axes,
+    vbox,
+)
 
 
 class OverviewGrid(QWidget):
@@ -20,38 +31,22 @@ class OverviewGrid(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
-        bar = QHBoxLayout()
         self.title = info_label("Overview")
-        bar.addWidget(self.title, 1)
-        exp = QToolButton(text="Export…")
-        exp.setToolTip("Export the grid of attention patterns")
-        exp.clicked.connect(lambda: self.export_requested.emit(None))
-        bar.addWidget(exp)
-        lay.addLayout(bar)
+        exp = QToolButton(text="Export…", toolTip="Export the grid of attention patterns",
+                          clicked=lambda: self.export_requested.emit(None))  # fmt: skip
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
+        vbox(self, hbox(None, (self.title, 1), exp), (self.glw, 1), margin=2, spacing=2)
         self.left = IndexAxis("left", "L")
         self.top = IndexAxis("top", "H")
-        self.plot = self.glw.addPlot(axisItems={"left": self.left, "top": self.top})
+        self.plot = bare(self.glw.addPlot(axisItems={"left": self.left, "top": self.top}), invert=True, still=True)
         self.plot.showAxis("top")
         self.plot.hideAxis("bottom")
-        self.plot.setMenuEnabled(False)
-        self.plot.hideButtons()
-        vb = self.plot.getViewBox()
-        vb.invertY(True)
-        vb.setMouseEnabled(False, False)
         self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setLookupTable(CMAP.getLookupTable(nPts=256))
         self.plot.addItem(self.image)
         self.grid = pg.PlotCurveItem(pen=pg.mkPen("#1b1e24", width=2), connect="pairs")
         self.plot.addItem(self.grid)
-        self.sel = QGraphicsRectItem(0, 0, 1, 1)
-        self.sel.setPen(pg.mkPen("#ffffff", width=2.5))
-        self.sel.setZValue(10)
-        self.plot.addItem(self.sel)
+        self.sel = outline(self.plot, pg.mkPen("#ffffff", width=2.5))
         self._hint = placeholder_text(None, self.plot, "no steps yet")
         self.sel.setVisible(False)  # no head to outline before a model is shown
         self._set_empty(True)
@@ -66,18 +61,8 @@ class OverviewGrid(QWidget):
         self.layer = self.head = 0
         self.last_image: np.ndarray | None = None
         self.plot.scene().sigMouseClicked.connect(self._clicked)
-        self._add_menu()
-
-    def _add_menu(self) -> None:
-        from PySide6.QtGui import QAction
-
-        self.glw.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
-        a1 = QAction("Export this grid…", self.glw)
-        a1.triggered.connect(lambda: self.export_requested.emit(None))
-        a2 = QAction("Export the selected head…", self.glw)
-        a2.triggered.connect(lambda: self.export_requested.emit((self.layer, self.head)))
-        self.glw.addAction(a1)
-        self.glw.addAction(a2)
+        context_actions(self.glw, ("Export this grid…", lambda: self.export_requested.emit(None)),
+                        ("Export the selected head…", lambda: self.export_requested.emit((self.layer, self.head))))  # fmt: skip
 
     def _shape(self, L: int, H: int) -> None:
         if (L, H) == (self.L, self.H):

@@ -13,16 +13,16 @@ from PySide6.QtWidgets import (
     QAbstractItemView,
     QComboBox,
     QHBoxLayout,
-    QHeaderView,
     QLabel,
     QListWidget,
     QListWidgetItem,
     QPushButton,
-    QTableWidget,
     QTableWidgetItem,
-    QVBoxLayout,
     QWidget,
 )
+
+from ...core.errors import InspectorError
+from .common import hbox, submit, table, vbox, wrapped_label
 
 PANEL_TITLE = "Cache probe"
 PANEL_AREA = "right"
@@ -48,54 +48,28 @@ class ProbePanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
-        self.layers = QListWidget()
-        self.layers.setToolTip("the layers to probe; layer 0 needs no model run past the embeddings")
-        self.layers.setMaximumHeight(90)
+        self.layers = QListWidget(toolTip="the layers to probe; layer 0 needs no model run past the embeddings", maximumHeight=90)
         self.layers.itemChanged.connect(lambda _item: self._enable())
-        self.probe_button = QPushButton("Probe")
-        self.probe_button.clicked.connect(lambda: self.probe_requested.emit(self.chosen_layers()))
+        self.probe_button = QPushButton("Probe", clicked=lambda: self.probe_requested.emit(self.chosen_layers()))
         self._live = False
         self._busy = False
         self.title = QLabel("<b>Cache privacy probe</b>")
-        self.layer_box = QComboBox()
-        self.layer_box.setToolTip("probed layer")
+        self.layer_box = QComboBox(toolTip="probed layer")
         self.layer_box.currentIndexChanged.connect(self._show_layer)
-        self.summary = QLabel("no probe run yet")
-        self.summary.setWordWrap(True)
-        self.summary.setTextFormat(Qt.PlainText)
-        self.summary.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.text = QLabel("")
-        self.text.setWordWrap(True)
-        self.text.setTextInteractionFlags(Qt.TextSelectableByMouse)
-        self.text.setTextFormat(Qt.PlainText)
-        explain = QLabel(EXPLAIN)
-        explain.setWordWrap(True)
+        self.summary = wrapped_label("no probe run yet", rich=False, selectable=True)
+        self.text = wrapped_label("", rich=False, selectable=True)
+        explain = wrapped_label(EXPLAIN)
         explain.setStyleSheet("color: gray")
 
-        self.table = QTableWidget(0, len(COLUMNS))
-        self.table.setHorizontalHeaderLabels(COLUMNS)
-        self.table.verticalHeader().setVisible(False)
-        self.table.setEditTriggers(QAbstractItemView.NoEditTriggers)
+        self.table = table(COLUMNS)
         self.table.setSelectionBehavior(QAbstractItemView.SelectRows)
-        header = self.table.horizontalHeader()
-        header.setSectionResizeMode(QHeaderView.ResizeToContents)
-        header.setStretchLastSection(True)
+        self.table.horizontalHeader().setStretchLastSection(True)
 
-        top = QHBoxLayout()
-        top.addWidget(self.title)
-        top.addStretch(1)
-        top.addWidget(QLabel("layer"))
-        top.addWidget(self.layer_box)
+        top = hbox(None, self.title, 1, QLabel("layer"), self.layer_box)
         run = QHBoxLayout()
         run.addWidget(self.layers, 1)
         run.addWidget(self.probe_button, 0, Qt.AlignTop)
-        lay = QVBoxLayout(self)
-        lay.addLayout(top)
-        lay.addWidget(explain)
-        lay.addLayout(run)
-        lay.addWidget(self.summary)
-        lay.addWidget(self.text)
-        lay.addWidget(self.table, 1)
+        vbox(self, top, explain, run, self.summary, self.text, (self.table, 1))
 
         self._enable()
 
@@ -192,31 +166,17 @@ def create_panel(window) -> ProbePanel:
     """Dock hook for the main window: the Probe button and Tools ▸ Probe run on its worker thread."""
     panel = ProbePanel()
 
-    def done(result, error) -> None:
-        panel.set_busy(False)
-        if error is not None:
-            from ...core.errors import InspectorError
-
-            kind = "user" if isinstance(error, InspectorError) else "internal"
-            window.show_error("Cache probe failed", str(error), kind)
-            return
-        panel.show_result(result)
-        window.raise_panel(panel)
-
     def request(layers) -> None:
         layers = list(layers) or [0]
 
         def job(src):
-            from ...core.errors import InspectorError
             from ...core.probe import probe_session
 
             if not hasattr(src, "lm"):
                 raise InspectorError("the cache probe needs a live session: load a model (a trace has no model)")
             return probe_session(src, layers=layers)
 
-        panel.set_busy(True)
-        if window.run_in_worker(job, done) is None:  # held back while an export reads the session
-            panel.set_busy(False)
+        submit(window, panel, job, panel.show_result, "Cache probe failed")
 
     panel.probe_requested.connect(request)
     window.snapshot_changed.connect(panel.set_snapshot)

@@ -12,10 +12,22 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Qt
-from PySide6.QtWidgets import QGraphicsRectItem, QLabel, QVBoxLayout, QWidget
+from PySide6.QtCore import QRectF
+from PySide6.QtWidgets import QGraphicsRectItem, QWidget
 
-from .common import show_axes, DIVERGING, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, placeholder_text
+from .common import (
+    DIVERGING,
+    NEWEST_PEN,
+    SELECTED_PEN,
+    TokenAxis,
+    bare,
+    info_label,
+    outline,
+    placeholder_text,
+    show_axes,
+    vbox,
+    wrapped_label,
+)
 
 _POS = pg.mkBrush("#4f8fdf")
 _NEG = pg.mkBrush("#df6f4f")
@@ -41,24 +53,14 @@ class _KImage(pg.ImageItem):
 class QKVView(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
         self.title = info_label("")
-        lay.addWidget(self.title)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
-        self.readout = QLabel(" ")
-        self.readout.setTextFormat(Qt.TextFormat.RichText)
-        self.readout.setWordWrap(True)
-        lay.addWidget(self.readout)
+        self.readout = wrapped_label(" ", rich=True)
+        vbox(self, self.title, (self.glw, 1), self.readout, margin=2, spacing=2)
 
-        self.qplot = self.glw.addPlot(row=0, col=0, colspan=2)
+        self.qplot = bare(self.glw.addPlot(row=0, col=0, colspan=2), still=True)
         self.qplot.setLabel("left", "q")
         self.qplot.getAxis("left").setTicks([[]])
-        self.qplot.setMouseEnabled(False, False)
-        self.qplot.setMenuEnabled(False)
-        self.qplot.hideButtons()
         self.qimg = pg.ImageItem(axisOrder="row-major")
         self.qimg.setLookupTable(DIVERGING.getLookupTable(nPts=256))
         self.qplot.addItem(self.qimg)
@@ -66,32 +68,19 @@ class QKVView(QWidget):
         self.kaxis = TokenAxis("left", chars=8)
         self.kplot = self.glw.addPlot(row=1, col=0, axisItems={"left": self.kaxis})
         self.vplot = self.glw.addPlot(row=1, col=1)
-        self.kplot.setTitle("K", size="9pt")
-        self.vplot.setTitle("V", size="9pt")
         self.kimg = _KImage(self)
         self.vimg = pg.ImageItem(axisOrder="row-major")
         self.rows: list[tuple[QGraphicsRectItem, QGraphicsRectItem]] = []
         for p, img in ((self.kplot, self.kimg), (self.vplot, self.vimg)):
             img.setLookupTable(DIVERGING.getLookupTable(nPts=256))
             p.addItem(img)
-            p.getViewBox().invertY(True)
-            p.setMenuEnabled(False)
-            p.hideButtons()
-            newest = QGraphicsRectItem(0, 0, 1, 1)
-            newest.setPen(NEWEST_PEN)
-            hov = QGraphicsRectItem(0, 0, 1, 1)
-            hov.setPen(SELECTED_PEN)
-            for r in (newest, hov):
-                r.setZValue(10)
-                p.addItem(r)
-            self.rows.append((newest, hov))
+            bare(p, invert=True)
+            self.rows.append((outline(p, NEWEST_PEN), outline(p, SELECTED_PEN)))
         self.vplot.setYLink(self.kplot)
         self.vplot.hideAxis("left")
-        self.bplot = self.glw.addPlot(row=2, col=0, colspan=2)
+        self.bplot = bare(self.glw.addPlot(row=2, col=0, colspan=2))
         self.bplot.setLabel("left", "q⊙k")
         self.bplot.setMaximumHeight(100)
-        self.bplot.setMenuEnabled(False)
-        self.bplot.hideButtons()
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.8, brushes=[])
         self.bplot.addItem(self.bars)
         self.bplot.addLine(y=0, pen=pg.mkPen("#555"))

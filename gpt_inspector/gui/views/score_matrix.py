@@ -14,21 +14,35 @@ import math
 
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, QTimer, Signal
-from PySide6.QtGui import QAction
 from PySide6.QtWidgets import (
     QButtonGroup,
     QComboBox,
     QGraphicsRectItem,
-    QHBoxLayout,
     QLabel,
     QToolButton,
-    QVBoxLayout,
     QWidget,
 )
 
 from .. import viewdata
 from ..viewdata import KIND_LABELS, KINDS
-from .common import TOGGLE_STYLE, FlowLayout, show_axes, CMAP, MASKED_COLOR, NEWEST_PEN, SELECTED_PEN, TokenAxis, info_label, legend_swatch, placeholder_text
+from .common import (
+    CMAP,
+    MASKED_COLOR,
+    NEWEST_PEN,
+    SELECTED_PEN,
+    TOGGLE_STYLE,
+    FlowLayout,
+    TokenAxis,
+    bare,
+    context_actions,
+    hbox,
+    info_label,
+    legend_swatch,
+    outline,
+    placeholder_text,
+    show_axes,
+    vbox,
+)
 
 SCOPES = (("head", "this head"), ("layer", "this layer"), ("all", "all layers"))
 
@@ -76,9 +90,6 @@ class ScoreMatrix(QWidget):
         self._drag_cells: list[tuple[int, int]] = []
         self._last_matrix = None
         self._hovered: tuple[int, int] | None = None  # the cell under the pointer, read out below the plot
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
         bar_w = QWidget()
         bar_w.setStyleSheet(TOGGLE_STYLE)
         bar = FlowLayout(bar_w, spacing=4)  # wraps in a narrow dock instead of widening it
@@ -86,8 +97,7 @@ class ScoreMatrix(QWidget):
         self.kind_group = QButtonGroup(self)
         self.kind_buttons: dict[str, QToolButton] = {}
         for kind in KINDS:
-            b = QToolButton(text=KIND_LABELS[kind])
-            b.setCheckable(True)
+            b = QToolButton(text=KIND_LABELS[kind], checkable=True)
             b.setToolTip({
                 "raw": "q·k for every query/key pair, before scaling",
                 "scores": "q·k × scaling (1/√d): the logits of attention",
@@ -99,46 +109,28 @@ class ScoreMatrix(QWidget):
             bar.addWidget(b)
             b.clicked.connect(lambda _=False, k=kind: self.kind_changed.emit(k))
         self.kind_buttons["probs"].setChecked(True)
-        self.edit_button = QToolButton(text="Edit mask")
-        self.edit_button.setCheckable(True)
-        self.edit_button.setToolTip("Click or drag cells to block / unblock attention (cells above the diagonal are ignored)")
+        self.edit_button = QToolButton(text="Edit mask", checkable=True,
+                                       toolTip="Click or drag cells to block / unblock attention (cells above the diagonal are ignored)")  # fmt: skip
         self.edit_button.toggled.connect(self.set_edit_mode)
         bar.addWidget(self.edit_button)
-        self.scope = QComboBox()
+        self.scope = QComboBox(toolTip="Which heads a mask edit applies to")
         for key, text in SCOPES:
             self.scope.addItem(text, key)
-        self.scope.setToolTip("Which heads a mask edit applies to")
         bar.addWidget(self.scope)
-        exp = QToolButton(text="Export…")
-        exp.setToolTip("Export this matrix (PNG, SVG, CSV, …)")
+        exp = QToolButton(text="Export…", toolTip="Export this matrix (PNG, SVG, CSV, …)")
         exp.clicked.connect(self.export_requested)
         bar.addWidget(exp)
-        lay.addWidget(bar_w)
         self.title = info_label("")
-
-        lay.addWidget(self.title)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
         self.left = TokenAxis("left", chars=9)
         self.bottom = TokenAxis("bottom", chars=6)
-        self.plot = self.glw.addPlot(axisItems={"left": self.left, "bottom": self.bottom})
-        self.plot.setLabel("left", "query")
-        self.plot.setLabel("bottom", "key")
-        self.plot.setMenuEnabled(False)
-        self.plot.hideButtons()
-        self.glw.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
-        for text, slot in (("Export this matrix…", self.export_requested.emit), ("Reset zoom", self._reset_zoom)):
-            act = QAction(text, self.glw)
-            act.triggered.connect(slot)
-            self.glw.addAction(act)
+        self.plot = bare(self.glw.addPlot(axisItems={"left": self.left, "bottom": self.bottom},
+                                          labels={"left": "query", "bottom": "key"}), invert=True)  # fmt: skip
+        context_actions(self.glw, ("Export this matrix…", self.export_requested.emit), ("Reset zoom", self._reset_zoom))
         self.vb = self.plot.getViewBox()
-        self.vb.invertY(True)
         self.vb.setAspectLocked(True)
-        self.backdrop = QGraphicsRectItem(0, 0, 1, 1)
+        self.backdrop = outline(self.plot, pg.mkPen(None), -5)
         self.backdrop.setBrush(pg.mkBrush(MASKED_COLOR))
-        self.backdrop.setPen(pg.mkPen(None))
-        self.backdrop.setZValue(-5)
-        self.plot.addItem(self.backdrop)
         self.image = _MatrixImage(self)
         self.plot.addItem(self.image)
         # past the exact limit the image holds block maxima; where the view zooms in, the worker
@@ -155,20 +147,12 @@ class ScoreMatrix(QWidget):
             self.plot.addItem(item)
         self.tile.setLookupTable(CMAP.getLookupTable(nPts=256))
         self._view_sent = None
-        self._view_timer = QTimer(self)
-        self._view_timer.setSingleShot(True)
-        self._view_timer.setInterval(120)  # a wheel zoom sends one request when it settles, not one per notch
+        self._view_timer = QTimer(self, singleShot=True, interval=120)  # a wheel zoom sends one request when it settles, not one per notch
         self._view_timer.timeout.connect(self._send_view)
         self.cbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=CMAP, interactive=False, width=12)
         self.cbar.setImageItem(self.image, insert_in=self.plot)
-        self.newest = QGraphicsRectItem(0, 0, 1, 1)
-        self.newest.setPen(NEWEST_PEN)
-        self.newest.setZValue(10)
-        self.plot.addItem(self.newest)
-        self.selrow = QGraphicsRectItem(0, 0, 1, 1)
-        self.selrow.setPen(SELECTED_PEN)
-        self.selrow.setZValue(11)
-        self.plot.addItem(self.selrow)
+        self.newest = outline(self.plot, NEWEST_PEN, 10)
+        self.selrow = outline(self.plot, SELECTED_PEN, 11)
         self.edits = pg.ScatterPlotItem(symbol="x", size=9, pen=pg.mkPen("#ff4040", width=2), brush=None, pxMode=True)
         self.edits.setZValue(12)
         self.plot.addItem(self.edits)
@@ -177,13 +161,10 @@ class ScoreMatrix(QWidget):
         self.plot.addItem(self.preview)
         self._hint = placeholder_text(None, self.plot, "press Step (F10) to run the prompt")
         self.readout = info_label(" ", dim=False)
-        foot = QHBoxLayout()
-        foot.addWidget(legend_swatch(MASKED_COLOR, "masked"))
         nw = QLabel("▭ newest row")
         nw.setStyleSheet("color: #ff6b6b;")
-        foot.addWidget(nw)
-        foot.addWidget(self.readout, 1)
-        lay.addLayout(foot)
+        foot = hbox(None, legend_swatch(MASKED_COLOR, "masked"), nw, (self.readout, 1))
+        vbox(self, bar_w, self.title, (self.glw, 1), foot, margin=2, spacing=2)
         self._show_empty()
         self.vb.sigRangeChanged.connect(lambda *_: self._view_timer.start())
 
@@ -206,27 +187,22 @@ class ScoreMatrix(QWidget):
             self.view_changed.emit(view)
 
     def _show_tile(self, snap) -> None:
-        if snap.tile is None:
-            self.tile.setVisible(False)
-            self.tile_backdrop.setVisible(False)
-            return
-        q0, k0 = snap.tile_origin
-        n, m = snap.tile.shape
-        self.tile.setImage(snap.tile, autoLevels=False, levels=snap.levels)
-        self.tile.setRect(QRectF(k0, q0, m, n))
-        self.tile_backdrop.setRect(QRectF(k0, q0, m, n))
-        self.tile.setVisible(True)
-        self.tile_backdrop.setVisible(True)
+        if snap.tile is not None:
+            q0, k0 = snap.tile_origin
+            n, m = snap.tile.shape
+            self.tile.setImage(snap.tile, autoLevels=False, levels=snap.levels)
+            self.tile.setRect(QRectF(k0, q0, m, n))
+            self.tile_backdrop.setRect(QRectF(k0, q0, m, n))
+        self.tile.setVisible(snap.tile is not None)
+        self.tile_backdrop.setVisible(snap.tile is not None)
 
     def _show_empty(self) -> None:
         """Before the first step: the hint alone, no cell outlines or axes over it."""
         self.T = 0
         self.image.clear()
         self._last_matrix = None
-        self.tile.setVisible(False)
-        self.tile_backdrop.setVisible(False)
         self.edits.setData([], [])
-        for item in (self.newest, self.selrow, self.backdrop):
+        for item in (self.newest, self.selrow, self.backdrop, self.tile, self.tile_backdrop):
             item.setVisible(False)
         show_axes(self.plot, ("left", "bottom"), False)
         self.cbar.setVisible(False)

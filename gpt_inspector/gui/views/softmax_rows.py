@@ -11,9 +11,9 @@ import math
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
-from PySide6.QtWidgets import QCheckBox, QHBoxLayout, QVBoxLayout, QWidget
+from PySide6.QtWidgets import QCheckBox, QWidget
 
-from .common import TEXT, TokenAxis, info_label
+from .common import TEXT, TokenAxis, bare, hbox, info_label, vbox
 
 _BRUSH = pg.mkBrush(79, 143, 223, 200)
 _SEL_BRUSH = pg.mkBrush(255, 184, 79, 220)
@@ -24,18 +24,11 @@ class SoftmaxRows(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        lay = QVBoxLayout(self)
-        lay.setContentsMargins(2, 2, 2, 2)
-        lay.setSpacing(2)
-        bar = QHBoxLayout()
         self.title = info_label("")
-        bar.addWidget(self.title, 1)
         self.only_selected = QCheckBox("selected head only")
         self.only_selected.toggled.connect(self._relayout)
-        bar.addWidget(self.only_selected)
-        lay.addLayout(bar)
         self.glw = pg.GraphicsLayoutWidget()
-        lay.addWidget(self.glw, 1)
+        vbox(self, hbox(None, (self.title, 1), self.only_selected), (self.glw, 1), margin=2, spacing=2)
         self.plots: list[pg.PlotItem] = []
         self.curves: list[pg.PlotDataItem] = []
         self.axes: list[TokenAxis] = []
@@ -51,10 +44,7 @@ class SoftmaxRows(QWidget):
         self.plots, self.curves, self.axes, self.labels = [], [], [], []
         for h in range(H):
             ax = TokenAxis("bottom", chars=5)
-            p = pg.PlotItem(axisItems={"bottom": ax})
-            p.setMenuEnabled(False)
-            p.hideButtons()
-            p.setMouseEnabled(False, False)
+            p = bare(pg.PlotItem(axisItems={"bottom": ax}), still=True)
             p.setYRange(0, 1, padding=0.02)
             p.getAxis("left").setWidth(28)
             p.getAxis("left").setTicks([[(0, "0"), (0.5, ".5"), (1, "1")]])

@@ -64,10 +64,7 @@ class _Canvas(QWidget):
         return QSize(600, 2 * (_H + _GAP))
 
     def index_at(self, pos) -> int:
-        for i, r in enumerate(self.rects):
-            if r.contains(pos):
-                return i
-        return -1
+        return next((i for i, r in enumerate(self.rects) if r.contains(pos)), -1)
 
     def mousePressEvent(self, ev):
         i = self.index_at(ev.position().toPoint())
