@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import unicodedata
@@ -80,8 +79,7 @@ def run(args) -> int:
     for w in result.warnings:
         print(f"gpt-inspector: warning: {w}", file=sys.stderr)
     if args.json:
-        json.dump(out, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        common.print_json(out)
     else:
         sys.stdout.write(render_text(out, width=shutil.get_terminal_size((120, 24)).columns))
     return 0
