@@ -46,6 +46,13 @@ NAMES = EVICTION[:-1] + QUANT  # what the CLI offers (custom takes a Python func
 Scorer = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _to_length(ev: torch.Tensor, n: int) -> torch.Tensor:
+    """(Hkv, n): a layer's evicted_at cut to ``n`` entries, or grown by held (NEVER) ones."""
+    if ev.shape[1] < n:
+        return torch.cat([ev, torch.full((ev.shape[0], n - ev.shape[1]), NEVER, dtype=torch.long)], 1)
+    return ev[:, :n]
+
+
 def _budget(v, what: str, limit: int) -> int | None:
     if v is None:
         return None
@@ -202,13 +209,8 @@ class Eviction(Policy):
     def _recent(self, budget: int) -> int:
         if self.recent is not None:
             return self.recent
-        if self.name == "streaming":
-            return budget - self.sinks  # StreamingLLM: what the sinks leave is the window
-        if self.name == "h2o":
-            return budget // 2  # H2O: half heavy hitters, half recent
-        if self.name == "snapkv":
-            return self.window
-        return 0
+        # StreamingLLM: what the sinks leave is the window; H2O: half heavy hitters, half recent
+        return {"streaming": budget - self.sinks, "h2o": budget // 2, "snapkv": self.window}.get(self.name, 0)
 
     def _recent_rows(self, layer: int, budget: torch.Tensor) -> torch.Tensor:
         """(Hkv,) the recent window of each KV head of ``layer`` (budgets are fixed once bound)."""
@@ -250,9 +252,7 @@ class Eviction(Policy):
         return lengths, held
 
     def _held(self, layer: int) -> torch.Tensor:
-        n = self.scores[layer].shape[1]
-        ev = self._evicted_at[layer][:, :n]  # (Hkv, n)
-        return torch.cat([ev, torch.full((ev.shape[0], n - ev.shape[1]), NEVER, dtype=ev.dtype)], 1) == NEVER
+        return _to_length(self._evicted_at[layer], self.scores[layer].shape[1]) == NEVER  # (Hkv, n)
 
     def restore(self, snap) -> None:
         lengths, held = snap
@@ -270,15 +270,6 @@ class Eviction(Policy):
             self.scores[layer] = torch.zeros(self.n_kv_heads, lengths[layer], dtype=torch.float64)
             self.scores[layer][self._held(layer)] = kept
 
-    def _grow(self, layer: int, tk: int) -> torch.Tensor:
-        ev = self._evicted_at[layer]
-        if ev.shape[1] < tk:
-            ev = torch.cat([ev, torch.full((ev.shape[0], tk - ev.shape[1]), NEVER, dtype=torch.long)], 1)
-            self._evicted_at[layer] = ev
-        else:
-            ev = self._evicted_at[layer] = ev[:, :tk]  # a shorter forward (a recompute) starts over from there
-        return ev
-
     def attend(self, layer, key, value, q0, n_heads):
         tk = key.shape[2]
         if self._pending and (layer in self._pending or next(iter(self._pending.values()))[0] != tk):
@@ -287,7 +278,8 @@ class Eviction(Policy):
         if ready is not None and n_heads == self.n_heads:
             self._evicted_at[layer] = ready[0]
             return key, value, ready[1]
-        ev = self._grow(layer, tk)  # (Hkv, Tk)
+        # (Hkv, Tk); a shorter forward (a recompute) starts over from there
+        ev = self._evicted_at[layer] = _to_length(self._evicted_at[layer], tk)
         return key, value, self._block(ev, q0, tk - q0, n_heads)
 
     @staticmethod
@@ -299,17 +291,11 @@ class Eviction(Policy):
         return eq.expand_kv(block, n_heads)  # (H, n, T)
 
     def evicted_rows(self, layer, p0, p1, length, n_heads):
-        ev = self.evicted_at[layer][:, :length]  # (the property flushes a deferred eviction)
-        if ev.shape[1] < length:
-            ev = torch.cat([ev, torch.full((ev.shape[0], length - ev.shape[1]), NEVER, dtype=torch.long)], 1)
+        ev = _to_length(self.evicted_at[layer], length)  # (the property flushes a deferred eviction)
         return self._block(ev, p0, p1 - p0, n_heads)
 
     def evicted(self, layer, length):
-        ev = self.evicted_at[layer]
-        out = torch.zeros(self.n_kv_heads, length, dtype=torch.bool)
-        n = min(length, ev.shape[1])
-        out[:, :n] = ev[:, :n] < NEVER
-        return out
+        return _to_length(self.evicted_at[layer], length) < NEVER
 
     def cache_bytes(self, layer, length):
         held = int((~self.evicted(layer, length)).sum())
@@ -407,10 +393,8 @@ class Eviction(Policy):
     def _score(self, layer, k, p, tk) -> torch.Tensor:
         name = self.name
         if name == "h2o":
-            acc = self.scores[layer]
-            if acc.shape[1] < tk:
-                acc = torch.cat([acc, torch.zeros(acc.shape[0], tk - acc.shape[1], dtype=torch.float64)], 1)
-            acc = acc[:, :tk] + self._group_sum(p.sum(1)).double()  # accumulated attention, (Hkv, Tk)
+            acc = self.scores[layer]  # accumulated attention, (Hkv, Tk)
+            acc = F.pad(acc[:, :tk], (0, max(0, tk - acc.shape[1]))) + self._group_sum(p.sum(1)).double()
             self.scores[layer] = acc
             return acc
         if name == "tova":
