@@ -117,19 +117,14 @@ def render_text(out: dict, width: int = 120) -> str:
     rows = _rows(out)
     n_cols = max(len(r["tokens"]) for _, r in rows)
     name_w = max(_width(name) for name, _ in rows) + 2
-    cells: list[list[tuple[str, str]]] = []
-    for _, r in rows:
-        div = r.get("diverges_at")
-        line = []
-        for i in range(n_cols):
-            if i < len(r["tokens"]):
-                tok = r["tokens"][i]
-                if div is not None and p + i == div:
-                    tok = f"»{tok}«"
-                line.append((tok, f"{r['probs'][i]:.2f}"))
-            else:
-                line.append(("", ""))
-        cells.append(line)
+
+    def cell(r: dict, i: int) -> tuple[str, str]:  # (token, its probability) of column i
+        if i >= len(r["tokens"]):
+            return "", ""
+        tok = r["tokens"][i]
+        return (f"»{tok}«" if p + i == r.get("diverges_at") else tok), f"{r['probs'][i]:.2f}"
+
+    cells = [[cell(r, i) for i in range(n_cols)] for _, r in rows]
     col_w = [max(max(_width(c[i][0]), _width(c[i][1])) for c in cells) + 1 for i in range(n_cols)]
 
     s = out["settings"]

@@ -57,11 +57,9 @@ def add_arguments(p):
 def _names(text: str) -> list[str]:
     from ..core.errors import InspectorError
 
-    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    names = [_check_policy(x.strip()) for x in str(text).split(",") if x.strip()]
     if not names:
         raise InspectorError("--policies is empty; give e.g. streaming,h2o,int4")
-    for n in names:
-        _check_policy(n)
     return names
 
 

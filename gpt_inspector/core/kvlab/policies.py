@@ -182,14 +182,11 @@ class Eviction(Policy):
         self.budgets: list[torch.Tensor | None] = [None] * n_layers  # per layer (Hkv,) long, None: unlimited
         for layer in range(n_layers):
             b = self.layer_budgets.get(layer, base)
-            if isinstance(b, Sequence) and not isinstance(b, str):
-                if len(b) != n_kv_heads:
-                    raise InspectorError(f"layer {layer} budgets: {len(b)} given, the model has {n_kv_heads} KV heads")
-                per = [_budget(x, f"layer {layer} budget", context) for x in b]
-                self.budgets[layer] = None if any(x is None for x in per) else torch.tensor(per)
-            else:
-                b = _budget(b, f"layer {layer} budget", context)
-                self.budgets[layer] = None if b is None else torch.full((n_kv_heads,), b)
+            per = list(b) if isinstance(b, Sequence) and not isinstance(b, str) else [b] * n_kv_heads
+            if len(per) != n_kv_heads:
+                raise InspectorError(f"layer {layer} budgets: {len(per)} given, the model has {n_kv_heads} KV heads")
+            per = [_budget(x, f"layer {layer} budget", context) for x in per]
+            self.budgets[layer] = None if any(x is None for x in per) else torch.tensor(per)
         bad = [layer for layer in self.layer_budgets if not (isinstance(layer, int) and 0 <= layer < n_layers)]
         if bad:
             raise InspectorError(f"layer budgets name layers {bad}; the model has layers 0..{n_layers - 1}")
@@ -308,14 +305,12 @@ class Eviction(Policy):
         q0 = tk - tq
         if self.name == "snapkv" and q0 > 0:
             return  # SnapKV compresses the prompt once; generated entries are all kept
-        need_probs = self.name in ("h2o", "snapkv", "tova", "custom")
         if budget is None and self.name != "h2o":
             return  # unlimited: nothing is ever evicted, no score needed
+        # the query rows whose attention scores the keys (None: the policy reads no attention)
         rows = {"h2o": range(tq), "custom": range(tq), "tova": range(tq - 1, tq),
                 "snapkv": range(max(0, tq - self.window), tq)}.get(self.name)  # fmt: skip
-        p = None
-        if need_probs:
-            p = self._probs(query, k, mask, scaling, softcap, probs, rows)  # (H, n, Tk) float32
+        p = None if rows is None else self._probs(query, k, mask, scaling, softcap, probs, rows)  # (H, n, Tk) float32
         if tq == 1 and budget is not None and self.name in ("h2o", "tova", "keynorm", "streaming") and self._uniform_budget(layer):
             # a decode step under one budget per head: scored and evicted with the forward's other layers
             what = p[:, 0] if p is not None else self._score(layer, k, None, tk) if self.name == "keynorm" else None
