@@ -29,9 +29,10 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverifie
                             "(the load-time self-test failed); outputs are marked unverified")
 
 
-def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("decoding")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 = greedy (default)")) -> None:
+    """The decoding flags, in group ``g`` (default: a new "decoding" group); ``temperature``: its (default, help)."""
+    g = g or p.add_argument_group("decoding")
+    g.add_argument("--temperature", type=float, default=temperature[0], help=temperature[1])
     g.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens before sampling (default: off)")
     g.add_argument("--top-p", type=float, default=None, help="keep the smallest set of tokens whose probability adds up to p (default: off)")
     g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens")

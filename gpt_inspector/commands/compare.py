@@ -29,10 +29,7 @@ def add_arguments(p):
                    help="stop as soon as num_beams hypotheses are finished (bare flag = true); 'never' = exhaustive")
     s = p.add_argument_group("sampling (with --sample)")
     s.add_argument("--sample", action="store_true", help="also show one seeded sample")
-    s.add_argument("--temperature", type=float, default=None, help="default 1.0")
-    s.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens before sampling (default: off)")
-    s.add_argument("--top-p", type=float, default=None, help="keep the smallest set of tokens whose probability adds up to p (default: off)")
-    s.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens")
+    common.add_decoding_args(p, s, temperature=(None, "default 1.0"))
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
 
 
