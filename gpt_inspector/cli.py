@@ -8,6 +8,7 @@ from __future__ import annotations
 import argparse
 import sys
 
+from . import __version__
 from .commands import compare, export, kv_lab, lens, math_check, probe_cache, trace
 
 # sub-commands in help order; each module imports the engine only when its command runs
@@ -27,7 +28,7 @@ def build_parser() -> argparse.ArgumentParser:
         description="Step-through debugger for GPT-style language models. With no COMMAND it opens the "
         "window (on the embedded demo model unless --model is given); the commands work headless.",
     )
-    p.add_argument("--version", action="version", version=f"gpt-inspector {_version()}")
+    p.add_argument("--version", action="version", version=f"gpt-inspector {__version__}")
     common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="prompt to start the window with")
     p.add_argument("--steps", type=int, default=None, help="with --screenshot: steps to run first")
@@ -38,12 +39,6 @@ def build_parser() -> argparse.ArgumentParser:
         mod.add_arguments(sp)
         sp.set_defaults(_run=mod.run)
     return p
-
-
-def _version() -> str:
-    from . import __version__
-
-    return __version__
 
 
 def quiet_transformers() -> None:

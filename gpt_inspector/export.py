@@ -66,14 +66,10 @@ def render_matrix(
 
     Labels may be None for plain indices. The colour range defaults to the unmasked finite values.
     """
-
-    def build(dpi):
-        return figures.matrix_figure(
-            matrix, row_labels, col_labels, title, subtitle or "", col_title, row_title=row_title,
-            masked=masked, vmin=vmin, vmax=vmax, value_label=value_label, dpi=dpi,
-        )  # fmt: skip
-
-    return _write(build, path, scale)
+    return _write(lambda dpi: figures.matrix_figure(
+        matrix, row_labels, col_labels, title, subtitle or "", col_title, row_title=row_title,
+        masked=masked, vmin=vmin, vmax=vmax, value_label=value_label, dpi=dpi,
+    ), path, scale)  # fmt: skip
 
 
 __all__ = [

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import argparse
+import json
+import sys
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverified: bool = True) -> None:
@@ -27,23 +29,26 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverifie
                             "(the load-time self-test failed); outputs are marked unverified")
 
 
-def add_decoding_args(p: argparse.ArgumentParser) -> None:
-    g = p.add_argument_group("decoding")
-    g.add_argument("--temperature", type=float, default=0.0, help="0 = greedy (default)")
+def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 = greedy (default)")) -> None:
+    """The decoding flags, in group ``g`` (default: a new "decoding" group); ``temperature``: its (default, help)."""
+    g = g or p.add_argument_group("decoding")
+    g.add_argument("--temperature", type=float, default=temperature[0], help=temperature[1])
     g.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens before sampling (default: off)")
     g.add_argument("--top-p", type=float, default=None, help="keep the smallest set of tokens whose probability adds up to p (default: off)")
     g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens")
 
 
-def load(args):
-    import sys
+def load_options(args) -> dict:
+    """``load_model``'s keyword arguments from the model flags (a sweep's workers load with them too)."""
+    return {"name_or_path": args.model, "device": args.device, "dtype": args.dtype, "allow_pickle": args.allow_pickle,
+            "trust_remote_code": args.trust_remote_code, "allow_unverified": getattr(args, "unverified", False),
+            "device_map": args.device_map, "max_memory": args.max_memory, "offload_folder": args.offload_folder}  # fmt: skip
 
+
+def load(args):
     from ..core import load_model
 
-    lm = load_model(args.model, device=args.device, dtype=args.dtype,
-                    allow_pickle=args.allow_pickle, trust_remote_code=args.trust_remote_code,
-                    allow_unverified=getattr(args, "unverified", False), device_map=args.device_map,
-                    max_memory=args.max_memory, offload_folder=args.offload_folder)  # fmt: skip
+    lm = load_model(**load_options(args))
     if lm.unverified:
         print(f"gpt-inspector: warning: UNVERIFIED model, its numbers may not be the model's own: {lm.unverified}",
               file=sys.stderr)
@@ -67,3 +72,34 @@ def check_run_args(args) -> None:
     validate.seed(args.seed, "--seed")
     if getattr(args, "temperature", None) is not None:
         decoding.validate(args.temperature, args.top_k, args.top_p)
+
+
+def int_list(text: str, what: str, hint: str = "") -> list[int]:
+    """Comma-separated integers (blanks skipped); none at all is refused, with ``hint`` after the message."""
+    from ..core.errors import InspectorError
+
+    out = []
+    for part in str(text).split(","):
+        part = part.strip()
+        if part:
+            try:
+                out.append(int(part))
+            except ValueError:
+                raise InspectorError(f"{what} takes comma-separated integers, got {text!r}") from None
+    if not out:
+        raise InspectorError(f"{what} is empty{hint}")
+    return out
+
+
+def print_json(obj, ensure_ascii: bool = False) -> None:
+    json.dump(obj, sys.stdout, ensure_ascii=ensure_ascii)
+    sys.stdout.write("\n")
+
+
+def save_figure(build, path, what: str) -> None:
+    """Draw ``build(figures)`` to ``path``, say where on stderr, and let go of the figure's buffers."""
+    from .. import figures
+
+    fig = build(figures)
+    print(f"{what} saved to {figures.save(fig, path)}", file=sys.stderr)
+    figures.close(fig)

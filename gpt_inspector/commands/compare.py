@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import shutil
 import sys
 import unicodedata
@@ -30,10 +29,7 @@ def add_arguments(p):
                    help="stop as soon as num_beams hypotheses are finished (bare flag = true); 'never' = exhaustive")
     s = p.add_argument_group("sampling (with --sample)")
     s.add_argument("--sample", action="store_true", help="also show one seeded sample")
-    s.add_argument("--temperature", type=float, default=None, help="default 1.0")
-    s.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens before sampling (default: off)")
-    s.add_argument("--top-p", type=float, default=None, help="keep the smallest set of tokens whose probability adds up to p (default: off)")
-    s.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens")
+    common.add_decoding_args(p, s, temperature=(None, "default 1.0"))
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
 
 
@@ -80,8 +76,7 @@ def run(args) -> int:
     for w in result.warnings:
         print(f"gpt-inspector: warning: {w}", file=sys.stderr)
     if args.json:
-        json.dump(out, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        common.print_json(out)
     else:
         sys.stdout.write(render_text(out, width=shutil.get_terminal_size((120, 24)).columns))
     return 0
@@ -119,19 +114,14 @@ def render_text(out: dict, width: int = 120) -> str:
     rows = _rows(out)
     n_cols = max(len(r["tokens"]) for _, r in rows)
     name_w = max(_width(name) for name, _ in rows) + 2
-    cells: list[list[tuple[str, str]]] = []
-    for _, r in rows:
-        div = r.get("diverges_at")
-        line = []
-        for i in range(n_cols):
-            if i < len(r["tokens"]):
-                tok = r["tokens"][i]
-                if div is not None and p + i == div:
-                    tok = f"»{tok}«"
-                line.append((tok, f"{r['probs'][i]:.2f}"))
-            else:
-                line.append(("", ""))
-        cells.append(line)
+
+    def cell(r: dict, i: int) -> tuple[str, str]:  # (token, its probability) of column i
+        if i >= len(r["tokens"]):
+            return "", ""
+        tok = r["tokens"][i]
+        return (f"»{tok}«" if p + i == r.get("diverges_at") else tok), f"{r['probs'][i]:.2f}"
+
+    cells = [[cell(r, i) for i in range(n_cols)] for _, r in rows]
     col_w = [max(max(_width(c[i][0]), _width(c[i][1])) for c in cells) + 1 for i in range(n_cols)]
 
     s = out["settings"]

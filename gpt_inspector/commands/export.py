@@ -48,8 +48,8 @@ def add_arguments(p):
 
 
 def _check(args) -> None:
-    from ..core.errors import InspectorError
     from ..core import validate
+    from ..core.errors import InspectorError
     from ..export import check_format, check_scale
 
     check_format(args.out)

@@ -54,30 +54,12 @@ def add_arguments(p):
                    help="print the result as JSON, or write it to FILE (the sweep's table)")
 
 
-def _ints(text: str, what: str) -> list[int]:
-    from ..core.errors import InspectorError
-
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if part:
-            try:
-                out.append(int(part))
-            except ValueError:
-                raise InspectorError(f"{what} takes comma-separated integers, got {text!r}") from None
-    if not out:
-        raise InspectorError(f"{what} is empty")
-    return out
-
-
 def _names(text: str) -> list[str]:
     from ..core.errors import InspectorError
 
-    names = [x.strip() for x in str(text).split(",") if x.strip()]
+    names = [_check_policy(x.strip()) for x in str(text).split(",") if x.strip()]
     if not names:
         raise InspectorError("--policies is empty; give e.g. streaming,h2o,int4")
-    for n in names:
-        _check_policy(n)
     return names
 
 
@@ -163,11 +145,7 @@ def run(args) -> int:
     summary = lab.summary()
     privacy = lab.probe() if args.probe else None
     if args.out is not None:
-        from .. import figures
-
-        fig = figures.lab_figure(lab)
-        print(f"figure saved to {figures.save(fig, args.out)}", file=sys.stderr)
-        figures.close(fig)
+        common.save_figure(lambda figures: figures.lab_figure(lab), args.out, "figure")
     if args.json is not None:
         out = {"model": lm.name, **summary, "steps_detail": [s.to_json() for s in lab.history],
                "privacy": None if privacy is None else privacy.to_json(), **_final_rows(lab)}  # fmt: skip
@@ -201,8 +179,7 @@ def _final_rows(lab) -> dict:
 
 def _write_json(obj, dest) -> None:
     if dest == "-":
-        json.dump(obj, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        common.print_json(obj)
         return
     tmp = f"{dest}.tmp-{os.getpid()}"
     with open(tmp, "w", encoding="utf-8") as f:
@@ -233,7 +210,7 @@ def _sweep(args) -> int:
         raise InspectorError("--sweep needs --prompts FILE and --policies (and --budgets for eviction policies)")
     prompts = _read_prompts(args.prompts)
     names = _names(args.policies)
-    budgets = _ints(args.budgets, "--budgets") if args.budgets else []
+    budgets = common.int_list(args.budgets, "--budgets") if args.budgets else []
     if args.json not in (None, "-"):
         _check_out(args.json)
     opts = _options(args)
@@ -243,9 +220,7 @@ def _sweep(args) -> int:
     pairs = plan(names, budgets)
     lm = common.load(args)
     # each worker loads the model exactly as this process did
-    load = {"name_or_path": args.model, "device": args.device, "dtype": args.dtype, "allow_pickle": args.allow_pickle,
-            "trust_remote_code": args.trust_remote_code, "allow_unverified": getattr(args, "unverified", False),
-            "device_map": args.device_map, "max_memory": args.max_memory, "offload_folder": args.offload_folder}  # fmt: skip
+    load = common.load_options(args)
     tty = sys.stderr.isatty()
 
     def progress(done, total, what):
@@ -257,11 +232,7 @@ def _sweep(args) -> int:
     result = sweep(lm, prompts, pairs, args.steps, probe=not args.no_probe, options=opts, progress=progress,
                    jobs=jobs, load=load)  # fmt: skip
     if args.out is not None:
-        from .. import figures
-
-        fig = figures.frontier_figure(result)
-        print(f"frontier saved to {figures.save(fig, args.out)}", file=sys.stderr)
-        figures.close(fig)
+        common.save_figure(lambda figures: figures.frontier_figure(result), args.out, "frontier")
     if args.json is not None:
         _write_json(result.to_json(), args.json)
         if args.json == "-":

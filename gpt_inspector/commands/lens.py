@@ -2,9 +2,6 @@
 
 from __future__ import annotations
 
-import json
-import sys
-
 from . import common
 
 NAME = "lens"
@@ -45,17 +42,12 @@ def run(args) -> int:
                   "prob_after": float(report.after[before.token_id]), "total_variation": report.total_variation}  # fmt: skip
     r = lens(s, top_k=min(top, 50))
     if args.out is not None:
-        from .. import figures
-
-        fig = figures.lens_figure(r, s.lm.name, unverified=s.unverified)
-        print(f"lens figure saved to {figures.save(fig, args.out)}", file=sys.stderr)
-        figures.close(fig)
+        common.save_figure(lambda figures: figures.lens_figure(r, s.lm.name, unverified=s.unverified), args.out, "lens figure")
     if args.json:
         out = {"model": s.lm.name, "text": s.text, **r.to_json()}
         if knocks:
             out["knock_out"] = {"edits": [e.to_json() for e in knocks], **before}
-        json.dump(out, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        common.print_json(out)
         return 0
     print(f"step {r.step + 1} (position {r.position}) chose {r.label!r}; logit {r.logit:.4f}")
     if knocks:
@@ -68,7 +60,7 @@ def run(args) -> int:
     if r.attribution is None:
         print(r.note)
     else:
-        flat = sorted(((float(v), i, h) for (i, h), v in _cells(r.attribution)), reverse=True)
+        flat = sorted(((v, i, h) for i, row in enumerate(r.attribution.tolist()) for h, v in enumerate(row)), reverse=True)
         best = ", ".join(f"L{i}.H{h} {v:+.3f}" for v, i, h in flat[:5])
         worst = ", ".join(f"L{i}.H{h} {v:+.3f}" for v, i, h in flat[::-1][:3])
         print(f"heads pushing it most: {best}; against: {worst}; everything else {r.remainder:+.3f} ({r.note})")
@@ -85,8 +77,3 @@ def _knock(text: str):
     except ValueError:
         raise InspectorError(f"--knock-out takes L or L.H (layer, head), got {text!r}") from None
 
-
-def _cells(a):
-    for i in range(a.shape[0]):
-        for h in range(a.shape[1]):
-            yield (i, h), a[i, h]

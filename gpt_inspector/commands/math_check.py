@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from . import common
@@ -27,8 +26,8 @@ def add_arguments(p):
 
 
 def _source(args):
-    from ..core.errors import InspectorError
     from ..core import validate
+    from ..core.errors import InspectorError
 
     if args.trace is not None and args.prompt is not None:
         raise InspectorError("give either --trace FILE or --prompt (with --model), not both")
@@ -51,36 +50,30 @@ def run(args) -> int:
     if args.tolerance is not None and not args.tolerance > 0:
         raise InspectorError(f"--tolerance must be positive, got {args.tolerance}")
     src = _source(args)
-    if args.head is not None or args.position is not None:
-        if args.head is None or args.layer is None:
-            raise InspectorError("--head/--position check one vector: give --layer and --head too")
-        c = check(src, args.layer, args.head, args.position, args.tolerance)
-        if args.json:
-            json.dump(c.to_json(), sys.stdout)
-            sys.stdout.write("\n")
-        else:
-            print(c.formula)
-            print(f"{'dim':>4} {'recomputed':>14} {'model':>14} {'|diff|':>10}")
-            for i, (a, b) in enumerate(zip(c.recomputed, c.model)):
-                print(f"{i:>4} {a:>14.7g} {b:>14.7g} {abs(a - b):>10.3g}")
-            print(c.summary())
-        if not c.ok:
-            print(f"gpt-inspector: mismatch: {c.summary()}", file=sys.stderr)
-        return 0 if c.ok else 1
-    report = check_all(src, None if args.layer is None else [args.layer], args.tolerance)
-    if args.json:
-        json.dump(report.to_json(), sys.stdout)
-        sys.stdout.write("\n")
+    one = args.head is not None or args.position is not None  # one head's output vector, not the whole report
+    if one and (args.head is None or args.layer is None):
+        raise InspectorError("--head/--position check one vector: give --layer and --head too")
+    if one:
+        result = check(src, args.layer, args.head, args.position, args.tolerance)
     else:
-        print(report.formula)
-        for i, layer in enumerate(report.layers):
-            cells = "  ".join(
-                f"h{h} {report.max_diff[i, h]:.2e}{'' if report.max_diff[i, h] <= report.tolerance[i, h] else ' ✗'}"
-                for h in range(report.n_heads)
-            )
-            print(f"layer {layer:>2}: {cells}")
-        print(report.summary())
-    if not report.ok:
-        print(f"gpt-inspector: mismatch: {report.summary()}", file=sys.stderr)
+        result = check_all(src, None if args.layer is None else [args.layer], args.tolerance)
+    if args.json:
+        common.print_json(result.to_json(), ensure_ascii=True)
+    else:
+        print(result.formula)
+        if one:
+            print(f"{'dim':>4} {'recomputed':>14} {'model':>14} {'|diff|':>10}")
+            for i, (a, b) in enumerate(zip(result.recomputed, result.model)):
+                print(f"{i:>4} {a:>14.7g} {b:>14.7g} {abs(a - b):>10.3g}")
+        else:
+            for i, layer in enumerate(result.layers):
+                cells = "  ".join(
+                    f"h{h} {result.max_diff[i, h]:.2e}{'' if result.max_diff[i, h] <= result.tolerance[i, h] else ' ✗'}"
+                    for h in range(result.n_heads)
+                )
+                print(f"layer {layer:>2}: {cells}")
+        print(result.summary())
+    if not result.ok:
+        print(f"gpt-inspector: mismatch: {result.summary()}", file=sys.stderr)
         return 1
     return 0

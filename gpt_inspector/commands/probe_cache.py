@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from . import common
@@ -24,35 +23,17 @@ def add_arguments(p):
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 
-def parse_layers(text: str) -> list[int]:
-    from ..core.errors import InspectorError
-
-    out = []
-    for part in str(text).split(","):
-        part = part.strip()
-        if not part:
-            continue
-        try:
-            out.append(int(part))
-        except ValueError:
-            raise InspectorError(f"--layers takes comma-separated integers, got {text!r}") from None
-    if not out:
-        raise InspectorError("--layers is empty; give e.g. 0 or 0,1")
-    return out
-
-
 def run(args) -> int:
-    from ..core.probe import probe_session
     from ..core import validate
+    from ..core.probe import probe_session
 
     validate.count(args.steps)
-    layers = parse_layers(args.layers)
+    layers = common.int_list(args.layers, "--layers", "; give e.g. 0 or 0,1")
     s = common.session(args)
     s.run(args.steps)
     result = probe_session(s, layers, context=args.context)
     if args.json:
-        json.dump(result.to_json(), sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        common.print_json(result.to_json())
         return 0
     for lp in result.layers:
         print(f"layer {lp.layer} ({lp.method}), {lp.n_positions} cached positions:")

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import sys
 
 from . import common
@@ -58,8 +57,7 @@ def run(args) -> int:
             "trace": str(path),
             **kv_summary(s),
         }
-        json.dump(out, sys.stdout, ensure_ascii=False)
-        sys.stdout.write("\n")
+        common.print_json(out)
     else:
         print(s.text)
         print(f"{len(steps)} steps, {s.cache_length} positions cached; trace saved to {path}", file=sys.stderr)

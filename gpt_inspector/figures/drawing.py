@@ -20,8 +20,8 @@ from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
 from ..core import pooling
-from ..core.stages import KINDS, STAGE_LABELS, STAGE_TITLES
 from ..core.errors import InspectorError
+from ..core.stages import KINDS, STAGE_LABELS, STAGE_TITLES
 from . import fullres
 from .labels import (
     _finite_span,
@@ -116,14 +116,6 @@ def _positions(source) -> int:
     return t
 
 
-def _head_data(source, layer: int, head: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
-    values = np.asarray(source.attention(layer, head, kind), dtype=np.float32)
-    masked = ~np.isfinite(values)
-    if kind in MASKING_KINDS:
-        masked |= ~np.asarray(source.allowed(layer, head), dtype=bool)
-    return values, masked
-
-
 def _cmap():
     return matplotlib.colormaps[CMAP_NAME].with_extremes(bad=MASKED_COLOR)
 
@@ -140,6 +132,16 @@ def _new_figure(w_in: float, h_in: float) -> HeatmapFigure:
 def _add_axes(fig: Figure, x_in: float, y_in: float, w_in: float, h_in: float):
     W, H = fig.get_size_inches()
     return fig.add_axes((x_in / W, y_in / H, w_in / W, h_in / H))
+
+
+def _frame(ax, pad: float = 1.5, outward: float = 0.0) -> None:
+    """The house frame and ticks of a heatmap or colour bar; ``outward``: points between frame and cells."""
+    for s in ax.spines.values():
+        s.set_color("#909090")
+        s.set_linewidth(0.6)
+        if outward:
+            s.set_position(("outward", outward))  # a frame drawn on the edge would cover the edge cells
+    ax.tick_params(length=2, width=0.5, pad=pad, colors=_TEXT)
 
 
 def _hatch_path(masked: np.ndarray, k: int) -> MplPath | None:
@@ -173,10 +175,7 @@ def _heatmap(ax, values: np.ndarray, masked: np.ndarray, k: int, shape: tuple[in
     if hp is not None:
         # add_artist, not add_patch: the limits are set already, and add_patch would walk every rectangle
         ax.add_artist(PathPatch(hp, facecolor="none", edgecolor=HATCH_COLOR, linewidth=0, hatch=HATCH))
-    for s in ax.spines.values():
-        s.set_color("#909090")
-        s.set_linewidth(0.6)
-    ax.tick_params(length=2, width=0.5, pad=1.5, colors=_TEXT)
+    _frame(ax)
 
 
 def _set_ticks(ax, axis: str, labels, extent_in: float, fontsize: float, numbered: bool) -> None:
@@ -201,10 +200,7 @@ def _colorbar(fig, x_in: float, y_in: float, h_in: float, norm, cmap, label: str
     cax.yaxis.set_label_position("right")
     pos, text = zip(*ticks(lo, hi))
     cax.set_yticks(pos, text, fontsize=8)
-    cax.tick_params(length=2, width=0.5, pad=2, colors=_TEXT)
-    for s in cax.spines.values():
-        s.set_linewidth(0.6)
-        s.set_color("#909090")
+    _frame(cax, pad=2)
     if label:
         cax.set_ylabel(label, fontsize=8, color=_DIM)
     if masked:
@@ -330,8 +326,7 @@ def matrix_figure(
         raise InspectorError(f"colour range must be finite with vmin < vmax, got {lo} .. {hi}")
     dpi = float(dpi)
 
-    w = min(max(nc * 0.28, 2.0), 7.0)
-    h = min(max(nr * 0.28, 2.0), 7.0)
+    w, h = fullres.usual_side(nc), fullres.usual_side(nr)
     if block > 1:
         k, values, pm = block, np.where(mask, 0.0, m), mask
     else:
@@ -386,22 +381,18 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     if full_resolution:
         return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector)
     k = _pool_for(t, fullres.usual_side(t), float(dpi))  # as matrix_figure will choose
+    masking, block, lo, hi = kind in MASKING_KINDS, 1, None, None
     if k > 1 and hasattr(source, "attention_rows"):
         # block maxima from row chunks: attention(layer, head) would build the (T, T) matrix and the
         # mask of every head of the layer (3 GiB at T = 16,384 with 8 heads)
-        masking = kind in MASKING_KINDS
-        values, masked, span = fullres.head_blocks(source, layer, head, kind, k, masking)
-        lo, hi = value_range([span], kind)
-        fig = matrix_figure(
-            values, labels, labels, title, subtitle, "key", row_title="query",
-            masked=masked if masking or masked.any() else None, vmin=lo, vmax=hi, value_label=STAGES[kind],
-            kind=kind, dpi=dpi, block=k,
-        )  # fmt: skip
-        return mark_unverified(fig, getattr(source, "unverified", None))
-    values, masked = _head_data(source, layer, head, kind)
+        values, masked, spans = fullres.head_blocks(source, layer, head, kind, k, masking)
+        block, (lo, hi) = k, value_range(spans, kind)
+        masking = masking or bool(masked.any())
+    else:
+        values, masked = fullres.head_matrix(source, layer, head, kind, masking)
     fig = matrix_figure(
-        values, labels, labels, title, subtitle, "key", row_title="query",
-        masked=masked if kind in MASKING_KINDS else None, value_label=STAGES[kind], kind=kind, dpi=dpi,
+        values, labels, labels, title, subtitle, "key", row_title="query", masked=masked if masking else None,
+        vmin=lo, vmax=hi, value_label=STAGES[kind], kind=kind, dpi=dpi, block=block,
     )  # fmt: skip
     return mark_unverified(fig, getattr(source, "unverified", None))
 
@@ -429,12 +420,7 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
         ax.set_xlim(-0.5, end)
         ax.set_ylim(end, -0.5)
         # points: the frame 1.5 pixels clear of the cells, antialiasing included (vector: as at 600 dpi)
-        gap = 0.3 + 1.5 * 72.0 / (600.0 if vector else dpi)
-        for s in ax.spines.values():
-            s.set_color("#909090")
-            s.set_linewidth(0.6)
-            s.set_position(("outward", gap))  # a frame drawn on the edge would cover the edge cells
-        ax.tick_params(length=2, width=0.5, pad=1.5, colors=_TEXT)
+        _frame(ax, outward=0.3 + 1.5 * 72.0 / (600.0 if vector else dpi))
         _set_ticks(ax, "y", labels, side, 7.5, True)
         _set_ticks(ax, "x", labels, side, 7.5, True)
         ax.set_ylabel("query", fontsize=9, color=_DIM, style="italic")
@@ -487,7 +473,7 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
     else:  # pool each head as it comes: L x H full (T, T) matrices at once could need gigabytes
         for l in layers:
             for h in range(H):
-                v, m = _head_data(source, l, h, kind)
+                v, m = fullres.head_matrix(source, l, h, kind, kind in MASKING_KINDS)
                 spans.append(_finite_span(v, m))
                 pv, pm = pool_max(v, m, k, k)
                 any_masked = any_masked or bool(pm.any())

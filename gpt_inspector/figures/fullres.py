@@ -35,15 +35,20 @@ def block_for(t: int, max_cells: int | None = None) -> int:
     return max(1, math.ceil(t / limit))
 
 
+def head_matrix(source, layer: int, head: int, kind: str, masking: bool) -> tuple[np.ndarray, np.ndarray]:
+    """(values (T, T) float32, masked (T, T) bool): one head's whole matrix; ``masking``: the mask's cells too."""
+    values = np.asarray(source.attention(layer, head, kind), dtype=np.float32)
+    masked = ~np.isfinite(values)
+    if masking:
+        masked |= ~np.asarray(source.allowed(layer, head), dtype=bool)
+    return values, masked
+
+
 def _row_chunks(source, layer: int, head: int, kind: str, masking: bool, block: int):
     """(r0, values (n, T) float32, masked (n, T) bool) over the query rows, n a multiple of ``block``."""
     t = int(source.cache_length)
     if not hasattr(source, "attention_rows"):  # a duck-typed source offers only whole matrices
-        values = np.asarray(source.attention(layer, head, kind), dtype=np.float32)
-        masked = ~np.isfinite(values)
-        if masking:
-            masked |= ~np.asarray(source.allowed(layer, head), dtype=bool)
-        yield 0, values, masked
+        yield 0, *head_matrix(source, layer, head, kind, masking)
         return
     heads = int(source.n_heads)  # allowed_rows answers for every head of the layer
     step = max(block, ROWS_BUDGET // max(1, heads * t) // block * block)
@@ -64,7 +69,7 @@ def _pooled_rows(source, layer: int, head: int, kind: str, block: int, masking: 
 
 
 def head_blocks(source, layer: int, head: int, kind: str, block: int, masking: bool):
-    """(values (nb, nb) float32, masked (nb, nb) bool, (min, max) over every unmasked cell or None).
+    """(values (nb, nb) float32, masked (nb, nb) bool, per row chunk (min, max) of its unmasked cells or None).
 
     One head's ``block`` x ``block`` maxima, top-down, from row chunks: the pooled head figure at
     long T without the (T, T) matrix, nor the all-heads mask that ``attention(layer, head)`` builds.
@@ -77,9 +82,7 @@ def head_blocks(source, layer: int, head: int, kind: str, block: int, masking: b
     for R0, pv, pm, span in _pooled_rows(source, layer, head, kind, block, masking):
         values[R0 : R0 + pv.shape[0]], masked[R0 : R0 + pv.shape[0]] = pv, pm
         spans.append(span)
-    spans = [x for x in spans if x is not None]
-    span = (min(a for a, _ in spans), max(b for _, b in spans)) if spans else None
-    return values, masked, span
+    return values, masked, spans
 
 
 def head_cells(source, layer: int, head: int, kind: str, block: int, cmap, masking: bool):

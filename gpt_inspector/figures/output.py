@@ -54,13 +54,9 @@ def pixel_size(fig: Figure, dpi: float | None = None) -> tuple[int, int]:
     return max(1, int(w * d)), max(1, int(h * d))
 
 
-def _metadata(fig: Figure, fmt: str) -> dict:
-    title = getattr(fig, "heading", "") or ""
-    if fmt == "png":
-        return {"Title": title, "Software": "gpt-inspector"}
-    if fmt == "svg":
-        return {"Title": title, "Creator": "gpt-inspector", "Date": None}
-    return {"Title": title, "Creator": "gpt-inspector", "CreationDate": None}
+# what each format records besides the title (no date: the same figure gives the same bytes)
+_METADATA = {"png": {"Software": "gpt-inspector"}, "svg": {"Creator": "gpt-inspector", "Date": None},
+             "pdf": {"Creator": "gpt-inspector", "CreationDate": None}}  # fmt: skip
 
 
 def to_bytes(fig: Figure, fmt: str = "png", dpi: float | None = None) -> bytes:
@@ -81,7 +77,7 @@ def to_bytes(fig: Figure, fmt: str = "png", dpi: float | None = None) -> bytes:
         if not isinstance(fig.canvas, FigureCanvasAgg):
             FigureCanvasAgg(fig)
         try:
-            fig.savefig(buf, format=fmt, dpi=d, facecolor="white", metadata=_metadata(fig, fmt))
+            fig.savefig(buf, format=fmt, dpi=d, facecolor="white", metadata={"Title": getattr(fig, "heading", "") or "", **_METADATA[fmt]})
         except MemoryError:
             raise InspectorError("not enough memory for this image; use a smaller scale, SVG or PDF") from None
     return buf.getvalue()

@@ -46,6 +46,13 @@ NAMES = EVICTION[:-1] + QUANT  # what the CLI offers (custom takes a Python func
 Scorer = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
+def _to_length(ev: torch.Tensor, n: int) -> torch.Tensor:
+    """(Hkv, n): a layer's evicted_at cut to ``n`` entries, or grown by held (NEVER) ones."""
+    if ev.shape[1] < n:
+        return torch.cat([ev, ev.new_full((ev.shape[0], n - ev.shape[1]), NEVER)], 1)
+    return ev[:, :n]
+
+
 def _budget(v, what: str, limit: int) -> int | None:
     if v is None:
         return None
@@ -118,14 +125,9 @@ class Policy:
         rec = self.recorder
         if rec is None or not rec.mirror_kv:
             return None
-        out = []
-        for layer, los in enumerate(lows):
-            rows = []
-            for buf, lo in zip((rec.k[layer], rec.v[layer]), los):
-                t = buf.t
-                rows.append(None if t is None or lo >= rec.length else (lo, t[:, :, lo : rec.length].clone()))
-            out.append(rows)
-        return out
+        n = rec.length
+        return [[None if buf.t is None or lo >= n else (lo, buf.t[:, :, lo:n].clone()) for buf, lo in zip((rec.k[layer], rec.v[layer]), los)]
+                for layer, los in enumerate(lows)]  # fmt: skip
 
     def _restore_records(self, saved: list | None) -> None:
         rec = self.recorder
@@ -177,14 +179,11 @@ class Eviction(Policy):
         self.budgets: list[torch.Tensor | None] = [None] * n_layers  # per layer (Hkv,) long, None: unlimited
         for layer in range(n_layers):
             b = self.layer_budgets.get(layer, base)
-            if isinstance(b, Sequence) and not isinstance(b, str):
-                if len(b) != n_kv_heads:
-                    raise InspectorError(f"layer {layer} budgets: {len(b)} given, the model has {n_kv_heads} KV heads")
-                per = [_budget(x, f"layer {layer} budget", context) for x in b]
-                self.budgets[layer] = None if any(x is None for x in per) else torch.tensor(per, device=device)
-            else:
-                b = _budget(b, f"layer {layer} budget", context)
-                self.budgets[layer] = None if b is None else torch.full((n_kv_heads,), b, device=device)
+            per = list(b) if isinstance(b, Sequence) and not isinstance(b, str) else [b] * n_kv_heads
+            if len(per) != n_kv_heads:
+                raise InspectorError(f"layer {layer} budgets: {len(per)} given, the model has {n_kv_heads} KV heads")
+            per = [_budget(x, f"layer {layer} budget", context) for x in per]
+            self.budgets[layer] = None if any(x is None for x in per) else torch.tensor(per, device=device)
         bad = [layer for layer in self.layer_budgets if not (isinstance(layer, int) and 0 <= layer < n_layers)]
         if bad:
             raise InspectorError(f"layer budgets name layers {bad}; the model has layers 0..{n_layers - 1}")
@@ -204,13 +203,8 @@ class Eviction(Policy):
     def _recent(self, budget: int) -> int:
         if self.recent is not None:
             return self.recent
-        if self.name == "streaming":
-            return budget - self.sinks  # StreamingLLM: what the sinks leave is the window
-        if self.name == "h2o":
-            return budget // 2  # H2O: half heavy hitters, half recent
-        if self.name == "snapkv":
-            return self.window
-        return 0
+        # StreamingLLM: what the sinks leave is the window; H2O: half heavy hitters, half recent
+        return {"streaming": budget - self.sinks, "h2o": budget // 2, "snapkv": self.window}.get(self.name, 0)
 
     def _recent_rows(self, layer: int, budget: torch.Tensor) -> torch.Tensor:
         """(Hkv,) the recent window of each KV head of ``layer`` (budgets are fixed once bound)."""
@@ -252,9 +246,7 @@ class Eviction(Policy):
         return lengths, held
 
     def _held(self, layer: int) -> torch.Tensor:
-        n = self.scores[layer].shape[1]
-        ev = self._evicted_at[layer][:, :n]  # (Hkv, n)
-        return torch.cat([ev, ev.new_full((ev.shape[0], n - ev.shape[1]), NEVER)], 1) == NEVER
+        return _to_length(self._evicted_at[layer], self.scores[layer].shape[1]) == NEVER  # (Hkv, n)
 
     def restore(self, snap) -> None:
         lengths, held = snap
@@ -272,15 +264,6 @@ class Eviction(Policy):
             self.scores[layer] = kept.new_zeros(self.n_kv_heads, lengths[layer])
             self.scores[layer][self._held(layer)] = kept
 
-    def _grow(self, layer: int, tk: int) -> torch.Tensor:
-        ev = self._evicted_at[layer]
-        if ev.shape[1] < tk:
-            ev = torch.cat([ev, ev.new_full((ev.shape[0], tk - ev.shape[1]), NEVER)], 1)
-            self._evicted_at[layer] = ev
-        else:
-            ev = self._evicted_at[layer] = ev[:, :tk]  # a shorter forward (a recompute) starts over from there
-        return ev
-
     def attend(self, layer, key, value, q0, n_heads):
         tk = key.shape[2]
         if self._pending and (layer in self._pending or next(iter(self._pending.values()))[0] != tk):
@@ -289,7 +272,8 @@ class Eviction(Policy):
         if ready is not None and n_heads == self.n_heads:
             self._evicted_at[layer] = ready[0]
             return key, value, ready[1]
-        ev = self._grow(layer, tk)  # (Hkv, Tk)
+        # (Hkv, Tk); a shorter forward (a recompute) starts over from there
+        ev = self._evicted_at[layer] = _to_length(self._evicted_at[layer], tk)
         return key, value, self._block(ev, q0, tk - q0, n_heads)
 
     @staticmethod
@@ -301,18 +285,12 @@ class Eviction(Policy):
         return eq.expand_kv(block, n_heads)  # (H, n, T)
 
     def evicted_rows(self, layer, p0, p1, length, n_heads):
-        ev = self.evicted_at[layer][:, :length]  # (the property flushes a deferred eviction)
-        if ev.shape[1] < length:
-            ev = torch.cat([ev, ev.new_full((ev.shape[0], length - ev.shape[1]), NEVER)], 1)
+        ev = _to_length(self.evicted_at[layer], length)  # (the property flushes a deferred eviction)
         block = self._block(ev, p0, p1 - p0, n_heads)
         return None if block is None else block.cpu()  # for the readers, beside the CPU records
 
     def evicted(self, layer, length):
-        ev = self.evicted_at[layer]
-        out = torch.zeros(self.n_kv_heads, length, dtype=torch.bool)
-        n = min(length, ev.shape[1])
-        out[:, :n] = (ev[:, :n] < NEVER).cpu()
-        return out
+        return (_to_length(self.evicted_at[layer], length) < NEVER).cpu()
 
     def cache_bytes(self, layer, length):
         held = int((~self.evicted(layer, length)).sum())
@@ -325,14 +303,12 @@ class Eviction(Policy):
         q0 = tk - tq
         if self.name == "snapkv" and q0 > 0:
             return  # SnapKV compresses the prompt once; generated entries are all kept
-        need_probs = self.name in ("h2o", "snapkv", "tova", "custom")
         if budget is None and self.name != "h2o":
             return  # unlimited: nothing is ever evicted, no score needed
+        # the query rows whose attention scores the keys (None: the policy reads no attention)
         rows = {"h2o": range(tq), "custom": range(tq), "tova": range(tq - 1, tq),
                 "snapkv": range(max(0, tq - self.window), tq)}.get(self.name)  # fmt: skip
-        p = None
-        if need_probs:
-            p = self._probs(query, k, mask, scaling, softcap, probs, rows)  # (H, n, Tk) float32
+        p = None if rows is None else self._probs(query, k, mask, scaling, softcap, probs, rows)  # (H, n, Tk) float32
         if tq == 1 and budget is not None and self.name in ("h2o", "tova", "keynorm", "streaming") and self._uniform_budget(layer):
             # a decode step under one budget per head: scored and evicted with the forward's other layers
             what = p[:, 0] if p is not None else self._score(layer, k, None, tk) if self.name == "keynorm" else None
@@ -410,10 +386,8 @@ class Eviction(Policy):
     def _score(self, layer, k, p, tk) -> torch.Tensor:
         name = self.name
         if name == "h2o":
-            acc = self.scores[layer]
-            if acc.shape[1] < tk:
-                acc = torch.cat([acc, acc.new_zeros(acc.shape[0], tk - acc.shape[1])], 1)
-            acc = acc[:, :tk] + self._group_sum(p.sum(1)).double()  # accumulated attention, (Hkv, Tk)
+            acc = self.scores[layer]  # accumulated attention, (Hkv, Tk)
+            acc = F.pad(acc[:, :tk], (0, max(0, tk - acc.shape[1]))) + self._group_sum(p.sum(1)).double()
             self.scores[layer] = acc
             return acc
         if name == "tova":

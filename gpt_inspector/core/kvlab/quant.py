@@ -99,19 +99,12 @@ class Quantization(Policy):
         self.done, self.written = list(snap[0]), list(snap[1])
         self._restore_records(snap[2])
 
-    def _deq_keys(self, k: torch.Tensor) -> torch.Tensor:
+    def _deq(self, x: torch.Tensor, dim: int) -> torch.Tensor:
+        """``x`` (B, Hkv, n, d) dequantized; int groups run along ``dim``: 2 for keys (tokens grouped,
+        per channel; n is a whole number of groups), 3 for values (channels grouped, per token)."""
         if self.fp8 is not None:
-            return k.to(self.fp8).to(k.dtype)
-        b, h, n, d = k.shape  # n is a whole number of groups
-        g = k.reshape(b, h, n // self.group, self.group, d)  # tokens grouped, per channel
-        return quantize_groups(g, self.bits, 3).reshape(b, h, n, d).to(k.dtype)
-
-    def _deq_values(self, v: torch.Tensor) -> torch.Tensor:
-        if self.fp8 is not None:
-            return v.to(self.fp8).to(v.dtype)
-        b, h, n, d = v.shape
-        g = v.reshape(b, h, n, d // self.group, self.group)  # channels grouped, per token
-        return quantize_groups(g, self.bits, 4).reshape(b, h, n, d).to(v.dtype)
+            return x.to(self.fp8).to(x.dtype)
+        return quantize_groups(x.unflatten(dim, (-1, self.group)), self.bits, dim + 1).reshape(x.shape).to(x.dtype)
 
     def _buffers(self, layer: int, key: torch.Tensor) -> list[torch.Tensor]:
         bufs = self.read[layer]
@@ -139,9 +132,9 @@ class Quantization(Policy):
         kb[:, :, dk:tk].copy_(key[:, :, dk:tk])
         vb[:, :, dv:tk].copy_(value[:, :, dv:tk])
         if qk > dk:
-            kb[:, :, dk:qk] = self._deq_keys(key[:, :, dk:qk])
+            kb[:, :, dk:qk] = self._deq(key[:, :, dk:qk], 2)
         if qv > dv:
-            vb[:, :, dv:qv] = self._deq_values(value[:, :, dv:qv])
+            vb[:, :, dv:qv] = self._deq(value[:, :, dv:qv], 3)
         self.done[layer] = (qk, qv)
         key, value = kb[:, :, :tk], vb[:, :, :tk]  # (B, Hkv, Tk, d)
         rec = self.recorder
@@ -253,13 +246,9 @@ class TransformersQuantization(Quantization):
         # hold the shown store's rows (put back from it) and full-precision rows after them (kept)
         nothing = 1 << 62  # no row: the next forward rewrites none of this layer's records
         lows = [(nothing,) * 2 if self.shown[i] is self.store[i] or self.store[i] is None else
-                (self._shown_rows(i),) * 2 for i in range(self.n_layers)]  # fmt: skip
+                (0 if self.shown[i] is None else self.shown[i].hi,) * 2 for i in range(self.n_layers)]  # fmt: skip
         saved = self._save_records(lows) if any(lo < nothing for lo, _ in lows) else None
         return list(self.store), list(self.pending), list(self.shown), saved
-
-    def _shown_rows(self, layer: int) -> int:
-        shown = self.shown[layer]
-        return 0 if shown is None else shown.hi
 
     def restore(self, snap) -> None:
         self.store, self.pending, self.shown = (list(x) for x in snap[:3])

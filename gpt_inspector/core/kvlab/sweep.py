@@ -136,11 +136,9 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
         return f"{name}{'' if budget is None else f' budget {budget}'}, prompt {pi + 1}"
 
     if jobs == 1 or total == 1:
-        reference = None
+        state = {"lm": lm, "reference": None}
         for done, (pi, name, budget) in enumerate(tasks, start=1):
-            if reference is None or reference.prompt != prompts[pi]:
-                reference = Session(lm, prompts[pi])
-            result.rows.append(_row(lm, reference, prompts[pi], pi, name, budget, steps, probe, options))
+            result.rows.append(_row(state, prompts[pi], pi, name, budget, steps, probe, options))
             if progress is not None:
                 progress(done, total, what(pi, name, budget))
         return result
@@ -169,7 +167,11 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
     return result
 
 
-def _row(lm, reference, prompt: str, pi: int, name: str, budget, steps: int, probe: bool, options: dict) -> SweepRow:
+def _row(state: dict, prompt: str, pi: int, name: str, budget, steps: int, probe: bool, options: dict) -> SweepRow:
+    """One lab's row; ``state``: the model ("lm") and the reference kept while the prompt stays the same."""
+    lm, reference = state["lm"], state["reference"]
+    if reference is None or reference.prompt != prompt:
+        reference = state["reference"] = Session(lm, prompt)
     t0 = time.perf_counter()
     lab = KVLab(lm, prompt, build_policy(name, budget, options), reference=reference)
     lab.run_steps(steps)
@@ -201,11 +203,8 @@ def _worker_init(load: dict, threads: int) -> None:
 
 
 def _worker_row(task) -> tuple[int, SweepRow]:
-    i, prompt, pi, name, budget, steps, probe, options = task
-    lm, reference = _WORKER["lm"], _WORKER["reference"]
-    if reference is None or reference.prompt != prompt:
-        reference = _WORKER["reference"] = Session(lm, prompt)
-    return i, _row(lm, reference, prompt, pi, name, budget, steps, probe, options)
+    i, *args = task
+    return i, _row(_WORKER, *args)
 
 
 def build_policy(name: str, budget: int | None, options: dict | None = None):
