@@ -61,6 +61,17 @@ def test_reopened_trace_shows_candidate_words_not_ids(tiny_lm, tmp_path):
         assert a.label == b.label and a.prob == b.prob and a.entropy == b.entropy
 
 
+@pytest.mark.parametrize("family", ["gemma2", "gpt2"])
+def test_a_reopened_trace_saves_again_as_the_same_run(tiny_lm, tmp_path, family):
+    # a trace someone sent can be saved again (save_trace is every run source's): nothing is lost
+    s = _session(tiny_lm(family))
+    tr = gi.load_trace(gi.load_trace(s.save_trace(tmp_path / "a.safetensors")).save_trace(tmp_path / "b.safetensors"))
+    _same_run(tr, s)
+    for a, b in zip(tr.steps_done, s.steps_done):
+        assert [(e.token_id, e.label) for e in a.top] == [(e.token_id, e.label) for e in b.top]
+        assert a.label == b.label and a.prob == b.prob
+
+
 def test_derived_matrices_are_opt_in_and_equal_the_accessors(tiny_lm, tmp_path):
     s = _session(tiny_lm("qwen2"))
     plain = s.save_trace(tmp_path / "plain.safetensors")
