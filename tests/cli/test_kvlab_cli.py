@@ -38,6 +38,18 @@ def test_one_run_json_matches_the_api(tiny_dir, capsys):
     assert text.count("step ") >= 5 and "mean KL" in text and "cache probe (layer 0)" in text
 
 
+@pytest.mark.parametrize("suffix,magic", [(".svg", b"<?xml"), (".png", b"\x89PNG")])
+def test_one_run_draws_its_kl_per_step(tiny_dir, tmp_path, capsys, suffix, magic):
+    out = tmp_path / f"lab{suffix}"
+    argv = ["kv-lab", "--model", str(tiny_dir["gpt2"]), "--prompt", PROMPT, "--policy", "h2o", "--budget", "6",
+            "--steps", "5", "--out", str(out)]  # fmt: skip
+    assert main(argv) == 0
+    assert out.read_bytes().startswith(magic) and f"figure saved to {out}" in capsys.readouterr().err
+    if suffix == ".svg":  # text kept as text: the axis, the policy and the run's length are readable
+        text = out.read_text(encoding="utf-8")
+        assert "KL, nats" in text and "h2o budget 6" in text and "5 steps, teacher-forced" in text
+
+
 def test_per_layer_and_per_head_budgets_from_the_cli(tiny_dir, capsys):
     argv = ["kv-lab", "--model", str(tiny_dir["llama"]), "--prompt", PROMPT, "--policy", "tova", "--budget", "8",
             "--layer-budget", "0=3,6", "--steps", "3", "--json"]  # fmt: skip
