@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from pathlib import Path
 
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverified: bool = True) -> None:
@@ -89,6 +90,11 @@ def int_list(text: str, what: str, hint: str = "") -> list[int]:
     if not out:
         raise InspectorError(f"{what} is empty{hint}")
     return out
+
+
+def user_path(text: str) -> str:
+    """An argparse type for file arguments: ``~`` expands even when quoted, as the shell would."""
+    return str(Path(text).expanduser())
 
 
 def print_json(obj, ensure_ascii: bool = False) -> None:

@@ -37,7 +37,7 @@ def add_arguments(p):
     what.add_argument("--kind", choices=EXPORT_KINDS, default="probs",
                       help="stage of the attention equation, named as in the window: "
                       + ", ".join(f"{k} = {STAGE_TITLES[k]}" for k in EXPORT_KINDS) + " (default probs)")  # fmt: skip
-    p.add_argument("--out", required=True, help="PATH.png, PATH.svg or PATH.pdf")
+    p.add_argument("--out", required=True, type=common.user_path, help="PATH.png, PATH.svg or PATH.pdf")
     p.add_argument("--scale", type=float, default=None,
                    help="PNG pixels per unit, 1 = 100 dpi (default 2 for one head, 1 for grids); ignored for SVG and PDF")  # fmt: skip
     p.add_argument("--full-resolution", action="store_true",
@@ -53,7 +53,7 @@ def _check(args) -> None:
     from ..export import check_format, check_scale
 
     check_format(args.out)
-    folder = Path(args.out).expanduser().parent
+    folder = Path(args.out).parent
     if not folder.is_dir():  # found out now, not after running the model
         raise InspectorError(f"cannot write {args.out}: folder {folder} does not exist")
     if args.scale is not None:
@@ -97,7 +97,7 @@ def run(args) -> int:
         source = common.session(args)
         _check_range(args, source)  # before spending time on the steps
         source.run(args.steps)
-    out = Path(args.out).expanduser()
+    out = Path(args.out)
     kw = {} if args.scale is None else {"scale": args.scale}
     if args.layer == "all":
         path = export.render_grid(source, None, args.kind, out, **kw)

@@ -42,15 +42,15 @@ def add_arguments(p):
     g.add_argument("--residual", type=int, default=None, help="quantization: newest entries kept in full precision (default 16)")
     s = p.add_argument_group("sweep")
     s.add_argument("--sweep", action="store_true", help="run every policy at every budget over --prompts")
-    s.add_argument("--prompts", default=None, help="sweep: a UTF-8 text file, one prompt per line")
+    s.add_argument("--prompts", default=None, type=common.user_path, help="sweep: a UTF-8 text file, one prompt per line")
     s.add_argument("--policies", default=None, help="sweep: comma-separated policies")
     s.add_argument("--budgets", default=None, help="sweep: comma-separated budgets for the eviction policies")
     s.add_argument("--no-probe", action="store_true", help="sweep: skip the cache probe (no privacy axis)")
     s.add_argument("--jobs", type=int, default=1,
                    help="sweep: worker processes running (policy, budget) labs side by side, each loading the model "
                         "and using cores/N threads (default 1: this process)")  # fmt: skip
-    p.add_argument("--out", default=None, help="draw the figure (sweep: the frontier; one run: KL per step) to .png, .svg or .pdf")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE",
+    p.add_argument("--out", default=None, type=common.user_path, help="draw the figure (sweep: the frontier; one run: KL per step) to .png, .svg or .pdf")
+    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=common.user_path,
                    help="print the result as JSON, or write it to FILE (the sweep's table)")
 
 

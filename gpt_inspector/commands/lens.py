@@ -17,7 +17,7 @@ def add_arguments(p):
     p.add_argument("--knock-out", action="append", default=[], metavar="L[.H]",
                    help="zero head H of layer L (or the whole layer's attention) before the lens; repeatable; "
                         "the run is recomputed with the chosen tokens kept")
-    p.add_argument("--out", default=None, help="also draw the lens and the head map to a .png, .svg or .pdf file")
+    p.add_argument("--out", default=None, type=common.user_path, help="also draw the lens and the head map to a .png, .svg or .pdf file")
     p.add_argument("--json", action="store_true", help="print the full result as JSON")
 
 

@@ -15,7 +15,7 @@ def add_arguments(p):
     p.add_argument("--prompt", required=True, help="the text the session starts from")
     p.add_argument("--steps", type=int, required=True, help="steps to run (each feeds one token, chooses the next)")
     common.add_decoding_args(p)
-    p.add_argument("--out", required=True, help="FILE.safetensors")
+    p.add_argument("--out", required=True, type=common.user_path, help="FILE.safetensors")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument("--derived", action="store_true",
                    help="also store the score and probability matrices (H x T x T per layer) for plain-numpy readers")

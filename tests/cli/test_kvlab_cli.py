@@ -50,6 +50,18 @@ def test_one_run_draws_its_kl_per_step(tiny_dir, tmp_path, capsys, suffix, magic
         assert "KL, nats" in text and "h2o budget 6" in text and "5 steps, teacher-forced" in text
 
 
+def test_a_quoted_tilde_is_the_home_folder_in_every_file_argument(tiny_dir, tmp_path, monkeypatch, capsys):
+    # a shell leaves "~/x" alone when it is quoted; export expanded it, kv-lab, lens and trace did not
+    monkeypatch.setenv("HOME", str(tmp_path))
+    model = ["--model", str(tiny_dir["gpt2"]), "--prompt", PROMPT]
+    assert main(["kv-lab", *model, "--policy", "h2o", "--budget", "6", "--steps", "2", "--out", "~/lab.png",
+                 "--json", "~/lab.json"]) == 0  # fmt: skip
+    assert main(["lens", *model, "--steps", "1", "--out", "~/lens.svg"]) == 0
+    assert main(["trace", *model, "--steps", "1", "--out", "~/t.safetensors"]) == 0
+    assert main(["export", "--trace", str(tmp_path / "t.safetensors"), "--layer", "0", "--head", "0", "--out", "~/head.png"]) == 0
+    assert {p.name for p in tmp_path.iterdir()} >= {"lab.png", "lab.json", "lens.svg", "t.safetensors", "head.png"}
+
+
 def test_per_layer_and_per_head_budgets_from_the_cli(tiny_dir, capsys):
     argv = ["kv-lab", "--model", str(tiny_dir["llama"]), "--prompt", PROMPT, "--policy", "tova", "--budget", "8",
             "--layer-budget", "0=3,6", "--steps", "3", "--json"]  # fmt: skip
