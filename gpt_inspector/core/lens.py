@@ -251,7 +251,7 @@ def lens(session, top_k: int = 5, stop=None) -> LensResult:
     attribution, remainder = None, None
     # computed where the weights are (on a GPU, copying each output projection to the CPU cost more
     # than the whole attribution); each layer's (H,) comes back once, at the end
-    u = head.weight.detach()[tok].float()  # (D,) the chosen token's unembedding row
+    u = head.weight.detach()[tok].float().to(resid.device)  # (D,) the chosen token's unembedding row, beside the gains
     logit = float(cur.logits[tok]) if not cap else float(head(norm(resid[-1:].to(lm.dtype))).float()[0, tok])
     try:
         gain, _, centers = _norm_affine(norm, resid[-1])
