@@ -125,9 +125,14 @@ class Policy:
         rec = self.recorder
         if rec is None or not rec.mirror_kv:
             return None
-        n = rec.length
-        return [[None if buf.t is None or lo >= n else (lo, buf.t[:, :, lo:n].clone()) for buf, lo in zip((rec.k[layer], rec.v[layer]), los)]
-                for layer, los in enumerate(lows)]  # fmt: skip
+        out = []
+        for layer, los in enumerate(lows):
+            rows = []
+            for buf, lo in zip((rec.k[layer], rec.v[layer]), los):
+                t = buf.t
+                rows.append(None if t is None or lo >= rec.length else (lo, t[:, :, lo : rec.length].clone()))
+            out.append(rows)
+        return out
 
     def _restore_records(self, saved: list | None) -> None:
         rec = self.recorder
