@@ -30,11 +30,11 @@ def crop_cache(cache: DynamicCache, length: int) -> None:
             continue  # not started, or a state-space layer without K/V (rewound above)
         keys, values = getattr(layer, "keys", None), getattr(layer, "values", None)
         if isinstance(keys, torch.Tensor) and isinstance(values, torch.Tensor):
-            if keys.dim() < 2 or values.dim() < 2:  # fresh from lazy initialisation: empty 1-D placeholders
-                continue
-            if keys.shape[-2] > length:
+            # each cut on its own: a Ctrl+C between the two concatenations of a prompt's forward leaves
+            # the keys filled and the values still lazy initialisation's empty 1-D placeholder
+            if keys.dim() >= 2 and keys.shape[-2] > length:
                 layer.keys = keys[..., :length, :]
-            if values.shape[-2] > length:
+            if values.dim() >= 2 and values.shape[-2] > length:
                 layer.values = values[..., :length, :]
             indexer = getattr(layer, "indexer_keys", None)  # a sparse indexer's own keys (B, T, d): deepseek_v32
             if isinstance(indexer, torch.Tensor) and indexer.dim() == 3 and indexer.shape[1] > length:

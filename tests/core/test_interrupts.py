@@ -160,6 +160,23 @@ def test_rollback_of_a_layer_interrupted_right_after_lazy_initialisation():
     assert k.shape == v.shape == (1, 4, 2, 8)
 
 
+def test_rollback_of_a_prompt_interrupted_between_its_keys_and_values(tiny_lm):
+    # the prompt's forward, cut after a layer concatenated its keys onto the lazy placeholder and
+    # before its values: the keys must go too (they were kept, and the session read them as a cache
+    # of the whole prompt with no step taken; the random-SIGINT test above caught it once)
+    from gpt_inspector.core.forward import crop_cache
+
+    lm = tiny_lm("llama")
+    s = gi.Session(lm, "She eats an apple")
+    s.run(1)
+    layer = s.cache.layers[1]
+    layer.values = torch.tensor([], dtype=layer.keys.dtype)  # (0,) the placeholder: values not written yet
+    crop_cache(s.cache, 0)
+    assert [x.get_seq_length() for x in s.cache.layers] == [0, 0]
+    k, v = layer.update(torch.ones(1, lm.n_kv_heads, 2, lm.head_dim), torch.ones(1, lm.n_kv_heads, 2, lm.head_dim))
+    assert k.shape == v.shape == (1, lm.n_kv_heads, 2, lm.head_dim)
+
+
 @pytest.mark.skipif(not hasattr(signal, "pthread_kill"), reason="needs pthread_kill")
 def test_the_interrupting_helper_works_where_the_shell_ignored_sigint():
     # CI started in the background inherits SIGINT ignored: the random-SIGINT tests above would
