@@ -70,6 +70,36 @@ def test_lens_equals_hidden_states_through_norm_and_head(family, shaped):
     assert [e.token_id for e in last.top] == [int(i) for i in torch.topk(s.current.logits, len(last.top)).indices]
 
 
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
+def test_lens_probabilities_are_each_layers_softmax(family, shaped):
+    """Every layer's p(chosen) and its top tokens' probabilities, against a float64 softmax of HF's
+    hidden state through the final norm and head (the last layer: of the model's own logits)."""
+    lm, hf = shaped(family)
+    s = gi.Session(lm, PROMPT, seed=3)
+    s.run(2)
+    lens(s)
+    s.step()
+    r = lens(s)
+    ids = torch.tensor([s.tokens[: s.cache_length]])
+    with torch.no_grad():
+        hidden = hf(ids, output_hidden_states=True).hidden_states
+        base = hf.base_model
+        norm = getattr(base, "ln_f", None) or base.norm
+        cap = getattr(hf.config, "final_logit_softcapping", None)
+        refs = []
+        for i in range(lm.n_layers - 1):
+            ref = hf.get_output_embeddings()(norm(hidden[i + 1][0, -1].to(DEVICE))).cpu().double()  # (V,)
+            refs.append(torch.tanh(ref / cap) * cap if cap else ref)
+    refs.append(s.current.logits.double())
+    tok = s.current.token_id
+    for row, ref in zip(r.layers, refs):
+        p = torch.softmax(ref, -1)  # (V,) float64
+        assert row.prob == pytest.approx(float(p[tok]), abs=1e-6)
+        assert [e.prob for e in row.top] == pytest.approx([float(p[e.token_id]) for e in row.top], abs=1e-6)
+        assert [e.prob for e in row.top] == sorted((e.prob for e in row.top), reverse=True)
+        assert row.top[0].prob == pytest.approx(float(p.max()), abs=1e-6)
+
+
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_head_attributions_and_the_other_terms_sum_to_the_logit(family, shaped):
     """Embeddings, every attention block's bias, every MLP, recorded by hooks written here, plus the
