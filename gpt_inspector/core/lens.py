@@ -267,6 +267,7 @@ def lens(session, top_k: int = 5, stop=None) -> LensResult:
         if centers:
             z = z - z.mean()  # centring is linear: (c - mean c) . z == c . (z - mean z)
         for i, layer in enumerate(layers):
+            _check(stop)  # a step asked for waits at most one layer's share, not the whole attribution
             w = _out_proj(layer)
             if w is None:
                 raise InspectorError("the attention output projection of this architecture is not a plain linear map")
@@ -286,6 +287,8 @@ def lens(session, top_k: int = 5, stop=None) -> LensResult:
             shares.append((out * (w @ zi).reshape(h, d)).double().sum(dim=-1))  # (H,)
         attr = torch.stack([x.cpu() for x in shares]).numpy()  # (L, H) float64
         attribution, remainder = attr, logit - float(attr.sum())
+    except Cancelled:
+        raise
     except InspectorError as e:
         note = f"no per-head attribution: {e}"
     return LensResult(cur.index, cur.position, tok, cur.label, rows, attribution, remainder,

@@ -18,12 +18,15 @@ def test_sliced_unembedding_gives_every_number_of_one_product_and_stops_between_
     monkeypatch.setattr(lens_mod, "_SLICE", 64)  # the tiny vocabulary (320) in five slices
     asked = []
     sliced = lens_mod.lens(s, stop=lambda: asked.append(1) and False)
-    assert len(asked) == 6  # before each slice, and once after them
+    assert len(asked) == 6 + lm.n_layers  # before each slice, once after them, once per layer's attribution
     assert [(x.prob, x.logit, [t.token_id for t in x.top]) for x in sliced.layers] == \
         [(x.prob, x.logit, [t.token_id for t in x.top]) for x in whole.layers]  # fmt: skip
     before = (s.n_steps, s.cache_length, s.recorder.length)
-    with pytest.raises(Cancelled):
-        lens_mod.lens(s, stop=lambda: len(asked) > 7 or asked.append(1))  # stops partway through the slices
-    assert (s.n_steps, s.cache_length, s.recorder.length) == before
+    for stop_at in (3, 6 + 2):  # partway through the slices; in the second layer's attribution
+        asked.clear()
+        with pytest.raises(Cancelled):
+            lens_mod.lens(s, stop=lambda: len(asked) >= stop_at - 1 or asked.append(1))
+        assert len(asked) == stop_at - 1
+        assert (s.n_steps, s.cache_length, s.recorder.length) == before
     again = lens_mod.lens(s)
     assert torch.equal(torch.tensor([x.prob for x in again.layers]), torch.tensor([x.prob for x in whole.layers]))
