@@ -26,6 +26,11 @@ import torch
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 
+def _sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--prompt", type=int, default=32)
@@ -54,8 +59,22 @@ def main() -> None:
         s.run(args.steps)
         return (time.perf_counter() - t0) / args.steps
 
-    a, b, lens_t = [], [], []
+    head = hooked.model.get_output_embeddings()
+    row = torch.randn(1, head.in_features, device=hooked.device)
+
+    def one_pass() -> float:  # one row through the head: every byte of the (V, D) matrix read once
+        with torch.inference_mode():
+            head(row)
+            _sync(args.device)
+            t0 = time.perf_counter()
+            for _ in range(5):
+                head(row)
+            _sync(args.device)
+        return (time.perf_counter() - t0) / 5
+
+    a, b, lens_t, floor = [], [], [], []
     for _ in range(args.reps):
+        floor.append(one_pass())
         a.append(per_step(plain))
         b.append(per_step(hooked))
         s = gi.Session(hooked, prompt_ids=ids)
@@ -68,6 +87,9 @@ def main() -> None:
     print(f"recording the residual: {step_h * 1e3:.1f} vs {step * 1e3:.1f} ms/token, ratio {step_h / step:.3f} (target <= 1.10)")
     print(f"lens + attribution for one step: {lt * 1e3:.1f} ms = {lt / step:.2f} x a step "
           f"({plain.n_layers} unembeddings of {plain.vocab_size} tokens)")
+    lo = statistics.median(floor)
+    print(f"floor for any exact lens: one pass over the unembedding matrix, {lo * 1e3:.1f} ms = {lo / step:.2f} x a step "
+          f"(every layer's full distribution needs every row of it at least once)")
     if args.window:
         bench_window(hooked, ids, lt, args)
 
