@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -108,9 +108,8 @@ class SessionPanel(QWidget):
     def _temperature_changed(self, v: float) -> None:
         pos = int(round(v * 100))
         if self.temp_slider.value() != pos and pos <= self.temp_slider.maximum():
-            self.temp_slider.blockSignals(True)
-            self.temp_slider.setValue(pos)
-            self.temp_slider.blockSignals(False)
+            with QSignalBlocker(self.temp_slider):
+                self.temp_slider.setValue(pos)
         self._throttle.start()
 
     def decoding(self) -> tuple[float, int | None, float | None]:
@@ -119,16 +118,11 @@ class SessionPanel(QWidget):
         return self.temperature.value(), k, (None if p >= 1.0 else p)
 
     def set_decoding(self, temperature: float, top_k: int | None, top_p: float | None) -> None:
-        for w in (self.temperature, self.top_k, self.top_p):
-            w.blockSignals(True)
-        self.temperature.setValue(temperature)
-        self.top_k.setValue(top_k or 0)
-        self.top_p.setValue(1.0 if top_p is None else top_p)
-        for w in (self.temperature, self.top_k, self.top_p):
-            w.blockSignals(False)
-        self.temp_slider.blockSignals(True)
-        self.temp_slider.setValue(min(200, int(round(temperature * 100))))
-        self.temp_slider.blockSignals(False)
+        with QSignalBlocker(self.temperature), QSignalBlocker(self.top_k), QSignalBlocker(self.top_p), QSignalBlocker(self.temp_slider):
+            self.temperature.setValue(temperature)
+            self.top_k.setValue(top_k or 0)
+            self.top_p.setValue(1.0 if top_p is None else top_p)
+            self.temp_slider.setValue(min(200, int(round(temperature * 100))))
 
     def model_spec(self) -> ModelSpec:
         text = self.model.currentText().strip()
@@ -158,13 +152,12 @@ class SessionPanel(QWidget):
 
     def refresh_recent(self) -> None:
         current = self.model.currentText()
-        self.model.blockSignals(True)
-        self.model.clear()
-        self.model.addItem(DEMO_LABEL)
-        for m in _settings.recent(RECENT_MODELS):
-            self.model.addItem(m)
-        self.model.setCurrentText(current or DEMO_LABEL)
-        self.model.blockSignals(False)
+        with QSignalBlocker(self.model):
+            self.model.clear()
+            self.model.addItem(DEMO_LABEL)
+            for m in _settings.recent(RECENT_MODELS):
+                self.model.addItem(m)
+            self.model.setCurrentText(current or DEMO_LABEL)
 
     def remember_model(self, name: str | None) -> None:
         if name:

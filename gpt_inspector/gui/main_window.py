@@ -55,6 +55,16 @@ def _controller_state(name: str) -> property:
     return property(lambda self: getattr(self.controller, name))
 
 
+def _controller_call(name: str):
+    """A window method that is the controller's; a plain function, so a test may replace it on the window."""
+
+    def call(self, *args, **kwargs):
+        return getattr(self.controller, name)(*args, **kwargs)
+
+    call.__name__, call.__doc__ = name, getattr(Controller, name).__doc__
+    return call
+
+
 class MainWindow(DockLayout, QMainWindow):
     snapshot_changed = Signal(object)  # Snapshot, after every view showed it
     panel_revealed = Signal(object)  # a dock's widget, when its dock comes to the front (tab chosen, shown)
@@ -192,11 +202,6 @@ class MainWindow(DockLayout, QMainWindow):
                 d.show()
                 d.raise_()
 
-    def run_in_worker(self, fn, callback=None, idle: bool = False) -> int | None:
-        """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one.
-        ``idle``: give way to later commands (see ``commands.Call``)."""
-        return self.controller.run_in_worker(fn, callback, idle)
-
     def show_source(self, obj) -> None:
         """Show a Trace (or a trace file path) read-only, or hand a Session over to the worker.
 
@@ -207,13 +212,9 @@ class MainWindow(DockLayout, QMainWindow):
         else:
             self.controller.show(obj)
 
-    def when_idle(self, callback) -> None:
-        """Call ``callback()`` once every posted command has finished and its snapshot is shown."""
-        self.controller.when_idle(callback)
-
-    def post(self, command) -> int | None:
-        """Post a typed command (see :mod:`.commands`) to the worker."""
-        return self.controller.post(command)
+    run_in_worker = _controller_call("run_in_worker")
+    when_idle = _controller_call("when_idle")
+    post = _controller_call("post")  # a typed command (see :mod:`.commands`)
 
     # ================================================================== requests with the controls' values
     def load_model(self, spec: ModelSpec | None = None, session: SessionSpec | None = None) -> int | None:
@@ -255,9 +256,6 @@ class MainWindow(DockLayout, QMainWindow):
     def step(self) -> int | None:
         return self.controller.step(self._wanted())
 
-    def step_back(self) -> int | None:
-        return self.controller.step_back()
-
     def run(self, max_steps: int | None = None) -> int | None:
         """Run ``max_steps`` steps (default: the Session panel's max steps) or to a breakpoint."""
         n = max_steps if max_steps is not None else self.session_panel.max_steps.value()
@@ -277,9 +275,6 @@ class MainWindow(DockLayout, QMainWindow):
         t, k, p = self.session_panel.decoding()
         return self.controller.set_decoding(t, k, p, redecide=True)
 
-    def force_token(self, token_id: int) -> int | None:
-        return self.controller.force_token(token_id)
-
     def set_decoding(self, temperature: float, top_k: int | None = None, top_p: float | None = None) -> int | None:
         self.session_panel.set_decoding(temperature, top_k, top_p)
         return self.controller.set_decoding(temperature, top_k, top_p)
@@ -288,17 +283,12 @@ class MainWindow(DockLayout, QMainWindow):
         if self.controller.live:
             self.controller.set_decoding(*self.session_panel.decoding())
 
-    def edit_cells(self, cells, scope: str = "head", block: bool | None = None) -> int | None:
-        return self.controller.edit_cells(cells, scope, block)
-
-    def set_mask_edits(self, edits) -> int | None:
-        return self.controller.set_mask_edits(edits)
-
-    def select(self, layer: int | None = None, head: int | None = None, kind: str | None = None) -> None:
-        self.controller.select(layer, head, kind)
-
-    def select_query(self, pos: int | None) -> None:
-        self.controller.select_query(pos)
+    step_back = _controller_call("step_back")
+    force_token = _controller_call("force_token")
+    edit_cells = _controller_call("edit_cells")
+    set_mask_edits = _controller_call("set_mask_edits")
+    select = _controller_call("select")
+    select_query = _controller_call("select_query")
 
     def open_trace_asking(self, path: str) -> int | None:
         """Open a trace the user picked; a live session with steps in it is replaced only if they say so."""

@@ -17,6 +17,7 @@ import json
 import threading
 import time
 import traceback
+from dataclasses import asdict
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
@@ -43,6 +44,18 @@ def handles(command_type: type):
         return fn
 
     return register
+
+
+def _load_model(spec: ModelSpec):
+    from ..core import load_model
+
+    options = asdict(spec)
+    return load_model(options.pop("model"), **options)  # every other field is one of load_model's options
+
+
+def _placement(lm) -> dict:
+    """Where and in what precision ``lm`` runs, as the status bar and the recipe write it."""
+    return {"device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
 
 
 class Worker(QObject):
@@ -194,7 +207,7 @@ class Worker(QObject):
             return
         recipe = self.obj.recipe()
         lm = self.obj.lm
-        recipe["load"] = {"device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
+        recipe["load"] = _placement(lm)
         ms = self.model_spec
         if lm.device_map and ms is not None and ms.device_map:  # a restore places the model as the load did
             recipe["load"].update(device="auto", device_map=ms.device_map, max_memory=ms.max_memory,
@@ -218,12 +231,9 @@ class Worker(QObject):
         return self.obj
 
     def _show(self, obj) -> None:
-        dev = dt = ""
         lm = getattr(obj, "lm", None)
-        if lm is not None:
-            dev, dt = str(lm.device), str(lm.dtype).removeprefix("torch.")
         self.obj = obj
-        self.vm = ViewModel(obj, dev, dt)
+        self.vm = ViewModel(obj, **({} if lm is None else _placement(lm)))
         self._streaming = False
         if isinstance(obj, Session):
             self.session_shown.emit(obj.prompt, int(obj.seed))
@@ -245,8 +255,7 @@ class Worker(QObject):
         return {
             "name": lm.name,
             "describe": lm.describe(),
-            "device": str(lm.device),
-            "dtype": str(lm.dtype).removeprefix("torch."),
+            **_placement(lm),
             "n_layers": lm.n_layers,
             "n_heads": lm.n_heads,
             "context_length": lm.context_length,
@@ -256,14 +265,9 @@ class Worker(QObject):
     # -- commands ----------------------------------------------------------------------------
     @handles(C.Load)
     def _do_load(self, serial, cmd: C.Load) -> None:
-        from ..core import load_model
-
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
-        lm = load_model(model.model, device=model.device, dtype=model.dtype,
-                        allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code,
-                        allow_unverified=model.allow_unverified, device_map=model.device_map,
-                        max_memory=model.max_memory, offload_folder=model.offload_folder)  # fmt: skip
+        lm = _load_model(model)
         sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
         self.lm, self.model_spec, self.spec = lm, model, session
         self.loaded.emit(self._describe())
@@ -272,8 +276,6 @@ class Worker(QObject):
     @handles(C.Restore)
     def _do_restore(self, serial, cmd: C.Restore) -> None:
         """Load the recipe's model and replay it; pickle and remote code stay off on restore."""
-        from ..core import load_model
-
         recipe = cmd.recipe
         load = recipe.get("load") or {}
         spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False,
@@ -282,8 +284,7 @@ class Worker(QObject):
         name = spec.model or "the demo model"
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
-            self.lm = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
-                                 max_memory=spec.max_memory, offload_folder=spec.offload_folder)  # fmt: skip
+            self.lm = _load_model(spec)
             self.model_spec = spec
             self.loaded.emit(self._describe())
         name = self.lm.name or name
