@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLayout,
     QSizePolicy,
+    QSplitter,
     QTableWidget,
     QVBoxLayout,
     QWidget,
@@ -193,6 +194,14 @@ def column(*items, spacing: int | None = None) -> QWidget:
     return w
 
 
+def splitter(orientation: Qt.Orientation, *widgets: QWidget) -> QSplitter:
+    """A splitter of ``widgets`` in order (top down, or left to right)."""
+    split = QSplitter(orientation)
+    for w in widgets:
+        split.addWidget(w)
+    return split
+
+
 def table(columns, resize=QHeaderView.ResizeMode.ResizeToContents) -> QTableWidget:
     """A read-only table with these column headers and no row numbers."""
     t = QTableWidget(0, len(columns))
@@ -263,13 +272,12 @@ def legend_swatch(color: QColor, text: str) -> QWidget:
     return w
 
 
-def placeholder_text(item: pg.TextItem | None, plot, text: str):
-    """A centred grey hint inside an empty plot (created once, text changed after)."""
-    if item is None:
-        item = pg.TextItem(text, color=DIM, anchor=(0.5, 0.5))
-        item.setZValue(100)
-        plot.addItem(item, ignoreBounds=True)
-    item.setText(text)
+def placeholder_text(plot, text: str) -> pg.TextItem:
+    """A grey hint centred on (0.5, 0.5) of an empty plot, over everything in it."""
+    item = pg.TextItem(text, color=DIM, anchor=(0.5, 0.5))
+    item.setZValue(100)
+    item.setPos(0.5, 0.5)
+    plot.addItem(item, ignoreBounds=True)
     return item
 
 

@@ -27,13 +27,12 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QSpinBox,
-    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QWidget,
 )
 
-from .common import FlowLayout, column, elide, group, vbox, wrapped_label
+from .common import FlowLayout, column, elide, group, splitter, vbox, wrapped_label
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -320,14 +319,12 @@ class ComparePanel(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.tree = BeamTreeView()
 
-        self.split = split = QSplitter(Qt.Orientation.Vertical)
-        split.addWidget(column((self.table, 1), self.summary))
         legend = wrapped_label(  # wrapped: one line of it is ~700 px, wider than the dock
             "beam tree — edges: cumulative log-prob · <span style='color:#ffb84f'>amber</span>: returned · "
             "<span style='color:#3fb950'>green</span>: finished · <span style='color:#4fa3ff'>blue</span>: alive · "
             "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)", rich=True,
         )  # fmt: skip
-        split.addWidget(column(legend, (self.tree, 1), spacing=1))
+        self.split = split = splitter(Qt.Orientation.Vertical, column((self.table, 1), self.summary), column(legend, (self.tree, 1), spacing=1))
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)
 

@@ -142,8 +142,7 @@ class KVCacheView(QWidget):
             p.setTitle(text, size="8pt")
         for col, share in ((0, 3), (1, 3), (3, 2)):
             self.glw.ci.layout.setColumnStretchFactor(col, share)
-        self._hint = placeholder_text(None, self.kplot, "empty")
-        self._hint.setPos(0.5, 0.5)
+        self._hint = placeholder_text(self.kplot, "empty")
         self._last = None
         self.snap = None
         self._hist_range = None  # the size-per-step plot's (steps, bytes) bounds now

@@ -15,14 +15,13 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
-    QSplitter,
     QTableWidgetItem,
     QWidget,
 )
 
 from ...core.errors import Cancelled, InspectorError
 from ..deferred import on_screen
-from .common import column, context_actions, hbox, report_error, table, vbox
+from .common import column, context_actions, hbox, report_error, splitter, table, vbox
 
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
@@ -64,9 +63,7 @@ class LensPanel(QWidget):
         self.map_note.setWordWrap(True)
 
         top = hbox(None, self.compute_button, self.follow, self.export_button, 1)
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(self.table)
-        split.addWidget(column((self.curve_plot, 1), (self.map_plot, 1), self.map_note))
+        split = splitter(Qt.Horizontal, self.table, column((self.curve_plot, 1), (self.map_plot, 1), self.map_note))
         vbox(self, top, self.status, (split, 1))
 
     def clear(self, text: str) -> None:
