@@ -76,7 +76,6 @@ class Worker(QObject):
         self.lm = None
         self.obj = None  # the Session or Trace shown; touched only on the worker thread
         self.vm: ViewModel | None = None
-        self.spec: SessionSpec | None = None
         self.model_spec: ModelSpec | None = None
         self.thread_idents: set[int] = set()  # for tests: where commands really ran
         self._lock = threading.Lock()
@@ -261,7 +260,6 @@ class Worker(QObject):
             "context_length": lm.context_length,
         }
 
-
     # -- commands ----------------------------------------------------------------------------
     @handles(C.Load)
     def _do_load(self, serial, cmd: C.Load) -> None:
@@ -269,7 +267,7 @@ class Worker(QObject):
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
         lm = _load_model(model)
         sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
-        self.lm, self.model_spec, self.spec = lm, model, session
+        self.lm, self.model_spec = lm, model
         self.loaded.emit(self._describe())
         self._show(sess)
 
@@ -303,8 +301,6 @@ class Worker(QObject):
 
         sess = _Replaying.replay(self.lm, recipe)
         sess.__class__ = Session  # the counting is over; the session is an ordinary one again
-        d = sess.decoding
-        self.spec = SessionSpec(sess.prompt, d.temperature, d.top_k, d.top_p, sess.seed)
         self._show(sess)
 
     @handles(C.NewSession)
@@ -316,7 +312,6 @@ class Worker(QObject):
         sess = Session(self.lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
         if cmd.keep_edits and old is not None and old.mask_edits:
             sess.set_mask_edits(old.mask_edits)
-        self.spec = session
         self._show(sess)
 
     @handles(C.Restart)

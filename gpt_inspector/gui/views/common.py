@@ -32,7 +32,6 @@ DIVERGING = pg.colormap.get("CET-D1")
 MASKED_COLOR = QColor("#8c8f96")  # masked cells: neutral grey, outside every colormap used
 NEWEST_PEN = pg.mkPen("#ff6b6b", width=2)  # the row/position this step added
 SELECTED_PEN = pg.mkPen("#ffffff", width=1.5)
-ACCENT = QColor("#4fa3ff")
 CHOSEN_BRUSH = pg.mkBrush("#ffb84f")
 BAR_BRUSH = pg.mkBrush("#4f8fdf")
 TEXT = "#c8ccd4"
