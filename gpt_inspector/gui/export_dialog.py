@@ -96,9 +96,8 @@ class ExportDialog(QDialog):
         if self.full_box is not None:
             form.addRow("Cells:", self.full_box)
         form.addRow("Size:", self.size_label)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel,
+                                   accepted=self.accept, rejected=self.reject)  # fmt: skip
         vbox(self, QLabel(what), (scroll, 1), form, buttons)
 
         self.format_box.currentIndexChanged.connect(self._format_changed)
@@ -184,7 +183,6 @@ def _show(parent, figure, default_name: str, scale: float, what: str, preview: b
     ``full(path, dpi)``, if given, offers full resolution; chosen, it is called instead of writing
     ``figure`` and the answer is ``_LATER``.
     """
-    global _last_dir
     try:
         dialog = ExportDialog(parent, figure, default_name, scale, what, preview,
                               full_resolution=None if full is None else False)  # fmt: skip
@@ -210,16 +208,18 @@ def _show(parent, figure, default_name: str, scale: float, what: str, preview: b
     if error is not None:
         QMessageBox.warning(parent, "Export image", error)
         return None
-    _last_dir = written.parent
-    # the dialog closed: without a word the user cannot tell a save from a cancel
-    _say(parent, f"Exported {what} to {written}")
+    _exported(parent, f"Exported {what}", written)
     return written
 
 
-def _say(window, text: str) -> None:
+def _exported(window, what: str, path: Path) -> None:
+    """The next export starts in ``path``'s folder; the status bar says where the file went (the
+    dialog closed: without a word the user cannot tell a save from a cancel)."""
+    global _last_dir
+    _last_dir = path.parent
     bar = getattr(window, "statusBar", None)
     if callable(bar):
-        bar().showMessage(text, 15000)
+        bar().showMessage(f"{what} to {path}", 15000)
 
 
 def _report(window, error: BaseException) -> None:
@@ -240,13 +240,11 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
 
     def write_full(path, dpi) -> None:
         def written(result, error) -> None:
-            global _last_dir
             if error is not None:
                 _report(window, error)
                 result = None
             else:
-                _last_dir = result.parent
-                _say(window, f"Exported {what} at full resolution to {result}")
+                _exported(window, f"Exported {what} at full resolution", result)
             if on_done is not None:
                 on_done(result)
 

@@ -35,6 +35,8 @@ KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
 
 
 _SOURCE_IDS = itertools.count(1)
+# Snapshot fields that are the run source's attributes of the same name, taken as they are
+_SOURCE_FIELDS = ("source_name", "model_name", "n_kv_heads", "head_dim", "context_length", "n_steps", "finished")
 
 
 @dataclass(frozen=True)
@@ -355,14 +357,9 @@ class ViewModel:
             source_id=self.source_id,
             state_version=self.version,
             read_only=self.read_only,
-            source_name=o.source_name,
-            model_name=o.model_name,
             unverified=getattr(o, "unverified", None),
             n_layers=self.L,
             n_heads=self.H,
-            n_kv_heads=o.n_kv_heads,
-            head_dim=o.head_dim,
-            context_length=o.context_length,
             device=self.device,
             dtype=self.dtype,
             T=t,
@@ -370,8 +367,6 @@ class ViewModel:
             labels=self._labels_of(tuple(tokens)),
             prompt_len=prompt_len,
             token_probs=self._token_probs(prompt_len, len(tokens)),
-            n_steps=o.n_steps,
-            finished=o.finished,
             step=None if cur is None else copy.copy(cur),
             decoding=o.decoding.to_json(),
             kv_bytes=tuple(int(o.kv_cache_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
@@ -386,6 +381,7 @@ class ViewModel:
             thumb_rows=self.thumbs.rows_done if t else 0,
             t_model_done=self.t_model_done,
             t_built=time.perf_counter(),
+            **{name: getattr(o, name) for name in _SOURCE_FIELDS},
             **arrays,
         )
 
