@@ -95,7 +95,7 @@ class MainWindow(DockLayout, QMainWindow):
         ctl.error.connect(self.show_error)
         ctl.busy_text.connect(self._busy)
         ctl.progress.connect(self._progress)
-        ctl.stopped.connect(self._stopped)
+        ctl.stopped.connect(lambda reason: self.statusBar().showMessage(f"Run stopped: {reason}", 8000))
         ctl.loaded.connect(self._loaded)
         ctl.done.connect(self._command_done)
         ctl.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
@@ -149,7 +149,7 @@ class MainWindow(DockLayout, QMainWindow):
         self.panel_revealed.connect(self._deferred.reveal)
         self.score_matrix.export_requested.connect(lambda: self.export_view())
         self.overview.head_clicked.connect(lambda l, h: ctl.select(layer=l, head=h))
-        self.overview.export_requested.connect(self._export_from_overview)
+        self.overview.export_requested.connect(lambda which: self.export_grid() if which is None else self.export_view(*which))
         self.softmax_rows.head_clicked.connect(lambda h: ctl.select(head=h))
         self.kv_cache.layer_clicked.connect(lambda l: ctl.select(layer=l))
         self.kv_cache.export_requested.connect(self.export_kv)
@@ -386,9 +386,6 @@ class MainWindow(DockLayout, QMainWindow):
         self.st_progress.show()
         self.st_busy.setText(f"running: {done} / {total} steps")
 
-    def _stopped(self, reason: str) -> None:
-        self.statusBar().showMessage(f"Run stopped: {reason}", 8000)
-
     def _loaded(self, info: dict) -> None:
         spec = self._load_spec
         if spec is not None:
@@ -454,12 +451,6 @@ class MainWindow(DockLayout, QMainWindow):
             + (f" · rows: means of {b} positions" if b > 1 else ""),
             col_title="KV head × dimension", unverified=snap.unverified,
         )  # fmt: skip
-
-    def _export_from_overview(self, which) -> None:
-        if which is None:
-            self.export_grid()
-        else:
-            self.export_view(which[0], which[1])
 
     def showEvent(self, ev) -> None:
         super().showEvent(ev)

@@ -173,13 +173,13 @@ class ViewModel:
     ``build()``. Read-only sources (traces, beams) never change.
     """
 
-    def __init__(self, source: RunSource, device: str = "", dtype: str = "", max_bins: int = 32):
+    def __init__(self, source: RunSource, max_bins: int = 32):
         self.obj = source
         self.read_only = source.read_only
         self.L, self.H = source.n_layers, source.n_heads
         lm = getattr(source, "lm", None)
-        self.device = device or (str(lm.device) if lm is not None else "trace")
-        self.dtype = dtype or source.cache_dtype
+        self.device = str(lm.device) if lm is not None else "trace"
+        self.dtype = source.cache_dtype  # a model's dtype, or what a trace's cache held
         self.thumbs = Thumbnails(self.L, self.H, max_bins)
         self._threads = ThreadChooser()  # for the streamed overview: one thread or all, by timing
         self._rows_of = _probs_rows(source)

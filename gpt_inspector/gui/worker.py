@@ -54,7 +54,7 @@ def _load_model(spec: ModelSpec):
 
 
 def _placement(lm) -> dict:
-    """Where and in what precision ``lm`` runs, as the status bar and the recipe write it."""
+    """Where and in what precision ``lm`` runs, as the load's description and the recipe write it."""
     return {"device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
 
 
@@ -230,9 +230,8 @@ class Worker(QObject):
         return self.obj
 
     def _show(self, obj) -> None:
-        lm = getattr(obj, "lm", None)
         self.obj = obj
-        self.vm = ViewModel(obj, **({} if lm is None else _placement(lm)))
+        self.vm = ViewModel(obj)
         self._streaming = False
         if isinstance(obj, Session):
             self.session_shown.emit(obj.prompt, int(obj.seed))
