@@ -63,9 +63,8 @@ class SessionPanel(QWidget):
         f.addRow(self.offload_folder)
         self.allow_pickle = QCheckBox("allow pickle weights", toolTip="Pickle (.bin) files can run code when loaded: only for sources you trust")
         self.trust_code = QCheckBox("trust remote code", toolTip="Runs the model repository's own Python code: only for sources you trust")
-        self.allow_unverified = QCheckBox("load even if unverified")
-        self.allow_unverified.setToolTip("Load a model whose logits through gpt-inspector differ from its own "
-                                         "attention (the load-time self-test failed); every view is marked UNVERIFIED")
+        self.allow_unverified = QCheckBox("load even if unverified", toolTip="Load a model whose logits through gpt-inspector differ "
+                                          "from its own attention (the load-time self-test failed); every view is marked UNVERIFIED")  # fmt: skip
         f.addRow(self.allow_pickle)
         f.addRow(self.trust_code)
         f.addRow(self.allow_unverified)

@@ -108,11 +108,9 @@ class MainWindow(DockLayout, QMainWindow):
         self.tools_menu = self.acts.tools_menu
         self.view_menu = self.acts.view_menu
         self._build_status()
-        self.compare_panel = self.add_panel(compare.PANEL_TITLE, compare.create_panel(self), compare.PANEL_AREA).panel
-        self.probe_panel = self.add_panel(probe.PANEL_TITLE, probe.create_panel(self), probe.PANEL_AREA).panel
-        self.mathcheck_panel = self.add_panel(mathcheck.PANEL_TITLE, mathcheck.create_panel(self), mathcheck.PANEL_AREA).panel
-        self.lens_panel = self.add_panel(lens.PANEL_TITLE, lens.create_panel(self), lens.PANEL_AREA).panel
-        self.kvlab_panel = self.add_panel(kvlab.PANEL_TITLE, kvlab.create_panel(self), kvlab.PANEL_AREA).panel
+        # each panel module names its dock and builds its panel against this window, in this order
+        self.compare_panel, self.probe_panel, self.mathcheck_panel, self.lens_panel, self.kvlab_panel = (
+            self.add_panel(m.PANEL_TITLE, m.create_panel(self), m.PANEL_AREA).panel for m in (compare, probe, mathcheck, lens, kvlab))
         self._default_state = self.saveState(STATE_VERSION)
         for d in self.docks.values():
             d.dockLocationChanged.connect(self._user_arranged)
