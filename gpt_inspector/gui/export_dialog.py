@@ -178,7 +178,7 @@ class ExportDialog(QDialog):
 
 def _show(parent, figure, default_name: str, scale: float, what: str, preview: bytes | None = None,
           full=None) -> Path | None:  # fmt: skip
-    """Ask where to save ``figure`` and write it there; the written path, or None.
+    """Ask where to save ``figure`` and write it there, then close it; the written path, or None.
 
     ``full(path, dpi)``, if given, offers full resolution; chosen, it is called instead of writing
     ``figure`` and the answer is ``_LATER``.
@@ -187,29 +187,33 @@ def _show(parent, figure, default_name: str, scale: float, what: str, preview: b
         dialog = ExportDialog(parent, figure, default_name, scale, what, preview,
                               full_resolution=None if full is None else False)  # fmt: skip
     except InspectorError as e:
+        figures.close(figure)
         QMessageBox.warning(parent, "Export image", str(e))
         return None
-    if dialog.exec() != QDialog.DialogCode.Accepted:
-        return None
-    path, dpi = dialog.path(), dialog.dpi()
-    if full is not None and dialog.full_resolution():
-        full(path, dpi)
-        return _LATER
-    QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
-    error = None
     try:
-        written = figures.save(figure, path, dpi)
-    except InspectorError as e:
-        error = str(e)
-    except MemoryError:
-        error = "Not enough memory for this image; lower the scale or use SVG or PDF."
+        if dialog.exec() != QDialog.DialogCode.Accepted:
+            return None
+        path, dpi = dialog.path(), dialog.dpi()
+        if full is not None and dialog.full_resolution():
+            full(path, dpi)
+            return _LATER
+        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        error = None
+        try:
+            written = figures.save(figure, path, dpi)
+        except InspectorError as e:
+            error = str(e)
+        except MemoryError:
+            error = "Not enough memory for this image; lower the scale or use SVG or PDF."
+        finally:
+            QApplication.restoreOverrideCursor()  # before any message box
+        if error is not None:
+            QMessageBox.warning(parent, "Export image", error)
+            return None
+        _exported(parent, f"Exported {what}", written)
+        return written
     finally:
-        QApplication.restoreOverrideCursor()  # before any message box
-    if error is not None:
-        QMessageBox.warning(parent, "Export image", error)
-        return None
-    _exported(parent, f"Exported {what}", written)
-    return written
+        figures.close(figure)
 
 
 def _exported(window, what: str, path: Path) -> None:
@@ -267,11 +271,7 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
             _report(window, error)
         else:
             fig, preview = result
-            try:
-                path = _show(window, fig, default_name, scale, what, preview,
-                             full=None if full_write is None else write_full)  # fmt: skip
-            finally:
-                figures.close(fig)
+            path = _show(window, fig, default_name, scale, what, preview, full=None if full_write is None else write_full)
             if path is _LATER:  # write_full reports and calls on_done
                 return
         if on_done is not None:
@@ -316,19 +316,13 @@ def export_matrix(parent, matrix, row_labels, title: str, default_name: str, *, 
     except InspectorError as e:
         QMessageBox.warning(parent, "Export image", str(e))
         return None
-    try:
-        return _show(parent, fig, default_name, 2.0, title)
-    finally:
-        figures.close(fig)
+    return _show(parent, fig, default_name, 2.0, title)
 
 
 def export_lens(parent, result, model_name: str, unverified: str | None = None) -> Path | None:
     """Export a logit lens the panel already shows (a plain value: no session is read)."""
     fig = figures.lens_figure(result, model_name, unverified=unverified)
-    try:
-        return _show(parent, fig, f"lens-step{result.step + 1}.png", 2.0, fig.heading)
-    finally:
-        figures.close(fig)
+    return _show(parent, fig, f"lens-step{result.step + 1}.png", 2.0, fig.heading)
 
 
 __all__ = ["ExportDialog", "export_grid", "export_lens", "export_matrix", "export_view"]
