@@ -65,9 +65,8 @@ class SessionPanel(QWidget):
         self.trust_code = QCheckBox("trust remote code", toolTip="Runs the model repository's own Python code: only for sources you trust")
         self.allow_unverified = QCheckBox("load even if unverified", toolTip="Load a model whose logits through gpt-inspector differ "
                                           "from its own attention (the load-time self-test failed); every view is marked UNVERIFIED")  # fmt: skip
-        f.addRow(self.allow_pickle)
-        f.addRow(self.trust_code)
-        f.addRow(self.allow_unverified)
+        for box in (self.allow_pickle, self.trust_code, self.allow_unverified):
+            f.addRow(box)
         self.load_button = QPushButton("Load model")
         self.load_button.clicked.connect(self.load_requested)
         f.addRow(self.load_button)

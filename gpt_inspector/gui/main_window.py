@@ -395,9 +395,7 @@ class MainWindow(DockLayout, QMainWindow):
         confirm = self._confirm.pop(serial, None)
         if confirm is not None and len(self.errors) == confirm[1]:  # no error came with it
             self.statusBar().showMessage(confirm[0], 15000)
-        if not self.running:
-            self.st_progress.hide()
-            self.st_busy.setText("")
+        self._busy("")  # unless a run goes on: no busy line, no progress bar
 
     def show_error(self, title: str, message: str, kind: str = "user") -> None:
         first = not self.errors
