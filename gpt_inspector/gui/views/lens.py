@@ -240,13 +240,10 @@ def _add_interventions(window) -> None:
 
         edit(change, f"patched head {layer}.{head} from “{text}”; the run was recomputed with the chosen tokens kept")
 
-    def clear() -> None:
-        edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared")
-
     items = [("Knock out the selected head", lambda: knock(False), "Ctrl+K"),
              ("Knock out the selected layer's attention", lambda: knock(True), None),
              ("Patch the selected head from another prompt…", patch_head, None),
-             ("Clear knock-outs and patches", clear, None)]  # fmt: skip
+             ("Clear knock-outs and patches", lambda: edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared"), None)]  # fmt: skip
     window.tools_menu.addSeparator()
     for text, slot, key in items:
         window.tools_menu.addAction(window.acts.action(text, slot, key, "Recompute the run with this change, tokens kept"))

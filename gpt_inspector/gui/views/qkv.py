@@ -133,8 +133,7 @@ class QKVView(QWidget):
         for newest, _ in self.rows:
             newest.setRect(QRectF(0, t - 1, d, 1))
         sel = snap.selection
-        kvh = sel.head // max(1, snap.n_heads // snap.n_kv_heads)
-        kv = f" (KV head {kvh})" if snap.n_kv_heads != snap.n_heads else ""
+        kv = f" (KV head {snap.kv_head})" if snap.n_kv_heads != snap.n_heads else ""
         self.title.setText(f"layer {sel.layer} · head {sel.head}{kv} · query {snap.query} “{snap.labels[snap.query]}” · d = {d}")
         key = self.key
         if not 0 <= key < t or snap.query_allowed is None or not snap.query_allowed[key]:
