@@ -484,6 +484,8 @@ class ViewModel:
         kvh = o.kv_head_of(head)
         keys, values = o.keys(layer), o.values(layer)  # (Hkv, T, d)
         kv_block = block_for(t, EXACT_LIMIT)
+        bias = o.bias_rows(layer, query, query + 1, (head,))  # (1, 1, T): the model's additive score bias (ALiBi, doge), or None
+        cached = o.cached_rows(layer)  # (T, n) or None
         return dict(
             matrix=m,
             allowed=allowed,
@@ -499,11 +501,11 @@ class ViewModel:
             v=values[kvh].float().numpy().copy(),
             scaling=o.scaling(layer),
             softcap=o.softcap(layer),
-            query_bias=_query_bias(o, layer, head, query),
+            query_bias=None if bias is None else bias[0, 0].numpy().copy(),
             kv_k=pool_rows(_heads_side_by_side(keys), kv_block),
             kv_v=pool_rows(_heads_side_by_side(values), kv_block),
             kv_block=kv_block,
-            kv_cached=_cached(o, layer, kv_block),
+            kv_cached=None if cached is None else pool_rows(cached.float().numpy(), kv_block),
             kv_head=kvh,
             **_policy_rows(o, layer),
         )
@@ -515,17 +517,6 @@ def _policy_rows(o: RunSource, layer: int) -> dict:
         return {}
     evicted, error = got
     return {"kv_evicted": np.ascontiguousarray(evicted), "kv_error": None if error is None else np.ascontiguousarray(error)}
-
-
-def _cached(o: RunSource, layer: int, block: int) -> np.ndarray | None:
-    rows = o.cached_rows(layer)  # (T, n) or None
-    return None if rows is None else pool_rows(rows.float().numpy(), block)
-
-
-def _query_bias(o: RunSource, layer: int, head: int, query: int) -> np.ndarray | None:
-    """(T,) the model's additive score bias on the selected query's row (ALiBi, doge), or None."""
-    bias = o.bias_rows(layer, query, query + 1, (head,))  # (1, 1, T) or None
-    return None if bias is None else bias[0, 0].numpy().copy()
 
 
 def _heads_side_by_side(x: torch.Tensor) -> np.ndarray:
