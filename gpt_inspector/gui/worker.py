@@ -170,20 +170,15 @@ class Worker(QObject):
             self._pending = True
         if notify:
             self.snapshot_ready.emit()
-        if self._streaming and self.vm.overview_complete:  # the last rows may come with a step's build
-            self._streaming = False
-            self.notice.emit("Overview complete")
-        self._schedule_refine()
+        if self.vm.overview_complete:
+            if self._streaming:  # the last rows may come with a step's build
+                self._streaming = False
+                self.notice.emit("Overview complete")
+        elif self._refining is not self.vm:  # one slice of overview work, queued behind the commands already waiting
+            self._refining = self.vm
+            QTimer.singleShot(0, self._refine_slice)
 
     # -- the streamed overview: a first build or a rebuild after a mask edit at long T ------------
-    def _schedule_refine(self) -> None:
-        """Queue one slice of overview work behind the commands already waiting (worker thread)."""
-        vm = self.vm
-        if vm is None or vm.overview_complete or self._refining is vm:
-            return
-        self._refining = vm
-        QTimer.singleShot(0, self._refine_slice)
-
     @Slot()
     def _refine_slice(self) -> None:
         vm, self._refining = self._refining, None
