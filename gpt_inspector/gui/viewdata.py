@@ -486,6 +486,7 @@ class ViewModel:
         kv_block = block_for(t, EXACT_LIMIT)
         bias = o.bias_rows(layer, query, query + 1, (head,))  # (1, 1, T): the model's additive score bias (ALiBi, doge), or None
         cached = o.cached_rows(layer)  # (T, n) or None
+        evicted, error = policy_rows(o, layer) or (None, None)  # a run under a KV cache policy, else None
         return dict(
             matrix=m,
             allowed=allowed,
@@ -507,16 +508,9 @@ class ViewModel:
             kv_block=kv_block,
             kv_cached=None if cached is None else pool_rows(cached.float().numpy(), kv_block),
             kv_head=kvh,
-            **_policy_rows(o, layer),
+            kv_evicted=None if evicted is None else np.ascontiguousarray(evicted),
+            kv_error=None if error is None else np.ascontiguousarray(error),
         )
-
-
-def _policy_rows(o: RunSource, layer: int) -> dict:
-    got = policy_rows(o, layer)
-    if got is None:
-        return {}
-    evicted, error = got
-    return {"kv_evicted": np.ascontiguousarray(evicted), "kv_error": None if error is None else np.ascontiguousarray(error)}
 
 
 def _heads_side_by_side(x: torch.Tensor) -> np.ndarray:
