@@ -10,12 +10,24 @@ from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Qt
 from PySide6.QtGui import QAction, QKeySequence
-from PySide6.QtWidgets import QFileDialog, QInputDialog, QToolBar
+from PySide6.QtWidgets import QFileDialog, QInputDialog, QMenu, QToolBar
 
 from . import settings as _settings
 from .viewdata import KIND_LABELS, KINDS
 
 RECENT_TRACES = "recent/traces"
+
+
+def _fill(target, *items):
+    """Add ``items`` to a menu or toolbar in order: actions, submenus, and None for a separator."""
+    for item in items:
+        if item is None:
+            target.addSeparator()
+        elif isinstance(item, QMenu):
+            target.addMenu(item)
+        else:
+            target.addAction(item)
+    return target
 
 
 class WindowActions(QObject):
@@ -50,40 +62,19 @@ class WindowActions(QObject):
         debug = (self.step, self.run, self.pause, self.back, self.restart, self.run_to)
 
         mb = w.menuBar()
-        m = mb.addMenu("&File")
-        m.addAction(self.load)
-        m.addSeparator()
-        m.addAction(self.open)
-        self.recent_menu = m.addMenu("Recent traces")
+        self.recent_menu = QMenu("Recent traces", w)
         self.recent_menu.aboutToShow.connect(self._fill_recent_traces)
-        m.addAction(self.save)
-        m.addSeparator()
-        m.addActions([self.export, self.export_grid])
-        m.addSeparator()
-        m.addAction(self.quit)
-        m = mb.addMenu("&Debug")
-        m.addActions(debug)
-        m.addSeparator()
-        m.addAction(self.redecide)
-        m = mb.addMenu("&Select")
-        m.addActions([self.prev_layer, self.next_layer, self.prev_head, self.next_head, self.follow])
-        m.addSeparator()
-        m.addActions(self.stages)
+        _fill(mb.addMenu("&File"), self.load, None, self.open, self.recent_menu, self.save, None, self.export, self.export_grid,
+              None, self.quit)  # fmt: skip
+        _fill(mb.addMenu("&Debug"), *debug, None, self.redecide)
+        _fill(mb.addMenu("&Select"), self.prev_layer, self.next_layer, self.prev_head, self.next_head, self.follow, None, *self.stages)
         self.tools_menu = mb.addMenu("&Tools")
-        self.view_menu = mb.addMenu("&View")
-        for d in w.docks.values():
-            self.view_menu.addAction(d.toggleViewAction())
-        self.view_menu.addSeparator()
-        self.view_menu.addAction(self.reset_layout)
+        self.view_menu = _fill(mb.addMenu("&View"), *(d.toggleViewAction() for d in w.docks.values()), None, self.reset_layout)
 
         tb = QToolBar("Debug")
         tb.setObjectName("toolbar_debug")
         tb.setToolButtonStyle(Qt.ToolButtonStyle.ToolButtonTextOnly)
-        tb.addActions(debug)
-        tb.addSeparator()
-        tb.addAction(self.redecide)
-        tb.addSeparator()
-        tb.addActions([self.open, self.save, self.export])
+        _fill(tb, *debug, None, self.redecide, None, self.open, self.save, self.export)
         w.addToolBar(Qt.ToolBarArea.TopToolBarArea, tb)
         self.toolbar = tb
         ctl.state_changed.connect(self.update)

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, QTimer, Signal
+from PySide6.QtCore import QSignalBlocker, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QComboBox,
@@ -63,12 +63,10 @@ class SessionPanel(QWidget):
         f.addRow(self.offload_folder)
         self.allow_pickle = QCheckBox("allow pickle weights", toolTip="Pickle (.bin) files can run code when loaded: only for sources you trust")
         self.trust_code = QCheckBox("trust remote code", toolTip="Runs the model repository's own Python code: only for sources you trust")
-        self.allow_unverified = QCheckBox("load even if unverified")
-        self.allow_unverified.setToolTip("Load a model whose logits through gpt-inspector differ from its own "
-                                         "attention (the load-time self-test failed); every view is marked UNVERIFIED")
-        f.addRow(self.allow_pickle)
-        f.addRow(self.trust_code)
-        f.addRow(self.allow_unverified)
+        self.allow_unverified = QCheckBox("load even if unverified", toolTip="Load a model whose logits through gpt-inspector differ "
+                                          "from its own attention (the load-time self-test failed); every view is marked UNVERIFIED")  # fmt: skip
+        for box in (self.allow_pickle, self.trust_code, self.allow_unverified):
+            f.addRow(box)
         self.load_button = QPushButton("Load model")
         self.load_button.clicked.connect(self.load_requested)
         f.addRow(self.load_button)
@@ -108,9 +106,8 @@ class SessionPanel(QWidget):
     def _temperature_changed(self, v: float) -> None:
         pos = int(round(v * 100))
         if self.temp_slider.value() != pos and pos <= self.temp_slider.maximum():
-            self.temp_slider.blockSignals(True)
-            self.temp_slider.setValue(pos)
-            self.temp_slider.blockSignals(False)
+            with QSignalBlocker(self.temp_slider):
+                self.temp_slider.setValue(pos)
         self._throttle.start()
 
     def decoding(self) -> tuple[float, int | None, float | None]:
@@ -119,16 +116,11 @@ class SessionPanel(QWidget):
         return self.temperature.value(), k, (None if p >= 1.0 else p)
 
     def set_decoding(self, temperature: float, top_k: int | None, top_p: float | None) -> None:
-        for w in (self.temperature, self.top_k, self.top_p):
-            w.blockSignals(True)
-        self.temperature.setValue(temperature)
-        self.top_k.setValue(top_k or 0)
-        self.top_p.setValue(1.0 if top_p is None else top_p)
-        for w in (self.temperature, self.top_k, self.top_p):
-            w.blockSignals(False)
-        self.temp_slider.blockSignals(True)
-        self.temp_slider.setValue(min(200, int(round(temperature * 100))))
-        self.temp_slider.blockSignals(False)
+        with QSignalBlocker(self.temperature), QSignalBlocker(self.top_k), QSignalBlocker(self.top_p), QSignalBlocker(self.temp_slider):
+            self.temperature.setValue(temperature)
+            self.top_k.setValue(top_k or 0)
+            self.top_p.setValue(1.0 if top_p is None else top_p)
+            self.temp_slider.setValue(min(200, int(round(temperature * 100))))
 
     def model_spec(self) -> ModelSpec:
         text = self.model.currentText().strip()
@@ -158,13 +150,12 @@ class SessionPanel(QWidget):
 
     def refresh_recent(self) -> None:
         current = self.model.currentText()
-        self.model.blockSignals(True)
-        self.model.clear()
-        self.model.addItem(DEMO_LABEL)
-        for m in _settings.recent(RECENT_MODELS):
-            self.model.addItem(m)
-        self.model.setCurrentText(current or DEMO_LABEL)
-        self.model.blockSignals(False)
+        with QSignalBlocker(self.model):
+            self.model.clear()
+            self.model.addItem(DEMO_LABEL)
+            for m in _settings.recent(RECENT_MODELS):
+                self.model.addItem(m)
+            self.model.setCurrentText(current or DEMO_LABEL)
 
     def remember_model(self, name: str | None) -> None:
         if name:

@@ -96,9 +96,8 @@ class ExportDialog(QDialog):
         if self.full_box is not None:
             form.addRow("Cells:", self.full_box)
         form.addRow("Size:", self.size_label)
-        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel)
-        buttons.accepted.connect(self.accept)
-        buttons.rejected.connect(self.reject)
+        buttons = QDialogButtonBox(QDialogButtonBox.StandardButton.Save | QDialogButtonBox.StandardButton.Cancel,
+                                   accepted=self.accept, rejected=self.reject)  # fmt: skip
         vbox(self, QLabel(what), (scroll, 1), form, buttons)
 
         self.format_box.currentIndexChanged.connect(self._format_changed)
@@ -179,47 +178,52 @@ class ExportDialog(QDialog):
 
 def _show(parent, figure, default_name: str, scale: float, what: str, preview: bytes | None = None,
           full=None) -> Path | None:  # fmt: skip
-    """Ask where to save ``figure`` and write it there; the written path, or None.
+    """Ask where to save ``figure`` and write it there, then close it; the written path, or None.
 
     ``full(path, dpi)``, if given, offers full resolution; chosen, it is called instead of writing
     ``figure`` and the answer is ``_LATER``.
     """
-    global _last_dir
     try:
         dialog = ExportDialog(parent, figure, default_name, scale, what, preview,
                               full_resolution=None if full is None else False)  # fmt: skip
     except InspectorError as e:
+        figures.close(figure)
         QMessageBox.warning(parent, "Export image", str(e))
         return None
-    if dialog.exec() != QDialog.DialogCode.Accepted:
-        return None
-    path, dpi = dialog.path(), dialog.dpi()
-    if full is not None and dialog.full_resolution():
-        full(path, dpi)
-        return _LATER
-    QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
-    error = None
     try:
-        written = figures.save(figure, path, dpi)
-    except InspectorError as e:
-        error = str(e)
-    except MemoryError:
-        error = "Not enough memory for this image; lower the scale or use SVG or PDF."
+        if dialog.exec() != QDialog.DialogCode.Accepted:
+            return None
+        path, dpi = dialog.path(), dialog.dpi()
+        if full is not None and dialog.full_resolution():
+            full(path, dpi)
+            return _LATER
+        QApplication.setOverrideCursor(Qt.CursorShape.WaitCursor)
+        error = None
+        try:
+            written = figures.save(figure, path, dpi)
+        except InspectorError as e:
+            error = str(e)
+        except MemoryError:
+            error = "Not enough memory for this image; lower the scale or use SVG or PDF."
+        finally:
+            QApplication.restoreOverrideCursor()  # before any message box
+        if error is not None:
+            QMessageBox.warning(parent, "Export image", error)
+            return None
+        _exported(parent, f"Exported {what}", written)
+        return written
     finally:
-        QApplication.restoreOverrideCursor()  # before any message box
-    if error is not None:
-        QMessageBox.warning(parent, "Export image", error)
-        return None
-    _last_dir = written.parent
-    # the dialog closed: without a word the user cannot tell a save from a cancel
-    _say(parent, f"Exported {what} to {written}")
-    return written
+        figures.close(figure)
 
 
-def _say(window, text: str) -> None:
+def _exported(window, what: str, path: Path) -> None:
+    """The next export starts in ``path``'s folder; the status bar says where the file went (the
+    dialog closed: without a word the user cannot tell a save from a cancel)."""
+    global _last_dir
+    _last_dir = path.parent
     bar = getattr(window, "statusBar", None)
     if callable(bar):
-        bar().showMessage(text, 15000)
+        bar().showMessage(f"{what} to {path}", 15000)
 
 
 def _report(window, error: BaseException) -> None:
@@ -240,13 +244,11 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
 
     def write_full(path, dpi) -> None:
         def written(result, error) -> None:
-            global _last_dir
             if error is not None:
                 _report(window, error)
                 result = None
             else:
-                _last_dir = result.parent
-                _say(window, f"Exported {what} at full resolution to {result}")
+                _exported(window, f"Exported {what} at full resolution", result)
             if on_done is not None:
                 on_done(result)
 
@@ -269,11 +271,7 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
             _report(window, error)
         else:
             fig, preview = result
-            try:
-                path = _show(window, fig, default_name, scale, what, preview,
-                             full=None if full_write is None else write_full)  # fmt: skip
-            finally:
-                figures.close(fig)
+            path = _show(window, fig, default_name, scale, what, preview, full=None if full_write is None else write_full)
             if path is _LATER:  # write_full reports and calls on_done
                 return
         if on_done is not None:
@@ -318,19 +316,13 @@ def export_matrix(parent, matrix, row_labels, title: str, default_name: str, *, 
     except InspectorError as e:
         QMessageBox.warning(parent, "Export image", str(e))
         return None
-    try:
-        return _show(parent, fig, default_name, 2.0, title)
-    finally:
-        figures.close(fig)
+    return _show(parent, fig, default_name, 2.0, title)
 
 
 def export_lens(parent, result, model_name: str, unverified: str | None = None) -> Path | None:
     """Export a logit lens the panel already shows (a plain value: no session is read)."""
     fig = figures.lens_figure(result, model_name, unverified=unverified)
-    try:
-        return _show(parent, fig, f"lens-step{result.step + 1}.png", 2.0, fig.heading)
-    finally:
-        figures.close(fig)
+    return _show(parent, fig, f"lens-step{result.step + 1}.png", 2.0, fig.heading)
 
 
 __all__ = ["ExportDialog", "export_grid", "export_lens", "export_matrix", "export_view"]

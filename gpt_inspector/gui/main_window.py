@@ -55,6 +55,16 @@ def _controller_state(name: str) -> property:
     return property(lambda self: getattr(self.controller, name))
 
 
+def _controller_call(name: str):
+    """A window method that is the controller's; a plain function, so a test may replace it on the window."""
+
+    def call(self, *args, **kwargs):
+        return getattr(self.controller, name)(*args, **kwargs)
+
+    call.__name__, call.__doc__ = name, getattr(Controller, name).__doc__
+    return call
+
+
 class MainWindow(DockLayout, QMainWindow):
     snapshot_changed = Signal(object)  # Snapshot, after every view showed it
     panel_revealed = Signal(object)  # a dock's widget, when its dock comes to the front (tab chosen, shown)
@@ -85,7 +95,7 @@ class MainWindow(DockLayout, QMainWindow):
         ctl.error.connect(self.show_error)
         ctl.busy_text.connect(self._busy)
         ctl.progress.connect(self._progress)
-        ctl.stopped.connect(self._stopped)
+        ctl.stopped.connect(lambda reason: self.statusBar().showMessage(f"Run stopped: {reason}", 8000))
         ctl.loaded.connect(self._loaded)
         ctl.done.connect(self._command_done)
         ctl.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
@@ -98,11 +108,9 @@ class MainWindow(DockLayout, QMainWindow):
         self.tools_menu = self.acts.tools_menu
         self.view_menu = self.acts.view_menu
         self._build_status()
-        self.compare_panel = self.add_panel(compare.PANEL_TITLE, compare.create_panel(self), compare.PANEL_AREA).panel
-        self.probe_panel = self.add_panel(probe.PANEL_TITLE, probe.create_panel(self), probe.PANEL_AREA).panel
-        self.mathcheck_panel = self.add_panel(mathcheck.PANEL_TITLE, mathcheck.create_panel(self), mathcheck.PANEL_AREA).panel
-        self.lens_panel = self.add_panel(lens.PANEL_TITLE, lens.create_panel(self), lens.PANEL_AREA).panel
-        self.kvlab_panel = self.add_panel(kvlab.PANEL_TITLE, kvlab.create_panel(self), kvlab.PANEL_AREA).panel
+        # each panel module names its dock and builds its panel against this window, in this order
+        self.compare_panel, self.probe_panel, self.mathcheck_panel, self.lens_panel, self.kvlab_panel = (
+            self.add_panel(m.PANEL_TITLE, m.create_panel(self), m.PANEL_AREA).panel for m in (compare, probe, mathcheck, lens, kvlab))
         self._default_state = self.saveState(STATE_VERSION)
         for d in self.docks.values():
             d.dockLocationChanged.connect(self._user_arranged)
@@ -139,7 +147,7 @@ class MainWindow(DockLayout, QMainWindow):
         self.panel_revealed.connect(self._deferred.reveal)
         self.score_matrix.export_requested.connect(lambda: self.export_view())
         self.overview.head_clicked.connect(lambda l, h: ctl.select(layer=l, head=h))
-        self.overview.export_requested.connect(self._export_from_overview)
+        self.overview.export_requested.connect(lambda which: self.export_grid() if which is None else self.export_view(*which))
         self.softmax_rows.head_clicked.connect(lambda h: ctl.select(head=h))
         self.kv_cache.layer_clicked.connect(lambda l: ctl.select(layer=l))
         self.kv_cache.export_requested.connect(self.export_kv)
@@ -192,11 +200,6 @@ class MainWindow(DockLayout, QMainWindow):
                 d.show()
                 d.raise_()
 
-    def run_in_worker(self, fn, callback=None, idle: bool = False) -> int | None:
-        """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one.
-        ``idle``: give way to later commands (see ``commands.Call``)."""
-        return self.controller.run_in_worker(fn, callback, idle)
-
     def show_source(self, obj) -> None:
         """Show a Trace (or a trace file path) read-only, or hand a Session over to the worker.
 
@@ -207,13 +210,9 @@ class MainWindow(DockLayout, QMainWindow):
         else:
             self.controller.show(obj)
 
-    def when_idle(self, callback) -> None:
-        """Call ``callback()`` once every posted command has finished and its snapshot is shown."""
-        self.controller.when_idle(callback)
-
-    def post(self, command) -> int | None:
-        """Post a typed command (see :mod:`.commands`) to the worker."""
-        return self.controller.post(command)
+    run_in_worker = _controller_call("run_in_worker")
+    when_idle = _controller_call("when_idle")
+    post = _controller_call("post")  # a typed command (see :mod:`.commands`)
 
     # ================================================================== requests with the controls' values
     def load_model(self, spec: ModelSpec | None = None, session: SessionSpec | None = None) -> int | None:
@@ -255,9 +254,6 @@ class MainWindow(DockLayout, QMainWindow):
     def step(self) -> int | None:
         return self.controller.step(self._wanted())
 
-    def step_back(self) -> int | None:
-        return self.controller.step_back()
-
     def run(self, max_steps: int | None = None) -> int | None:
         """Run ``max_steps`` steps (default: the Session panel's max steps) or to a breakpoint."""
         n = max_steps if max_steps is not None else self.session_panel.max_steps.value()
@@ -277,9 +273,6 @@ class MainWindow(DockLayout, QMainWindow):
         t, k, p = self.session_panel.decoding()
         return self.controller.set_decoding(t, k, p, redecide=True)
 
-    def force_token(self, token_id: int) -> int | None:
-        return self.controller.force_token(token_id)
-
     def set_decoding(self, temperature: float, top_k: int | None = None, top_p: float | None = None) -> int | None:
         self.session_panel.set_decoding(temperature, top_k, top_p)
         return self.controller.set_decoding(temperature, top_k, top_p)
@@ -288,17 +281,12 @@ class MainWindow(DockLayout, QMainWindow):
         if self.controller.live:
             self.controller.set_decoding(*self.session_panel.decoding())
 
-    def edit_cells(self, cells, scope: str = "head", block: bool | None = None) -> int | None:
-        return self.controller.edit_cells(cells, scope, block)
-
-    def set_mask_edits(self, edits) -> int | None:
-        return self.controller.set_mask_edits(edits)
-
-    def select(self, layer: int | None = None, head: int | None = None, kind: str | None = None) -> None:
-        self.controller.select(layer, head, kind)
-
-    def select_query(self, pos: int | None) -> None:
-        self.controller.select_query(pos)
+    step_back = _controller_call("step_back")
+    force_token = _controller_call("force_token")
+    edit_cells = _controller_call("edit_cells")
+    set_mask_edits = _controller_call("set_mask_edits")
+    select = _controller_call("select")
+    select_query = _controller_call("select_query")
 
     def open_trace_asking(self, path: str) -> int | None:
         """Open a trace the user picked; a live session with steps in it is replaced only if they say so."""
@@ -396,9 +384,6 @@ class MainWindow(DockLayout, QMainWindow):
         self.st_progress.show()
         self.st_busy.setText(f"running: {done} / {total} steps")
 
-    def _stopped(self, reason: str) -> None:
-        self.statusBar().showMessage(f"Run stopped: {reason}", 8000)
-
     def _loaded(self, info: dict) -> None:
         spec = self._load_spec
         if spec is not None:
@@ -410,9 +395,7 @@ class MainWindow(DockLayout, QMainWindow):
         confirm = self._confirm.pop(serial, None)
         if confirm is not None and len(self.errors) == confirm[1]:  # no error came with it
             self.statusBar().showMessage(confirm[0], 15000)
-        if not self.running:
-            self.st_progress.hide()
-            self.st_busy.setText("")
+        self._busy("")  # unless a run goes on: no busy line, no progress bar
 
     def show_error(self, title: str, message: str, kind: str = "user") -> None:
         first = not self.errors
@@ -464,12 +447,6 @@ class MainWindow(DockLayout, QMainWindow):
             + (f" · rows: means of {b} positions" if b > 1 else ""),
             col_title="KV head × dimension", unverified=snap.unverified,
         )  # fmt: skip
-
-    def _export_from_overview(self, which) -> None:
-        if which is None:
-            self.export_grid()
-        else:
-            self.export_view(which[0], which[1])
 
     def showEvent(self, ev) -> None:
         super().showEvent(ev)

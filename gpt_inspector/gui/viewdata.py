@@ -35,6 +35,8 @@ KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
 
 
 _SOURCE_IDS = itertools.count(1)
+# Snapshot fields that are the run source's attributes of the same name, taken as they are
+_SOURCE_FIELDS = ("source_name", "model_name", "n_kv_heads", "head_dim", "context_length", "n_steps", "finished")
 
 
 @dataclass(frozen=True)
@@ -171,13 +173,13 @@ class ViewModel:
     ``build()``. Read-only sources (traces, beams) never change.
     """
 
-    def __init__(self, source: RunSource, device: str = "", dtype: str = "", max_bins: int = 32):
+    def __init__(self, source: RunSource, max_bins: int = 32):
         self.obj = source
         self.read_only = source.read_only
         self.L, self.H = source.n_layers, source.n_heads
         lm = getattr(source, "lm", None)
-        self.device = device or (str(lm.device) if lm is not None else "trace")
-        self.dtype = dtype or source.cache_dtype
+        self.device = str(lm.device) if lm is not None else "trace"
+        self.dtype = source.cache_dtype  # a model's dtype, or what a trace's cache held
         self.thumbs = Thumbnails(self.L, self.H, max_bins)
         self._threads = ThreadChooser()  # for the streamed overview: one thread or all, by timing
         self._rows_of = _probs_rows(source)
@@ -355,14 +357,9 @@ class ViewModel:
             source_id=self.source_id,
             state_version=self.version,
             read_only=self.read_only,
-            source_name=o.source_name,
-            model_name=o.model_name,
             unverified=getattr(o, "unverified", None),
             n_layers=self.L,
             n_heads=self.H,
-            n_kv_heads=o.n_kv_heads,
-            head_dim=o.head_dim,
-            context_length=o.context_length,
             device=self.device,
             dtype=self.dtype,
             T=t,
@@ -370,8 +367,6 @@ class ViewModel:
             labels=self._labels_of(tuple(tokens)),
             prompt_len=prompt_len,
             token_probs=self._token_probs(prompt_len, len(tokens)),
-            n_steps=o.n_steps,
-            finished=o.finished,
             step=None if cur is None else copy.copy(cur),
             decoding=o.decoding.to_json(),
             kv_bytes=tuple(int(o.kv_cache_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
@@ -386,6 +381,7 @@ class ViewModel:
             thumb_rows=self.thumbs.rows_done if t else 0,
             t_model_done=self.t_model_done,
             t_built=time.perf_counter(),
+            **{name: getattr(o, name) for name in _SOURCE_FIELDS},
             **arrays,
         )
 
@@ -488,6 +484,9 @@ class ViewModel:
         kvh = o.kv_head_of(head)
         keys, values = o.keys(layer), o.values(layer)  # (Hkv, T, d)
         kv_block = block_for(t, EXACT_LIMIT)
+        bias = o.bias_rows(layer, query, query + 1, (head,))  # (1, 1, T): the model's additive score bias (ALiBi, doge), or None
+        cached = o.cached_rows(layer)  # (T, n) or None
+        evicted, error = policy_rows(o, layer) or (None, None)  # a run under a KV cache policy, else None
         return dict(
             matrix=m,
             allowed=allowed,
@@ -503,33 +502,15 @@ class ViewModel:
             v=values[kvh].float().numpy().copy(),
             scaling=o.scaling(layer),
             softcap=o.softcap(layer),
-            query_bias=_query_bias(o, layer, head, query),
+            query_bias=None if bias is None else bias[0, 0].numpy().copy(),
             kv_k=pool_rows(_heads_side_by_side(keys), kv_block),
             kv_v=pool_rows(_heads_side_by_side(values), kv_block),
             kv_block=kv_block,
-            kv_cached=_cached(o, layer, kv_block),
+            kv_cached=None if cached is None else pool_rows(cached.float().numpy(), kv_block),
             kv_head=kvh,
-            **_policy_rows(o, layer),
+            kv_evicted=None if evicted is None else np.ascontiguousarray(evicted),
+            kv_error=None if error is None else np.ascontiguousarray(error),
         )
-
-
-def _policy_rows(o: RunSource, layer: int) -> dict:
-    got = policy_rows(o, layer)
-    if got is None:
-        return {}
-    evicted, error = got
-    return {"kv_evicted": np.ascontiguousarray(evicted), "kv_error": None if error is None else np.ascontiguousarray(error)}
-
-
-def _cached(o: RunSource, layer: int, block: int) -> np.ndarray | None:
-    rows = o.cached_rows(layer)  # (T, n) or None
-    return None if rows is None else pool_rows(rows.float().numpy(), block)
-
-
-def _query_bias(o: RunSource, layer: int, head: int, query: int) -> np.ndarray | None:
-    """(T,) the model's additive score bias on the selected query's row (ALiBi, doge), or None."""
-    bias = o.bias_rows(layer, query, query + 1, (head,))  # (1, 1, T) or None
-    return None if bias is None else bias[0, 0].numpy().copy()
 
 
 def _heads_side_by_side(x: torch.Tensor) -> np.ndarray:

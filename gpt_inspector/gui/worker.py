@@ -17,6 +17,7 @@ import json
 import threading
 import time
 import traceback
+from dataclasses import asdict
 
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
@@ -45,6 +46,18 @@ def handles(command_type: type):
     return register
 
 
+def _load_model(spec: ModelSpec):
+    from ..core import load_model
+
+    options = asdict(spec)
+    return load_model(options.pop("model"), **options)  # every other field is one of load_model's options
+
+
+def _placement(lm) -> dict:
+    """Where and in what precision ``lm`` runs, as the load's description and the recipe write it."""
+    return {"device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
+
+
 class Worker(QObject):
     snapshot_ready = Signal()  # call take() for the newest snapshot
     error = Signal(str, str, str)  # title, message, kind: "user" | "model" | "internal"
@@ -63,7 +76,6 @@ class Worker(QObject):
         self.lm = None
         self.obj = None  # the Session or Trace shown; touched only on the worker thread
         self.vm: ViewModel | None = None
-        self.spec: SessionSpec | None = None
         self.model_spec: ModelSpec | None = None
         self.thread_idents: set[int] = set()  # for tests: where commands really ran
         self._lock = threading.Lock()
@@ -158,20 +170,15 @@ class Worker(QObject):
             self._pending = True
         if notify:
             self.snapshot_ready.emit()
-        if self._streaming and self.vm.overview_complete:  # the last rows may come with a step's build
-            self._streaming = False
-            self.notice.emit("Overview complete")
-        self._schedule_refine()
+        if self.vm.overview_complete:
+            if self._streaming:  # the last rows may come with a step's build
+                self._streaming = False
+                self.notice.emit("Overview complete")
+        elif self._refining is not self.vm:  # one slice of overview work, queued behind the commands already waiting
+            self._refining = self.vm
+            QTimer.singleShot(0, self._refine_slice)
 
     # -- the streamed overview: a first build or a rebuild after a mask edit at long T ------------
-    def _schedule_refine(self) -> None:
-        """Queue one slice of overview work behind the commands already waiting (worker thread)."""
-        vm = self.vm
-        if vm is None or vm.overview_complete or self._refining is vm:
-            return
-        self._refining = vm
-        QTimer.singleShot(0, self._refine_slice)
-
     @Slot()
     def _refine_slice(self) -> None:
         vm, self._refining = self._refining, None
@@ -194,7 +201,7 @@ class Worker(QObject):
             return
         recipe = self.obj.recipe()
         lm = self.obj.lm
-        recipe["load"] = {"device": str(lm.device), "dtype": str(lm.dtype).removeprefix("torch.")}
+        recipe["load"] = _placement(lm)
         ms = self.model_spec
         if lm.device_map and ms is not None and ms.device_map:  # a restore places the model as the load did
             recipe["load"].update(device="auto", device_map=ms.device_map, max_memory=ms.max_memory,
@@ -218,12 +225,8 @@ class Worker(QObject):
         return self.obj
 
     def _show(self, obj) -> None:
-        dev = dt = ""
-        lm = getattr(obj, "lm", None)
-        if lm is not None:
-            dev, dt = str(lm.device), str(lm.dtype).removeprefix("torch.")
         self.obj = obj
-        self.vm = ViewModel(obj, dev, dt)
+        self.vm = ViewModel(obj)
         self._streaming = False
         if isinstance(obj, Session):
             self.session_shown.emit(obj.prompt, int(obj.seed))
@@ -245,35 +248,26 @@ class Worker(QObject):
         return {
             "name": lm.name,
             "describe": lm.describe(),
-            "device": str(lm.device),
-            "dtype": str(lm.dtype).removeprefix("torch."),
+            **_placement(lm),
             "n_layers": lm.n_layers,
             "n_heads": lm.n_heads,
             "context_length": lm.context_length,
         }
 
-
     # -- commands ----------------------------------------------------------------------------
     @handles(C.Load)
     def _do_load(self, serial, cmd: C.Load) -> None:
-        from ..core import load_model
-
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
-        lm = load_model(model.model, device=model.device, dtype=model.dtype,
-                        allow_pickle=model.allow_pickle, trust_remote_code=model.trust_remote_code,
-                        allow_unverified=model.allow_unverified, device_map=model.device_map,
-                        max_memory=model.max_memory, offload_folder=model.offload_folder)  # fmt: skip
+        lm = _load_model(model)
         sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
-        self.lm, self.model_spec, self.spec = lm, model, session
+        self.lm, self.model_spec = lm, model
         self.loaded.emit(self._describe())
         self._show(sess)
 
     @handles(C.Restore)
     def _do_restore(self, serial, cmd: C.Restore) -> None:
         """Load the recipe's model and replay it; pickle and remote code stay off on restore."""
-        from ..core import load_model
-
         recipe = cmd.recipe
         load = recipe.get("load") or {}
         spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False,
@@ -282,8 +276,7 @@ class Worker(QObject):
         name = spec.model or "the demo model"
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
-            self.lm = load_model(spec.model, device=spec.device, dtype=spec.dtype, device_map=spec.device_map,
-                                 max_memory=spec.max_memory, offload_folder=spec.offload_folder)  # fmt: skip
+            self.lm = _load_model(spec)
             self.model_spec = spec
             self.loaded.emit(self._describe())
         name = self.lm.name or name
@@ -302,8 +295,6 @@ class Worker(QObject):
 
         sess = _Replaying.replay(self.lm, recipe)
         sess.__class__ = Session  # the counting is over; the session is an ordinary one again
-        d = sess.decoding
-        self.spec = SessionSpec(sess.prompt, d.temperature, d.top_k, d.top_p, sess.seed)
         self._show(sess)
 
     @handles(C.NewSession)
@@ -315,7 +306,6 @@ class Worker(QObject):
         sess = Session(self.lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
         if cmd.keep_edits and old is not None and old.mask_edits:
             sess.set_mask_edits(old.mask_edits)
-        self.spec = session
         self._show(sess)
 
     @handles(C.Restart)

@@ -16,6 +16,7 @@ from PySide6.QtWidgets import (
     QLabel,
     QLayout,
     QSizePolicy,
+    QSplitter,
     QTableWidget,
     QVBoxLayout,
     QWidget,
@@ -31,7 +32,6 @@ DIVERGING = pg.colormap.get("CET-D1")
 MASKED_COLOR = QColor("#8c8f96")  # masked cells: neutral grey, outside every colormap used
 NEWEST_PEN = pg.mkPen("#ff6b6b", width=2)  # the row/position this step added
 SELECTED_PEN = pg.mkPen("#ffffff", width=1.5)
-ACCENT = QColor("#4fa3ff")
 CHOSEN_BRUSH = pg.mkBrush("#ffb84f")
 BAR_BRUSH = pg.mkBrush("#4f8fdf")
 TEXT = "#c8ccd4"
@@ -193,6 +193,14 @@ def column(*items, spacing: int | None = None) -> QWidget:
     return w
 
 
+def splitter(orientation: Qt.Orientation, *widgets: QWidget) -> QSplitter:
+    """A splitter of ``widgets`` in order (top down, or left to right)."""
+    split = QSplitter(orientation)
+    for w in widgets:
+        split.addWidget(w)
+    return split
+
+
 def table(columns, resize=QHeaderView.ResizeMode.ResizeToContents) -> QTableWidget:
     """A read-only table with these column headers and no row numbers."""
     t = QTableWidget(0, len(columns))
@@ -263,13 +271,12 @@ def legend_swatch(color: QColor, text: str) -> QWidget:
     return w
 
 
-def placeholder_text(item: pg.TextItem | None, plot, text: str):
-    """A centred grey hint inside an empty plot (created once, text changed after)."""
-    if item is None:
-        item = pg.TextItem(text, color=DIM, anchor=(0.5, 0.5))
-        item.setZValue(100)
-        plot.addItem(item, ignoreBounds=True)
-    item.setText(text)
+def placeholder_text(plot, text: str) -> pg.TextItem:
+    """A grey hint centred on (0.5, 0.5) of an empty plot, over everything in it."""
+    item = pg.TextItem(text, color=DIM, anchor=(0.5, 0.5))
+    item.setZValue(100)
+    item.setPos(0.5, 0.5)
+    plot.addItem(item, ignoreBounds=True)
     return item
 
 

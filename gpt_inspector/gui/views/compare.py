@@ -27,13 +27,12 @@ from PySide6.QtWidgets import (
     QLabel,
     QPushButton,
     QSpinBox,
-    QSplitter,
     QTableWidget,
     QTableWidgetItem,
     QWidget,
 )
 
-from .common import FlowLayout, column, elide, group, vbox, wrapped_label
+from .common import FlowLayout, column, elide, group, splitter, vbox, wrapped_label
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -296,7 +295,7 @@ class ComparePanel(QWidget):
         self.sample = QCheckBox("sample", toolTip="also draw one seeded sample")
         self.temperature = QDoubleSpinBox(minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2, toolTip="sampling temperature")
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=0, toolTip="sampling seed")
-        self.run_button = QPushButton("Compare", clicked=self._request)
+        self.run_button = QPushButton("Compare", clicked=lambda: self.compare_requested.emit(self.settings()))
         self.beams.valueChanged.connect(lambda v: self.returns.setMaximum(v))
         self.sample.toggled.connect(self.temperature.setEnabled)
         self.sample.toggled.connect(self.seed.setEnabled)
@@ -320,14 +319,12 @@ class ComparePanel(QWidget):
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.tree = BeamTreeView()
 
-        self.split = split = QSplitter(Qt.Orientation.Vertical)
-        split.addWidget(column((self.table, 1), self.summary))
         legend = wrapped_label(  # wrapped: one line of it is ~700 px, wider than the dock
             "beam tree — edges: cumulative log-prob · <span style='color:#ffb84f'>amber</span>: returned · "
             "<span style='color:#3fb950'>green</span>: finished · <span style='color:#4fa3ff'>blue</span>: alive · "
             "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)", rich=True,
         )  # fmt: skip
-        split.addWidget(column(legend, (self.tree, 1), spacing=1))
+        self.split = split = splitter(Qt.Orientation.Vertical, column((self.table, 1), self.summary), column(legend, (self.tree, 1), spacing=1))
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)
 
@@ -355,9 +352,6 @@ class ComparePanel(QWidget):
             "seed": self.seed.value(),
         }
 
-    def _request(self) -> None:
-        self.compare_requested.emit(self.settings())
-
     def set_busy(self, busy: bool, text: str = "") -> None:
         self.run_button.setEnabled(not busy)
         if text:
@@ -368,14 +362,6 @@ class ComparePanel(QWidget):
         self.summary.setText(f"<span style='color:#ff6b6b'>{_html(message)}</span>")
 
     # ------------------------------------------------------------------ results
-    @staticmethod
-    def _outputs(result: Comparison) -> list[tuple[str, dict]]:
-        rows: list[tuple[str, dict]] = [("greedy", dict(result.greedy))]
-        rows += [(f"beam {i + 1}", dict(b)) for i, b in enumerate(result.beams)]
-        if result.sampled is not None:
-            rows.append(("sample", dict(result.sampled)))
-        return rows
-
     def show_result(self, result: Comparison) -> None:
         self.set_busy(False)
         self.result = result
@@ -385,7 +371,10 @@ class ComparePanel(QWidget):
         self.inspect_pick.setEnabled(can)
         self.inspect_button.setEnabled(can)
         p = int(result.prompt_length)
-        rows = self._outputs(result)
+        rows: list[tuple[str, dict]] = [("greedy", dict(result.greedy))]
+        rows += [(f"beam {i + 1}", dict(b)) for i, b in enumerate(result.beams)]
+        if result.sampled is not None:
+            rows.append(("sample", dict(result.sampled)))
         self.row_names = [name for name, _ in rows]
         n_cols = max((len(r.get("tokens", [])) for _, r in rows), default=0)
         greedy_ids = result.greedy["token_ids"]

@@ -92,6 +92,8 @@ class KVCacheView(QWidget):
         self.vimg = pg.ImageItem(axisOrder="row-major")
         self.newest = []
         self.seps = []
+        # a KV cache policy's evicted rows: a grey veil per (row, KV head) and an X through each
+        self.evicted_veils, self.evicted_marks = [], []
         for p, img in ((self.kplot, self.kimg), (self.vplot, self.vimg)):
             img.setLookupTable(DIVERGING.getLookupTable(nPts=256))
             p.addItem(img)
@@ -102,9 +104,6 @@ class KVCacheView(QWidget):
             sep.setZValue(5)
             p.addItem(sep)
             self.seps.append(sep)
-        # a KV cache policy's evicted rows: a grey veil per (row, KV head) and an X through each
-        self.evicted_veils, self.evicted_marks = [], []
-        for p in (self.kplot, self.vplot):
             veil = pg.ImageItem(axisOrder="row-major")
             veil.setZValue(6)
             p.addItem(veil)
@@ -142,8 +141,7 @@ class KVCacheView(QWidget):
             p.setTitle(text, size="8pt")
         for col, share in ((0, 3), (1, 3), (3, 2)):
             self.glw.ci.layout.setColumnStretchFactor(col, share)
-        self._hint = placeholder_text(None, self.kplot, "empty")
-        self._hint.setPos(0.5, 0.5)
+        self._hint = placeholder_text(self.kplot, "empty")
         self._last = None
         self.snap = None
         self._hist_range = None  # the size-per-step plot's (steps, bytes) bounds now
@@ -248,6 +246,8 @@ class KVCacheView(QWidget):
         )
 
     def _show_error_column(self, on: bool) -> None:
+        if self.eplot.isVisible() == on:
+            return
         # a hidden item still takes its column's width: squeeze it to nothing
         self.eplot.setVisible(on)
         self.eplot.setMaximumWidth(160 if on else 0)
@@ -265,8 +265,7 @@ class KVCacheView(QWidget):
                 mark.setData([], [])
             self.ek_curve.setData([], [])
             self.ev_curve.setData([], [])
-            if self.eplot.isVisible():
-                self._show_error_column(False)
+            self._show_error_column(False)
             return ""
         block, t = snap.kv_block, snap.T
         share = _pool_share(ev, block)  # (rows, Hkv) in [0, 1]
@@ -287,11 +286,9 @@ class KVCacheView(QWidget):
         n_gone = int(ev[snap.kv_head].sum())
         note = f" · KV head {snap.kv_head}: {n_gone} of {t} rows evicted (greyed, ✗)"
         if err is None:
-            if self.eplot.isVisible():
-                self._show_error_column(False)
+            self._show_error_column(False)
             return note
-        if not self.eplot.isVisible():
-            self._show_error_column(True)
+        self._show_error_column(True)
         ys = np.arange(t) + 0.5
         self.ek_curve.setData(err[0, snap.kv_head], ys)
         self.ev_curve.setData(err[1, snap.kv_head], ys)

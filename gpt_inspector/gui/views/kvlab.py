@@ -237,15 +237,6 @@ def create_panel(window) -> KVLabPanel:
 
         submit(job, show or panel.show_view, what)
 
-    def step() -> None:
-        on_lab(lambda lab: lab.step(), "one more lab step…")
-
-    def back() -> None:
-        on_lab(lambda lab: lab.step_back(), "stepping the lab back…")
-
-    def probe() -> None:
-        on_lab(lambda lab: lab.probe(), "probing the policy's cache for the prompt…", panel.show_privacy)
-
     def show() -> None:
         lab = state["lab"]
         if lab is None or state["busy"]:
@@ -270,7 +261,7 @@ def create_panel(window) -> KVLabPanel:
     panel.show_requested.connect(show)
     window.snapshot_changed.connect(follow)
     panel.run_requested.connect(run)
-    panel.step_requested.connect(step)
-    panel.back_requested.connect(back)
-    panel.probe_requested.connect(probe)
+    panel.step_requested.connect(lambda: on_lab(lambda lab: lab.step(), "one more lab step…"))
+    panel.back_requested.connect(lambda: on_lab(lambda lab: lab.step_back(), "stepping the lab back…"))
+    panel.probe_requested.connect(lambda: on_lab(lambda lab: lab.probe(), "probing the policy's cache for the prompt…", panel.show_privacy))
     return panel

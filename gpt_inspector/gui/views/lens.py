@@ -15,14 +15,13 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QPushButton,
-    QSplitter,
     QTableWidgetItem,
     QWidget,
 )
 
 from ...core.errors import Cancelled, InspectorError
 from ..deferred import on_screen
-from .common import column, context_actions, hbox, report_error, table, vbox
+from .common import column, context_actions, hbox, report_error, splitter, table, vbox
 
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
@@ -64,9 +63,7 @@ class LensPanel(QWidget):
         self.map_note.setWordWrap(True)
 
         top = hbox(None, self.compute_button, self.follow, self.export_button, 1)
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(self.table)
-        split.addWidget(column((self.curve_plot, 1), (self.map_plot, 1), self.map_note))
+        split = splitter(Qt.Horizontal, self.table, column((self.curve_plot, 1), (self.map_plot, 1), self.map_note))
         vbox(self, top, self.status, (split, 1))
 
     def clear(self, text: str) -> None:
@@ -243,13 +240,10 @@ def _add_interventions(window) -> None:
 
         edit(change, f"patched head {layer}.{head} from “{text}”; the run was recomputed with the chosen tokens kept")
 
-    def clear() -> None:
-        edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared")
-
     items = [("Knock out the selected head", lambda: knock(False), "Ctrl+K"),
              ("Knock out the selected layer's attention", lambda: knock(True), None),
              ("Patch the selected head from another prompt…", patch_head, None),
-             ("Clear knock-outs and patches", clear, None)]  # fmt: skip
+             ("Clear knock-outs and patches", lambda: edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared"), None)]  # fmt: skip
     window.tools_menu.addSeparator()
     for text, slot, key in items:
         window.tools_menu.addAction(window.acts.action(text, slot, key, "Recompute the run with this change, tokens kept"))

@@ -14,12 +14,11 @@ from PySide6.QtWidgets import (
     QListWidget,
     QListWidgetItem,
     QPushButton,
-    QSplitter,
     QTableWidgetItem,
     QWidget,
 )
 
-from .common import DIM, column, hbox, table, vbox, wrapped_label
+from .common import DIM, column, hbox, splitter, table, vbox, wrapped_label
 
 
 def describe_edit(e, labels) -> str:
@@ -42,9 +41,7 @@ class MaskEditor(QWidget):
         self.clear = QPushButton("Clear all", clicked=lambda: self.edits_replaced.emit([]))
         self.summary = wrapped_label("no edit yet", rich=True)
         self.table = table(["token", "before", "after", "Δ"], QHeaderView.ResizeMode.Stretch)
-        split = QSplitter(Qt.Orientation.Vertical)
-        split.addWidget(column(self.list, hbox(None, self.remove, self.clear, 1)))
-        split.addWidget(column(self.summary, self.table))
+        split = splitter(Qt.Orientation.Vertical, column(self.list, hbox(None, self.remove, self.clear, 1)), column(self.summary, self.table))
         vbox(self, hint, (split, 1), margin=2)
         self.report = None
 

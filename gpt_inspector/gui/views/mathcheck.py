@@ -14,12 +14,11 @@ from PySide6.QtCore import Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QPushButton,
-    QSplitter,
     QTableWidgetItem,
     QWidget,
 )
 
-from .common import hbox, submit, table, vbox, wrapped_label
+from .common import hbox, splitter, submit, table, vbox, wrapped_label
 
 PANEL_TITLE = "Math check"
 PANEL_AREA = "right"
@@ -61,12 +60,8 @@ class MathCheckPanel(QWidget):
         self.heads.setVisible(False)
         self.heads.setToolTip("max |diff| over every query position, per layer and head")
 
-        split = QSplitter(Qt.Vertical)
-        split.addWidget(self.plot)
-        split.addWidget(self.table)
-        split.addWidget(self.heads)
         buttons = hbox(None, self.check_button, self.check_all_button, 1)
-        vbox(self, buttons, self.formula, self.verdict, (split, 1))
+        vbox(self, buttons, self.formula, self.verdict, (splitter(Qt.Vertical, self.plot, self.table, self.heads), 1))
         self._set_formula(None)
 
     # ------------------------------------------------------------------ public

@@ -12,28 +12,29 @@ import math
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import Signal
 from PySide6.QtGui import QFontMetrics
-from PySide6.QtWidgets import QHBoxLayout, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QPushButton, QWidget
 
-from .common import BAR_BRUSH, CHOSEN_BRUSH, bare, elide, info_label, show_axes, vbox
+from .common import (
+    BAR_BRUSH,
+    CHOSEN_BRUSH,
+    TokenAxis,
+    bare,
+    elide,
+    hbox,
+    info_label,
+    show_axes,
+    vbox,
+    wrapped_label,
+)
 
 
-class _LabelAxis(pg.AxisItem):
-    def __init__(self):
-        super().__init__("left")
-        self.labels: list[str] = []
-
-    def set_labels(self, labels) -> None:
-        self.labels = list(labels)
-        self.picture = None
-        self.update()
+class _LabelAxis(TokenAxis):
+    """Every label, on the bars' rows (not thinned, not at pixel centres)."""
 
     def tickValues(self, minVal, maxVal, size):
         return [(1, [float(i) for i in range(len(self.labels))])]
-
-    def tickStrings(self, values, scale, spacing):
-        return [elide(self.labels[int(v)], 12) if 0 <= int(v) < len(self.labels) else "" for v in values]
 
 
 class NextTokenView(QWidget):
@@ -42,11 +43,9 @@ class NextTokenView(QWidget):
 
     def __init__(self, parent=None):
         super().__init__(parent)
-        self.summary = QLabel("no step yet")
-        self.summary.setTextFormat(Qt.TextFormat.RichText)
-        self.summary.setWordWrap(True)
+        self.summary = wrapped_label("no step yet", rich=True)
         self.glw = pg.GraphicsLayoutWidget()
-        self.axis = _LabelAxis()
+        self.axis = _LabelAxis("left", chars=12)
         self.axis.setWidth(90)
         self.plot = bare(self.glw.addPlot(axisItems={"left": self.axis}), invert=True, still=True)
         self.plot.setLabel("bottom", "probability")
@@ -54,13 +53,10 @@ class NextTokenView(QWidget):
         self.bars = pg.BarGraphItem(x0=[], y=[], height=0.75, width=[], brushes=[])
         self.plot.addItem(self.bars)
         self.texts: list[pg.TextItem] = []
-        bar = QHBoxLayout()
         self.decoding = info_label("")
-        bar.addWidget(self.decoding, 1)
         self.redecide = QPushButton("Re-decide", toolTip="Choose the current token again from the same logits at the current settings")
         self.redecide.clicked.connect(self.redecide_requested)
-        bar.addWidget(self.redecide)
-        vbox(self, self.summary, (self.glw, 1), bar, margin=2, spacing=2)
+        vbox(self, self.summary, (self.glw, 1), hbox(None, (self.decoding, 1), self.redecide), margin=2, spacing=2)
         self.top_ids: list[int] = []
         self.probs: list[float] = []
         self.chosen = -1

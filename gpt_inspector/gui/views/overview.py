@@ -47,16 +47,10 @@ class OverviewGrid(QWidget):
         self.grid = pg.PlotCurveItem(pen=pg.mkPen("#1b1e24", width=2), connect="pairs")
         self.plot.addItem(self.grid)
         self.sel = outline(self.plot, pg.mkPen("#ffffff", width=2.5))
-        self._hint = placeholder_text(None, self.plot, "no steps yet")
+        self._hint = placeholder_text(self.plot, "no steps yet")
         self.sel.setVisible(False)  # no head to outline before a model is shown
-        self._set_empty(True)
-
-    def _set_empty(self, empty: bool) -> None:
-        show_axes(self.plot, ("left", "top"), not empty)
-        self._hint.setVisible(empty)
-        if empty:
-            self._hint.setPos(0.5, 0.5)
-            self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
+        show_axes(self.plot, ("left", "top"), False)
+        self.plot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
         self.L = self.H = 0
         self.layer = self.head = 0
         self.last_image: np.ndarray | None = None
@@ -97,16 +91,14 @@ class OverviewGrid(QWidget):
         self.layer, self.head = snap.selection.layer, snap.selection.head
         self.sel.setRect(QRectF(self.head, self.layer, 1, 1))
         self.sel.setVisible(snap.thumbs is not None)
+        self._hint.setVisible(snap.thumbs is None)
+        show_axes(self.plot, ("left", "top"), True)
         if snap.thumbs is None:
             self.image.clear()
             self.last_image = None
-            self._hint.setVisible(True)
             self._hint.setPos(self.H / 2, self.L / 2)
-            show_axes(self.plot, ("left", "top"), True)
             self.title.setText("Overview: every layer × head")
             return
-        self._hint.setVisible(False)
-        show_axes(self.plot, ("left", "top"), True)
         if self.last_image is not snap.thumbs:
             self.image.setImage(snap.thumbs, autoLevels=False, levels=(0.0, 1.0))
             self.image.setRect(QRectF(0, 0, self.H, self.L))

@@ -7,7 +7,7 @@ entry) to run the probe on the window's worker thread and hand the ``ProbeResult
 
 from __future__ import annotations
 
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QSignalBlocker, Qt, Signal
 from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
@@ -78,15 +78,14 @@ class ProbePanel(QWidget):
         """One checkable row per layer of the model shown; a trace has no model to probe with."""
         if self.layers.count() != snap.n_layers:
             checked = set(self.chosen_layers()) or {0}
-            self.layers.blockSignals(True)
-            self.layers.clear()
-            for i in range(snap.n_layers):
-                item = QListWidgetItem(f"layer {i}")
-                item.setData(Qt.UserRole, i)
-                item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
-                item.setCheckState(Qt.Checked if i in checked else Qt.Unchecked)
-                self.layers.addItem(item)
-            self.layers.blockSignals(False)
+            with QSignalBlocker(self.layers):
+                self.layers.clear()
+                for i in range(snap.n_layers):
+                    item = QListWidgetItem(f"layer {i}")
+                    item.setData(Qt.UserRole, i)
+                    item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
+                    item.setCheckState(Qt.Checked if i in checked else Qt.Unchecked)
+                    self.layers.addItem(item)
         self._live = not snap.read_only
         self._enable()
 
@@ -101,12 +100,11 @@ class ProbePanel(QWidget):
     def show_result(self, result) -> None:
         """Show a ``ProbeResult`` (None clears the panel)."""
         self.result = result
-        self.layer_box.blockSignals(True)
-        self.layer_box.clear()
-        if result is not None:
-            for lp in result.layers:
-                self.layer_box.addItem(f"{lp.layer} ({lp.method})", lp.layer)
-        self.layer_box.blockSignals(False)
+        with QSignalBlocker(self.layer_box):
+            self.layer_box.clear()
+            if result is not None:
+                for lp in result.layers:
+                    self.layer_box.addItem(f"{lp.layer} ({lp.method})", lp.layer)
         self.layer_box.setVisible(result is not None and len(result.layers) > 1)
         self._show_layer(0)
 

@@ -86,7 +86,7 @@ class QKVView(QWidget):
         self.bplot.addLine(y=0, pen=pg.mkPen("#555"))
         self.glw.ci.layout.setRowStretchFactor(1, 4)
         self.glw.ci.layout.setRowStretchFactor(2, 2)
-        self._hint = placeholder_text(None, self.kplot, "no steps yet")
+        self._hint = placeholder_text(self.kplot, "no steps yet")
         self.snap = None
         self.key = -1
         self._last = None
@@ -103,7 +103,6 @@ class QKVView(QWidget):
         self.vplot.setTitle("" if empty else "V", size="9pt")
         self._hint.setVisible(empty)
         if empty:
-            self._hint.setPos(0.5, 0.5)
             self.kplot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
 
     def set_snapshot(self, snap) -> None:
@@ -134,8 +133,7 @@ class QKVView(QWidget):
         for newest, _ in self.rows:
             newest.setRect(QRectF(0, t - 1, d, 1))
         sel = snap.selection
-        kvh = sel.head // max(1, snap.n_heads // snap.n_kv_heads)
-        kv = f" (KV head {kvh})" if snap.n_kv_heads != snap.n_heads else ""
+        kv = f" (KV head {snap.kv_head})" if snap.n_kv_heads != snap.n_heads else ""
         self.title.setText(f"layer {sel.layer} · head {sel.head}{kv} · query {snap.query} “{snap.labels[snap.query]}” · d = {d}")
         key = self.key
         if not 0 <= key < t or snap.query_allowed is None or not snap.query_allowed[key]:

@@ -145,10 +145,8 @@ class TokenStrip(QScrollArea):
         new = list(snap.labels)
         old = self.labels
         grew = len(new) > len(old)
-        first = 0  # first chip whose label changed
         n = min(len(old), len(new))
-        while first < n and old[first] == new[first]:
-            first += 1
+        first = next((i for i in range(n) if old[i] != new[i]), n)  # first chip whose label changed
         changed = first < max(len(old), len(new))
         self.labels = new
         self.ids = list(snap.token_ids)
