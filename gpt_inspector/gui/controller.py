@@ -22,6 +22,7 @@ from .commands import (  # re-exported: callers build commands from here
     EditCells,
     ForceToken,
     Load,
+    ModelSpec,
     NewSession,
     OpenTrace,
     Refresh,
@@ -29,13 +30,12 @@ from .commands import (  # re-exported: callers build commands from here
     Restore,
     Run,
     SaveTrace,
+    SessionSpec,
     SetDecoding,
     SetMaskEdits,
     Show,
     Step,
     StepBack,
-    ModelSpec,
-    SessionSpec,
 )
 from .viewdata import Selection, Snapshot
 from .worker import Worker

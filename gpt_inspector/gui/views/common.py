@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
 from PySide6.QtGui import QAction, QColor, QPalette
@@ -48,6 +49,23 @@ TOGGLE_STYLE = (
 
 def elide(label: str, n: int = 8) -> str:
     return label if len(label) <= n else label[: n - 1] + "…"
+
+
+def symmetric_levels(a: np.ndarray) -> tuple[float, float]:
+    """(-m, m) for a diverging colour map centred on 0, m the largest finite |value|.
+
+    NaN or inf cells (an overflowed half-precision cache) would make the levels NaN or inf and blank
+    or flatten the whole image; they are left out of the scale instead (the fast path reads the
+    extremes once and only looks further when they are not finite).
+    """
+    if not a.size:
+        return -1.0, 1.0
+    hi, lo = float(a.max()), float(a.min())
+    if not (math.isfinite(hi) and math.isfinite(lo)):
+        finite = a[np.isfinite(a)]
+        hi, lo = (float(finite.max()), float(finite.min())) if finite.size else (0.0, 0.0)
+    m = max(hi, -lo)
+    return (-m, m) if m > 0 else (-1.0, 1.0)
 
 
 def nice_stride(x: float) -> int:

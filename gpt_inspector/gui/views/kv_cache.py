@@ -34,6 +34,7 @@ from .common import (
     outline,
     placeholder_text,
     show_axes,
+    symmetric_levels,
     vbox,
 )
 
@@ -214,8 +215,7 @@ class KVCacheView(QWidget):
         wv = snap.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)
         if self._last is not snap.kv_k:
             for img, a, width in ((self.kimg, snap.kv_k, w), (self.vimg, snap.kv_v, wv)):
-                m = float(max(a.max(), -a.min())) or 1.0
-                img.setImage(a, autoLevels=False, levels=(-m, m))
+                img.setImage(a, autoLevels=False, levels=symmetric_levels(a))
                 img.setRect(QRectF(0, 0, width, rows * snap.kv_block))
             self._last = snap.kv_k
         heads = max(1, snap.n_kv_heads)
@@ -301,8 +301,7 @@ class KVCacheView(QWidget):
         a = snap.kv_cached  # (rows, n)
         rows, n = a.shape
         t = snap.T
-        m = float(max(a.max(), -a.min())) or 1.0
-        self.kimg.setImage(a, autoLevels=False, levels=(-m, m))
+        self.kimg.setImage(a, autoLevels=False, levels=symmetric_levels(a))
         self.kimg.setRect(QRectF(0, 0, n, rows * snap.kv_block))
         self._last, self.shape = None, (0, 0, 0)
         for sep in self.seps:

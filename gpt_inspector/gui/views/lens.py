@@ -21,7 +21,16 @@ from PySide6.QtWidgets import (
 
 from ...core.errors import Cancelled, InspectorError
 from ..deferred import on_screen
-from .common import column, context_actions, hbox, report_error, splitter, table, vbox
+from .common import (
+    column,
+    context_actions,
+    hbox,
+    report_error,
+    splitter,
+    symmetric_levels,
+    table,
+    vbox,
+)
 
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
@@ -108,7 +117,7 @@ class LensPanel(QWidget):
             self.map_note.setText(r.note)
             return
         a = np.asarray(r.attribution, dtype=np.float32)  # (L, H)
-        m = float(np.abs(a).max()) or 1.0
+        _, m = symmetric_levels(a)
         self.image.setImage(a, autoLevels=False, levels=(-m, m))
         self.map_plot.setRange(xRange=(0, a.shape[1]), yRange=(0, a.shape[0]), padding=0.02)
         self.map_note.setText(

@@ -25,18 +25,13 @@ from .common import (
     outline,
     placeholder_text,
     show_axes,
+    symmetric_levels,
     vbox,
     wrapped_label,
 )
 
 _POS = pg.mkBrush("#4f8fdf")
 _NEG = pg.mkBrush("#df6f4f")
-
-
-def _sym(a: np.ndarray) -> tuple[float, float]:
-    m = float(np.abs(a).max()) if a.size else 1.0
-    m = m if m > 0 and math.isfinite(m) else 1.0
-    return -m, m
 
 
 class _KImage(pg.ImageItem):
@@ -121,10 +116,10 @@ class QKVView(QWidget):
         self._set_empty(False)
         t, d = snap.k.shape
         if self._last is not snap.k:
-            self.qimg.setImage(snap.q[None, :], autoLevels=False, levels=_sym(snap.q))
+            self.qimg.setImage(snap.q[None, :], autoLevels=False, levels=symmetric_levels(snap.q))
             self.qimg.setRect(QRectF(0, 0, d, 1))
-            self.kimg.setImage(snap.k, autoLevels=False, levels=_sym(snap.k))
-            self.vimg.setImage(snap.v, autoLevels=False, levels=_sym(snap.v))
+            self.kimg.setImage(snap.k, autoLevels=False, levels=symmetric_levels(snap.k))
+            self.vimg.setImage(snap.v, autoLevels=False, levels=symmetric_levels(snap.v))
             self._last = snap.k
             self.kaxis.set_labels(snap.labels[:t])
             self.kplot.setRange(xRange=(0, d), yRange=(0, t), padding=0)
