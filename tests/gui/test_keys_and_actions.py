@@ -178,3 +178,26 @@ def test_every_command_has_a_handler_and_anything_else_is_refused_when_posted(ma
     with pytest.raises(TypeError, match="max_steps"):
         commands.Run(max_steps=False)  # QAction's checked flag must never become a step count
     assert not win.busy and not no_dialogs
+
+
+@pytest.mark.parametrize(("entry", "busy_text"), [("Probe the KV cache", "Cache probe is still running"),
+                                                  ("Check the math of the selected head", "Math check is still running")])  # fmt: skip
+def test_a_tools_entry_chosen_twice_runs_once(shown, wait_idle, qtbot, no_dialogs, entry, busy_text):
+    """The panel's button is disabled while its job runs; its Tools menu entry is not, so a second
+    choice must not queue a second job (the first result would clear the busy state under it)."""
+    win = shown()
+    _press(qtbot, win, Qt.Key.Key_F10)
+    wait_idle(win)
+    tools = next(a.menu() for a in win.menuBar().actions() if a.text() == "&Tools")
+    act = next(a for a in tools.actions() if a.text().startswith(entry))
+    posted = []
+    orig = win.controller.run_in_worker
+    win.controller.run_in_worker = lambda *a, **kw: posted.append(1) or orig(*a, **kw)
+    act.trigger()
+    act.trigger()  # before the first job can come back: its callback runs on this thread's event loop
+    assert win.statusBar().currentMessage() == busy_text
+    wait_idle(win)
+    assert len(posted) == 1 and not no_dialogs and not win.errors
+    act.trigger()  # once it is back, the entry runs again
+    wait_idle(win)
+    assert len(posted) == 2

@@ -267,7 +267,12 @@ def submit(window, panel, job, show, title: str) -> None:
     """Run ``job`` on the window's worker with ``panel`` busy; then ``show(result)`` and bring the
     panel to the front, or report the error under ``title``."""
 
+    if getattr(panel, "submitted", False):  # its Tools menu entry stays enabled while the button is not
+        window.statusBar().showMessage(f"{title.removesuffix(' failed')} is still running", 5000)
+        return
+
     def done(result, error) -> None:
+        panel.submitted = False
         panel.set_busy(False)
         if error is not None:
             report_error(window, title, error)
@@ -275,8 +280,10 @@ def submit(window, panel, job, show, title: str) -> None:
         show(result)
         window.raise_panel(panel)
 
+    panel.submitted = True
     panel.set_busy(True)
     if window.run_in_worker(job, done) is None:  # held back while an export reads the session
+        panel.submitted = False
         panel.set_busy(False)
 
 
