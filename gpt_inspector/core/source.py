@@ -361,13 +361,10 @@ class RunSource:
     def kv_per_head_bytes(self, layer: int | None = None) -> int:
         """Bytes an ordinary per-head cache of the K and V attention received would take (one
         layer, or all): equal to ``kv_cache_bytes`` for most models, more for a latent cache."""
-        t = self.cache_length
-        if t == 0:
-            return 0
+        t, lay = self.cache_length, self.kv_layout
+        if lay is None or t == 0:
+            return self.kv_cache_bytes(layer)  # the cache is an ordinary per-head one, or empty
         layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
-        lay = self.kv_layout
-        if lay is None:
-            return self.kv_cache_bytes(layer)
         return sum(lay.layers[i].attention_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
 
 
