@@ -130,15 +130,13 @@ class KVLayout:
         shared = [(i, lk.reads) for i, lk in enumerate(self.layers) if lk is not None and lk.reads not in (None, i)]
         if shared:
             parts.append("KV sharing: " + ", ".join(f"layer {i} reads layer {j}'s cache" for i, j in shared))
-        ssm = [i for i, lk in enumerate(self.layers) if lk is None and i in self.state_layers]
-        if ssm:
-            parts.append(f"layers {_ranges(ssm)}: no attention (state-space)")
-        ffn = [i for i, lk in enumerate(self.layers) if lk is None and i not in self.state_layers]
-        if ffn:
-            parts.append(f"layers {_ranges(ffn)}: no attention (feed-forward only)")
-        both = [i for i in self.state_layers if self.layers[i] is not None]
-        if both:
-            parts.append(f"layers {_ranges(both)}: a state-space block beside attention")
+        for idx, what in (
+            ([i for i, lk in enumerate(self.layers) if lk is None and i in self.state_layers], "no attention (state-space)"),
+            ([i for i, lk in enumerate(self.layers) if lk is None and i not in self.state_layers], "no attention (feed-forward only)"),
+            ([i for i in self.state_layers if self.layers[i] is not None], "a state-space block beside attention"),
+        ):  # fmt: skip
+            if idx:
+                parts.append(f"layers {_ranges(idx)}: {what}")
         return "; ".join(parts)
 
 
