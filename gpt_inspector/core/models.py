@@ -116,20 +116,14 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if isinstance(device, torch.device):
         return device
     d = str(device).strip().lower()
+    mps = getattr(torch.backends, "mps", None)
+    has_mps = mps is not None and mps.is_available()
     if d == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if d == "cpu":
-        return torch.device("cpu")
-    if d == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise InspectorError("device 'mps' is not available on this machine; use --device cpu")
-        return torch.device("mps")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu")
+    if d == "mps" and not has_mps:
+        raise InspectorError("device 'mps' is not available on this machine; use --device cpu")
+    if d in ("cpu", "mps"):
+        return torch.device(d)
     if d == "cuda" or d.startswith("cuda:"):
         if not torch.cuda.is_available():
             raise InspectorError(f"device {device!r} is not available (no CUDA GPU); use --device cpu or auto")
