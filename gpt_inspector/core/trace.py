@@ -164,7 +164,9 @@ def _write_atomically(path: Path, write) -> None:
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temp file, not the trace
+        umask = os.umask(0)  # read, then put back: os has no other way to ask for it
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temp file, not the trace
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
@@ -174,12 +176,6 @@ def _write_atomically(path: Path, write) -> None:
         if isinstance(e, Exception):  # safetensors reports some I/O failures as its own error type
             raise InspectorError(f"cannot write {path}: {type(e).__name__}: {e}") from None
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class Trace(RunSource):
