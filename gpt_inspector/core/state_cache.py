@@ -20,12 +20,9 @@ _STATE_FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized"
 
 
 def _copy_state(layer) -> dict:
-    out = {}
-    for name in _STATE_FIELDS:
-        d = getattr(layer, name)
-        out[name] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
-    out["device"], out["dtype"] = layer.device, layer.dtype
-    return out
+    out = {name: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in getattr(layer, name).items()}
+           for name in _STATE_FIELDS}  # fmt: skip
+    return {**out, "device": layer.device, "dtype": layer.dtype}
 
 
 class StateCache(DynamicCache):
