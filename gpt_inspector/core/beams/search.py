@@ -32,15 +32,13 @@ would apply so front ends can say so.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
 from .. import decoding, validate
-from ..capture import Recorder
 from ..errors import InspectorError, check_index
-from ..forward import crop_cache, forward_with_rollback, interrupts_deferred
+from ..forward import Run, crop_cache, forward_with_rollback, interrupts_deferred
 from ..models import LoadedModel
 from ..step import Step, top_entries
 from ..tokens import token_label
@@ -96,7 +94,7 @@ def resolve_max_length(prompt_length: int, context_length: int, max_length, max_
     return total
 
 
-class BeamSearch:
+class BeamSearch(Run):
     """Step a beam search, one token per running beam per step, recording every beam's attention.
 
     ``BeamSearch(lm, prompt, num_beams=2, num_return_sequences=1, max_length=None,
@@ -173,23 +171,18 @@ class BeamSearch:
         self.cur_len = p
         self.done = False
 
-        self.cache = lm.new_cache()  # full length even for sliding-window layers, as in Session
-        gpus = bool(lm.cuda_devices)  # a device map may run some layers on a GPU even when dev is the CPU
-        self.recorder = Recorder(lm.n_layers, mirror_kv=dev.type != "cpu" or gpus or lm.mirror_kv)
-        self.steps_done: list[BeamStep] = []
+        super().__init__(lm)  # the cache, the records, no step yet
         root_text = "".join(token_label(lm.tokenizer, i) for i in self.prompt_ids)
         self.nodes: list[BeamNode] = [BeamNode(0, None, -1, None, root_text, 0.0, 0.0, fate="beam", status="alive")]
         self._row_nodes: list[int] = [0] * nb  # tree node at the end of each running beam
         self._slot_nodes: list[int | None] = [None] * nb  # tree node of each kept hypothesis (None: empty)
         self._slot_rows: list[_Rows | None] = [None] * nb  # their records
-        self._listeners: list[Callable[[str, object], None]] = []
-
-    # ------------------------------------------------------------------ observers
-    def subscribe(self, callback: Callable[[str, object], None]) -> None:
-        """``callback("beam_step", BeamStep)`` after every step."""
-        self._listeners.append(callback)
 
     # ------------------------------------------------------------------ state
+    @property
+    def ended(self) -> bool:
+        return self.done
+
     @property
     def n_steps(self) -> int:
         return len(self.steps_done)
@@ -197,10 +190,6 @@ class BeamSearch:
     @property
     def current(self) -> BeamStep | None:
         return self.steps_done[-1] if self.steps_done else None
-
-    @property
-    def cache_length(self) -> int:
-        return self.cache.get_seq_length()
 
     @property
     def beams(self) -> list[list[int]]:
@@ -279,8 +268,7 @@ class BeamSearch:
                     crop_cache(self.cache, start)
                     self.recorder.crop(start)
             raise
-        for cb in list(self._listeners):
-            cb("beam_step", st)
+        self._emit("beam_step", st)
         return st
 
     def _new_node(self, **kw) -> BeamNode:
@@ -466,15 +454,6 @@ class BeamSearch:
         return self._is_early_stop_heuristic_unsatisfied & torch.any(
             best_possible_running_score > worst_finished_score, dim=-1, keepdim=True
         )
-
-    def steps(self, max_steps: int | None = None) -> Iterator[BeamStep]:
-        """Step until the search is done or ``max_steps``; front ends may stop iterating any time."""
-        if max_steps is not None:
-            validate.integer("steps", max_steps, 1)
-        n = 0
-        while not self.done and (max_steps is None or n < max_steps):
-            yield self.step()
-            n += 1
 
     def run(self, n: int | None = None) -> list[BeamStep]:
         """Run ``n`` steps, or to the end."""
