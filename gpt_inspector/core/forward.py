@@ -23,7 +23,7 @@ from .errors import StepFailed
 
 class Run:
     """What a session and a beam search share: the model's cache and our records of it, the steps
-    taken, listeners, and stepping on to the end. The subclass has ``step()`` and ``ended``."""
+    taken, listeners, and stepping on to the end. The subclass keeps ``lm``, has ``step()`` and ``ended``."""
 
     def __init__(self, lm):
         # full length even for sliding-window layers: every position stays inspectable, and the
@@ -48,6 +48,14 @@ class Run:
     @property
     def cache_length(self) -> int:
         return self.cache.get_seq_length()
+
+    def _kv_rows(self, layer: int, length: int, row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V, (H_kv, length, d) each, of batch row ``row``: our mirror, else the cache itself."""
+        rec = self.recorder
+        if rec.mirror_kv:
+            return rec.k[layer].view(length)[row], rec.v[layer].view(length)[row]
+        cl = self.cache.layers[self.lm.cache_layer(layer)]  # a KV-sharing layer reads another's
+        return cl.keys[row, :, :length], cl.values[row, :, :length]
 
     def steps(self, max_steps: int | None = None) -> Iterator:
         """Step until the run ends (EOS or the context limit; a search: done) or ``max_steps``; front ends

@@ -234,14 +234,6 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         return self.set_decoding(top_p=p, redecide=redecide)
 
     # ------------------------------------------------------------------ run-source primitives
-    def _kv(self, layer: int, which: str) -> torch.Tensor:
-        t = self.cache_length
-        if self.recorder.mirror_kv:
-            buf = (self.recorder.k if which == "k" else self.recorder.v)[layer]
-            return buf.view(t)[0]  # (Hkv, T, d)
-        cl = self.cache.layers[self.lm.cache_layer(layer)]  # a KV-sharing layer reads another's
-        return (cl.keys if which == "k" else cl.values)[0, :, :t]  # (Hkv, T, d), the real cache
-
     def cached_rows(self, layer: int) -> torch.Tensor | None:
         lay = self.lm.kv_layout
         kv = None if lay is None else lay.layers[self.check_layer(layer)]
@@ -258,10 +250,10 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         return self.recorder.q[layer].view(self.cache_length)[0]  # (H, T, d)
 
     def _keys(self, layer: int) -> torch.Tensor:
-        return self._kv(layer, "k")
+        return self._kv_rows(layer, self.cache_length)[0]  # (Hkv, T, d)
 
     def _values(self, layer: int) -> torch.Tensor:
-        return self._kv(layer, "v")
+        return self._kv_rows(layer, self.cache_length)[1]
 
     @property
     def head_output_start(self) -> int:

@@ -57,10 +57,8 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         raise InspectorError("traces of hybrid models (layers without attention) are not supported yet")
     tensors: dict[str, np.ndarray] = {"tokens": np.asarray(source.tokens, dtype=np.int64)}
     for layer in range(L):
-        q, k, v = source.qkv(layer)
-        tensors[f"layers.{layer}.q"] = q  # (H, T, d)
-        tensors[f"layers.{layer}.k"] = k  # (H_kv, T, d)
-        tensors[f"layers.{layer}.v"] = v  # (H_kv, T, d)
+        for name, x in zip("qkv", source.qkv(layer)):
+            tensors[f"layers.{layer}.{name}"] = x  # q (H, T, d), k and v (H_kv, T, d)
         start, out = source.kept_head_outputs(layer)
         tensors[f"layers.{layer}.attn_out"] = to_numpy(out)  # (H, T - start, d)
         rows = source._mask_rows(layer)

@@ -293,11 +293,7 @@ class BeamSearch(Run):
         for i in att:
             q[i] = rec.q[i].view(length)[row]  # (H, T, d)
             out[i] = rec.out[i].view(length)[row]
-            if rec.mirror_kv:
-                k[i], v[i] = rec.k[i].view(length)[row], rec.v[i].view(length)[row]  # (H_kv, T, d)
-            else:
-                c = self.cache.layers[self.lm.cache_layer(i)]  # KV sharing: another layer's
-                k[i], v[i] = c.keys[row, :, :length], c.values[row, :, :length]  # (H_kv, T, d)
+            k[i], v[i] = self._kv_rows(i, length, row)  # (H_kv, T, d)
         bias = [rec.score_bias(i, length, row) for i in range(nl)]  # None for most models
         # this row's own masks where the model masks per row and head (doge's top-k); usually none
         masks = [{p: m[row].clone() for p, m in rec.mask_rows[i].items() if m.dim() == 3 and p < length}
