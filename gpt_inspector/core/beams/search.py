@@ -495,15 +495,12 @@ class BeamSearch(Run):
         check_index(r, self.num_return_sequences, "returned sequence")
         return self.hypothesis_view(r)
 
-    def _path(self, node: int) -> list[BeamNode]:
-        return beam_tree.path(self.nodes, node)
-
     def _path_steps(self, node: int) -> list[Step]:
         """Session-style steps along the path to ``node`` (what each beam saw when it chose)."""
         tok = self.lm.tokenizer
         p = len(self.prompt_ids)
         steps = []
-        for n in self._path(node):
+        for n in beam_tree.path(self.nodes, node):
             logits = self.steps_done[n.step].logits[n.parent_beam]  # (V,)
             probs = torch.softmax(logits, dim=-1)
             top = top_entries(probs, logits, lambda i: token_label(tok, i))
