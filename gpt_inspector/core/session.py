@@ -6,7 +6,7 @@ import time
 
 import torch
 
-from . import decoding, validate
+from . import decoding, kv_layout, validate
 from .attention import KINDS
 from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit
@@ -239,12 +239,10 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         kv = None if lay is None else lay.layers[self.check_layer(layer)]
         if kv is None or kv.reads is not None or not kv.cached or self.cache_length == 0:
             return None  # the cache holds the per-head K and V the views show (or nothing of its own)
-        t, cl = self.cache_length, self.cache.layers[layer]
-        parts = [x[0, :, :t] for x in (getattr(cl, "keys", None), getattr(cl, "values", None))
-                 if isinstance(x, torch.Tensor) and x.dim() == 4]  # (h, T, n) each, as the cache stores them
-        if not parts:
+        t, held = self.cache_length, kv_layout.cache_tensors(self.cache.layers[layer])  # (1, h, T, n) each, as stored
+        if held is None:
             return None
-        return torch.cat([p.transpose(0, 1).reshape(t, -1) for p in parts], dim=1)  # (T, cache numbers)
+        return torch.cat([x[0, :, :t].transpose(0, 1).reshape(t, -1) for x in held], dim=1)  # (T, cache numbers)
 
     def _queries(self, layer: int) -> torch.Tensor:
         return self.recorder.q[layer].view(self.cache_length)[0]  # (H, T, d)
