@@ -147,10 +147,6 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     return _DTYPES[key]
 
 
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
-
-
 def _check_local_folder(path: Path, allow_pickle: bool) -> None:
     if not (path / "config.json").is_file():
         raise InspectorError(f"{path} is not a model folder (no config.json)")
@@ -181,7 +177,8 @@ def _load_config(source: str, local: bool, trust_remote_code: bool):
     except OSError as e:
         if local:
             raise InspectorError(f"cannot read the config in {source}: {str(e).splitlines()[0]}") from None
-        where = "offline mode is on (HF_HUB_OFFLINE)" if _offline() else "the hub could not be reached"
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        where = "offline mode is on (HF_HUB_OFFLINE)" if offline else "the hub could not be reached"
         raise InspectorError(
             f"model {source!r} is not in the local cache and {where}; run once online or pass a folder"
         ) from None
