@@ -271,19 +271,15 @@ class BeamSearch(Run):
         self._emit("beam_step", st)
         return st
 
-    def _new_node(self, **kw) -> BeamNode:
-        n = BeamNode(len(self.nodes), **kw)
-        self.nodes.append(n)
-        return n
-
     def _candidate_nodes(self, log_probs, parents, tokens, scores, hits, step) -> list[BeamNode]:
-        return [
-            self._new_node(
-                parent=self._row_nodes[b], step=step, token_id=tok, text=token_label(self.lm.tokenizer, tok),
-                logprob=float(log_probs[b, tok]), score=sc, rank=rank, parent_beam=b, stopped=hit,
-            )
+        """The step's kept continuations as new tree nodes (ids follow the nodes so far), best first."""
+        first = len(self.nodes)
+        self.nodes += [
+            BeamNode(first + rank, parent=self._row_nodes[b], step=step, token_id=tok, text=token_label(self.lm.tokenizer, tok),
+                     logprob=float(log_probs[b, tok]), score=sc, rank=rank, parent_beam=b, stopped=hit)
             for rank, (b, tok, sc, hit) in enumerate(zip(parents, tokens, scores, hits))
         ]  # fmt: skip
+        return self.nodes[first:]
 
     def _row_records(self, row: int, length: int, clone: bool) -> _Rows:
         rec, nl = self.recorder, self.lm.n_layers
