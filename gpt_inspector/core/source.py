@@ -209,9 +209,7 @@ class RunSource:
         bias = self.score_bias(layer)
         if bias is None:
             return None
-        t = self.require_positions()
-        if not 0 <= p0 <= p1 <= t:
-            raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
+        t = self._key_span(p0, p1, None)  # the query rows checked
         idx = None if heads is None else torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
         return bias.block(p0, p1, t, idx)
 
