@@ -279,10 +279,8 @@ def _as_tensor(x, what: str) -> torch.Tensor:
 def _normalize(lm: LoadedModel, kv) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Accept a DynamicCache, ``{layer: (K, V)}`` or a per-layer sequence of (K, V) / None."""
     if hasattr(kv, "layers") and not isinstance(kv, (Mapping, Sequence)):
-        pairs = {}
-        for i, cl in enumerate(kv.layers):
-            if getattr(cl, "is_initialized", True) and getattr(cl, "keys", None) is not None and cl.keys.numel():
-                pairs[i] = (cl.keys, cl.values)
+        pairs = {i: (cl.keys, cl.values) for i, cl in enumerate(kv.layers)
+                 if getattr(cl, "is_initialized", True) and getattr(cl, "keys", None) is not None and cl.keys.numel()}
     elif isinstance(kv, Mapping):
         pairs = dict(kv)
     elif isinstance(kv, Sequence) and not isinstance(kv, (str, bytes)):
