@@ -335,11 +335,10 @@ class RunSource:
     def cache_layer_of(self, layer: int) -> int | None:
         """The layer whose cache holds the K/V ``layer`` reads: itself, a shared layer's, or None
         where the cache holds something else (a latent, untiled heads) or the layer has no attention."""
-        layer = self.check_layer(layer)
-        lk = None if self.kv_layout is None else self.kv_layout.layers[layer]
-        if self.kv_layout is None:
+        layer, lay = self.check_layer(layer), self.kv_layout
+        if lay is None:
             return layer
-        return None if lk is None else lk.reads
+        return None if lay.layers[layer] is None else lay.layers[layer].reads
 
     def kv_cache_bytes(self, layer: int | None = None) -> int:
         """Bytes the model's KV cache holds for this run (one layer, or all), as the cache really
