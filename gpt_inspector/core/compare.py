@@ -81,16 +81,8 @@ class Comparison:
 
     def to_json(self) -> dict:
         """A JSON-ready dict (``sampled`` and ``warnings`` only when present); a copy, safe to change."""
-        out = {
-            "model": self.model,
-            "prompt": self.prompt,
-            "prompt_ids": self.prompt_ids,
-            "prompt_length": self.prompt_length,
-            "max_length": self.max_length,
-            "settings": self.settings,
-            "greedy": self.greedy,
-            "beams": self.beams,
-        }
+        out = {k: getattr(self, k) for k in ("model", "prompt", "prompt_ids", "prompt_length", "max_length", "settings",
+                                             "greedy", "beams")}  # fmt: skip
         # the key order the CLI has always printed
         if self.warnings:
             out["warnings"] = self.warnings

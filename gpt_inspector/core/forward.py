@@ -1,7 +1,7 @@
 """One forward over a cache with recording on, and the rollback that keeps a run at its last good step.
 
 Shared by the session and the beam search: both must leave the cache and the records exactly as they
-were when anything (an error, Ctrl+C) stops a forward halfway.
+were when anything (an error, Ctrl+C) stops a forward halfway. ``Run`` is what else they share.
 """
 
 from __future__ import annotations
@@ -11,11 +11,61 @@ import functools
 import inspect
 import signal
 import threading
+from collections.abc import Callable, Iterator
 
 import torch
 from transformers import DynamicCache
 
+from . import validate
+from .capture import Recorder
 from .errors import StepFailed
+
+
+class Run:
+    """What a session and a beam search share: the model's cache and our records of it, the steps
+    taken, listeners, and stepping on to the end. The subclass keeps ``lm``, has ``step()`` and ``ended``."""
+
+    def __init__(self, lm):
+        # full length even for sliding-window layers: every position stays inspectable, and the
+        # model's own sliding mask (recorded as mask rows) hides what the window drops
+        self.cache = lm.new_cache()
+        # K/V are read from the cache where it holds them (no copy); mirrored on accelerators (every GPU
+        # a device map uses, even with the input on the CPU), and where the cache holds something else
+        # (see core.kv_layout)
+        self.recorder = Recorder(lm.n_layers, mirror_kv=lm.device.type != "cpu" or bool(lm.cuda_devices) or lm.mirror_kv)
+        self.steps_done: list = []
+        self._listeners: list[Callable[[str, object], None]] = []
+
+    def subscribe(self, callback: Callable[[str, object], None]) -> None:
+        """``callback(event, payload)`` after every change: a session's step, step_back, decoding, force,
+        mask and fault; a beam search's beam_step (with its BeamStep)."""
+        self._listeners.append(callback)
+
+    def _emit(self, event: str, payload: object) -> None:
+        for cb in list(self._listeners):
+            cb(event, payload)
+
+    @property
+    def cache_length(self) -> int:
+        return self.cache.get_seq_length()
+
+    def _kv_rows(self, layer: int, length: int, row: int = 0) -> tuple[torch.Tensor, torch.Tensor]:
+        """K and V, (H_kv, length, d) each, of batch row ``row``: our mirror, else the cache itself."""
+        rec = self.recorder
+        if rec.mirror_kv:
+            return rec.k[layer].view(length)[row], rec.v[layer].view(length)[row]
+        cl = self.cache.layers[self.lm.cache_layer(layer)]  # a KV-sharing layer reads another's
+        return cl.keys[row, :, :length], cl.values[row, :, :length]
+
+    def steps(self, max_steps: int | None = None) -> Iterator:
+        """Step until the run ends (EOS or the context limit; a search: done) or ``max_steps``; front ends
+        may stop iterating any time."""
+        if max_steps is not None:
+            validate.count(max_steps)
+        n = 0
+        while not self.ended and (max_steps is None or n < max_steps):
+            yield self.step()
+            n += 1
 
 
 def crop_cache(cache: DynamicCache, length: int) -> None:

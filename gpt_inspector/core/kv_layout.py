@@ -130,15 +130,13 @@ class KVLayout:
         shared = [(i, lk.reads) for i, lk in enumerate(self.layers) if lk is not None and lk.reads not in (None, i)]
         if shared:
             parts.append("KV sharing: " + ", ".join(f"layer {i} reads layer {j}'s cache" for i, j in shared))
-        ssm = [i for i, lk in enumerate(self.layers) if lk is None and i in self.state_layers]
-        if ssm:
-            parts.append(f"layers {_ranges(ssm)}: no attention (state-space)")
-        ffn = [i for i, lk in enumerate(self.layers) if lk is None and i not in self.state_layers]
-        if ffn:
-            parts.append(f"layers {_ranges(ffn)}: no attention (feed-forward only)")
-        both = [i for i in self.state_layers if self.layers[i] is not None]
-        if both:
-            parts.append(f"layers {_ranges(both)}: a state-space block beside attention")
+        for idx, what in (
+            ([i for i, lk in enumerate(self.layers) if lk is None and i in self.state_layers], "no attention (state-space)"),
+            ([i for i, lk in enumerate(self.layers) if lk is None and i not in self.state_layers], "no attention (feed-forward only)"),
+            ([i for i in self.state_layers if self.layers[i] is not None], "a state-space block beside attention"),
+        ):  # fmt: skip
+            if idx:
+                parts.append(f"layers {_ranges(idx)}: {what}")
         return "; ".join(parts)
 
 
@@ -188,7 +186,8 @@ def silent_layers(cache) -> set[int]:
     return {i for i, cl in enumerate(cache.layers) if is_state_layer(cl) or type(cl).__name__ == "DummyLayer"}
 
 
-def _kv_tensors(cl) -> tuple[torch.Tensor, torch.Tensor] | None:
+def cache_tensors(cl) -> tuple[torch.Tensor, torch.Tensor] | None:
+    """A cache layer's own keys and values, (B, h, T, n) each, where it holds both; else None."""
     k, v = getattr(cl, "keys", None), getattr(cl, "values", None)
     if isinstance(k, torch.Tensor) and isinstance(v, torch.Tensor) and k.dim() == 4 and v.dim() == 4:
         return k, v
@@ -200,7 +199,7 @@ def read_layout(rec, cache, n_layers: int, length: int, own_cache: bool) -> KVLa
 
     ``rec`` recorded with ``mirror_kv=True``; layers it never saw have no attention.
     """
-    held = [_kv_tensors(cl) for cl in cache.layers]
+    held = [cache_tensors(cl) for cl in cache.layers]
     held = [None if kv is None else (kv[0].detach().cpu(), kv[1].detach().cpu()) for kv in held]
     layers: list[LayerKV | None] = []
     for i in range(n_layers):

@@ -72,22 +72,12 @@ class MathCheck:
         )
 
     def to_json(self) -> dict:
-        return {
-            "layer": self.layer,
-            "head": self.head,
-            "kv_head": self.kv_head,
-            "position": self.position,
-            "scaling": self.scaling,
-            "softcap": self.softcap,
-            "formula": self.formula,
-            "weights": self.weights.tolist(),
-            "recomputed": self.recomputed.tolist(),
-            "model": self.model.tolist(),
-            "max_abs_diff": _num(self.max_abs_diff),
-            "tolerance": self.tolerance,
-            "ok": self.ok,
-            "nonfinite": self.nonfinite,
-        }
+        out = {k: getattr(self, k) for k in ("layer", "head", "kv_head", "position", "scaling", "softcap", "formula",
+                                             "weights", "recomputed", "model", "max_abs_diff", "tolerance", "ok", "nonfinite")}
+        # in place, so the keys keep their order: arrays as lists, and JSON has no inf or NaN
+        out.update(weights=self.weights.tolist(), recomputed=self.recomputed.tolist(), model=self.model.tolist(),
+                   max_abs_diff=_num(self.max_abs_diff))  # fmt: skip
+        return out
 
 
 @dataclass
@@ -222,14 +212,12 @@ def _attend(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray, sc
 
 
 def _bias(source, layer: int, p0: int, p1: int, heads=None) -> np.ndarray | None:
-    rows = getattr(source, "bias_rows", None)  # older sources have no score biases
-    b = None if rows is None else rows(layer, p0, p1, heads)
+    b = source.bias_rows(layer, p0, p1, heads)
     return None if b is None else b.double().numpy()  # (h, n, T)
 
 
 def _sink(source, layer: int) -> np.ndarray | None:
-    sink = getattr(source, "sink", None)  # older sources have no sinks
-    s = None if sink is None else sink(layer)
+    s = source.sink(layer)
     return None if s is None else s.double().numpy()  # (H,)
 
 

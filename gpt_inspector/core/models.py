@@ -116,20 +116,14 @@ def resolve_device(device: str | torch.device = "auto") -> torch.device:
     if isinstance(device, torch.device):
         return device
     d = str(device).strip().lower()
+    mps = getattr(torch.backends, "mps", None)
+    has_mps = mps is not None and mps.is_available()
     if d == "auto":
-        if torch.cuda.is_available():
-            return torch.device("cuda")
-        mps = getattr(torch.backends, "mps", None)
-        if mps is not None and mps.is_available():
-            return torch.device("mps")
-        return torch.device("cpu")
-    if d == "cpu":
-        return torch.device("cpu")
-    if d == "mps":
-        mps = getattr(torch.backends, "mps", None)
-        if mps is None or not mps.is_available():
-            raise InspectorError("device 'mps' is not available on this machine; use --device cpu")
-        return torch.device("mps")
+        return torch.device("cuda" if torch.cuda.is_available() else "mps" if has_mps else "cpu")
+    if d == "mps" and not has_mps:
+        raise InspectorError("device 'mps' is not available on this machine; use --device cpu")
+    if d in ("cpu", "mps"):
+        return torch.device(d)
     if d == "cuda" or d.startswith("cuda:"):
         if not torch.cuda.is_available():
             raise InspectorError(f"device {device!r} is not available (no CUDA GPU); use --device cpu or auto")
@@ -151,10 +145,6 @@ def resolve_dtype(dtype: str | torch.dtype | None) -> torch.dtype:
     if key not in _DTYPES:
         raise InspectorError(f"unknown dtype {dtype!r}; use float32, float16 or bfloat16")
     return _DTYPES[key]
-
-
-def _offline() -> bool:
-    return os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
 
 
 def _check_local_folder(path: Path, allow_pickle: bool) -> None:
@@ -187,7 +177,8 @@ def _load_config(source: str, local: bool, trust_remote_code: bool):
     except OSError as e:
         if local:
             raise InspectorError(f"cannot read the config in {source}: {str(e).splitlines()[0]}") from None
-        where = "offline mode is on (HF_HUB_OFFLINE)" if _offline() else "the hub could not be reached"
+        offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
+        where = "offline mode is on (HF_HUB_OFFLINE)" if offline else "the hub could not be reached"
         raise InspectorError(
             f"model {source!r} is not in the local cache and {where}; run once online or pass a folder"
         ) from None

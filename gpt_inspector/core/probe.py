@@ -83,20 +83,10 @@ class PositionProbe:
         return self.exact if c is None else c
 
     def to_json(self) -> dict:
-        return {
-            "position": self.position,
-            "token_id": self.token_id,
-            "label": self.label,
-            "distance": self.distance,
-            "margin": _finite(self.margin),
-            "runner_up_id": self.runner_up_id,
-            "runner_up_label": self.runner_up_label,
-            "exact": self.exact,
-            "true_token_id": self.true_token_id,
-            "true_label": self.true_label,
-            "correct": self.correct,
-            "recovered": self.recovered,
-        }
+        out = {k: getattr(self, k) for k in ("position", "token_id", "label", "distance", "margin", "runner_up_id",
+                                             "runner_up_label", "exact", "true_token_id", "true_label", "correct", "recovered")}
+        out["margin"] = _finite(self.margin)  # inf without a runner-up: JSON has none
+        return out
 
 
 @dataclass
@@ -289,10 +279,8 @@ def _as_tensor(x, what: str) -> torch.Tensor:
 def _normalize(lm: LoadedModel, kv) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Accept a DynamicCache, ``{layer: (K, V)}`` or a per-layer sequence of (K, V) / None."""
     if hasattr(kv, "layers") and not isinstance(kv, (Mapping, Sequence)):
-        pairs = {}
-        for i, cl in enumerate(kv.layers):
-            if getattr(cl, "is_initialized", True) and getattr(cl, "keys", None) is not None and cl.keys.numel():
-                pairs[i] = (cl.keys, cl.values)
+        pairs = {i: (cl.keys, cl.values) for i, cl in enumerate(kv.layers)
+                 if getattr(cl, "is_initialized", True) and getattr(cl, "keys", None) is not None and cl.keys.numel()}
     elif isinstance(kv, Mapping):
         pairs = dict(kv)
     elif isinstance(kv, Sequence) and not isinstance(kv, (str, bytes)):

@@ -3,16 +3,15 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 
 import torch
 
-from . import decoding, validate
+from . import decoding, kv_layout, validate
 from .attention import KINDS
-from .capture import Recorder, scratch_forward
+from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit
 from .errors import InspectorError, StepFailed, check_index
-from .forward import crop_cache, forward_with_rollback, interrupts_deferred
+from .forward import Run, crop_cache, forward_with_rollback, interrupts_deferred
 from .models import LoadedModel
 from .session_edits import EditingMixin, MaskEditReport
 from .source import ModelShape, RunSource
@@ -23,7 +22,7 @@ RECIPE_FORMAT = "gpt-inspector-recipe/1"
 OUTPUT_WINDOW = 128
 
 
-class Session(EditingMixin, ModelShape, RunSource):
+class Session(EditingMixin, ModelShape, RunSource, Run):
     """Step a loaded model through generation, recording every attention quantity.
 
     ``Session(model, prompt, temperature=0.0, top_k=None, top_p=None, seed=0)``. The read
@@ -56,7 +55,6 @@ class Session(EditingMixin, ModelShape, RunSource):
             )
         self.prompt_ids = ids
         self.tokens: list[int] = list(ids)
-        self.steps_done: list[Step] = []
         self.finished: str | None = None
         self._blocked: dict[tuple, MaskEdit] = {}
         self._head_edits: list[HeadEdit] = []
@@ -64,32 +62,17 @@ class Session(EditingMixin, ModelShape, RunSource):
         self._initial_decoding = self.decoding
         # every change in order, so a recipe replays exactly (mid-session temperature or mask changes too)
         self._ops: list[dict] = []
-        self._listeners: list[Callable[[str, object], None]] = []
         self.generator = torch.Generator().manual_seed(seed)
-        # full length even for sliding-window layers: every position stays inspectable, and the
-        # model's own sliding mask (recorded as mask rows) hides what the window drops
-        self.cache = model.new_cache()
-        # K/V are read from the cache where it holds them (no copy); mirrored on accelerators (every
-        # GPU a device map uses), and where the cache holds something else (see core.kv_layout)
-        on_cpu = model.device.type == "cpu" and not model.cuda_devices
-        self.recorder = Recorder(model.n_layers, mirror_kv=not on_cpu or model.mirror_kv)
+        Run.__init__(self, model)  # the cache, the records, no step yet
         # head outputs where steps decide tokens (see Recorder.out_from), the newest OUTPUT_WINDOW of them
         self.recorder.out_from = self.recorder.out_floor = len(ids) - 1
         self._early_outputs: tuple | None = None  # the rows before out_from, recomputed on demand
 
-    # ------------------------------------------------------------------ observers
-    def subscribe(self, callback: Callable[[str, object], None]) -> None:
-        """``callback(event, payload)`` after every change: step, step_back, decoding, force, mask, fault."""
-        self._listeners.append(callback)
-
-    def _emit(self, event: str, payload: object) -> None:
-        for cb in list(self._listeners):
-            cb(event, payload)
-
     # ------------------------------------------------------------------ state
     @property
-    def cache_length(self) -> int:
-        return self.cache.get_seq_length()
+    def ended(self) -> bool:
+        """EOS or the context limit: no step can follow until a step back or a forced token."""
+        return bool(self.finished)
 
     @property
     def mask_edits(self) -> list[MaskEdit]:
@@ -168,15 +151,6 @@ class Session(EditingMixin, ModelShape, RunSource):
         self._window_outputs()
         self._emit("step", s)
         return s
-
-    def steps(self, max_steps: int | None = None) -> Iterator[Step]:
-        """Step until EOS, the context limit or ``max_steps``; front ends may stop iterating any time."""
-        if max_steps is not None:
-            validate.count(max_steps)
-        n = 0
-        while not self.finished and (max_steps is None or n < max_steps):
-            yield self.step()
-            n += 1
 
     def run(self, n: int) -> list[Step]:
         validate.count(n)
@@ -260,34 +234,24 @@ class Session(EditingMixin, ModelShape, RunSource):
         return self.set_decoding(top_p=p, redecide=redecide)
 
     # ------------------------------------------------------------------ run-source primitives
-    def _kv(self, layer: int, which: str) -> torch.Tensor:
-        t = self.cache_length
-        if self.recorder.mirror_kv:
-            buf = (self.recorder.k if which == "k" else self.recorder.v)[layer]
-            return buf.view(t)[0]  # (Hkv, T, d)
-        cl = self.cache.layers[self.lm.cache_layer(layer)]  # a KV-sharing layer reads another's
-        return (cl.keys if which == "k" else cl.values)[0, :, :t]  # (Hkv, T, d), the real cache
-
     def cached_rows(self, layer: int) -> torch.Tensor | None:
         lay = self.lm.kv_layout
         kv = None if lay is None else lay.layers[self.check_layer(layer)]
         if kv is None or kv.reads is not None or not kv.cached or self.cache_length == 0:
             return None  # the cache holds the per-head K and V the views show (or nothing of its own)
-        t, cl = self.cache_length, self.cache.layers[layer]
-        parts = [x[0, :, :t] for x in (getattr(cl, "keys", None), getattr(cl, "values", None))
-                 if isinstance(x, torch.Tensor) and x.dim() == 4]  # (h, T, n) each, as the cache stores them
-        if not parts:
+        t, held = self.cache_length, kv_layout.cache_tensors(self.cache.layers[layer])  # (1, h, T, n) each, as stored
+        if held is None:
             return None
-        return torch.cat([p.transpose(0, 1).reshape(t, -1) for p in parts], dim=1)  # (T, cache numbers)
+        return torch.cat([x[0, :, :t].transpose(0, 1).reshape(t, -1) for x in held], dim=1)  # (T, cache numbers)
 
     def _queries(self, layer: int) -> torch.Tensor:
         return self.recorder.q[layer].view(self.cache_length)[0]  # (H, T, d)
 
     def _keys(self, layer: int) -> torch.Tensor:
-        return self._kv(layer, "k")
+        return self._kv_rows(layer, self.cache_length)[0]  # (Hkv, T, d)
 
     def _values(self, layer: int) -> torch.Tensor:
-        return self._kv(layer, "v")
+        return self._kv_rows(layer, self.cache_length)[1]
 
     @property
     def head_output_start(self) -> int:

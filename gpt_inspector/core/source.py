@@ -209,9 +209,7 @@ class RunSource:
         bias = self.score_bias(layer)
         if bias is None:
             return None
-        t = self.require_positions()
-        if not 0 <= p0 <= p1 <= t:
-            raise InspectorError(f"query rows must lie in [0, {t}], got {p0}..{p1}")
+        t = self._key_span(p0, p1, None)  # the query rows checked
         idx = None if heads is None else torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
         return bias.block(p0, p1, t, idx)
 
@@ -337,11 +335,10 @@ class RunSource:
     def cache_layer_of(self, layer: int) -> int | None:
         """The layer whose cache holds the K/V ``layer`` reads: itself, a shared layer's, or None
         where the cache holds something else (a latent, untiled heads) or the layer has no attention."""
-        layer = self.check_layer(layer)
-        lk = None if self.kv_layout is None else self.kv_layout.layers[layer]
-        if self.kv_layout is None:
+        layer, lay = self.check_layer(layer), self.kv_layout
+        if lay is None:
             return layer
-        return None if lk is None else lk.reads
+        return None if lay.layers[layer] is None else lay.layers[layer].reads
 
     def kv_cache_bytes(self, layer: int | None = None) -> int:
         """Bytes the model's KV cache holds for this run (one layer, or all), as the cache really
@@ -361,13 +358,10 @@ class RunSource:
     def kv_per_head_bytes(self, layer: int | None = None) -> int:
         """Bytes an ordinary per-head cache of the K and V attention received would take (one
         layer, or all): equal to ``kv_cache_bytes`` for most models, more for a latent cache."""
-        t = self.cache_length
-        if t == 0:
-            return 0
+        t, lay = self.cache_length, self.kv_layout
+        if lay is None or t == 0:
+            return self.kv_cache_bytes(layer)  # the cache is an ordinary per-head one, or empty
         layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
-        lay = self.kv_layout
-        if lay is None:
-            return self.kv_cache_bytes(layer)
         return sum(lay.layers[i].attention_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
 
 

@@ -19,15 +19,6 @@ _STATE_FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized"
                  "has_previous_state", "conv_kernel_size")  # fmt: skip
 
 
-def _copy_state(layer) -> dict:
-    out = {}
-    for name in _STATE_FIELDS:
-        d = getattr(layer, name)
-        out[name] = {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in d.items()}
-    out["device"], out["dtype"] = layer.device, layer.dtype
-    return out
-
-
 class StateCache(DynamicCache):
     """``DynamicCache(config=...)`` whose state-space layers remember their state before each forward.
 
@@ -46,7 +37,9 @@ class StateCache(DynamicCache):
         # (causal_conv1d_update, selective_state_update), not through the cache's update methods
         for idx, layer in enumerate(self.layers):
             if is_state_layer(layer):
-                self._history.setdefault(idx, {})[start] = _copy_state(layer)
+                state = {name: {k: (v.clone() if isinstance(v, torch.Tensor) else v) for k, v in getattr(layer, name).items()}
+                         for name in _STATE_FIELDS}  # fmt: skip
+                self._history.setdefault(idx, {})[start] = {**state, "device": layer.device, "dtype": layer.dtype}
 
     def rewind_states(self, length: int) -> None:
         """Every state layer as it was after ``length`` positions (a forward boundary)."""

@@ -17,25 +17,15 @@ def _byte_decoder() -> dict[str, int]:
     return {c: b for b, c in bytes_to_unicode().items()}
 
 
-def token_bytes(tokenizer, token_id: int) -> bytes | None:
-    """The raw bytes of a byte-level BPE token, or None for other tokenizers and special tokens."""
-    piece = tokenizer.convert_ids_to_tokens(int(token_id))
-    if piece is None or token_id in getattr(tokenizer, "all_special_ids", ()):
-        return None
-    dec = _byte_decoder()
-    if not all(ch in dec for ch in piece):
-        return None
-    return bytes(dec[ch] for ch in piece)
-
-
 def token_label(tokenizer, token_id: int) -> str:
     """What to print for one token: spaces as '␣', newlines as '↵', broken UTF-8 as <0xNN>."""
-    raw = token_bytes(tokenizer, token_id)
-    if raw is None:
+    piece = tokenizer.convert_ids_to_tokens(int(token_id))
+    dec = _byte_decoder()
+    if piece is None or token_id in getattr(tokenizer, "all_special_ids", ()) or not all(ch in dec for ch in piece):
+        # not a byte-level BPE token (another tokenizer, a special token): its decoded text
         text = tokenizer.decode([int(token_id)])
-        piece = tokenizer.convert_ids_to_tokens(int(token_id)) or ""
-        if piece.startswith("▁"):  # sentencepiece word start
+        if (piece or "").startswith("▁"):  # sentencepiece word start
             text = " " + text.lstrip(" ")
-    else:
-        text = raw.decode("utf-8", _HEX_BYTES)  # every byte no valid UTF-8 sequence covers as <0xNN>
+    else:  # the token's raw bytes, every byte no valid UTF-8 sequence covers as <0xNN>
+        text = bytes(dec[ch] for ch in piece).decode("utf-8", _HEX_BYTES)
     return text.replace(" ", "␣").replace("\n", "↵").replace("\t", "⇥").replace("\r", "␍") or "∅"

@@ -57,10 +57,8 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         raise InspectorError("traces of hybrid models (layers without attention) are not supported yet")
     tensors: dict[str, np.ndarray] = {"tokens": np.asarray(source.tokens, dtype=np.int64)}
     for layer in range(L):
-        q, k, v = source.qkv(layer)
-        tensors[f"layers.{layer}.q"] = q  # (H, T, d)
-        tensors[f"layers.{layer}.k"] = k  # (H_kv, T, d)
-        tensors[f"layers.{layer}.v"] = v  # (H_kv, T, d)
+        for name, x in zip("qkv", source.qkv(layer)):
+            tensors[f"layers.{layer}.{name}"] = x  # q (H, T, d), k and v (H_kv, T, d)
         start, out = source.kept_head_outputs(layer)
         tensors[f"layers.{layer}.attn_out"] = to_numpy(out)  # (H, T - start, d)
         rows = source._mask_rows(layer)
@@ -164,7 +162,9 @@ def _write_atomically(path: Path, write) -> None:
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        os.chmod(tmp, 0o666 & ~_umask())  # mkstemp's 0600 is for the temp file, not the trace
+        umask = os.umask(0)  # read, then put back: os has no other way to ask for it
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temp file, not the trace
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
@@ -174,12 +174,6 @@ def _write_atomically(path: Path, write) -> None:
         if isinstance(e, Exception):  # safetensors reports some I/O failures as its own error type
             raise InspectorError(f"cannot write {path}: {type(e).__name__}: {e}") from None
         raise
-
-
-def _umask() -> int:
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
 
 
 class Trace(RunSource):

@@ -8,6 +8,7 @@ import pytest
 
 from gpt_inspector import InspectorError
 from gpt_inspector.core.beams import BeamSearch, first_difference
+from gpt_inspector.core.beams.tree import path as tree_path
 from gpt_inspector.core.compare import Comparison, compare
 
 REPO = Path(__file__).resolve().parents[2]
@@ -45,7 +46,7 @@ def test_beam_tree_paths_lead_to_the_returned_sequences(tiny_lm):
     assert len(nodes) == 1 + sum(len(s.candidates) for s in bs.steps_done)
     p = len(bs.prompt_ids)
     for rank, hyp in enumerate(r.hypotheses):
-        path = bs._path(hyp.node)
+        path = tree_path(nodes, hyp.node)
         assert [n.token_id for n in path] == hyp.token_ids[p:]
         assert nodes[hyp.node].status == "finished"
         assert all(n.returned is not None and n.returned <= rank for n in path)

@@ -49,10 +49,6 @@ def native():
         NATIVE.reset(token)
 
 
-def is_native() -> bool:
-    return NATIVE.get()
-
-
 def adapt(model, source: str) -> bool:
     """Wrap ``model``'s attention if its family needs an adapter; True if it did.
 

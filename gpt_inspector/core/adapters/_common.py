@@ -7,7 +7,7 @@ import types
 import torch
 
 from .. import capture
-from . import is_native
+from . import NATIVE
 
 
 def patch(module: torch.nn.Module, name: str, fn) -> None:
@@ -19,7 +19,7 @@ def patch(module: torch.nn.Module, name: str, fn) -> None:
         return  # already adapted
 
     def call(self, *args, **kwargs):
-        if is_native():
+        if NATIVE.get():
             return getattr(type(self), name)(self, *args, **kwargs)
         return fn(self, *args, **kwargs)
 

@@ -52,8 +52,7 @@ def gpt_neo(model) -> None:
 @register("gpt_neox_japanese")
 def gpt_neox_japanese(model) -> None:
     def _attn(self, query, key, value, attention_mask=None):
-        out, probs = attend(self.layer_idx, query, key, value, attention_mask, 1.0 / self.norm_factor)
-        return out, probs  # (B, H, Tq, d)
+        return attend(self.layer_idx, query, key, value, attention_mask, 1.0 / self.norm_factor)  # (B, H, Tq, d), probs
 
     for layer in model.gpt_neox_japanese.layers:
         patch(layer.attention, "_attn", _attn)

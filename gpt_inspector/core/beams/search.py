@@ -32,15 +32,13 @@ would apply so front ends can say so.
 from __future__ import annotations
 
 import time
-from collections.abc import Callable, Iterator
 
 import numpy as np
 import torch
 
 from .. import decoding, validate
-from ..capture import Recorder
 from ..errors import InspectorError, check_index
-from ..forward import crop_cache, forward_with_rollback, interrupts_deferred
+from ..forward import Run, crop_cache, forward_with_rollback, interrupts_deferred
 from ..models import LoadedModel
 from ..step import Step, top_entries
 from ..tokens import token_label
@@ -96,7 +94,7 @@ def resolve_max_length(prompt_length: int, context_length: int, max_length, max_
     return total
 
 
-class BeamSearch:
+class BeamSearch(Run):
     """Step a beam search, one token per running beam per step, recording every beam's attention.
 
     ``BeamSearch(lm, prompt, num_beams=2, num_return_sequences=1, max_length=None,
@@ -173,23 +171,18 @@ class BeamSearch:
         self.cur_len = p
         self.done = False
 
-        self.cache = lm.new_cache()  # full length even for sliding-window layers, as in Session
-        gpus = bool(lm.cuda_devices)  # a device map may run some layers on a GPU even when dev is the CPU
-        self.recorder = Recorder(lm.n_layers, mirror_kv=dev.type != "cpu" or gpus or lm.mirror_kv)
-        self.steps_done: list[BeamStep] = []
+        super().__init__(lm)  # the cache, the records, no step yet
         root_text = "".join(token_label(lm.tokenizer, i) for i in self.prompt_ids)
         self.nodes: list[BeamNode] = [BeamNode(0, None, -1, None, root_text, 0.0, 0.0, fate="beam", status="alive")]
         self._row_nodes: list[int] = [0] * nb  # tree node at the end of each running beam
         self._slot_nodes: list[int | None] = [None] * nb  # tree node of each kept hypothesis (None: empty)
         self._slot_rows: list[_Rows | None] = [None] * nb  # their records
-        self._listeners: list[Callable[[str, object], None]] = []
-
-    # ------------------------------------------------------------------ observers
-    def subscribe(self, callback: Callable[[str, object], None]) -> None:
-        """``callback("beam_step", BeamStep)`` after every step."""
-        self._listeners.append(callback)
 
     # ------------------------------------------------------------------ state
+    @property
+    def ended(self) -> bool:
+        return self.done
+
     @property
     def n_steps(self) -> int:
         return len(self.steps_done)
@@ -197,10 +190,6 @@ class BeamSearch:
     @property
     def current(self) -> BeamStep | None:
         return self.steps_done[-1] if self.steps_done else None
-
-    @property
-    def cache_length(self) -> int:
-        return self.cache.get_seq_length()
 
     @property
     def beams(self) -> list[list[int]]:
@@ -279,23 +268,18 @@ class BeamSearch:
                     crop_cache(self.cache, start)
                     self.recorder.crop(start)
             raise
-        for cb in list(self._listeners):
-            cb("beam_step", st)
+        self._emit("beam_step", st)
         return st
 
-    def _new_node(self, **kw) -> BeamNode:
-        n = BeamNode(len(self.nodes), **kw)
-        self.nodes.append(n)
-        return n
-
     def _candidate_nodes(self, log_probs, parents, tokens, scores, hits, step) -> list[BeamNode]:
-        return [
-            self._new_node(
-                parent=self._row_nodes[b], step=step, token_id=tok, text=token_label(self.lm.tokenizer, tok),
-                logprob=float(log_probs[b, tok]), score=sc, rank=rank, parent_beam=b, stopped=hit,
-            )
+        """The step's kept continuations as new tree nodes (ids follow the nodes so far), best first."""
+        first = len(self.nodes)
+        self.nodes += [
+            BeamNode(first + rank, parent=self._row_nodes[b], step=step, token_id=tok, text=token_label(self.lm.tokenizer, tok),
+                     logprob=float(log_probs[b, tok]), score=sc, rank=rank, parent_beam=b, stopped=hit)
             for rank, (b, tok, sc, hit) in enumerate(zip(parents, tokens, scores, hits))
         ]  # fmt: skip
+        return self.nodes[first:]
 
     def _row_records(self, row: int, length: int, clone: bool) -> _Rows:
         rec, nl = self.recorder, self.lm.n_layers
@@ -305,11 +289,7 @@ class BeamSearch:
         for i in att:
             q[i] = rec.q[i].view(length)[row]  # (H, T, d)
             out[i] = rec.out[i].view(length)[row]
-            if rec.mirror_kv:
-                k[i], v[i] = rec.k[i].view(length)[row], rec.v[i].view(length)[row]  # (H_kv, T, d)
-            else:
-                c = self.cache.layers[self.lm.cache_layer(i)]  # KV sharing: another layer's
-                k[i], v[i] = c.keys[row, :, :length], c.values[row, :, :length]  # (H_kv, T, d)
+            k[i], v[i] = self._kv_rows(i, length, row)  # (H_kv, T, d)
         bias = [rec.score_bias(i, length, row) for i in range(nl)]  # None for most models
         # this row's own masks where the model masks per row and head (doge's top-k); usually none
         masks = [{p: m[row].clone() for p, m in rec.mask_rows[i].items() if m.dim() == 3 and p < length}
@@ -467,15 +447,6 @@ class BeamSearch:
             best_possible_running_score > worst_finished_score, dim=-1, keepdim=True
         )
 
-    def steps(self, max_steps: int | None = None) -> Iterator[BeamStep]:
-        """Step until the search is done or ``max_steps``; front ends may stop iterating any time."""
-        if max_steps is not None:
-            validate.integer("steps", max_steps, 1)
-        n = 0
-        while not self.done and (max_steps is None or n < max_steps):
-            yield self.step()
-            n += 1
-
     def run(self, n: int | None = None) -> list[BeamStep]:
         """Run ``n`` steps, or to the end."""
         return list(self.steps(n))
@@ -520,15 +491,12 @@ class BeamSearch:
         check_index(r, self.num_return_sequences, "returned sequence")
         return self.hypothesis_view(r)
 
-    def _path(self, node: int) -> list[BeamNode]:
-        return beam_tree.path(self.nodes, node)
-
     def _path_steps(self, node: int) -> list[Step]:
         """Session-style steps along the path to ``node`` (what each beam saw when it chose)."""
         tok = self.lm.tokenizer
         p = len(self.prompt_ids)
         steps = []
-        for n in self._path(node):
+        for n in beam_tree.path(self.nodes, node):
             logits = self.steps_done[n.step].logits[n.parent_beam]  # (V,)
             probs = torch.softmax(logits, dim=-1)
             top = top_entries(probs, logits, lambda i: token_label(tok, i))

@@ -93,7 +93,5 @@ class BeamView(ModelShape, RunSource):
         return {**shared, **own}
 
     def record_bytes(self) -> int:
-        if self._rows is None:
-            return 0
         r = self._rows
-        return sum(t.numel() * t.element_size() for t in (*r.q, *r.out))
+        return 0 if r is None else sum(t.numel() * t.element_size() for t in (*r.q, *r.out))
