@@ -173,10 +173,10 @@ def _load_config(source: str, local: bool, trust_remote_code: bool):
             raise InspectorError(
                 f"model {source!r} needs its own Python code; pass --trust-remote-code only if you trust it"
             ) from None
-        raise InspectorError(f"cannot read the config of {source!r}: {str(e).splitlines()[0]}") from None
+        raise InspectorError(f"cannot read the config of {source!r}: {_first_line(e)}") from None
     except OSError as e:
         if local:
-            raise InspectorError(f"cannot read the config in {source}: {str(e).splitlines()[0]}") from None
+            raise InspectorError(f"cannot read the config in {source}: {_first_line(e)}") from None
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         where = "offline mode is on (HF_HUB_OFFLINE)" if offline else "the hub could not be reached"
         raise InspectorError(
@@ -247,7 +247,7 @@ def load_model(
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as e:
-        raise InspectorError(f"no usable tokenizer for {source}: {str(e).splitlines()[0]}") from None
+        raise InspectorError(f"no usable tokenizer for {source}: {_first_line(e)}") from None
     # transformers 5 builds an empty tokenizer when the folder has no tokenizer files
     if tokenizer is None or isinstance(tokenizer, bool) or len(tokenizer) < 2:
         raise InspectorError(f"no tokenizer found for {source}: add tokenizer.json (or vocab files) to the folder")
@@ -284,7 +284,7 @@ def load_model(
         try:
             model.to(dev)
         except (RuntimeError, torch.OutOfMemoryError) as e:
-            raise InspectorError(f"cannot move the model to {dev}: {str(e).splitlines()[0]}; try --device cpu") from None
+            raise InspectorError(f"cannot move the model to {dev}: {_first_line(e)}; try --device cpu") from None
     else:
         dev = _input_device(model)
     model.eval()
@@ -433,7 +433,7 @@ def _check_loading_info(info: dict, source: str) -> None:
             problems.append(f"{what}: {shown}")
     errors = info.get("error_msgs") or []
     if errors:
-        problems.append(f"errors: {str(errors[0]).splitlines()[0][:200]}")
+        problems.append(f"errors: {(str(errors[0]).strip().splitlines() or ['(no message)'])[0][:200]}")
     if problems:
         raise InspectorError(f"{source}: the weights do not match the model's config ({'; '.join(problems)})")
 

@@ -136,3 +136,21 @@ def test_cli_damaged_folder_one_line_in_a_real_process(tiny_dir, tmp_path, damag
                        capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "Traceback" not in r.stderr, r.stderr
+
+
+@pytest.mark.parametrize(("where", "error", "match"), [
+    ("transformers.AutoConfig.from_pretrained", ValueError(), "cannot read the config of .*: ValueError"),
+    ("transformers.AutoConfig.from_pretrained", OSError(""), "cannot read the config in .*: OSError"),
+    ("transformers.AutoTokenizer.from_pretrained", TypeError(" "), "no usable tokenizer for .*: TypeError"),
+])  # fmt: skip
+def test_an_error_without_a_message_is_still_one_line(tiny_dir, tmp_path, monkeypatch, where, error, match):
+    """A library error with an empty message gave IndexError (the first line of nothing), not the refusal."""
+    folder = tmp_path / "m"
+    shutil.copytree(tiny_dir["gpt2"], folder)
+
+    def fail(*_a, **_kw):
+        raise error
+
+    monkeypatch.setattr(where, fail)
+    with pytest.raises(gi.InspectorError, match=match):
+        gi.load_model(str(folder))
