@@ -393,8 +393,13 @@ def probe_session(session, layers: Iterable[int] | int = (0,), **kwargs) -> Prob
     if t == 0:
         raise InspectorError("nothing cached yet: run a step first")
     lay = getattr(session.lm, "kv_layout", None)  # what the cache holds (core.kv_layout)
-    if lay is not None and (lay.state_layers or lay.mirrored):
-        held = "state-space layers keep a running state" if lay.state_layers else f"the cache holds a {lay.kind} form"
+    if lay is not None and (lay.state_layers or lay.mirrored or lay.kind == "shared"):
+        if lay.state_layers:
+            held = "state-space layers keep a running state"
+        elif lay.kind == "shared":  # and a replay through its layers is not the model's (gemma3n's AltUp streams)
+            held = "later layers read earlier layers' caches (KV sharing)"
+        else:
+            held = f"the cache holds a {lay.kind} form"
         raise InspectorError(f"the cache probe replays per-head K/V of every layer; in {session.lm.name} {held}, not those")
     kv = {i: (cl.keys[0, :, :t], cl.values[0, :, :t]) for i, cl in enumerate(session.cache.layers)}  # (Hkv, T, d) each
     # deeper layers saw the session's mask edits when the cache was filled; so must the candidates

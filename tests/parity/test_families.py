@@ -307,6 +307,11 @@ def test_qkv_is_what_attention_received_and_kv_bytes_are_the_real_cache(family, 
     if KV_KINDS[family] == "shared":
         assert not lm.mirror_kv and [s.cache_layer_of(i) for i in range(4)] == [0, 1, 0, 1]
         assert "layer 3 reads layer 1's cache" in lm.describe()
+    if KV_KINDS[family] != "per-head":  # the probe replays per-head K/V it can only find in a plain cache
+        from gpt_inspector.core.probe import probe_session
+
+        with pytest.raises(gi.InspectorError, match=f"the cache probe replays per-head K/V of every layer; in {family} "):
+            probe_session(s, layers=[0])
 
 
 HYBRIDS = ["bamba", "falcon_h1", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe", "nemotron_h", "olmo_hybrid", "qwen3_5_text",
