@@ -20,8 +20,8 @@ from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
 from ..core import pooling
-from ..core.errors import InspectorError
-from ..core.stages import KINDS, STAGE_LABELS, STAGE_TITLES
+from ..core.errors import InspectorError, check_index
+from ..core.stages import STAGE_LABELS, STAGE_TITLES, check_stage
 from . import fullres
 from .labels import (
     _finite_span,
@@ -37,7 +37,7 @@ from .labels import (
 
 # one vocabulary for the attention stages, shared with the window and the CLI: titles name the stage as
 # the CLI and the window do ("probs (softmax)"); STAGES keeps core's stage -> short title mapping
-# (core.attention.STAGES is the tuple of stage names, here KINDS)
+# (core.attention.STAGES is the tuple of stage names, figures.KINDS)
 STAGES = STAGE_TITLES
 # pre-mask stages show every value: hiding the cells the mask removes would defeat their purpose
 MASKING_KINDS = ("masked_scores", "probs")
@@ -97,18 +97,6 @@ class HeatmapFigure(Figure):
 
 
 # ---------------------------------------------------------------------- checks
-def _check_kind(kind: str) -> str:
-    if kind not in STAGES:
-        raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
-    return kind
-
-
-def _check_index(what: str, value, n: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
-        raise InspectorError(f"{what} must be in [0, {n}), got {value!r}")
-    return int(value)
-
-
 def _positions(source) -> int:
     t = int(source.cache_length)
     if t == 0:
@@ -369,9 +357,9 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     takes; with ``vector=True`` (SVG, PDF) the page keeps its usual size and embeds the T x T image
     unresampled. Past ``fullres.MAX_CELLS`` positions per side it pools, with the block size in the subtitle.
     """
-    _check_kind(kind)
-    layer = _check_index("layer", layer, source.n_layers)
-    head = _check_index("head", head, source.n_heads)
+    check_stage(kind)
+    layer = check_index(layer, source.n_layers, "layer")
+    head = check_index(head, source.n_heads, "head")
     t = _positions(source)
     labels = token_labels(source, t)
     if title is None:
@@ -443,9 +431,9 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
 
 def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = DPI) -> HeatmapFigure:
     """Every head of ``layer``, or with ``layer=None`` every layer x head, as labelled thumbnails."""
-    _check_kind(kind)
+    check_stage(kind)
     if layer is not None:
-        layer = _check_index("layer", layer, source.n_layers)
+        layer = check_index(layer, source.n_layers, "layer")
     t = _positions(source)
     L, H = int(source.n_layers), int(source.n_heads)
     layers = list(range(L)) if layer is None else [layer]
