@@ -7,6 +7,8 @@ import json
 import sys
 from pathlib import Path
 
+from ..core.errors import InspectorError
+
 
 def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverified: bool = True) -> None:
     g = p.add_argument_group("model")
@@ -77,8 +79,6 @@ def check_run_args(args) -> None:
 
 def int_list(text: str, what: str, hint: str = "") -> list[int]:
     """Comma-separated integers (blanks skipped); none at all is refused, with ``hint`` after the message."""
-    from ..core.errors import InspectorError
-
     out = []
     for part in str(text).split(","):
         part = part.strip()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..core.errors import InspectorError
 from . import common
 
 NAME = "trace"
@@ -26,7 +27,6 @@ def run(args) -> int:
     from pathlib import Path
 
     from ..core import validate
-    from ..core.errors import InspectorError
     from ..core.trace import check_destination
 
     validate.count(args.steps, "--steps")
