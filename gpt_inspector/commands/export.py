@@ -86,14 +86,11 @@ def run(args) -> int:
     from .. import export  # matplotlib without Qt: needs no display
 
     _check(args)
-    if args.trace is not None:
-        from ..core.trace import load_trace
+    from ..core.trace import load_trace
 
-        source = load_trace(args.trace)
-        _check_range(args, source)
-    else:
-        source = common.session(args)
-        _check_range(args, source)  # before spending time on the steps
+    source = load_trace(args.trace) if args.trace is not None else common.session(args)
+    _check_range(args, source)  # before spending time on the steps
+    if args.trace is None:
         source.run(args.steps)
     out = Path(args.out)
     kw = {} if args.scale is None else {"scale": args.scale}
