@@ -67,10 +67,7 @@ class SweepResult:
             probed = [r for r in rows if r.probe_recovered is not None]
             out.append({
                 "policy": policy, "budget": budget, "prompts": len(rows),
-                "bytes_ratio": float(np.mean([r.bytes_ratio for r in rows])),
-                "bytes_policy": float(np.mean([r.bytes_policy for r in rows])),
-                "mean_kl": float(np.mean([r.mean_kl for r in rows])),
-                "agreement": float(np.mean([r.agreement for r in rows])),
+                **{k: float(np.mean([getattr(r, k) for r in rows])) for k in ("bytes_ratio", "bytes_policy", "mean_kl", "agreement")},
                 "recovered_fraction": (float(sum(r.probe_recovered for r in probed) / sum(r.prompt_tokens for r in probed))
                                        if probed else None),
             })  # fmt: skip
