@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
 from ..core.errors import InspectorError
 from . import common
@@ -24,8 +25,6 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     from ..core import validate
     from ..core.trace import check_destination
 
