@@ -94,19 +94,13 @@ def _pad(s: str, n: int) -> str:
     return s + " " * max(0, n - _width(s))
 
 
-def _rows(out: dict) -> list[tuple[str, dict]]:
-    rows = [("greedy", out["greedy"])]
-    rows += [(f"beam {i + 1}", b) for i, b in enumerate(out["beams"])]
-    if "sampled" in out:
-        rows.append(("sample", out["sampled"]))
-    return rows
-
-
 def render_text(out: dict, width: int = 120) -> str:
     """The outputs as aligned columns, one per generated position, the first token that differs
     from greedy marked ``»tok«`` and each token's probability under it."""
     p = out["prompt_length"]
-    rows = _rows(out)
+    rows = [("greedy", out["greedy"])] + [(f"beam {i + 1}", b) for i, b in enumerate(out["beams"])]
+    if "sampled" in out:
+        rows.append(("sample", out["sampled"]))
     n_cols = max(len(r["tokens"]) for _, r in rows)
     name_w = max(_width(name) for name, _ in rows) + 2
 
