@@ -246,13 +246,12 @@ def _fit(fig: Figure, pad_in: float = 0.15) -> None:
         a.set_position(((p.x0 * W + dx) / nw, (p.y0 * H + dy) / nh, p.width * W / nw, p.height * H / nh))
 
 
-def _stage_note(kind: str | None) -> str:
-    return {
-        "probs": "softmax probabilities",
-        "masked_scores": "scaled scores after the mask",
-        "scores": "scaled scores before the mask",
-        "raw": "raw q·k before scaling and the mask",
-    }.get(kind or "", "")
+_STAGE_NOTES = {
+    "probs": "softmax probabilities",
+    "masked_scores": "scaled scores after the mask",
+    "scores": "scaled scores before the mask",
+    "raw": "raw q·k before scaling and the mask",
+}
 
 
 def _positions_text(t: int) -> str:
@@ -365,7 +364,7 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     if title is None:
         title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {STAGE_LABELS[kind]}"
                  f" · step {source.n_steps}")  # fmt: skip
-    subtitle = f"{_stage_note(kind)} · {_positions_text(t)}"
+    subtitle = f"{_STAGE_NOTES[kind]} · {_positions_text(t)}"
     if full_resolution:
         return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector)
     k = _pool_for(t, fullres.usual_side(t), float(dpi))  # as matrix_figure will choose
@@ -471,7 +470,7 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
     name = display_model_name(source.model_name)
     where = f"all {L} layers × {H} heads" if layer is None else f"layer {layer} · all {H} heads"
     title = f"{name} · {where} · {STAGE_LABELS[kind]} · step {source.n_steps}"
-    subtitle = f"{_stage_note(kind)} · {_positions_text(t)} · rows: query, columns: key"
+    subtitle = f"{_STAGE_NOTES[kind]} · {_positions_text(t)} · rows: query, columns: key"
     if k > 1:
         subtitle += f" · {_pool_text(k)}"
     if sampled < k:
