@@ -7,10 +7,12 @@ import json
 import sys
 from pathlib import Path
 
+from ..core.errors import InspectorError
 
-def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverified: bool = True) -> None:
+
+def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", required=required, default=None,
+    g.add_argument("--model", default=None,
                    help="hub id (gpt2, distilgpt2, ...) or local folder; default: the embedded demo model")
     g.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
     g.add_argument("--dtype", default=None, help="float32 (default), float16 or bfloat16")
@@ -24,10 +26,9 @@ def add_model_args(p: argparse.ArgumentParser, required: bool = False, unverifie
                    help="also load pickle (.bin) weights; only for sources you trust")
     g.add_argument("--trust-remote-code", action="store_true",
                    help="run the model repository's own Python code; only for sources you trust")
-    if unverified:
-        g.add_argument("--unverified", action="store_true",
-                       help="load a model whose logits through gpt-inspector differ from its own eager attention "
-                            "(the load-time self-test failed); outputs are marked unverified")
+    g.add_argument("--unverified", action="store_true",
+                   help="load a model whose logits through gpt-inspector differ from its own eager attention "
+                        "(the load-time self-test failed); outputs are marked unverified")
 
 
 def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 = greedy (default)")) -> None:
@@ -42,7 +43,7 @@ def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 =
 def load_options(args) -> dict:
     """``load_model``'s keyword arguments from the model flags (a sweep's workers load with them too)."""
     return {"name_or_path": args.model, "device": args.device, "dtype": args.dtype, "allow_pickle": args.allow_pickle,
-            "trust_remote_code": args.trust_remote_code, "allow_unverified": getattr(args, "unverified", False),
+            "trust_remote_code": args.trust_remote_code, "allow_unverified": args.unverified,
             "device_map": args.device_map, "max_memory": args.max_memory, "offload_folder": args.offload_folder}  # fmt: skip
 
 
@@ -58,11 +59,10 @@ def load(args):
     return lm
 
 
-def session(args, lm=None):
+def session(args):
     from ..core import Session
 
-    lm = lm or load(args)
-    return Session(lm, args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return Session(load(args), args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
 
 
 def check_run_args(args) -> None:
@@ -77,8 +77,6 @@ def check_run_args(args) -> None:
 
 def int_list(text: str, what: str, hint: str = "") -> list[int]:
     """Comma-separated integers (blanks skipped); none at all is refused, with ``hint`` after the message."""
-    from ..core.errors import InspectorError
-
     out = []
     for part in str(text).split(","):
         part = part.strip()

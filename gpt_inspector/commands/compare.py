@@ -6,6 +6,7 @@ import shutil
 import sys
 import unicodedata
 
+from ..core.errors import InspectorError
 from . import common
 
 NAME = "compare"
@@ -36,7 +37,6 @@ def add_arguments(p):
 def _check(args) -> None:
     """Refuse bad settings before the (slow) model load."""
     from ..core import validate
-    from ..core.errors import InspectorError
 
     common.check_run_args(args)
     validate.length_penalty(args.length_penalty, 2)  # finite; the bound for the model's context follows the load
@@ -87,31 +87,20 @@ def run(args) -> int:
 
 def _width(s: str) -> int:
     # terminal columns: CJK and emoji take two, combining marks none
-    w = 0
-    for ch in s:
-        if unicodedata.combining(ch):
-            continue
-        w += 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1
-    return w
+    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in s)
 
 
 def _pad(s: str, n: int) -> str:
     return s + " " * max(0, n - _width(s))
 
 
-def _rows(out: dict) -> list[tuple[str, dict]]:
-    rows = [("greedy", out["greedy"])]
-    rows += [(f"beam {i + 1}", b) for i, b in enumerate(out["beams"])]
-    if "sampled" in out:
-        rows.append(("sample", out["sampled"]))
-    return rows
-
-
 def render_text(out: dict, width: int = 120) -> str:
     """The outputs as aligned columns, one per generated position, the first token that differs
     from greedy marked ``»tok«`` and each token's probability under it."""
     p = out["prompt_length"]
-    rows = _rows(out)
+    rows = [("greedy", out["greedy"])] + [(f"beam {i + 1}", b) for i, b in enumerate(out["beams"])]
+    if "sampled" in out:
+        rows.append(("sample", out["sampled"]))
     n_cols = max(len(r["tokens"]) for _, r in rows)
     name_w = max(_width(name) for name, _ in rows) + 2
 

@@ -6,6 +6,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..core.errors import InspectorError
 from ..core.stages import STAGE_TITLES
 from . import common
 
@@ -49,7 +50,6 @@ def add_arguments(p):
 
 def _check(args) -> None:
     from ..core import validate
-    from ..core.errors import InspectorError
     from ..export import check_format, check_scale
 
     check_format(args.out)
@@ -76,8 +76,6 @@ def _check(args) -> None:
 
 
 def _check_range(args, source) -> None:
-    from ..core.errors import InspectorError
-
     if args.layer != "all" and not 0 <= args.layer < source.n_layers:
         raise InspectorError(f"--layer must be in [0, {source.n_layers}) or 'all', got {args.layer}")
     if isinstance(args.head, int) and not 0 <= args.head < source.n_heads:
@@ -88,14 +86,11 @@ def run(args) -> int:
     from .. import export  # matplotlib without Qt: needs no display
 
     _check(args)
-    if args.trace is not None:
-        from ..core.trace import load_trace
+    from ..core.trace import load_trace
 
-        source = load_trace(args.trace)
-        _check_range(args, source)
-    else:
-        source = common.session(args)
-        _check_range(args, source)  # before spending time on the steps
+    source = load_trace(args.trace) if args.trace is not None else common.session(args)
+    _check_range(args, source)  # before spending time on the steps
+    if args.trace is None:
         source.run(args.steps)
     out = Path(args.out)
     kw = {} if args.scale is None else {"scale": args.scale}

@@ -7,6 +7,7 @@ import json
 import os
 import sys
 
+from ..core.errors import InspectorError
 from . import common
 
 NAME = "kv-lab"
@@ -55,8 +56,6 @@ def add_arguments(p):
 
 
 def _names(text: str) -> list[str]:
-    from ..core.errors import InspectorError
-
     names = [_check_policy(x.strip()) for x in str(text).split(",") if x.strip()]
     if not names:
         raise InspectorError("--policies is empty; give e.g. streaming,h2o,int4")
@@ -64,8 +63,6 @@ def _names(text: str) -> list[str]:
 
 
 def _check_policy(name) -> str:
-    from ..core.errors import InspectorError
-
     if name not in POLICIES:
         raise InspectorError(f"unknown policy {name!r}; use one of {', '.join(POLICIES)}")
     return name
@@ -87,8 +84,6 @@ def _options(args) -> dict:
 
 
 def _layer_budget(text: str) -> tuple[int, int | list[int]]:
-    from ..core.errors import InspectorError
-
     layer, sep, rest = str(text).partition("=")
     try:
         if not sep:
@@ -100,8 +95,6 @@ def _layer_budget(text: str) -> tuple[int, int | list[int]]:
 
 
 def _check_out(path):
-    from ..core.errors import InspectorError
-
     folder = os.path.dirname(os.path.abspath(path))
     if not os.path.isdir(folder):
         raise InspectorError(f"cannot write {path}: folder {folder} does not exist")
@@ -109,7 +102,6 @@ def _check_out(path):
 
 def run(args) -> int:
     from ..core import validate
-    from ..core.errors import InspectorError
 
     validate.count(args.steps)
     if args.out is not None:
@@ -190,7 +182,6 @@ def _write_json(obj, dest) -> None:
 
 def _read_prompts(path) -> list[str]:
     from ..core import validate
-    from ..core.errors import InspectorError
 
     try:
         with open(path, encoding="utf-8") as f:
@@ -204,8 +195,6 @@ def _read_prompts(path) -> list[str]:
 
 
 def _sweep(args) -> int:
-    from ..core.errors import InspectorError
-
     if not args.prompts or not args.policies:
         raise InspectorError("--sweep needs --prompts FILE and --policies (and --budgets for eviction policies)")
     prompts = _read_prompts(args.prompts)

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from ..core.errors import InspectorError
 from . import common
 
 NAME = "lens"
@@ -69,7 +70,6 @@ def run(args) -> int:
 
 def _knock(text: str):
     from ..core.capture import HeadEdit
-    from ..core.errors import InspectorError
 
     layer, _, head = str(text).partition(".")
     try:

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import sys
 
+from ..core.errors import InspectorError
 from . import common
 
 NAME = "math-check"
@@ -27,7 +28,6 @@ def add_arguments(p):
 
 def _source(args):
     from ..core import validate
-    from ..core.errors import InspectorError
 
     if args.trace is not None and args.prompt is not None:
         raise InspectorError("give either --trace FILE or --prompt (with --model), not both")
@@ -44,7 +44,6 @@ def _source(args):
 
 
 def run(args) -> int:
-    from ..core.errors import InspectorError
     from ..core.mathcheck import check, check_all
 
     if args.tolerance is not None and not args.tolerance > 0:

@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import sys
+from pathlib import Path
 
+from ..core.errors import InspectorError
 from . import common
 
 NAME = "trace"
@@ -23,10 +25,7 @@ def add_arguments(p):
 
 
 def run(args) -> int:
-    from pathlib import Path
-
     from ..core import validate
-    from ..core.errors import InspectorError
     from ..core.trace import check_destination
 
     validate.count(args.steps, "--steps")
@@ -41,6 +40,9 @@ def run(args) -> int:
     s = common.session(args)
     steps = s.run(args.steps)
     path = s.save_trace(out, derived=args.derived)
+    # the cache as it really is (bytes, and how it is laid out where that is not per-head K and V)
+    real, per_head = s.kv_cache_bytes(), s.kv_per_head_bytes()
+    note = s.kv_layout.describe() if s.kv_layout is not None else ""
     if args.json:
         out = {
             "model": s.lm.name,
@@ -55,35 +57,20 @@ def run(args) -> int:
                 for st in steps
             ],  # fmt: skip
             "trace": str(path),
-            **kv_summary(s),
+            "kv_cache_bytes": real,
+            "kv_per_head_bytes": per_head,
+            "kv_cache": note,
+            "attention_layers": list(s.attention_layers),
         }
         common.print_json(out)
     else:
         print(s.text)
         print(f"{len(steps)} steps, {s.cache_length} positions cached; trace saved to {path}", file=sys.stderr)
-        print(kv_line(s), file=sys.stderr)
+        text = f"KV cache: {human_bytes(real)}"
+        if per_head != real:
+            text += f" (per-head K and V would take {human_bytes(per_head)})"
+        print(f"{text}; {note}" if note else text, file=sys.stderr)
     return 0
-
-
-def kv_summary(s) -> dict:
-    """The cache as it really is, next to per-head K/V, and which layers attend (JSON)."""
-    lay = s.kv_layout
-    return {
-        "kv_cache_bytes": s.kv_cache_bytes(),
-        "kv_per_head_bytes": s.kv_per_head_bytes(),
-        "kv_cache": lay.describe() if lay is not None else "",
-        "attention_layers": list(s.attention_layers),
-    }
-
-
-def kv_line(s) -> str:
-    """One line: the real cache's bytes, what per-head K/V would take where that differs, and why."""
-    real, per_head = s.kv_cache_bytes(), s.kv_per_head_bytes()
-    text = f"KV cache: {human_bytes(real)}"
-    if per_head != real:
-        text += f" (per-head K and V would take {human_bytes(per_head)})"
-    note = s.kv_layout.describe() if s.kv_layout is not None else ""
-    return f"{text}; {note}" if note else text
 
 
 def human_bytes(n: float) -> str:

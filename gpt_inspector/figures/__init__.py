@@ -20,10 +20,10 @@ row chunks: ``head_figure(..., full_resolution=True)``) and ``output`` (format c
 
 from __future__ import annotations
 
+from ..core.stages import KINDS
 from . import fullres as fullres
 from .drawing import (
     HATCH_COLOR,
-    KINDS,
     MASKED_COLOR,
     MASKED_RGB,
     STAGES,

@@ -20,8 +20,8 @@ from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
 from ..core import pooling
-from ..core.errors import InspectorError
-from ..core.stages import KINDS, STAGE_LABELS, STAGE_TITLES
+from ..core.errors import InspectorError, check_index
+from ..core.stages import STAGE_LABELS, STAGE_TITLES, check_stage
 from . import fullres
 from .labels import (
     _finite_span,
@@ -37,7 +37,7 @@ from .labels import (
 
 # one vocabulary for the attention stages, shared with the window and the CLI: titles name the stage as
 # the CLI and the window do ("probs (softmax)"); STAGES keeps core's stage -> short title mapping
-# (core.attention.STAGES is the tuple of stage names, here KINDS)
+# (core.attention.STAGES is the tuple of stage names, figures.KINDS)
 STAGES = STAGE_TITLES
 # pre-mask stages show every value: hiding the cells the mask removes would defeat their purpose
 MASKING_KINDS = ("masked_scores", "probs")
@@ -97,18 +97,6 @@ class HeatmapFigure(Figure):
 
 
 # ---------------------------------------------------------------------- checks
-def _check_kind(kind: str) -> str:
-    if kind not in STAGES:
-        raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
-    return kind
-
-
-def _check_index(what: str, value, n: int) -> int:
-    if isinstance(value, bool) or not isinstance(value, (int, np.integer)) or not 0 <= value < n:
-        raise InspectorError(f"{what} must be in [0, {n}), got {value!r}")
-    return int(value)
-
-
 def _positions(source) -> int:
     t = int(source.cache_length)
     if t == 0:
@@ -258,13 +246,12 @@ def _fit(fig: Figure, pad_in: float = 0.15) -> None:
         a.set_position(((p.x0 * W + dx) / nw, (p.y0 * H + dy) / nh, p.width * W / nw, p.height * H / nh))
 
 
-def _stage_note(kind: str | None) -> str:
-    return {
-        "probs": "softmax probabilities",
-        "masked_scores": "scaled scores after the mask",
-        "scores": "scaled scores before the mask",
-        "raw": "raw q·k before scaling and the mask",
-    }.get(kind or "", "")
+_STAGE_NOTES = {
+    "probs": "softmax probabilities",
+    "masked_scores": "scaled scores after the mask",
+    "scores": "scaled scores before the mask",
+    "raw": "raw q·k before scaling and the mask",
+}
 
 
 def _positions_text(t: int) -> str:
@@ -369,15 +356,15 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     takes; with ``vector=True`` (SVG, PDF) the page keeps its usual size and embeds the T x T image
     unresampled. Past ``fullres.MAX_CELLS`` positions per side it pools, with the block size in the subtitle.
     """
-    _check_kind(kind)
-    layer = _check_index("layer", layer, source.n_layers)
-    head = _check_index("head", head, source.n_heads)
+    check_stage(kind)
+    layer = check_index(layer, source.n_layers, "layer")
+    head = check_index(head, source.n_heads, "head")
     t = _positions(source)
     labels = token_labels(source, t)
     if title is None:
         title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {STAGE_LABELS[kind]}"
                  f" · step {source.n_steps}")  # fmt: skip
-    subtitle = f"{_stage_note(kind)} · {_positions_text(t)}"
+    subtitle = f"{_STAGE_NOTES[kind]} · {_positions_text(t)}"
     if full_resolution:
         return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector)
     k = _pool_for(t, fullres.usual_side(t), float(dpi))  # as matrix_figure will choose
@@ -443,9 +430,9 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
 
 def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = DPI) -> HeatmapFigure:
     """Every head of ``layer``, or with ``layer=None`` every layer x head, as labelled thumbnails."""
-    _check_kind(kind)
+    check_stage(kind)
     if layer is not None:
-        layer = _check_index("layer", layer, source.n_layers)
+        layer = check_index(layer, source.n_layers, "layer")
     t = _positions(source)
     L, H = int(source.n_layers), int(source.n_heads)
     layers = list(range(L)) if layer is None else [layer]
@@ -483,7 +470,7 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
     name = display_model_name(source.model_name)
     where = f"all {L} layers × {H} heads" if layer is None else f"layer {layer} · all {H} heads"
     title = f"{name} · {where} · {STAGE_LABELS[kind]} · step {source.n_steps}"
-    subtitle = f"{_stage_note(kind)} · {_positions_text(t)} · rows: query, columns: key"
+    subtitle = f"{_STAGE_NOTES[kind]} · {_positions_text(t)} · rows: query, columns: key"
     if k > 1:
         subtitle += f" · {_pool_text(k)}"
     if sampled < k:

@@ -5,9 +5,9 @@
 frontier.
 """
 
-from .lab import KVLab, LabStep, PrivacyResult, kl_divergence, policy_of, policy_rows, row_error
+from .lab import KVLab, LabStep, PrivacyResult, kl_divergence, policy_rows, row_error
 from .policies import EVICTION, NAMES, QUANT, Eviction, Policy, make
 from .quant import SCHEMES, Quantization, quantize_groups
 
 __all__ = ["EVICTION", "NAMES", "QUANT", "SCHEMES", "Eviction", "KVLab", "LabStep", "Policy", "PrivacyResult", "Quantization",
-           "kl_divergence", "make", "policy_of", "policy_rows", "quantize_groups", "row_error"]  # fmt: skip
+           "kl_divergence", "make", "policy_rows", "quantize_groups", "row_error"]  # fmt: skip

@@ -92,11 +92,6 @@ def kl_divergence(p_logits: torch.Tensor, q_logits: torch.Tensor) -> float:
     return float((lp.exp() * (lp - lq)).sum().clamp_min(0.0))
 
 
-def policy_of(source) -> Policy | None:
-    """The KV cache policy a run source's forwards run under (a lab's policy run), or None."""
-    return source.kv_policy
-
-
 def row_error(session: Session, layer: int) -> tuple[np.ndarray, np.ndarray]:
     """Per KV head and row of a policy run: relative L2 error of what attention read (its records)
     against the full-precision entry the model's cache keeps. (keys (Hkv, T), values (Hkv, T)) float32."""
@@ -118,7 +113,7 @@ def policy_rows(source, layer: int) -> tuple[np.ndarray, np.ndarray | None] | No
     error (2, Hkv, T) float32: keys' and values' relative quantization error per row, or None for
     an eviction policy, whose kept rows are exact).
     """
-    policy = policy_of(source)
+    policy = source.kv_policy  # a lab's policy run has one
     t = source.cache_length
     if policy is None or t == 0:
         return None

@@ -199,7 +199,7 @@ class Eviction(Policy):
             if b is None:
                 continue
             low = int(b.min())
-            protected = self.sinks if self.name == "streaming" else self._protected(low)
+            protected = self.sinks if self.name == "streaming" else self.sinks + self._recent(low)
             if low <= protected:
                 raise InspectorError(f"layer {layer}: a budget of {low} leaves no room beyond the {protected} "
                                      "protected entries (sinks + recent window); raise the budget")  # fmt: skip
@@ -217,9 +217,6 @@ class Eviction(Policy):
             self._recent_cache[layer] = torch.tensor([self._recent(int(b)) for b in budget], device=budget.device)
             self._uniform[layer] = bool((budget == budget[0]).all())
         return self._recent_cache[layer]
-
-    def _protected(self, budget: int) -> int:
-        return self.sinks + self._recent(budget) if self.name != "streaming" else budget
 
     def reset(self) -> None:
         self._evicted_at = [torch.empty(self.n_kv_heads, 0, dtype=torch.long, device=self.device) for _ in range(self.n_layers)]

@@ -129,12 +129,10 @@ class Quantization(Policy):
         kb, vb = self._buffers(layer, key)
         dk, dv = (min(a, b) for a, b in zip(self.done[layer], (qk, qv)))  # fewer after a rollback
         # only the rows that can still change are touched: the full-precision tail and new quantizations
-        kb[:, :, dk:tk].copy_(key[:, :, dk:tk])
-        vb[:, :, dv:tk].copy_(value[:, :, dv:tk])
-        if qk > dk:
-            kb[:, :, dk:qk] = self._deq(key[:, :, dk:qk], 2)
-        if qv > dv:
-            vb[:, :, dv:qv] = self._deq(value[:, :, dv:qv], 3)
+        for buf, x, d, q, dim in ((kb, key, dk, qk, 2), (vb, value, dv, qv, 3)):
+            buf[:, :, d:tk].copy_(x[:, :, d:tk])
+            if q > d:
+                buf[:, :, d:q] = self._deq(x[:, :, d:q], dim)
         self.done[layer] = (qk, qv)
         key, value = kb[:, :, :tk], vb[:, :, :tk]  # (B, Hkv, Tk, d)
         rec = self.recorder

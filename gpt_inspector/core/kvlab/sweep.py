@@ -67,10 +67,7 @@ class SweepResult:
             probed = [r for r in rows if r.probe_recovered is not None]
             out.append({
                 "policy": policy, "budget": budget, "prompts": len(rows),
-                "bytes_ratio": float(np.mean([r.bytes_ratio for r in rows])),
-                "bytes_policy": float(np.mean([r.bytes_policy for r in rows])),
-                "mean_kl": float(np.mean([r.mean_kl for r in rows])),
-                "agreement": float(np.mean([r.agreement for r in rows])),
+                **{k: float(np.mean([getattr(r, k) for r in rows])) for k in ("bytes_ratio", "bytes_policy", "mean_kl", "agreement")},
                 "recovered_fraction": (float(sum(r.probe_recovered for r in probed) / sum(r.prompt_tokens for r in probed))
                                        if probed else None),
             })  # fmt: skip
@@ -131,38 +128,35 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
     result = SweepResult(lm.name, int(steps), prompts)
     tasks = [(pi, name, budget) for pi in range(len(prompts)) for name, budget in pairs]
     total = len(tasks)
-
-    def what(pi, name, budget):
-        return f"{name}{'' if budget is None else f' budget {budget}'}, prompt {pi + 1}"
-
-    if jobs == 1 or total == 1:
-        state = {"lm": lm, "reference": None}
-        for done, (pi, name, budget) in enumerate(tasks, start=1):
-            result.rows.append(_row(state, prompts[pi], pi, name, budget, steps, probe, options))
-            if progress is not None:
-                progress(done, total, what(pi, name, budget))
-        return result
-    load = dict(load) if load is not None else load_spec(lm)
+    work = [(i, prompts[pi], pi, name, budget, steps, probe, options) for i, (pi, name, budget) in enumerate(tasks)]
     rows: list[SweepRow | None] = [None] * total
-    import multiprocessing
+    pool = None
+    if jobs == 1 or total == 1:  # in this process, the labs one after the other as a worker runs them
+        state = {"lm": lm, "reference": None}
+        got = ((i, _row(state, *args)) for i, *args in work)
+    else:
+        import multiprocessing
 
-    ctx = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools and the caller's state
-    threads = max(1, (os.cpu_count() or 1) // jobs)
-    pool = ctx.Pool(jobs, initializer=_worker_init, initargs=(load, threads))
+        load = dict(load) if load is not None else load_spec(lm)
+        ctx = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools and the caller's state
+        threads = max(1, (os.cpu_count() or 1) // jobs)
+        pool = ctx.Pool(jobs, initializer=_worker_init, initargs=(load, threads))
+        got = pool.imap_unordered(_worker_row, work)
     finished = False
     try:
-        work = [(i, prompts[pi], pi, name, budget, steps, probe, options) for i, (pi, name, budget) in enumerate(tasks)]
-        for done, (i, row) in enumerate(pool.imap_unordered(_worker_row, work), start=1):
+        for done, (i, row) in enumerate(got, start=1):
             rows[i] = row
             if progress is not None:
-                progress(done, total, what(*tasks[i]))
+                pi, name, budget = tasks[i]
+                progress(done, total, f"{name}{'' if budget is None else f' budget {budget}'}, prompt {pi + 1}")
         finished = True
     finally:
-        if finished:
-            pool.close()
-        else:  # Ctrl+C, a cancel from progress() or a worker's error: stop every worker now
-            pool.terminate()
-        pool.join()
+        if pool is not None:
+            if finished:
+                pool.close()
+            else:  # Ctrl+C, a cancel from progress() or a worker's error: stop every worker now
+                pool.terminate()
+            pool.join()
     result.rows.extend(rows)
     return result
 
