@@ -26,6 +26,7 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..core import validate
+    from ..core.kv_layout import human_bytes
     from ..core.trace import check_destination
 
     validate.count(args.steps, "--steps")
@@ -72,10 +73,3 @@ def run(args) -> int:
         print(f"{text}; {note}" if note else text, file=sys.stderr)
     return 0
 
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB"):
-        if abs(n) < 1024:
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"

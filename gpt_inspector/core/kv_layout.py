@@ -144,6 +144,15 @@ def _ranges(idx: list[int]) -> str:
     return ", ".join(str(i) for i in idx) if len(idx) <= 6 else f"{idx[0]}..{idx[-1]} ({len(idx)} layers)"
 
 
+def human_bytes(n: float) -> str:
+    """``n`` bytes as the KV views and the CLI print them: 512 B, 1.5 KiB, 3.0 MiB, 2.1 GiB."""
+    for unit in ("B", "KiB", "MiB"):
+        if abs(n) < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} GiB"
+
+
 def needs_own_cache(config) -> bool:
     """Whether the model's cache keeps more than per-position K/V (running states, indexer keys)."""
     try:

@@ -18,6 +18,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Signal
 from PySide6.QtWidgets import QCheckBox, QPushButton, QWidget
 
+from ...core.kv_layout import human_bytes
 from ..viewdata import pool_rows
 from .common import (
     BAR_BRUSH,
@@ -37,15 +38,6 @@ from .common import (
     symmetric_levels,
     vbox,
 )
-
-
-def human_bytes(n: float) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if abs(n) < 1024 or unit == "GiB":
-            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return f"{n:.1f} GiB"
-
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 EVICTED_GREY = (140, 143, 150)  # MASKED_COLOR's grey: an evicted entry reads like a masked one
