@@ -19,6 +19,7 @@ from dataclasses import dataclass
 import numpy as np
 
 from .errors import InspectorError, check_index
+from .validate import json_number
 
 FORMULA = "out = softmax(q · Kᵀ × scaling + mask) · V"
 
@@ -76,7 +77,7 @@ class MathCheck:
                                              "weights", "recomputed", "model", "max_abs_diff", "tolerance", "ok", "nonfinite")}
         # in place, so the keys keep their order: arrays as lists, and JSON has no inf or NaN
         out.update(weights=self.weights.tolist(), recomputed=self.recomputed.tolist(), model=self.model.tolist(),
-                   max_abs_diff=_num(self.max_abs_diff))  # fmt: skip
+                   max_abs_diff=json_number(self.max_abs_diff))  # fmt: skip
         return out
 
 
@@ -126,7 +127,7 @@ class MathCheckReport:
         return {
             "formula": self.formula,
             "ok": self.ok,
-            "max_abs_diff": _num(self.max_abs_diff),
+            "max_abs_diff": json_number(self.max_abs_diff),
             "positions": self.n_positions,
             "first_position": self.first_position,
             "layers": [
@@ -135,7 +136,7 @@ class MathCheckReport:
                     "heads": [
                         {
                             "head": h,
-                            "max_abs_diff": _num(float(self.max_diff[i, h])),
+                            "max_abs_diff": json_number(float(self.max_diff[i, h])),
                             "worst_position": int(self.worst_position[i, h]),
                             "tolerance": float(self.tolerance[i, h]),
                             "ok": bool(self.max_diff[i, h] <= self.tolerance[i, h]),
@@ -146,10 +147,6 @@ class MathCheckReport:
                 for i, layer in enumerate(self.layers)
             ],
         }
-
-
-def _num(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 # ---------------------------------------------------------------------- the source

@@ -35,6 +35,7 @@ from .capture import Recorder
 from .errors import InspectorError, check_index
 from .models import LoadedModel
 from .tokens import token_label
+from .validate import json_number
 
 CONTEXTS = ("auto", "cache", "greedy")
 
@@ -85,7 +86,7 @@ class PositionProbe:
     def to_json(self) -> dict:
         out = {k: getattr(self, k) for k in ("position", "token_id", "label", "distance", "margin", "runner_up_id",
                                              "runner_up_label", "exact", "true_token_id", "true_label", "correct", "recovered")}
-        out["margin"] = _finite(self.margin)  # inf without a runner-up: JSON has none
+        out["margin"] = json_number(self.margin)  # inf without a runner-up: JSON has none
         return out
 
 
@@ -174,10 +175,6 @@ class ProbeResult:
             "true_tokens": self.true_tokens,
             "layers": [lp.to_json() for lp in self.layers],
         }
-
-
-def _finite(x: float) -> float | None:
-    return x if math.isfinite(x) else None
 
 
 # ---------------------------------------------------------------------- the truncated forward

@@ -20,6 +20,11 @@ def integer(name: str, v, low: int) -> int:
     return int(v)
 
 
+def json_number(x: float | None) -> float | None:
+    """``x`` as a float for JSON output, or None where it is None, NaN or inf (JSON has no such numbers)."""
+    return float(x) if x is not None and math.isfinite(x) else None
+
+
 def count(n, name: str = "steps") -> int:
     """A number of steps (>= 1)."""
     return integer(name, n, 1)

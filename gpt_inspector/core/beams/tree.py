@@ -12,6 +12,8 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..validate import json_number
+
 # ---------------------------------------------------------------------------------------------
 # what a step shows
 
@@ -50,7 +52,7 @@ class BeamNode:
     def to_json(self) -> dict:
         d = dataclasses.asdict(self)  # every field, in order
         for k in ("logprob", "score", "normalized"):
-            d[k] = _finite(d[k])  # JSON has no inf or NaN
+            d[k] = json_number(d[k])  # JSON has no inf or NaN
         return d
 
 
@@ -100,12 +102,6 @@ class BeamResult:
     sequences_scores: list[float]
     lengths: list[int]  # unpadded lengths
     hypotheses: list[Hypothesis]
-
-
-def _finite(x: float | None) -> float | None:
-    if x is None or not math.isfinite(x):
-        return None
-    return float(x)
 
 
 # ---------------------------------------------------------------------------------------------
