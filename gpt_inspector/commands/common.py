@@ -95,6 +95,13 @@ def user_path(text: str) -> str:
     return str(Path(text).expanduser())
 
 
+def check_out(path) -> None:
+    """Refuse a file whose folder does not exist: found out before the model runs, not after."""
+    folder = Path(path).absolute().parent
+    if not folder.is_dir():
+        raise InspectorError(f"cannot write {path}: folder {folder} does not exist")
+
+
 def print_json(obj, ensure_ascii: bool = False) -> None:
     json.dump(obj, sys.stdout, ensure_ascii=ensure_ascii)
     sys.stdout.write("\n")

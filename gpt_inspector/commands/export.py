@@ -53,9 +53,7 @@ def _check(args) -> None:
     from ..export import check_format, check_scale
 
     check_format(args.out)
-    folder = Path(args.out).parent
-    if not folder.is_dir():  # found out now, not after running the model
-        raise InspectorError(f"cannot write {args.out}: folder {folder} does not exist")
+    common.check_out(args.out)
     if args.scale is not None:
         check_scale(args.scale)
     if args.trace is not None:

@@ -94,12 +94,6 @@ def _layer_budget(text: str) -> tuple[int, int | list[int]]:
         raise InspectorError(f"--layer-budget takes L=N or L=N,N,... (one per KV head), got {text!r}") from None
 
 
-def _check_out(path):
-    folder = os.path.dirname(os.path.abspath(path))
-    if not os.path.isdir(folder):
-        raise InspectorError(f"cannot write {path}: folder {folder} does not exist")
-
-
 def run(args) -> int:
     from ..core import validate
 
@@ -108,7 +102,7 @@ def run(args) -> int:
         from ..figures import check_format
 
         check_format(args.out)
-        _check_out(args.out)
+        common.check_out(args.out)
     if args.sweep:
         return _sweep(args)
     if args.prompt is None or args.policy is None:
@@ -116,7 +110,7 @@ def run(args) -> int:
     common.check_run_args(args)
     name = _check_policy(args.policy)
     if args.json not in (None, "-"):
-        _check_out(args.json)
+        common.check_out(args.json)
     opts = _options(args)
     import numpy as np
 
@@ -201,7 +195,7 @@ def _sweep(args) -> int:
     names = _names(args.policies)
     budgets = common.int_list(args.budgets, "--budgets") if args.budgets else []
     if args.json not in (None, "-"):
-        _check_out(args.json)
+        common.check_out(args.json)
     opts = _options(args)
     from ..core.kvlab.sweep import check_jobs, plan, sweep
 

@@ -33,6 +33,7 @@ def run(args) -> int:
         from ..figures import check_format
 
         check_format(args.out)  # before the model runs
+        common.check_out(args.out)
     s = common.session(args)
     s.run(args.steps)
     before = None

@@ -61,3 +61,17 @@ def test_lens_figure_to_png_svg_pdf(tiny_dir, tmp_path, capsys, suffix, magic):
 def test_lens_out_is_checked_before_the_model_runs(tiny_dir, tmp_path, capsys):
     assert main(["lens", "--model", str(tiny_dir["gpt2"]), "--prompt", "x", "--out", str(tmp_path / "l.bmp")]) == 2
     assert "png" in capsys.readouterr().err
+
+
+def test_lens_out_folder_is_checked_before_the_model_runs(tiny_dir, tmp_path, capsys, monkeypatch):
+    """A typo in the folder is found before the model loads and runs, as kv-lab and export find it."""
+    from gpt_inspector.commands import common
+
+    def no_model(_args):
+        raise AssertionError("the model ran before --out was checked")
+
+    monkeypatch.setattr(common, "session", no_model)
+    out = tmp_path / "no-such-folder" / "lens.png"
+    assert main(["lens", "--model", str(tiny_dir["gpt2"]), "--prompt", "x", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"folder {out.parent} does not exist" in err
