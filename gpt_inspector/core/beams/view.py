@@ -94,4 +94,5 @@ class BeamView(ModelShape, RunSource):
 
     def record_bytes(self) -> int:
         r = self._rows
-        return 0 if r is None else sum(t.numel() * t.element_size() for t in (*r.q, *r.out))
+        # a hybrid's state-space layers have no attention records (None)
+        return 0 if r is None else sum(t.numel() * t.element_size() for t in (*r.q, *r.out) if t is not None)
