@@ -39,6 +39,8 @@ def main() -> None:
     import bench_step
     from transformers import AutoModelForCausalLM, DynamicCache
 
+    from gpt_inspector.core.hf import call as hf_call
+
     import gpt_inspector as gi
 
     folder = bench_step.build_llama_gqa(Path(tempfile.mkdtemp()) / "llama-gqa-random", max(args.t) + 64)
@@ -63,9 +65,9 @@ def main() -> None:
             assert rep.earliest_position == EDIT_AT and rep.recomputed == len(span)
             with torch.inference_mode():
                 cache = DynamicCache()
-                hf(input_ids=head, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                hf_call(hf, cache, input_ids=head, use_cache=True, logits_to_keep=1)
                 t0 = time.perf_counter()
-                hf(input_ids=rest, past_key_values=cache, use_cache=True, logits_to_keep=1)
+                hf_call(hf, cache, input_ids=rest, use_cache=True, logits_to_keep=1)
                 hf_t.append(time.perf_counter() - t0)
                 del cache
             t0 = time.perf_counter()

@@ -51,11 +51,10 @@ def quiet_transformers() -> None:
     os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
-        from transformers.utils import logging as hf_logging
+        from .core import hf
     except ImportError:  # the engine's own import reports a missing transformers, in one line
         return
-    hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
+    hf.quiet()
 
 
 def main(argv: list[str] | None = None) -> int:

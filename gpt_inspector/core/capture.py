@@ -32,10 +32,9 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from transformers import AttentionInterface
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 from . import attention as eq
+from .hf import AttentionInterface, AttentionMaskInterface, sdpa_mask
 from .edits import HeadEdit, MaskEdit, _CompiledEdits, allowed_rows, compile_edits  # noqa: F401 (the names capture always offered)
 from .rowbuffer import RowBuffer
 

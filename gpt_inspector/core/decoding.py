@@ -12,6 +12,7 @@ from dataclasses import dataclass
 
 import torch
 
+from . import hf
 from .errors import InspectorError
 
 
@@ -53,7 +54,7 @@ def validate(temperature, top_k, top_p) -> None:
 def warp(logits: torch.Tensor, dec: Decoding) -> torch.Tensor:
     """Filtered, tempered scores (-inf for removed tokens). logits: (V,) float32."""
     # imported here: the argument checks above run before any model load and need no transformers
-    from transformers.generation import logits_process as lp
+    lp = hf.logits_processors()
 
     scores = logits.float()[None]  # (1, V): the warpers take a batch
     if not dec.greedy and dec.temperature != 1.0:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from . import adapters, capture
+from . import adapters, capture, hf
 from .errors import InspectorError
 
 # model_type -> why its numbers would not be the model's own
@@ -68,7 +68,7 @@ def _stepped(model, ids: torch.Tensor, cache) -> torch.Tensor:
     parts = []
     for a, b in [(0, half)] + [(p, p + 1) for p in range(half, PROBE_LENGTH)]:
         x = ids[:, a:b]  # (1, n): with positions as a session (and generate) passes them
-        parts.append(model(x, past_key_values=cache, use_cache=True, **position_kwargs(model, a, x)).logits[0])  # (n, V)
+        parts.append(hf.call(model, cache, input_ids=x, use_cache=True, **position_kwargs(model, a, x)).logits[0])  # (n, V)
     return torch.cat(parts).float()  # (P, V)
 
 
@@ -88,8 +88,6 @@ def fidelity_gap(lm) -> tuple[float, int, float]:
     is the second reference: a sparse indexer's full-sequence forward (deepseek_v32,
     glm_moe_dsa) is not prefix-consistent, so only the stepped run is what generation computes.
     """
-    from transformers import DynamicCache
-
     model = lm.model
     # spread over the vocabulary (1..vocab-1) so no special token dominates the probe
     ids = ((torch.arange(1, PROBE_LENGTH + 1) * 7919) % max(lm.vocab_size - 1, 1) + 1).to(lm.device)[None]  # (1, P)
@@ -101,7 +99,7 @@ def fidelity_gap(lm) -> tuple[float, int, float]:
                 ref = model(ids, attention_mask=torch.ones_like(ids), use_cache=False).logits[0].float()  # (P, V)
                 gap = _gap(ours, ref, lm.dtype)
                 if gap[0] > gap[2]:
-                    gap = min(gap, _gap(ours, _stepped(model, ids, DynamicCache(config=model.config)), lm.dtype))
+                    gap = min(gap, _gap(ours, _stepped(model, ids, hf.DynamicCache(config=model.config)), lm.dtype))
         finally:
             model.set_attn_implementation(capture.ATTN_NAME)
     return gap

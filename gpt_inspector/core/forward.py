@@ -14,9 +14,8 @@ import threading
 from collections.abc import Callable, Iterator
 
 import torch
-from transformers import DynamicCache
 
-from . import validate
+from . import hf, validate
 from .capture import Recorder
 from .errors import StepFailed
 
@@ -68,7 +67,7 @@ class Run:
             n += 1
 
 
-def crop_cache(cache: DynamicCache, length: int) -> None:
+def crop_cache(cache: hf.DynamicCache, length: int) -> None:
     # per layer: after a fault mid-forward, layers may hold different lengths; and a Ctrl+C between
     # a layer's two concatenations leaves its keys one longer than its values, so each is cut to
     # the absolute length (the layer's relative crop would cut both by the keys' excess)
@@ -103,9 +102,7 @@ def save_state(cache, recorder, start: int):
     they stay as they are); the records from ``start`` on are copied. None for a cache with other
     kinds of layers (a model's own cache may write in place): the caller recomputes instead.
     """
-    from transformers.cache_utils import DynamicLayer
-
-    if not all(type(layer) is DynamicLayer for layer in cache.layers):
+    if not all(type(layer) is hf.DynamicLayer for layer in cache.layers):
         return None
     kv = [(layer.keys, layer.values) for layer in cache.layers]
     saved = recorder.save_from(start)
@@ -172,8 +169,8 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
     seen = torch.ones((ids.shape[0], start + ids.shape[1]), dtype=torch.long, device=ids.device)  # (B, T)
     try:
         with torch.inference_mode(), recorder.active():
-            out = lm.model(input_ids=ids, attention_mask=seen, past_key_values=cache, use_cache=True, logits_to_keep=keep,
-                           **position_kwargs(lm.model, start, ids))  # fmt: skip
+            out = hf.call(lm.model, cache, input_ids=ids, attention_mask=seen, use_cache=True, logits_to_keep=keep,
+                          **position_kwargs(lm.model, start, ids))  # fmt: skip
         logits = take(out.logits)
         for dev in lm.cuda_devices:  # the records were copied asynchronously, from every GPU a layer ran on
             torch.cuda.synchronize(dev)

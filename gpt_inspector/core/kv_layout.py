@@ -20,12 +20,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import (
-    DynamicLayer,
-    DynamicSlidingWindowLayer,
-    get_layer_types_and_kwargs,
-)
+from . import hf
+from .hf import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 
 Shape = tuple[int, int]  # (heads, numbers per head) per position
 
@@ -156,7 +152,7 @@ def human_bytes(n: float) -> str:
 def needs_own_cache(config) -> bool:
     """Whether the model's cache keeps more than per-position K/V (running states, indexer keys)."""
     try:
-        types, _ = get_layer_types_and_kwargs(config.get_text_config(decoder=True))
+        types = hf.layer_types(config)
     except (AttributeError, TypeError, ValueError):
         return False
     return any(t not in _PLAIN_TYPES for t in types)
@@ -171,10 +167,9 @@ def new_cache(config, own: bool) -> DynamicCache:
     """
     if not own:
         return DynamicCache()
-    from transformers.cache_utils import (
-        LinearAttentionAndFullAttentionLayer,
-        LinearAttentionAndSlidingWindowAttentionLayer,
-    )
+    cu = hf.cache_utils()
+    LinearAttentionAndFullAttentionLayer = cu.LinearAttentionAndFullAttentionLayer
+    LinearAttentionAndSlidingWindowAttentionLayer = cu.LinearAttentionAndSlidingWindowAttentionLayer
 
     from .state_cache import StateCache
 

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import torch
 
-from . import adapters, capture, kv_layout
+from . import adapters, capture, hf, kv_layout
 from .errors import InspectorError
 from .fidelity import check_supported, verify_fidelity
 
@@ -164,10 +164,8 @@ def _check_local_folder(path: Path, allow_pickle: bool) -> None:
 
 
 def _load_config(source: str, local: bool, trust_remote_code: bool):
-    from transformers import AutoConfig
-
     try:
-        return AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
+        return hf.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
     except ValueError as e:
         if "trust_remote_code" in str(e):
             raise InspectorError(
@@ -185,8 +183,6 @@ def _load_config(source: str, local: bool, trust_remote_code: bool):
 
 
 def _check_causal(config, source: str) -> None:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
-
     mt = getattr(config, "model_type", "?")
     if getattr(config, "is_encoder_decoder", False):
         raise InspectorError(f"{source} is an encoder-decoder ({mt}) model; gpt-inspector steps decoder-only models")
@@ -195,7 +191,7 @@ def _check_causal(config, source: str) -> None:
     # a custom architecture the user opted into (--trust-remote-code) names its own causal-LM class;
     # whether its attention is the model's own is then the fidelity self-test's to decide
     custom = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
-    if mt not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES and not custom:
+    if mt not in hf.causal_lm_types() and not custom:
         raise InspectorError(f"{source} ({mt}) is not a causal language model that transformers knows")
 
 
@@ -222,8 +218,8 @@ def load_model(
     CPU and, past ``max_memory`` ({0: "20GiB", "cpu": "60GiB"} or "0=20GiB,cpu=60GiB"), disk
     under ``offload_folder``, through accelerate; capture records each layer where it runs.
     """
-    from transformers import AutoModelForCausalLM, AutoTokenizer
-    from transformers.utils import logging as hf_logging
+    AutoModelForCausalLM, AutoTokenizer = hf.auto_classes()
+    hf_logging = hf.hf_logging()
 
     hf_logging.disable_progress_bar()  # our own front ends report progress
     source = str(name_or_path) if name_or_path is not None else DEMO_MODEL
@@ -363,7 +359,7 @@ def _check_shapes(config, source: str) -> None:
 
 def parameter_bytes(config, dtype: torch.dtype, trust_remote_code: bool = False) -> int | None:
     """The model's weights in bytes, counted on the meta device (nothing is allocated); None if unknown."""
-    from transformers import AutoModelForCausalLM
+    AutoModelForCausalLM, _ = hf.auto_classes()
 
     try:
         with torch.device("meta"):
@@ -473,7 +469,7 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
         # layer's K would then look alike and the cache layout could not be told apart)
         vocab = int(model.get_input_embeddings().weight.shape[0])
         ids = torch.tensor([[1, 2]], dtype=torch.long, device=dev) * 7919 % max(vocab - 1, 1) + 1  # (1, 2)
-        model(ids, attention_mask=torch.ones_like(ids), past_key_values=cache, use_cache=True)
+        hf.call(model, cache, input_ids=ids, attention_mask=torch.ones_like(ids), use_cache=True)
     # a hybrid's state-space (and feed-forward-only) layers never attend; every other layer must
     silent = kv_layout.silent_layers(cache) if own_cache else set()
     missing = [i for i, c in enumerate(rec.calls) if c == 0 and i not in silent]

@@ -29,8 +29,8 @@ from dataclasses import dataclass
 
 import numpy as np
 import torch
-from transformers import DynamicCache
 
+from . import hf
 from .capture import Recorder
 from .errors import InspectorError, check_index
 from .models import LoadedModel
@@ -207,7 +207,7 @@ class _KVGrabber(Recorder):
 
 
 def _run_to_layer(
-    lm: LoadedModel, layer: int, ids: torch.Tensor, cache: DynamicCache, position_ids=None, edits=None
+    lm: LoadedModel, layer: int, ids: torch.Tensor, cache: hf.DynamicCache, position_ids=None, edits=None
 ) -> torch.Tensor:
     """K‖V of ``layer`` at the last input position, per batch row: (B, 2*Hkv*d) float32."""
     grab = _KVGrabber(lm.n_layers, layer)
@@ -215,7 +215,7 @@ def _run_to_layer(
         grab.edits = edits  # lower layers must attend exactly as they did when the cache was filled
     kwargs = {} if position_ids is None else {"position_ids": position_ids}
     with contextlib.suppress(_Stop), torch.inference_mode(), grab.active():
-        lm.model(input_ids=ids, past_key_values=cache, use_cache=True, **kwargs)
+        hf.call(lm.model, cache, input_ids=ids, use_cache=True, **kwargs)
     if grab.kv is None:
         raise InspectorError(f"layer {layer} of {lm.name} never reached the attention function; cannot probe it")
     return grab.kv
@@ -445,7 +445,7 @@ def _probe_direct(lm: LoadedModel, target: torch.Tensor, n: int, tick: Callable[
             cand = torch.arange(c0, min(lm.vocab_size, c0 + c), device=lm.device)  # (C,)
             ids = cand.repeat(len(pos))[:, None]  # (G*C, 1)
             pids = pos.repeat_interleave(len(cand))[:, None]  # (G*C, 1)
-            out = _run_to_layer(lm, 0, ids, DynamicCache(config=lm.model.config), pids)  # (G*C, F)
+            out = _run_to_layer(lm, 0, ids, hf.DynamicCache(config=lm.model.config), pids)  # (G*C, F)
             dist = _distance(out.view(len(pos), len(cand), -1), target[pos][:, None])  # (G, C)
             best.update(pos.cpu(), dist, cand)
             tick()
@@ -457,7 +457,7 @@ def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tenso
     """Layer > 0, one position at a time, with a prefix from the cache or from recovered tokens."""
     best = _Best(n)
     cfg = lm.model.config
-    running = DynamicCache(config=cfg)  # greedy: the recovered prefix, grown one token at a time
+    running = hf.DynamicCache(config=cfg)  # greedy: the recovered prefix, grown one token at a time
     for p in range(n):
         if method == "cache":
             prefix = [
@@ -473,7 +473,7 @@ def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tenso
         row = torch.tensor([p])
         for c0 in range(0, lm.vocab_size, c):
             cand = torch.arange(c0, min(lm.vocab_size, c0 + c), device=lm.device)  # (C,)
-            cache = DynamicCache(config=cfg)
+            cache = hf.DynamicCache(config=cfg)
             for i, (pk, pv) in enumerate(prefix):
                 cache.update(pk.expand(len(cand), -1, -1, -1), pv.expand(len(cand), -1, -1, -1), i)
             pids = None if p else torch.zeros((len(cand), 1), dtype=torch.long, device=lm.device)

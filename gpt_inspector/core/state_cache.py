@@ -12,8 +12,8 @@ Memory: one copy of each state layer's state per forward (step).
 from __future__ import annotations
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer, LinearAttentionCacheLayerMixin
+
+from .hf import DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
 
 _STATE_FIELDS = ("conv_states", "recurrent_states", "is_conv_states_initialized", "is_recurrent_states_initialized",
                  "has_previous_state", "conv_kernel_size")  # fmt: skip

@@ -12,7 +12,7 @@ codecs.register_error(_HEX_BYTES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.o
 @lru_cache(maxsize=1)
 def _byte_decoder() -> dict[str, int]:
     # GPT-2's byte-level BPE maps every byte to a printable character; invert that table
-    from transformers.convert_slow_tokenizer import bytes_to_unicode
+    from .hf import bytes_to_unicode
 
     return {c: b for b, c in bytes_to_unicode().items()}
 

@@ -115,3 +115,26 @@ def test_figures_load_without_the_engine():
     code = "import sys, gpt_inspector.figures; print([m for m in ('torch', 'transformers') if m in sys.modules])"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_only_the_boundary_module_imports_transformers():
+    # core/hf.py holds every version shim; a rename in transformers must stay a one-file change
+    files = [f for f in PKG.rglob("*.py") if f != PKG / "core" / "hf.py"]
+    assert len(files) >= 50
+
+    def bad(mod, names):
+        return f"imports {mod}" if mod.split(".")[0] == "transformers" else None
+
+    assert not _violations(files, bad)
+    # and the check sees an import where there is one
+    assert _violations([PKG / "core" / "hf.py"], bad)
+
+
+def test_the_declared_transformers_range_is_the_boundarys():
+    import re
+
+    from gpt_inspector.core import hf
+
+    text = (PKG.parent / "pyproject.toml").read_text()
+    declared = re.search(r'"transformers([^"]*)"', text).group(1)
+    assert declared == ",".join(hf.SUPPORTED)

@@ -25,6 +25,7 @@ from on_device import DEVICE, reference
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
 
 import gpt_inspector as gi
+from gpt_inspector.core import hf
 from gpt_inspector.core.fidelity import REFUSED, check_supported
 from gpt_inspector.core.models import from_model
 
@@ -97,7 +98,7 @@ def _stepped_eager(ref, tokens: list[int], prompt_len: int) -> SimpleNamespace:
     logits, rows = [], []
     for a, b in [(0, prompt_len)] + [(p, p + 1) for p in range(prompt_len, t)]:
         pos = torch.arange(a, b)[None]  # (1, n): generate passes positions (bamba decodes wrongly without)
-        o = ref(ids[:, a:b], past_key_values=cache, use_cache=True, output_attentions=True, position_ids=pos)
+        o = ref(ids[:, a:b], **{hf.cache_kwarg(getattr(ref, "_model", ref)): cache}, use_cache=True, output_attentions=True, position_ids=pos)
         logits.append(o.logits[0])  # (n, V)
         rows.append([F.pad(x[0], (0, t - x.shape[-1])) for x in o.attentions])  # (H, n, T) per layer
     attentions = [torch.cat([r[layer] for r in rows], dim=1)[None] for layer in range(len(rows[0]))]  # (1, H, T, T)

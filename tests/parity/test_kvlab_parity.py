@@ -18,6 +18,7 @@ import torch
 from transformers import AttentionInterface, AutoModelForCausalLM, DynamicCache
 from transformers.masking_utils import AttentionMaskInterface, eager_mask
 
+from gpt_inspector.core import hf
 from gpt_inspector.core.kvlab import KVLab, make
 
 PROMPT = "She eats an apple. He reads a book. They walk"
@@ -163,8 +164,9 @@ def test_quantized_run_equals_generate_with_independent_fake_quant(family, bits,
     with torch.no_grad():
         # a plain full-length cache in every layer, as the session keeps: the reference quantizes
         # by absolute position, and a sliding layer's own cache would hold only its window
-        g = reference_model(family, "kvlab_quant_ref").generate(
-            ids, past_key_values=DynamicCache(), do_sample=False, max_new_tokens=12, output_logits=True, return_dict_in_generate=True,
+        ref = reference_model(family, "kvlab_quant_ref")
+        g = ref.generate(
+            ids, **{hf.cache_kwarg(getattr(ref, "_model", ref)): DynamicCache()}, do_sample=False, max_new_tokens=12, output_logits=True, return_dict_in_generate=True,
             pad_token_id=lm.eos_token_ids[0])  # fmt: skip
     n = len(lab.run.steps_done)
     assert lab.run.tokens == g.sequences[0].tolist()[: len(lab.run.tokens)]

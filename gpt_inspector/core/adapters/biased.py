@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from .. import capture
+from .. import capture, hf
 from . import register
 from ._common import attend, blocked_to_additive, patch
 
@@ -26,7 +26,8 @@ def _check_alibi(values: torch.Tensor, slopes: torch.Tensor, ref: int, family: s
 
 @register("bloom")
 def bloom(model) -> None:
-    from transformers.models.bloom.modeling_bloom import _get_alibi_slopes, dropout_add
+    bloom_mod = hf.family_module("bloom")
+    _get_alibi_slopes, dropout_add = bloom_mod._get_alibi_slopes, bloom_mod.dropout_add
 
     # scores = β·alibi + (q·kᵀ)/√d (baddbmm), alibi[h, j] = slope_h × j over the key positions
     def forward(self, hidden_states, residual, alibi, attention_mask, layer_past=None, use_cache=False,
@@ -61,13 +62,15 @@ def bloom(model) -> None:
 
 @register("mpt")
 def mpt(model) -> None:
-    from transformers.models.mpt.modeling_mpt import build_mpt_alibi_tensor
+    build_mpt_alibi_tensor = hf.family_module("mpt").build_mpt_alibi_tensor
 
     bias_max = model.config.attn_config.alibi_bias_max
     # MPT's alibi row is slope × (j − (Tk − 1)): measured from the forward's last key, not the query
     slopes = -build_mpt_alibi_tensor(model.config.n_heads, 2, bias_max)[:, 0, 0].float()  # (H,)
 
-    def forward(self, hidden_states, position_bias, past_key_values=None, attention_mask=None, **kwargs):
+    # transformers 5.24 passes the cache as ``cache``, earlier releases as ``past_key_values``
+    def forward(self, hidden_states, position_bias, cache=None, attention_mask=None, past_key_values=None, **kwargs):
+        cache = hf.cache_arg(cache, past_key_values)
         b, tq = hidden_states.shape[:2]
         mixed_qkv = self.Wqkv(hidden_states)  # (B, Tq, 3 D)
         if self.clip_qkv:
@@ -76,8 +79,8 @@ def mpt(model) -> None:
         query = query.reshape(b, tq, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, Tq, d)
         key = key.reshape(b, tq, self.n_heads, self.head_dim).transpose(1, 2)
         value = value.reshape(b, tq, self.n_heads, self.head_dim).transpose(1, 2)
-        if past_key_values is not None:
-            key, value = past_key_values.update(key, value, self.layer_idx)  # (B, H, Tk, d)
+        if cache is not None:
+            key, value = cache.update(key, value, self.layer_idx)  # (B, H, Tk, d)
         tk = key.shape[-2]
         bias = None
         if position_bias is not None:

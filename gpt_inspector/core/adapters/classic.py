@@ -6,6 +6,7 @@ import math
 
 import torch
 
+from .. import hf
 from . import register
 from ._common import allowed_to_additive, attend, patch
 
@@ -60,10 +61,11 @@ def gpt_neox_japanese(model) -> None:
 
 @register("xglm")
 def xglm(model) -> None:
-    from transformers.cache_utils import EncoderDecoderCache
-
-    # XGLM scales the query before q·kᵀ, so attention sees the scaled query and scaling 1
-    def forward(self, hidden_states, key_value_states=None, past_key_values=None, attention_mask=None, **kwargs):
+    # XGLM scales the query before q·kᵀ, so attention sees the scaled query and scaling 1; the cache
+    # comes as ``cache`` from transformers 5.24, as ``past_key_values`` before
+    def forward(self, hidden_states, key_value_states=None, cache=None, attention_mask=None, past_key_values=None,
+                **kwargs):  # fmt: skip
+        cache = hf.cache_arg(cache, past_key_values)
         if key_value_states is not None:
             raise NotImplementedError("gpt-inspector's XGLM adapter handles self-attention only")
         bsz, tgt_len, _ = hidden_states.size()
@@ -71,9 +73,8 @@ def xglm(model) -> None:
         query = query.transpose(1, 2)  # (B, H, Tq, d)
         key = self.k_proj(hidden_states).view(bsz, tgt_len, -1, self.head_dim).transpose(1, 2)  # (B, H, Tq, d)
         value = self.v_proj(hidden_states).view(bsz, tgt_len, -1, self.head_dim).transpose(1, 2)
-        if past_key_values is not None:
-            cache = past_key_values
-            if isinstance(cache, EncoderDecoderCache):
+        if cache is not None:
+            if isinstance(cache, hf.EncoderDecoderCache):
                 cache = cache.self_attention_cache
             key, value = cache.update(key, value, self.layer_idx)  # (B, H, Tk, d)
         out, probs = attend(self.layer_idx, query, key, value, attention_mask, 1.0)  # (B, H, Tq, d)
@@ -93,7 +94,7 @@ def _falcon_limit(config) -> str | None:
 
 @register("falcon", limit=_falcon_limit)
 def falcon(model) -> None:
-    from transformers.models.falcon.modeling_falcon import apply_rotary_pos_emb
+    apply_rotary_pos_emb = hf.family_module("falcon").apply_rotary_pos_emb
 
     def forward(self, hidden_states, alibi, attention_mask, position_ids=None, layer_past=None, use_cache=False,
                 output_attentions=False, position_embeddings=None, **kwargs):  # fmt: skip

@@ -13,10 +13,9 @@ from __future__ import annotations
 import time
 
 import torch
-from transformers import DynamicCache
-from transformers.cache_utils import DynamicLayer
 
 from ..capture import RowRecorders, Unpairable
+from ..hf import DynamicCache, DynamicLayer
 from ..errors import StepFailed
 from ..forward import forward_with_rollback, interrupts_deferred
 from ..session import Session

@@ -1,0 +1,142 @@
+"""The one boundary with transformers: every name the engine takes from it, and the version shims.
+
+transformers renames things between minor releases (5.24 renamed the forwards' ``past_key_values``
+to ``cache``, and deprecated the old name for removal in 5.40). Everything version-dependent is
+decided here, from what the installed release really has (a signature, a name), never from a
+version number alone, so the next rename is a change to this file only. A test
+(``tests/architecture``) checks that no other module imports transformers.
+
+``SUPPORTED`` is the range the package declares (pyproject.toml) and the suite has passed on;
+``scripts/check-transformers.sh`` tries the newest release before the cap is raised.
+"""
+
+from __future__ import annotations
+
+import functools
+import importlib
+import inspect
+from typing import Any
+
+import transformers
+from transformers import AttentionInterface, AutoConfig, DynamicCache
+from transformers.cache_utils import (
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    EncoderDecoderCache,
+    LinearAttentionCacheLayerMixin,
+)
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
+
+__all__ = [
+    "VERSION", "SUPPORTED", "AttentionInterface", "AttentionMaskInterface", "AutoConfig", "DynamicCache",
+    "DynamicLayer", "DynamicSlidingWindowLayer", "EncoderDecoderCache", "LinearAttentionCacheLayerMixin", "sdpa_mask", "cache_kwarg", "call",
+    "cache_arg", "family_module", "layer_types", "causal_lm_types", "quiet", "auto_classes",
+    "logits_processors", "bytes_to_unicode", "cache_utils",
+]  # fmt: skip
+
+VERSION: str = transformers.__version__
+# what pyproject.toml declares: the lowest release the suite passed on, and the cap above the newest
+SUPPORTED = (">=5.14.1", "<5.25")
+
+# the keyword a forward takes its KV cache by: "cache" from 5.24, "past_key_values" before
+_CACHE_NAMES = ("cache", "past_key_values")
+
+
+@functools.lru_cache(maxsize=None)
+def _forward_cache_name(cls: type) -> str:
+    # deprecate_kwarg wraps with functools.wraps, so the signature is the forward's own
+    try:
+        params = inspect.signature(cls.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    for name in _CACHE_NAMES:
+        if name in params:
+            return name
+    return _RELEASE_CACHE_NAME
+
+
+def _release_cache_name() -> str:
+    # a forward that takes only **kwargs gets the name the release's own generate passes
+    from transformers.generation.utils import GenerationMixin
+
+    params = inspect.signature(GenerationMixin.prepare_inputs_for_generation).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+_RELEASE_CACHE_NAME = _release_cache_name()
+
+
+def cache_kwarg(model) -> str:
+    """The keyword ``model``'s forward takes its cache by, on the installed release."""
+    return _forward_cache_name(type(model))
+
+
+def call(model, cache, **kwargs):
+    """``model(**kwargs)`` with ``cache`` passed under the name this release's forward takes."""
+    kwargs[cache_kwarg(model)] = cache
+    return model(**kwargs)
+
+
+def cache_arg(cache=None, past_key_values=None):
+    """For an adapter's replacement attention forward, which accepts both names: the cache given."""
+    return cache if cache is not None else past_key_values
+
+
+def family_module(family: str, name: str = "modeling"):
+    """A family's own module, ``transformers.models.<family>.<name>_<family>``."""
+    return importlib.import_module(f"transformers.models.{family}.{name}_{family}")
+
+
+def cache_utils():
+    return importlib.import_module("transformers.cache_utils")
+
+
+def layer_types(config) -> list[str]:
+    """The cache layer type of every decoder layer, as transformers' own cache would build them."""
+    cu = cache_utils()
+    text = config.get_text_config(decoder=True)
+    if hasattr(cu, "get_layer_types_and_kwargs"):
+        types, _ = cu.get_layer_types_and_kwargs(text)
+        return list(types)
+    raise AttributeError("this transformers has no get_layer_types_and_kwargs")  # pragma: no cover
+
+
+def causal_lm_types() -> dict[str, str]:
+    """model_type -> the causal-LM class name transformers maps it to."""
+    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING_NAMES
+
+    return dict(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)
+
+
+def auto_classes():
+    """(AutoModelForCausalLM, AutoTokenizer)."""
+    from transformers import AutoModelForCausalLM, AutoTokenizer
+
+    return AutoModelForCausalLM, AutoTokenizer
+
+
+def logits_processors():
+    """transformers' ``generation.logits_process`` module."""
+    from transformers.generation import logits_process
+
+    return logits_process
+
+
+def bytes_to_unicode() -> dict[int, str]:
+    from transformers.convert_slow_tokenizer import bytes_to_unicode as b2u
+
+    return b2u()
+
+
+def quiet() -> None:
+    """Keep transformers' own warnings and progress bars from burying our one-line messages."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.set_verbosity_error()
+    hf_logging.disable_progress_bar()
+
+
+def hf_logging() -> Any:
+    from transformers.utils import logging as hf_logging
+
+    return hf_logging
