@@ -11,6 +11,21 @@ import inspect
 import torch
 
 VOCAB = 320
+# the newest transformers release the suite has passed on (pyproject's cap is just above it)
+NEWEST_CHECKED = "5.24.0"
+
+
+def transformers_version() -> str:
+    import transformers
+
+    return transformers.__version__
+
+
+def older_than_checked() -> bool:
+    from packaging.version import Version
+
+    return Version(transformers_version()) < Version(NEWEST_CHECKED)
+
 
 # set only where the config class has the attribute (or an alias for it)
 SMALL = dict(
@@ -103,6 +118,11 @@ def small_config(model_type: str, eos: int):
     overrides = {}
     if model_type in VARIANTS:
         model_type, overrides = VARIANTS[model_type]
+    if model_type not in CONFIG_MAPPING and older_than_checked():
+        # the declared floor predates the family: the floor is checked on the families it ships
+        import pytest
+
+        pytest.skip(f"transformers {transformers_version()} does not ship {model_type}")
     cls = CONFIG_MAPPING[model_type]
     default = cls()
     known = set(default.to_dict()) | set(getattr(cls, "attribute_map", {}) or {})

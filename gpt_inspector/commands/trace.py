@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import sys
 from pathlib import Path
 
 from ..core.errors import InspectorError
@@ -65,11 +64,12 @@ def run(args) -> int:
         }
         common.print_json(out)
     else:
+        # the summary goes with the text: stderr is for errors only, so a script can tell success by it
         print(s.text)
-        print(f"{len(steps)} steps, {s.cache_length} positions cached; trace saved to {path}", file=sys.stderr)
+        print(f"{len(steps)} steps, {s.cache_length} positions cached; trace saved to {path}")
         text = f"KV cache: {human_bytes(real)}"
         if per_head != real:
             text += f" (per-head K and V would take {human_bytes(per_head)})"
-        print(f"{text}; {note}" if note else text, file=sys.stderr)
+        print(f"{text}; {note}" if note else text)
     return 0
 

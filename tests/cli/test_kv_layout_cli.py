@@ -51,8 +51,8 @@ def test_trace_reports_the_real_cache_and_the_trace_keeps_it(family, folders, tm
             assert ours.shape == saved.shape
         torch.testing.assert_close(torch.from_numpy(tr.attention(layer, 1)), torch.from_numpy(s.attention(layer, 1)))
     assert main(argv + ["--force"]) == 0
-    err = capsys.readouterr().err
-    assert "KV cache: " in err and (family != "deepseek_v3" or "per-head K and V would take" in err)
+    out, err = capsys.readouterr()
+    assert err == "" and "KV cache: " in out and (family != "deepseek_v3" or "per-head K and V would take" in out)
 
 
 def test_lens_on_a_model_with_several_residual_streams_says_so_in_one_line(folders, capsys):

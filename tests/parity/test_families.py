@@ -32,7 +32,7 @@ from gpt_inspector.core.models import from_model
 PROMPT = "She eats an apple. He reads"
 STEPS = 6
 
-# checked on transformers 5.23.0 (README "Model families" lists them)
+# checked on transformers tiny_families.NEWEST_CHECKED (README "Model families" lists them)
 VERIFIED = """
 afmoe apertus arcee aria_text axk1 axk2 bamba beam biogpt bitnet cohere cohere2 cohere2_moe ctrl cwm deepseek_v2 deepseek_v3
 deepseek_v32 diffllama dots1 ernie4_5
@@ -223,6 +223,8 @@ def test_every_refusal_names_a_reason():
 
 
 def test_verified_families_are_still_shipped():
+    if tiny_families.older_than_checked():
+        pytest.skip(f"transformers {transformers.__version__} predates families verified on {tiny_families.NEWEST_CHECKED}")
     missing = [f for f in VERIFIED if f not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
     assert not missing, f"transformers {transformers.__version__} no longer maps {missing} to a causal LM"
 
