@@ -337,22 +337,35 @@ def _first_line(e: BaseException) -> str:
 
 
 def _check_shapes(config, source: str) -> None:
-    """Shape rules a layer would otherwise enforce with a traceback deep in its constructor."""
-    try:
-        hidden = getattr(config, "hidden_size", None)
-        heads = getattr(config, "num_attention_heads", None)
-    except Exception:  # an attribute_map pointing nowhere
-        return
+    """Shape rules a layer would otherwise enforce with a traceback deep in its constructor.
+
+    Read per decoder layer: a heterogeneous config (Gemma 4) gives some layers their own head
+    size and KV heads, and refuses to answer for them globally.
+    """
+    n = getattr(config, "num_hidden_layers", None)
+    layers = range(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else [0]
+    seen = set()
+    for layer in layers:
+        try:
+            shape = tuple(hf.layer_config_value(config, a, layer) for a in ("hidden_size", "num_attention_heads", "head_dim",
+                                                                            "num_key_value_heads"))  # fmt: skip
+        except Exception:  # an attribute_map pointing nowhere
+            return
+        if shape not in seen:
+            seen.add(shape)
+            _check_layer_shape(*shape, source)
+
+
+def _check_layer_shape(hidden, heads, head_dim, kv, source: str) -> None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads)):
         return
     if hidden <= 0 or heads <= 0:
         raise InspectorError(f"{source}: config has hidden size {hidden} and {heads} heads; both must be positive")
-    if getattr(config, "head_dim", None) is None and hidden % heads:
+    if head_dim is None and hidden % heads:
         raise InspectorError(
             f"{source}: config says {heads} attention heads but a hidden size of {hidden}, "
             f"which {heads} does not divide; the config is damaged"
         )
-    kv = getattr(config, "num_key_value_heads", None)
     if isinstance(kv, int) and not isinstance(kv, bool) and (kv <= 0 or heads % kv):
         raise InspectorError(f"{source}: config says {heads} attention heads over {kv} KV heads, which does not divide")
 

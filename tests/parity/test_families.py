@@ -36,7 +36,7 @@ STEPS = 6
 VERIFIED = """
 afmoe apertus arcee aria_text axk1 axk2 bamba beam biogpt bitnet cohere cohere2 cohere2_moe ctrl cwm deepseek_v2 deepseek_v3
 deepseek_v32 diffllama dots1 ernie4_5
-ernie4_5_moe exaone4 exaone_moe falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa gpt-sw3
+ernie4_5_moe exaone4 exaone_moe falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa gpt-sw3
 gpt2 gpt_bigcode gpt_neox gpt_oss granite granite_swa granitemoe granitemoe_swa
 granitemoehybrid granitemoeshared
 helium hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax internlm3 iquestcoder jais2 jamba jetmoe kolibri1 laguna lfm2 lfm2_moe
@@ -48,8 +48,9 @@ bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm
 # computed in the family's own attention code (or, doge, with a bias inside its mask): gpt-inspector's adapters
 ADAPTED = "bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm".split()
 # other code paths of those families (tests/tiny_families.py VARIANTS): multi-head and new-architecture
-# Falcon, MPT with clip_qkv
-VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv"]
+# Falcon, MPT with clip_qkv; and Gemma 4's two other layouts (fewer KV heads with keys as values in its
+# full-attention layers; KV-shared last layers, which its forward runs on the kept rows only unless adapted)
+VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv", "gemma4_k_eq_v", "gemma4_kv_shared"]
 
 # these report softmax weights before their sink (the sink scales the output afterwards); ours are
 # the weights the values really get, so they equal HF's times each row's share left by the sink
@@ -199,6 +200,27 @@ def test_adapted_family_beams_equal_generate(family, built):
                                    atol=5e-5, rtol=0, err_msg=f"{family}: beam view, layer {layer}")  # fmt: skip
 
 
+def test_gemma4_layers_keep_their_own_head_size_and_kv_heads(built, tmp_path):
+    # the full-attention layer: head size 32 where the sliding one has 16, and (k_eq_v) 1 KV head where it has 2;
+    # every per-head read (one head's rows, the math check, a reopened trace) must take the layer's own
+    from gpt_inspector.core import mathcheck
+
+    lm, _ = built("gemma4_k_eq_v")
+    s = gi.Session(lm, PROMPT)
+    s.run(3)
+    t = s.cache_length
+    shapes = [(s.qkv(layer)[0].shape[2], s.qkv(layer)[1].shape[0]) for layer in range(lm.n_layers)]
+    assert shapes == [(16, 2), (32, 1)]
+    tr = gi.load_trace(s.save_trace(tmp_path / "g4.safetensors"))
+    for layer in range(lm.n_layers):
+        every = s.attention_rows(layer, 0, t)  # (H, T, T)
+        assert torch.equal(tr.attention_rows(layer, 0, t), every)
+        for head in range(lm.n_heads):
+            assert torch.equal(s.attention_rows(layer, 0, t, heads=[head])[0], every[head])
+            assert mathcheck.check(s, layer, head).kv_head == head // (lm.n_heads // shapes[layer][1])
+        assert mathcheck.check_all(s, layers=[layer]).max_diff.max() < 1e-4
+
+
 def test_the_sparse_indexer_selection_is_the_mask(built):
     # deepseek_v32: each query attends only to the index_topk keys its indexer picked, shown as its mask
     lm, _ = built("deepseek_v32")
@@ -246,6 +268,8 @@ KV_KINDS = {
     "deepseek_v32": "latent",  # and a sparse indexer picks each query's keys
     "jetmoe": "tiled",  # the cache's 2 KV heads, tiled to 4 after the cache update
     "gemma3n_text": "shared",  # the last two layers read earlier layers' caches
+    "gemma4_text": "per-head",  # its full-attention layer has a head size of its own (per_layer_config)
+    "gemma4_kv_shared": "shared",
 }
 
 

@@ -67,4 +67,4 @@ def adapt(model, source: str) -> bool:
     return True
 
 
-from . import biased, classic  # noqa: F401  (registers the adapters)
+from . import biased, classic, rows  # noqa: F401  (registers the adapters)
