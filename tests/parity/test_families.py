@@ -219,6 +219,11 @@ def test_gemma4_layers_keep_their_own_head_size_and_kv_heads(built, tmp_path):
             assert torch.equal(s.attention_rows(layer, 0, t, heads=[head])[0], every[head])
             assert mathcheck.check(s, layer, head).kv_head == head // (lm.n_heads // shapes[layer][1])
         assert mathcheck.check_all(s, layers=[layer]).max_diff.max() < 1e-4
+    # the KV cache lab sizes its policies by one shape for every layer: refused in one line, not silently wrong
+    from gpt_inspector.core.kvlab import KVLab, make
+
+    with pytest.raises(gi.InspectorError, match=r"layers differ \(2 KV heads of size 16, 1 KV heads of size 32\)"):
+        KVLab(lm, PROMPT, make("h2o", 6))
 
 
 def test_the_sparse_indexer_selection_is_the_mask(built):
