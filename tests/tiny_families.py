@@ -78,6 +78,8 @@ EXTRA = {
     # a sliding layer, then a full-attention layer with its own head size (per_layer_config), and per-layer inputs
     "gemma4_text": dict(layer_types=["sliding_attention", "full_attention"], global_head_dim=32,
                         vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8),
+    # Gemma 4's text decoder without per-layer inputs
+    "gemma4_unified_text": dict(layer_types=["sliding_attention", "full_attention"], global_head_dim=32),
 }  # fmt: skip
 
 # variants of a family's config that take another code path: name -> (model_type, config overrides)
@@ -91,6 +93,9 @@ VARIANTS = {
     # Gemma 4's small checkpoints: the last layers read the K/V of the last earlier layer of their kind
     "gemma4_kv_shared": ("gemma4_text", dict(num_hidden_layers=4, num_kv_shared_layers=2,
                                              layer_types=["sliding_attention", "full_attention"] * 2)),
+    "gemma4_unified_kv_shared": ("gemma4_unified_text", dict(num_hidden_layers=4, num_kv_shared_layers=2,
+                                 layer_types=["sliding_attention", "full_attention"] * 2, attention_k_eq_v=True,
+                                 num_global_key_value_heads=1)),
 }  # fmt: skip
 
 

@@ -24,6 +24,12 @@ REFUSED: dict[str, str] = {
     "zamba": "hybrid: its shared attention block does not say which layer it runs in (no layer_idx), so its "
     "records cannot be placed",
     "bailing_hybrid": "hybrid with linear-attention layers; not yet verified on a tiny test model",
+    "gemma4": "the multimodal (vision, audio) model is not verified; its text model gemma4_text is",
+    "gemma4_unified": "the multimodal (vision, audio) model is not verified; its text model gemma4_unified_text is",
+    "gemma4_assistant": "a drafter for Gemma 4's assisted decoding: its forward takes the target model's hidden "
+    "states and K/V (shared_kv_states), not token ids, and keeps no cache of its own",
+    "gemma4_unified_assistant": "a drafter for Gemma 4's assisted decoding: its forward takes the target model's "
+    "hidden states and K/V (shared_kv_states), not token ids, and keeps no cache of its own",
     "qwen3_5": "the multimodal model is not verified; its text model qwen3_5_text is",
     "qwen3_5_moe": "the multimodal model is not verified; its text model qwen3_5_moe_text is",
     "recurrent_gemma": "recurrent (RG-LRU) layers with local attention; no transformers attention interface",

@@ -36,7 +36,7 @@ STEPS = 6
 VERIFIED = """
 afmoe apertus arcee aria_text axk1 axk2 bamba beam biogpt bitnet cohere cohere2 cohere2_moe ctrl cwm deepseek_v2 deepseek_v3
 deepseek_v32 diffllama dots1 ernie4_5
-ernie4_5_moe exaone4 exaone_moe falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa gpt-sw3
+ernie4_5_moe exaone4 exaone_moe falcon_h1 flex_olmo flint gemma gemma2 gemma3_text gemma3n_text gemma4_text gemma4_unified_text glm glm4 glm4_moe glm4_moe_lite glm_moe_dsa gpt-sw3
 gpt2 gpt_bigcode gpt_neox gpt_oss granite granite_swa granitemoe granitemoe_swa
 granitemoehybrid granitemoeshared
 helium hunyuan_v1_dense hunyuan_v1_moe hy_v3 hy_v4 hyperclovax internlm3 iquestcoder jais2 jamba jetmoe kolibri1 laguna lfm2 lfm2_moe
@@ -50,7 +50,7 @@ ADAPTED = "bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm".sp
 # other code paths of those families (tests/tiny_families.py VARIANTS): multi-head and new-architecture
 # Falcon, MPT with clip_qkv; and Gemma 4's two other layouts (fewer KV heads with keys as values in its
 # full-attention layers; KV-shared last layers, which its forward runs on the kept rows only unless adapted)
-VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv", "gemma4_k_eq_v", "gemma4_kv_shared"]
+VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv", "gemma4_k_eq_v", "gemma4_kv_shared", "gemma4_unified_kv_shared"]
 
 # these report softmax weights before their sink (the sink scales the output afterwards); ours are
 # the weights the values really get, so they equal HF's times each row's share left by the sink
