@@ -11,7 +11,7 @@ import torch
 
 from . import adapters, capture, hf, kv_layout
 from .errors import InspectorError
-from .fidelity import check_supported, verify_fidelity
+from .fidelity import check_supported, stepped_note, verify_fidelity
 
 
 def _demo_model() -> str:
@@ -66,6 +66,9 @@ class LoadedModel:
     kv_layout: kv_layout.KVLayout | None = None
     # loaded with accelerate's device_map: module name -> where it lives (GPU index, "cpu", "disk"); else None
     device_map: dict | None = None
+    # one line on which of the model's computations the numbers are, where it has two that differ
+    # (fidelity.STEPPED_DECODE: its stepped decode, as generate runs it, not its full-sequence forward); else None
+    note: str | None = None
 
     @property
     def mirror_kv(self) -> bool:
@@ -108,8 +111,8 @@ class LoadedModel:
             f"{self.name}: {self.n_layers} layers, {self.n_heads} heads{gqa}, d_head {self.head_dim}, "
             f"context {self.context_length}, {str(self.dtype).removeprefix('torch.')} on {where}"
         )
-        cache = "" if self.kv_layout is None else self.kv_layout.describe()
-        return f"{text}; {cache}" if cache else text
+        extra = [x for x in ("" if self.kv_layout is None else self.kv_layout.describe(), self.note or "") if x]
+        return "; ".join([text, *extra])
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -520,6 +523,7 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
         eos_token_ids=eos_ids,
         bos_token_id=bos,
         kv_layout=layout,
+        note=stepped_note(cfg),
     )
 
 
