@@ -88,6 +88,10 @@ VARIANTS = {
     "falcon_mha": ("falcon", dict(multi_query=False)),
     "falcon_alibi": ("falcon", dict(alibi=True)),
     "mpt_clip_qkv": ("mpt", dict(attn_config=dict(clip_qkv=0.8))),
+    # doge with HF's own initialisation of A (0: every key bias exp(0) = 1, so the top-k picks among ties), inside
+    # the 4-key sliding window and with none
+    "doge_tied": ("doge", dict()),
+    "doge_tied_no_window": ("doge", dict(sliding_window=None)),
     # Gemma 4's larger checkpoints: full-attention layers with fewer KV heads, keys doubling as values
     "gemma4_k_eq_v": ("gemma4_text", dict(attention_k_eq_v=True, num_global_key_value_heads=1)),
     # Gemma 4's small checkpoints: the last layers read the K/V of the last earlier layer of their kind
@@ -105,8 +109,8 @@ def _doge_bias(model) -> None:
         torch.nn.init.normal_(layer.self_attn.A, 0.0, 1.0)
 
 
-# weights a family initialises to a value that would hide what the tests check
-TWEAKS = {"doge": _doge_bias}
+# weights a family (or a variant, by its name) initialises to a value that would hide what the tests check
+TWEAKS = {"doge": _doge_bias, "doge_tied": None, "doge_tied_no_window": None}
 
 
 def small_config(model_type: str, eos: int):
@@ -150,6 +154,8 @@ def build_model(model_type: str, eos: int, seed: int = 0):
         raise ValueError(f"too large for a tiny test ({n} parameters)")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    with torch.no_grad():
-        TWEAKS.get(cfg.model_type, lambda m: None)(model)
+    tweak = TWEAKS[model_type] if model_type in TWEAKS else TWEAKS.get(cfg.model_type)
+    if tweak is not None:
+        with torch.no_grad():
+            tweak(model)
     return model

@@ -48,9 +48,10 @@ bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm
 # computed in the family's own attention code (or, doge, with a bias inside its mask): gpt-inspector's adapters
 ADAPTED = "bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm".split()
 # other code paths of those families (tests/tiny_families.py VARIANTS): multi-head and new-architecture
-# Falcon, MPT with clip_qkv; and Gemma 4's two other layouts (fewer KV heads with keys as values in its
+# Falcon, MPT with clip_qkv, doge with tied key biases (HF's own A = 0); and Gemma 4's two other layouts (fewer KV heads with keys as values in its
 # full-attention layers; KV-shared last layers, which its forward runs on the kept rows only unless adapted)
-VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv", "gemma4_k_eq_v", "gemma4_kv_shared", "gemma4_unified_kv_shared"]
+VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv", "doge_tied", "doge_tied_no_window", "gemma4_k_eq_v",
+            "gemma4_kv_shared", "gemma4_unified_kv_shared"]
 
 # these report softmax weights before their sink (the sink scales the output afterwards); ours are
 # the weights the values really get, so they equal HF's times each row's share left by the sink
@@ -206,6 +207,31 @@ def test_adapted_family_beams_equal_generate(family, built):
     for layer in range(lm.n_layers):
         np.testing.assert_allclose(view.attention_rows(layer, 0, len(ids)).numpy(), att[layer][0].numpy(),
                                    atol=5e-5, rtol=0, err_msg=f"{family}: beam view, layer {layer}")  # fmt: skip
+
+
+@pytest.mark.parametrize("family", ["doge_tied", "doge_tied_no_window"])
+def test_doge_shows_the_keys_its_top_k_keeps_as_generate_runs_it(family, built):
+    # with tied key biases, torch.topk's pick among them depends on the row's length: the full-sequence forward
+    # (rows of every key), generate's prefill and decode steps (rows of the keys its cache hands each forward:
+    # a sliding layer only its window) keep different keys. The session shows generate's.
+    lm, ref = built(family)
+    s = gi.Session(lm, PROMPT)
+    s.run(STEPS)
+    t = s.cache_length
+    keep, window = ref.config.keep_window_size, ref.config.sliding_window or t
+    with torch.no_grad():
+        full = ref(torch.tensor([s.tokens[:t]]), output_attentions=True).attentions
+        stepped = _stepped_eager(ref, s.tokens[:t], len(s.prompt_ids)).attentions
+    in_reach = torch.tensor([min(i + 1, window) for i in range(t)])  # (T,) keys each row's masks allow
+    for layer in range(lm.n_layers):
+        allowed = torch.from_numpy(np.stack([s.allowed(layer, h) for h in range(lm.n_heads)]))  # (H, T, T)
+        # the cut is real: every row with more than `keep` keys in reach keeps exactly `keep` of them
+        assert (in_reach > keep).sum() >= t // 2 and keep < window
+        assert torch.equal(allowed.sum(-1), in_reach.clamp(max=keep).expand(lm.n_heads, -1))
+        ours = s.attention_rows(layer, 0, t, "probs")  # (H, T, T)
+        np.testing.assert_allclose(ours.numpy(), stepped[layer][0].numpy(), atol=5e-5, rtol=0)
+        # and the full-sequence forward kept other keys: the two references really part here
+        assert (ours - full[layer][0]).abs().max() > 0.3
 
 
 def test_gemma4_layers_keep_their_own_head_size_and_kv_heads(built, tmp_path):
