@@ -109,11 +109,11 @@ def doge(model) -> None:
     # the session's cache keeps every position. So the top-k runs here over exactly the keys the
     # model's own cache would hand this forward (the rest lie outside the window, masked anyway):
     # the weights shown are generate's, while a full-sequence forward may keep other tied keys.
-    window = getattr(model.config, "sliding_window", None)
+    windows = [hf.layer_config_value(model.config, "sliding_window", i) for i in range(len(model.model.layers))]
 
     def prepare_dynamic_mask(self, hidden_states, dt_states, keep_window_size=2048, attention_mask=None):
         self.__dict__[capture.KEY_BIAS_ATTR] = dt_states  # (B, Hkv, Tk)
-        own = type(self).prepare_dynamic_mask
+        own, window = type(self).prepare_dynamic_mask, windows[self.layer_idx]
         tq, tk = hidden_states.shape[1], dt_states.shape[-1]
         reach = tk if window is None else min(tk, window - 1 + tq)  # the keys a sliding cache layer returns
         if reach == tk or not isinstance(attention_mask, torch.Tensor):
