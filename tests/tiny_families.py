@@ -90,6 +90,11 @@ EXTRA = {
     "gemma3n_text": dict(num_hidden_layers=4, num_kv_shared_layers=2, intermediate_size=[64] * 4,
                          layer_types=["sliding_attention", "full_attention"] * 2, activation_sparsity_pattern=[0.0] * 4,
                          vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8, laurel_rank=8),
+    # a sliding layer, then a full-attention layer with its own head size (per_layer_config), and per-layer inputs
+    "gemma4_text": dict(layer_types=["sliding_attention", "full_attention"], global_head_dim=32,
+                        vocab_size_per_layer_input=VOCAB, hidden_size_per_layer_input=8),
+    # Gemma 4's text decoder without per-layer inputs
+    "gemma4_unified_text": dict(layer_types=["sliding_attention", "full_attention"], global_head_dim=32),
 }  # fmt: skip
 
 # variants of a family's config that take another code path: name -> (model_type, config overrides)
@@ -98,7 +103,19 @@ VARIANTS = {
     "falcon_mha": ("falcon", dict(multi_query=False)),
     "falcon_alibi": ("falcon", dict(alibi=True)),
     "mpt_clip_qkv": ("mpt", dict(attn_config=dict(clip_qkv=0.8))),
-}
+    # doge with HF's own initialisation of A (0: every key bias exp(0) = 1, so the top-k picks among ties), inside
+    # the 4-key sliding window and with none
+    "doge_tied": ("doge", dict()),
+    "doge_tied_no_window": ("doge", dict(sliding_window=None)),
+    # Gemma 4's larger checkpoints: full-attention layers with fewer KV heads, keys doubling as values
+    "gemma4_k_eq_v": ("gemma4_text", dict(attention_k_eq_v=True, num_global_key_value_heads=1)),
+    # Gemma 4's small checkpoints: the last layers read the K/V of the last earlier layer of their kind
+    "gemma4_kv_shared": ("gemma4_text", dict(num_hidden_layers=4, num_kv_shared_layers=2,
+                                             layer_types=["sliding_attention", "full_attention"] * 2)),
+    "gemma4_unified_kv_shared": ("gemma4_unified_text", dict(num_hidden_layers=4, num_kv_shared_layers=2,
+                                 layer_types=["sliding_attention", "full_attention"] * 2, attention_k_eq_v=True,
+                                 num_global_key_value_heads=1)),
+}  # fmt: skip
 
 
 def _doge_bias(model) -> None:
@@ -107,8 +124,8 @@ def _doge_bias(model) -> None:
         torch.nn.init.normal_(layer.self_attn.A, 0.0, 1.0)
 
 
-# weights a family initialises to a value that would hide what the tests check
-TWEAKS = {"doge": _doge_bias}
+# weights a family (or a variant, by its name) initialises to a value that would hide what the tests check
+TWEAKS = {"doge": _doge_bias, "doge_tied": None, "doge_tied_no_window": None}
 
 
 def small_config(model_type: str, eos: int):
@@ -135,7 +152,10 @@ def small_config(model_type: str, eos: int):
     kw.update(overrides)
     kw.update(bos_token_id=eos, eos_token_id=eos, pad_token_id=eos)
     cfg = cls(**kw)
+    per_layer = getattr(cfg, "per_layer_attributes", None) or set()  # set per layer: reading them globally raises
     for k, v in kw.items():  # some configs ignore constructor arguments they derive
+        if k in per_layer:
+            continue
         if hasattr(cfg, k) and getattr(cfg, k) != v and not isinstance(getattr(cfg, k), (list, dict)) and not isinstance(v, dict):
             try:
                 setattr(cfg, k, v)
@@ -154,6 +174,8 @@ def build_model(model_type: str, eos: int, seed: int = 0):
         raise ValueError(f"too large for a tiny test ({n} parameters)")
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(cfg, attn_implementation="eager").eval()
-    with torch.no_grad():
-        TWEAKS.get(cfg.model_type, lambda m: None)(model)
+    tweak = TWEAKS[model_type] if model_type in TWEAKS else TWEAKS.get(cfg.model_type)
+    if tweak is not None:
+        with torch.no_grad():
+            tweak(model)
     return model

@@ -56,6 +56,10 @@ def load(args):
               file=sys.stderr)
     for w in lm.warnings:
         print(f"gpt-inspector: warning: {w}", file=sys.stderr)
+    # information, not a doubt: on stdout (a successful run keeps stderr for what went wrong), and not
+    # where stdout carries JSON
+    if lm.note and getattr(args, "json", None) not in (True, "-"):
+        print(f"gpt-inspector: note: {lm.note}")
     return lm
 
 

@@ -60,6 +60,7 @@ def run(args) -> int:
             "kv_cache_bytes": real,
             "kv_per_head_bytes": per_head,
             "kv_cache": note,
+            "note": s.lm.note,  # which of the model's computations the numbers are, where it has two that differ
             "attention_layers": list(s.attention_layers),
         }
         common.print_json(out)

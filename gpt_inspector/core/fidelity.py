@@ -24,6 +24,12 @@ REFUSED: dict[str, str] = {
     "zamba": "hybrid: its shared attention block does not say which layer it runs in (no layer_idx), so its "
     "records cannot be placed",
     "bailing_hybrid": "hybrid with linear-attention layers; not yet verified on a tiny test model",
+    "gemma4": "the multimodal (vision, audio) model is not verified; its text model gemma4_text is",
+    "gemma4_unified": "the multimodal (vision, audio) model is not verified; its text model gemma4_unified_text is",
+    "gemma4_assistant": "a drafter for Gemma 4's assisted decoding: its forward takes the target model's hidden "
+    "states and K/V (shared_kv_states), not token ids, and keeps no cache of its own",
+    "gemma4_unified_assistant": "a drafter for Gemma 4's assisted decoding: its forward takes the target model's "
+    "hidden states and K/V (shared_kv_states), not token ids, and keeps no cache of its own",
     "qwen3_5": "the multimodal model is not verified; its text model qwen3_5_text is",
     "qwen3_5_moe": "the multimodal model is not verified; its text model qwen3_5_moe_text is",
     "recurrent_gemma": "recurrent (RG-LRU) layers with local attention; no transformers attention interface",
@@ -46,6 +52,30 @@ REFUSED: dict[str, str] = {
     "which stepping one token at a time relies on",
     "blt": "byte latent transformer: patch-level cross attention between encoder and decoder",
 }
+
+_INDEXER = ("its sparse indexer selects each query's keys by torch.topk over the keys of the forward at hand; a "
+            "full-sequence forward can select other keys than the stepped decode")
+# model_type -> why transformers' full-sequence forward is not what generate computes. generate runs
+# the prompt, then one token at a time against the model's own cache; the session steps the same
+# way, so its numbers (logits and attention weights) are that run's. The fidelity self-test and the
+# family tests compare these with the model's stepped run.
+STEPPED_DECODE: dict[str, str] = {
+    "deepseek_v32": _INDEXER,
+    "glm_moe_dsa": _INDEXER,
+    "axk2": _INDEXER,
+    "hy_v4": _INDEXER,
+    "nemotron_h": "its Mamba2 layers' chunked scan (a full-sequence forward) rounds apart from their recurrence",
+    "zamba2": "its Mamba2 layers' chunked scan (a full-sequence forward) rounds apart from their recurrence",
+    "doge": "its dynamic mask keeps each row's top keys with torch.topk over the keys of the forward at hand; "
+    "where key biases tie, which tied key it keeps depends on that forward's length",
+}
+STEPPED_NOTE = "numbers follow the model's stepped (cached) decode, as generate runs it; its full-sequence forward can differ"
+
+
+def stepped_note(config) -> str | None:
+    """The one line a front end shows at load for a ``STEPPED_DECODE`` family, else None."""
+    return STEPPED_NOTE if getattr(config, "model_type", None) in STEPPED_DECODE else None
+
 
 # relative to the largest reference logit: eager and fused attention round differently per dtype
 _RTOL = {torch.float32: 1e-4, torch.float16: 1e-2, torch.bfloat16: 3e-2}
@@ -85,8 +115,9 @@ def fidelity_gap(lm) -> tuple[float, int, float]:
     Ours runs the probe as a prefill and then ``STEPPED`` single tokens against the cache, as a
     session does; the reference is one eager forward without a cache. Where that differs, the
     model's own eager run stepped the same way against its own cache (as ``generate`` runs it)
-    is the second reference: a sparse indexer's full-sequence forward (deepseek_v32,
-    glm_moe_dsa) is not prefix-consistent, so only the stepped run is what generation computes.
+    is the second reference: for the ``STEPPED_DECODE`` families (a sparse indexer's selection,
+    Mamba2's chunked scan, doge's top-k over tied biases) only the stepped run is what
+    generation computes.
     """
     model = lm.model
     # spread over the vocabulary (1..vocab-1) so no special token dominates the probe

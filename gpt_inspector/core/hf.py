@@ -30,7 +30,7 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 __all__ = [
     "VERSION", "SUPPORTED", "AttentionInterface", "AttentionMaskInterface", "AutoConfig", "DynamicCache",
     "DynamicLayer", "DynamicSlidingWindowLayer", "EncoderDecoderCache", "LinearAttentionCacheLayerMixin", "sdpa_mask", "cache_kwarg", "call",
-    "cache_arg", "family_module", "layer_types", "causal_lm_types", "quiet", "auto_classes",
+    "cache_arg", "family_module", "layer_types", "layer_config", "layer_config_value", "causal_lm_types", "quiet", "auto_classes",
     "logits_processors", "bytes_to_unicode", "cache_utils",
 ]  # fmt: skip
 
@@ -99,6 +99,23 @@ def layer_types(config) -> list[str]:
         types, _ = cu.get_layer_types_and_kwargs(text)
         return list(types)
     raise AttributeError("this transformers has no get_layer_types_and_kwargs")  # pragma: no cover
+
+
+def layer_config(config, layer: int):
+    """Decoder layer ``layer``'s own config: ``config`` with that layer's overrides applied.
+
+    Heterogeneous configs (``per_layer_config``, Gemma 4's full-attention layers with their own
+    head size and KV heads) raise on reading a per-layer attribute off the global config; a
+    release without them, or a homogeneous config, has one config for every layer.
+    """
+    if not getattr(config, "is_heterogeneous", False):
+        return config
+    return config.per_layer_config[layer]
+
+
+def layer_config_value(config, name: str, layer: int, default: Any = None) -> Any:
+    """Attribute ``name`` as decoder layer ``layer`` reads it (``default`` where the config has none)."""
+    return getattr(layer_config(config, layer), name, default)
 
 
 def causal_lm_types() -> dict[str, str]:

@@ -152,8 +152,8 @@ class MathCheckReport:
 # ---------------------------------------------------------------------- the source
 
 
-def _kv_map(source) -> np.ndarray:
-    return np.array([source.kv_head_of(h) for h in range(source.n_heads)])  # (H,) query head -> KV head
+def _kv_map(source, layer: int) -> np.ndarray:
+    return np.array([source.kv_head_of(h, layer) for h in range(source.n_heads)])  # (H,) query head -> KV head
 
 
 def _tolerance(source, v_heads: np.ndarray, tolerance: float | None) -> np.ndarray:
@@ -236,7 +236,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
             "where the steps decide tokens): pick a later query position"
         )
     q, k, v = source.qkv(layer)  # (H, T, d), (Hkv, T, d), (Hkv, T, d)
-    kvh = int(_kv_map(source)[head])
+    kvh = int(_kv_map(source, layer)[head])
     allowed = np.asarray(source.allowed(layer, head), dtype=bool)[position]  # (T,)
     scaling, softcap = float(source.scaling(layer)), source.softcap(layer)
     sink = _sink(source, layer)
@@ -270,7 +270,6 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
     layers = [source.check_layer(layer) for layer in layers]
     if not layers:
         raise InspectorError("no layers to check")
-    kv_map = _kv_map(source)
     n_heads = source.n_heads
     max_diff = np.zeros((len(layers), n_heads))
     worst = np.zeros((len(layers), n_heads), dtype=np.int64)
@@ -278,6 +277,7 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
     start = source.head_outputs_from  # rows before it were never kept: nothing to compare
     for i, layer in enumerate(layers):
         q, k, v = source.qkv(layer)
+        kv_map = _kv_map(source, layer)
         kh = k.astype(np.float64)[kv_map]  # (H, T, d)
         vh = v.astype(np.float64)[kv_map]  # (H, T, d)
         allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)

@@ -11,7 +11,7 @@ import torch
 
 from . import adapters, capture, hf, kv_layout
 from .errors import InspectorError
-from .fidelity import check_supported, verify_fidelity
+from .fidelity import check_supported, stepped_note, verify_fidelity
 
 
 def _demo_model() -> str:
@@ -66,6 +66,9 @@ class LoadedModel:
     kv_layout: kv_layout.KVLayout | None = None
     # loaded with accelerate's device_map: module name -> where it lives (GPU index, "cpu", "disk"); else None
     device_map: dict | None = None
+    # one line on which of the model's computations the numbers are, where it has two that differ
+    # (fidelity.STEPPED_DECODE: its stepped decode, as generate runs it, not its full-sequence forward); else None
+    note: str | None = None
 
     @property
     def mirror_kv(self) -> bool:
@@ -108,8 +111,8 @@ class LoadedModel:
             f"{self.name}: {self.n_layers} layers, {self.n_heads} heads{gqa}, d_head {self.head_dim}, "
             f"context {self.context_length}, {str(self.dtype).removeprefix('torch.')} on {where}"
         )
-        cache = "" if self.kv_layout is None else self.kv_layout.describe()
-        return f"{text}; {cache}" if cache else text
+        extra = [x for x in ("" if self.kv_layout is None else self.kv_layout.describe(), self.note or "") if x]
+        return "; ".join([text, *extra])
 
 
 def resolve_device(device: str | torch.device = "auto") -> torch.device:
@@ -337,22 +340,35 @@ def _first_line(e: BaseException) -> str:
 
 
 def _check_shapes(config, source: str) -> None:
-    """Shape rules a layer would otherwise enforce with a traceback deep in its constructor."""
-    try:
-        hidden = getattr(config, "hidden_size", None)
-        heads = getattr(config, "num_attention_heads", None)
-    except Exception:  # an attribute_map pointing nowhere
-        return
+    """Shape rules a layer would otherwise enforce with a traceback deep in its constructor.
+
+    Read per decoder layer: a heterogeneous config (Gemma 4) gives some layers their own head
+    size and KV heads, and refuses to answer for them globally.
+    """
+    n = getattr(config, "num_hidden_layers", None)
+    layers = range(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else [0]
+    seen = set()
+    for layer in layers:
+        try:
+            shape = tuple(hf.layer_config_value(config, a, layer) for a in ("hidden_size", "num_attention_heads", "head_dim",
+                                                                            "num_key_value_heads"))  # fmt: skip
+        except Exception:  # an attribute_map pointing nowhere
+            return
+        if shape not in seen:
+            seen.add(shape)
+            _check_layer_shape(*shape, source)
+
+
+def _check_layer_shape(hidden, heads, head_dim, kv, source: str) -> None:
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads)):
         return
     if hidden <= 0 or heads <= 0:
         raise InspectorError(f"{source}: config has hidden size {hidden} and {heads} heads; both must be positive")
-    if getattr(config, "head_dim", None) is None and hidden % heads:
+    if head_dim is None and hidden % heads:
         raise InspectorError(
             f"{source}: config says {heads} attention heads but a hidden size of {hidden}, "
             f"which {heads} does not divide; the config is damaged"
         )
-    kv = getattr(config, "num_key_value_heads", None)
     if isinstance(kv, int) and not isinstance(kv, bool) and (kv <= 0 or heads % kv):
         raise InspectorError(f"{source}: config says {heads} attention heads over {kv} KV heads, which does not divide")
 
@@ -507,6 +523,7 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
         eos_token_ids=eos_ids,
         bos_token_id=bos,
         kv_layout=layout,
+        note=stepped_note(cfg),
     )
 
 

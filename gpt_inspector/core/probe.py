@@ -293,11 +293,13 @@ def _normalize(lm: LoadedModel, kv) -> dict[int, tuple[torch.Tensor, torch.Tenso
         except (TypeError, ValueError):
             raise InspectorError(f"layer {layer}: expected a (keys, values) pair") from None
         k, v = _as_tensor(k, f"layer {layer} keys"), _as_tensor(v, f"layer {layer} values")
-        want = (lm.n_kv_heads, lm.head_dim)
+        # the layer's own K/V shape: Gemma 4's full-attention layers have their own head size and KV heads
+        lk = None if lm.kv_layout is None else lm.kv_layout.layers[layer]
+        want = (lm.n_kv_heads, lm.head_dim) if lk is None else lk.keys
         if (k.shape[0], k.shape[2]) != want or k.shape != v.shape:
             raise InspectorError(
                 f"layer {layer}: keys {tuple(k.shape)} / values {tuple(v.shape)} do not fit this model "
-                f"({lm.n_kv_heads} KV heads of size {lm.head_dim})"
+                f"({want[0]} KV heads of size {want[1]})"
             )
         if length is None:
             length = k.shape[1]

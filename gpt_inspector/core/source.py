@@ -82,8 +82,11 @@ class RunSource:
 
         return save_trace(self, path, derived=derived)
 
-    def kv_head_of(self, head: int) -> int:
-        return eq.kv_head_of(head, self.n_heads, self.n_kv_heads)
+    def kv_head_of(self, head: int, layer: int | None = None) -> int:
+        """The KV head query head ``head`` reads in ``layer`` (Gemma 4's full-attention layers have fewer)."""
+        lay = self.kv_layout
+        lk = None if layer is None or lay is None else lay.layers[layer]
+        return eq.kv_head_of(head, self.n_heads, self.n_kv_heads if lk is None else lk.keys[0])
 
     def check_layer(self, layer) -> int:
         return check_index(layer, self.n_layers, "layer")
@@ -282,7 +285,7 @@ class RunSource:
         scaling, softcap = self.scaling(layer), self.softcap(layer)
         if heads is not None:
             idx = torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
-            kv = torch.as_tensor([self.kv_head_of(int(h)) for h in idx], dtype=torch.long)
+            kv = torch.as_tensor([self.kv_head_of(int(h), layer) for h in idx], dtype=torch.long)
             q, k, allowed = q[idx], keys[kv], allowed[idx]
             sink = None if sink is None else sink[idx]
             block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)

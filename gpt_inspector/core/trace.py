@@ -459,8 +459,12 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
     need: dict[str, tuple[tuple, str]] = {"tokens": ((n_tok,), "I64")}
     optional: dict[str, tuple[tuple, str]] = {}
     derived = {k: (H, T, T) for k in ("scores", "masked_scores", "probs")}
+    layout = out["kv_layout"]
     for layer in range(L):
-        for n, s in (("q", (H, T, d)), ("k", (Hkv, T, d)), ("v", (Hkv, T, dv)), ("attn_out", (H, T - start, dv))):
+        # a layer's own K/V shape where the layout says (Gemma 4's full-attention layers: their own head size, KV heads)
+        lk = None if layout is None else layout.layers[layer]
+        (hk, dk), (hv, dvl) = ((Hkv, d), (Hkv, dv)) if lk is None else (lk.keys, lk.values)
+        for n, s in (("q", (H, T, dk)), ("k", (hk, T, dk)), ("v", (hv, T, dvl)), ("attn_out", (H, T - start, dvl))):
             need[f"layers.{layer}.{n}"] = (s, "F32")
         for n, s in derived.items():
             (need if v1 else optional)[f"layers.{layer}.{n}"] = (s, "F32")

@@ -268,7 +268,7 @@ class PooledMatrix:
             # a step back, lose the cut ones from their last key block)
             c0 = (min(self.T, t) // s) * s
             q = source.queries(layer)[head, : keep * s]  # (keep*s, d)
-            k = source.keys(layer)[source.kv_head_of(head), c0:t]  # (t - c0, d)
+            k = source.keys(layer)[source.kv_head_of(head, layer), c0:t]  # (t - c0, d)
             every = np.ones((q.shape[0], k.shape[0]), dtype=bool)
             import torch
 

@@ -381,8 +381,7 @@ class ViewModel:
             thumb_rows=self.thumbs.rows_done if t else 0,
             t_model_done=self.t_model_done,
             t_built=time.perf_counter(),
-            **{name: getattr(o, name) for name in _SOURCE_FIELDS},
-            **arrays,
+            **{**{name: getattr(o, name) for name in _SOURCE_FIELDS}, **arrays},
         )
 
     def _matrix(self, layer: int, head: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -413,7 +412,7 @@ class ViewModel:
                 m[:v, v:] = np.nan
             else:  # the raw stages show future keys too: the new keys' columns of the earlier rows
                 q = o.queries(layer)[head, :v]  # (v, d)
-                k = o.keys(layer)[o.kv_head_of(head), v:t]  # (t - v, d)
+                k = o.keys(layer)[o.kv_head_of(head, layer), v:t]  # (t - v, d)
                 every = torch.ones(v, t - v, dtype=torch.bool)
                 bias = None if kind == "raw" else o.bias_rows(layer, 0, v, (head,))  # (1, v, T): ALiBi, doge
                 bias = None if bias is None else bias[0, :, v:t]  # (v, t - v)
@@ -481,7 +480,7 @@ class ViewModel:
             if not (np.isfinite(lo) and np.isfinite(hi)):
                 lo, hi = 0.0, 1.0
             levels = (lo, hi if hi > lo else lo + 1.0)
-        kvh = o.kv_head_of(head)
+        kvh = o.kv_head_of(head, layer)
         keys, values = o.keys(layer), o.values(layer)  # (Hkv, T, d)
         kv_block = block_for(t, EXACT_LIMIT)
         bias = o.bias_rows(layer, query, query + 1, (head,))  # (1, 1, T): the model's additive score bias (ALiBi, doge), or None
@@ -508,6 +507,9 @@ class ViewModel:
             kv_block=kv_block,
             kv_cached=None if cached is None else pool_rows(cached.float().numpy(), kv_block),
             kv_head=kvh,
+            # the selected layer's own: Gemma 4's full-attention layers have their own head size and KV heads
+            n_kv_heads=int(keys.shape[0]),
+            head_dim=int(keys.shape[-1]),
             kv_evicted=None if evicted is None else np.ascontiguousarray(evicted),
             kv_error=None if error is None else np.ascontiguousarray(error),
         )

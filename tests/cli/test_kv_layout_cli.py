@@ -16,7 +16,7 @@ from gpt_inspector.cli import main
 @pytest.fixture(scope="module")
 def folders(tmp_path_factory):
     out = {}
-    for family in ("deepseek_v3", "gemma3n_text"):
+    for family in ("deepseek_v3", "gemma3n_text", "doge"):
         folder = tmp_path_factory.mktemp(family)
         tok = tiny_models.build_tokenizer(folder)
         tiny_families.build_model(family, tok.convert_tokens_to_ids("<|endoftext|>")).save_pretrained(folder)
@@ -65,3 +65,23 @@ def test_probe_cache_on_a_latent_cache_says_so_in_one_line(folders, capsys):
     rc = main(["probe-cache", "--model", str(folders["deepseek_v3"]), "--device", "cpu", "--prompt", "She eats an apple"])
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "latent" in err and "Traceback" not in err
+
+
+def test_a_model_computed_two_ways_says_at_load_which_the_numbers_are(folders, tmp_path, capsys):
+    # doge (like deepseek_v32): its full-sequence forward and its stepped decode can differ; the numbers are the
+    # stepped decode's. One line of information on stdout, never on stderr, and not in the middle of JSON
+    from gpt_inspector.core.fidelity import STEPPED_NOTE
+
+    argv = ["math-check", "--model", str(folders["doge"]), "--device", "cpu", "--prompt", "She eats", "--steps", "2"]
+    assert main(argv) == 0
+    out = capsys.readouterr()
+    assert out.out.splitlines()[0] == f"gpt-inspector: note: {STEPPED_NOTE}" and out.err == ""
+    assert main(argv + ["--json"]) == 0
+    json.loads(capsys.readouterr().out)
+    t = tmp_path / "t.safetensors"
+    assert main(["trace", "--model", str(folders["doge"]), "--device", "cpu", "--prompt", "She eats", "--steps", "2",
+                 "--out", str(t), "--json"]) == 0  # fmt: skip
+    assert json.loads(capsys.readouterr().out)["note"] == STEPPED_NOTE
+    # a model computed one way says nothing
+    assert main(["math-check", "--model", str(folders["deepseek_v3"]), "--device", "cpu", "--prompt", "She eats"]) == 0
+    assert "note" not in capsys.readouterr().out

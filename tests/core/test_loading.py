@@ -5,6 +5,7 @@ from __future__ import annotations
 import shutil
 
 import pytest
+import tiny_models
 import torch
 
 import gpt_inspector as gi
@@ -19,6 +20,29 @@ def test_loads_local_folder_and_reads_shapes(tiny_dir):
     s = gi.Session(lm, "One two")
     s.run(2)  # half precision steps too
     assert s.attention(1, 0, "probs").dtype.name == "float32"
+
+
+def test_a_config_with_per_layer_values_loads_from_its_folder(tmp_path):
+    # Gemma 4's full-attention layers have their own head size (per_layer_config); transformers raises on a read
+    # of such an attribute off the global config, which the load's shape checks did (a traceback, not a refusal)
+    import json
+
+    import tiny_families
+
+    tok = tiny_models.build_tokenizer(tmp_path)
+    model = tiny_families.build_model("gemma4_text", tok.convert_tokens_to_ids("<|endoftext|>"))
+    assert model.config.is_heterogeneous
+    model.save_pretrained(tmp_path)
+    lm = gi.load_model(tmp_path, device="cpu")
+    s = gi.Session(lm, "One two")
+    s.run(2)
+    assert [s.qkv(layer)[0].shape[2] for layer in range(2)] == [16, 32]
+    # and a per-layer value that cannot work is refused in one line, as a global one is
+    cfg = json.loads((tmp_path / "config.json").read_text())
+    cfg["per_layer_config"]["1"]["num_key_value_heads"] = 3
+    (tmp_path / "config.json").write_text(json.dumps(cfg))
+    with pytest.raises(gi.InspectorError, match="4 attention heads over 3 KV heads"):
+        gi.load_model(tmp_path, device="cpu")
 
 
 def test_device_and_dtype_parsing():

@@ -63,8 +63,11 @@ def adapt(model, source: str) -> bool:
     why = None if limit is None else limit(model.config)
     if why:
         raise InspectorError(f"{source} ({mt}) is not supported: {why}")
-    fn(model)
+    try:
+        fn(model)
+    except NotImplementedError as e:  # the model's code is not the shape the adapter was written for
+        raise InspectorError(f"{source} ({mt}) is not supported: {e}") from None
     return True
 
 
-from . import biased, classic  # noqa: F401  (registers the adapters)
+from . import biased, classic, rows  # noqa: F401  (registers the adapters)

@@ -100,10 +100,29 @@ def mpt(model) -> None:
 @register("doge")
 def doge(model) -> None:
     # doge passes its learned per-head, per-key bias (and a per-head top-k window) as the mask it
-    # hands the attention interface; the capture needs the bias itself to tell the two apart
+    # hands the attention interface; the capture needs the bias itself to tell the two apart.
+    #
+    # The top-k is torch.topk over the key axis of the forward at hand, so where biases tie (HF
+    # initialises A to 0: every bias exp(0) = 1; bfloat16 rounds many alike) which tied key it keeps
+    # depends on how many keys that forward has. generate runs the prompt, then one token at a time
+    # against the model's own cache, whose sliding-window layers hold only the last window - 1 keys;
+    # the session's cache keeps every position. So the top-k runs here over exactly the keys the
+    # model's own cache would hand this forward (the rest lie outside the window, masked anyway):
+    # the weights shown are generate's, while a full-sequence forward may keep other tied keys.
+    windows = [hf.layer_config_value(model.config, "sliding_window", i) for i in range(len(model.model.layers))]
+
     def prepare_dynamic_mask(self, hidden_states, dt_states, keep_window_size=2048, attention_mask=None):
         self.__dict__[capture.KEY_BIAS_ATTR] = dt_states  # (B, Hkv, Tk)
-        return type(self).prepare_dynamic_mask(self, hidden_states, dt_states, keep_window_size, attention_mask)
+        own, window = type(self).prepare_dynamic_mask, windows[self.layer_idx]
+        tq, tk = hidden_states.shape[1], dt_states.shape[-1]
+        reach = tk if window is None else min(tk, window - 1 + tq)  # the keys a sliding cache layer returns
+        if reach == tk or not isinstance(attention_mask, torch.Tensor):
+            return own(self, hidden_states, dt_states, keep_window_size, attention_mask)
+        tail = own(self, hidden_states, dt_states[..., tk - reach :], keep_window_size,
+                   attention_mask[..., :tk][..., tk - reach :])  # (B, Hkv, Tq, reach)  # fmt: skip
+        # the keys before the window: masked, as the sliding mask masks them
+        gone = tail.new_full((*tail.shape[:-1], tk - reach), torch.finfo(hidden_states.dtype).min)
+        return torch.cat([gone, tail], dim=-1)  # (B, Hkv, Tq, Tk)
 
     for layer in model.model.layers:
         patch(layer.self_attn, "prepare_dynamic_mask", prepare_dynamic_mask)

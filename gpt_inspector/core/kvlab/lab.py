@@ -138,6 +138,12 @@ class KVLab:
         if not isinstance(policy, Policy):
             raise InspectorError(f"policy must come from kvlab.make(...) (or be a Policy), got {policy!r}")
         kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "prompt_ids": prompt_ids}
+        lay = lm.kv_layout
+        shapes = list(dict.fromkeys((lk.keys, lk.values) for lk in lay.layers if lk is not None)) if lay is not None else []
+        if len(shapes) > 1:  # Gemma 4: its full-attention layers have their own head size (and KV heads)
+            shown = ", ".join(f"{k[0]} KV heads of size {k[1]}" for k, _ in shapes)
+            raise InspectorError(f"the KV cache lab sizes a policy by one KV-head count and head size for every layer; "
+                                 f"{lm.name}'s layers differ ({shown})")  # fmt: skip
         self.lm = lm
         self.policy = policy
         policy.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length,
