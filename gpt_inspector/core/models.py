@@ -336,23 +336,31 @@ def _first_line(e: BaseException) -> str:
     return text.splitlines()[0][:300] if text else type(e).__name__
 
 
+def _config_value(config, name: str):
+    """``config.<name>``, or None where the config has no one value for it.
+
+    An attribute_map can point nowhere, and a heterogeneous config (dots3_note_text) raises on a
+    per-layer attribute (head_dim, heads) read globally; the layers then check their own sizes.
+    """
+    try:
+        return getattr(config, name, None)
+    except Exception:
+        return None
+
+
 def _check_shapes(config, source: str) -> None:
     """Shape rules a layer would otherwise enforce with a traceback deep in its constructor."""
-    try:
-        hidden = getattr(config, "hidden_size", None)
-        heads = getattr(config, "num_attention_heads", None)
-    except Exception:  # an attribute_map pointing nowhere
-        return
+    hidden, heads = _config_value(config, "hidden_size"), _config_value(config, "num_attention_heads")
     if not all(isinstance(v, int) and not isinstance(v, bool) for v in (hidden, heads)):
         return
     if hidden <= 0 or heads <= 0:
         raise InspectorError(f"{source}: config has hidden size {hidden} and {heads} heads; both must be positive")
-    if getattr(config, "head_dim", None) is None and hidden % heads:
+    if _config_value(config, "head_dim") is None and hidden % heads:
         raise InspectorError(
             f"{source}: config says {heads} attention heads but a hidden size of {hidden}, "
             f"which {heads} does not divide; the config is damaged"
         )
-    kv = getattr(config, "num_key_value_heads", None)
+    kv = _config_value(config, "num_key_value_heads")
     if isinstance(kv, int) and not isinstance(kv, bool) and (kv <= 0 or heads % kv):
         raise InspectorError(f"{source}: config says {heads} attention heads over {kv} KV heads, which does not divide")
 
