@@ -35,13 +35,6 @@ _DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }  # fmt: skip
 
-# Families that transformers can put behind a causal-LM head but that attend bidirectionally.
-_ENCODER_ONLY = {
-    "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "electra", "ernie", "data2vec-text",
-    "roberta-prelayernorm", "rembert", "megatron-bert", "bert-generation", "xmod", "modernbert",
-}  # fmt: skip
-
-
 @dataclass
 class LoadedModel:
     """A model ready for a Session: its shapes are read off a probe forward, not guessed from config."""
@@ -183,11 +176,11 @@ def _load_config(source: str, local: bool, trust_remote_code: bool):
 
 
 def _check_causal(config, source: str) -> None:
+    """Refuse, in one line, what is not a decoder-only LM we can reproduce: a known family by its own reason first."""
+    check_supported(config, source)
     mt = getattr(config, "model_type", "?")
     if getattr(config, "is_encoder_decoder", False):
         raise InspectorError(f"{source} is an encoder-decoder ({mt}) model; gpt-inspector steps decoder-only models")
-    if mt in _ENCODER_ONLY and not getattr(config, "is_decoder", False):
-        raise InspectorError(f"{source} is an encoder-only ({mt}) model; gpt-inspector steps decoder-only models")
     # a custom architecture the user opted into (--trust-remote-code) names its own causal-LM class;
     # whether its attention is the model's own is then the fidelity self-test's to decide
     custom = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
@@ -237,7 +230,6 @@ def load_model(
         raise InspectorError(f"model folder {source!r} does not exist")
     config = _load_config(source, local, trust_remote_code)
     _check_causal(config, source)
-    check_supported(config, source)
     _check_shapes(config, source)
     _check_fits_in_memory(config, source, dt, trust_remote_code, dev, placement)
     try:
@@ -525,7 +517,6 @@ def from_model(model, tokenizer, name: str = "model", *, allow_unverified: bool 
     routed through our function, the fidelity self-test.
     """
     _check_causal(model.config, name)
-    check_supported(model.config, name)
     _wire(model, name)
     model.eval()
     p = next(model.parameters())
