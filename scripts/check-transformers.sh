@@ -34,9 +34,11 @@ QT_QPA_PLATFORM=offscreen "$work/venv/bin/python" -m pytest -q -p no:cacheprovid
 rc=$?
 set -e
 # one line per family: the parametrized test ids carry the family in brackets
-grep -E "^FAILED " "$work/log" | sed -E 's/^FAILED ([^ ]+).*/\1/' |
-  sed -nE 's/.*\[([^]]+)\].*/\1/p' | sort | uniq -c |
-  awk -v v="$want" '{printf "broken on transformers %s: %s (%d tests)\n", v, $2, $1}'
-grep -E "^FAILED " "$work/log" | grep -v "\[" | sed -E 's/^FAILED ([^ ]+).*/broken: \1/' || true
+failed=$(grep -E "^FAILED " "$work/log" | sed -E 's/^FAILED ([^ ]+).*/\1/' || true)
+if [[ -n $failed ]]; then
+  sed -nE 's/.*\[([^]]+)\].*/\1/p' <<<"$failed" | sort | uniq -c |
+    awk -v v="$want" '{printf "broken on transformers %s: %s (%d tests)\n", v, $2, $1}'
+  grep -v "\[" <<<"$failed" | sed 's/^/broken: /' || true
+fi
 echo "transformers $want: $(tail -1 "$work/log")"
 exit $rc

@@ -15,7 +15,13 @@ import torch
 from . import adapters, capture, hf
 from .errors import InspectorError
 
-# model_type -> why its numbers would not be the model's own
+# why a family that transformers also puts behind a causal-LM head is not a decoder-only LM
+_ENCODER = ("encoder-only: a bidirectional encoder; its causal-LM head is for fine-tuning it as the decoder of an "
+            "encoder-decoder model")  # fmt: skip
+_SEQ2SEQ = ("the decoder of an encoder-decoder model: its layers cross-attend to the encoder's states, which a prompt "
+            "alone lacks")  # fmt: skip
+
+# model_type -> why its numbers would not be the model's own (or why it is no decoder-only LM); shown at load
 REFUSED: dict[str, str] = {
     "deepseek_v4": "sparse multi-head latent attention with compressed keys",
     "kimi_linear": "hybrid (latent attention beside delta-attention layers): not yet verified on a tiny test model",
@@ -51,6 +57,50 @@ REFUSED: dict[str, str] = {
     "openai-gpt": "keeps no KV cache in transformers (every forward recomputes the whole sequence), "
     "which stepping one token at a time relies on",
     "blt": "byte latent transformer: patch-level cross attention between encoder and decoder",
+    "xlm": "computes attention itself (its own MultiHeadAttention), not through transformers' attention interface",
+    "dory": "recurrent depth: its middle layers run n_recurrent_loops times per token, each pass with a cache slot of "
+    "its own (or reading the last pass's)",
+    "inkling2_loop_text": "recurrent depth over inkling2_text's layers (refused): its loop layers run loop_num_passes "
+    "times per token, each pass with its own cache copy",
+    # bidirectional encoders
+    **dict.fromkeys(
+        ["bert", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert", "rembert", "roberta",
+         "roberta-prelayernorm", "roc_bert", "roformer", "xlm-roberta", "xlm-roberta-xl", "xmod"], _ENCODER),
+    "bert-generation": "encoder-only BERT weights reused as the decoder of an encoder-decoder model",
+    "modernbert": "encoder-only: a bidirectional encoder (its decoder-only sibling modernbert-decoder is verified)",
+    # decoders of encoder-decoder models
+    **dict.fromkeys(
+        ["bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus", "plbart"],
+        _SEQ2SEQ),
+    "prophetnet": "the decoder of an encoder-decoder model: n-stream self-attention that predicts several future "
+    "tokens, and cross-attention to the encoder's states",
+    "trocr": "the text decoder of an image-to-text encoder-decoder model: its layers cross-attend to the image "
+    "encoder's states",
+    "whisper": "the text decoder of a speech-to-text encoder-decoder model: its layers cross-attend to the audio "
+    "encoder's states",
+    "musicgen": "the audio decoder of a text-to-music model: several EnCodec codebooks per step (one LM head each), "
+    "cross-attending to the text encoder's states",
+    "musicgen_melody": "the audio decoder of a text-to-music model: several EnCodec codebooks per step (one LM head "
+    "each), conditioned on text and melody states prepended to its sequence",
+    # multimodal models: the text (language) model they wrap is checked under its own type
+    "gemma3": "the multimodal (vision) model is not verified; its text model gemma3_text is",
+    "llama4": "the multimodal (vision) model is not verified; its text model llama4_text is",
+    "dots3_note": "the multimodal (vision, audio) model is not verified; its text model dots3_note_text is",
+    "qwen4_exp": "the multimodal model is not verified; its text model qwen4_exp_text is refused too",
+    "got_ocr2": "the OCR model (vision encoder and language model) is not verified; its language model (qwen2 by "
+    "default) is",
+    "fuyu": "the multimodal model (image patches projected into the token sequence) is not verified; its language "
+    "model (persimmon by default) is",
+    "phi4_multimodal": "the multimodal (vision, audio) model is not verified; its language model is phi3's "
+    "architecture, which is",
+    "moss_transcribe_diarize": "the speech-to-text model (an audio encoder feeding a language model) is not verified; "
+    "its language model (qwen3 by default) is",
+    "emu3": "the multimodal model (VQ-VAE image tokens) is not verified; its text model has no causal-LM type of its "
+    "own",
+    "mllama": "the vision-language model is not verified; its text model interleaves cross-attention layers that read "
+    "image features",
+    "git": "an image-to-text model: an image encoder's tokens lead the sequence and attend to each other "
+    "bidirectionally; not verified",
 }
 
 _INDEXER = ("its sparse indexer selects each query's keys by torch.topk over the keys of the forward at hand; a "
@@ -64,6 +114,8 @@ STEPPED_DECODE: dict[str, str] = {
     "glm_moe_dsa": _INDEXER,
     "axk2": _INDEXER,
     "hy_v4": _INDEXER,
+    "dots3_note_text": "its full-sequence forward gives a position other logits depending on how many tokens follow "
+    "it (8.3 apart between 13- and 16-token forwards of the tiny test model)",
     "nemotron_h": "its Mamba2 layers' chunked scan (a full-sequence forward) rounds apart from their recurrence",
     "zamba2": "its Mamba2 layers' chunked scan (a full-sequence forward) rounds apart from their recurrence",
     "doge": "its dynamic mask keeps each row's top keys with torch.topk over the keys of the forward at hand; "

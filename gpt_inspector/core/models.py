@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -34,13 +35,6 @@ _DTYPES = {
     "float16": torch.float16, "fp16": torch.float16, "half": torch.float16,
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }  # fmt: skip
-
-# Families that transformers can put behind a causal-LM head but that attend bidirectionally.
-_ENCODER_ONLY = {
-    "bert", "roberta", "xlm-roberta", "xlm-roberta-xl", "camembert", "electra", "ernie", "data2vec-text",
-    "roberta-prelayernorm", "rembert", "megatron-bert", "bert-generation", "xmod", "modernbert",
-}  # fmt: skip
-
 
 @dataclass
 class LoadedModel:
@@ -183,14 +177,16 @@ def _load_config(source: str, local: bool, trust_remote_code: bool):
         raise InspectorError(
             f"model {source!r} is not in the local cache and {where}; run once online or pass a folder"
         ) from None
+    except Exception as e:  # a config class's own validation (huggingface_hub's strict dataclasses, __post_init__)
+        raise InspectorError(f"cannot read the config of {source!r}: {_described(e)}") from None
 
 
 def _check_causal(config, source: str) -> None:
+    """Refuse, in one line, what is not a decoder-only LM we can reproduce: a known family by its own reason first."""
+    check_supported(config, source)
     mt = getattr(config, "model_type", "?")
     if getattr(config, "is_encoder_decoder", False):
         raise InspectorError(f"{source} is an encoder-decoder ({mt}) model; gpt-inspector steps decoder-only models")
-    if mt in _ENCODER_ONLY and not getattr(config, "is_decoder", False):
-        raise InspectorError(f"{source} is an encoder-only ({mt}) model; gpt-inspector steps decoder-only models")
     # a custom architecture the user opted into (--trust-remote-code) names its own causal-LM class;
     # whether its attention is the model's own is then the fidelity self-test's to decide
     custom = "AutoModelForCausalLM" in (getattr(config, "auto_map", None) or {})
@@ -220,7 +216,17 @@ def load_model(
     ``device_map`` ("auto", "balanced", "sequential" or a dict) spreads the layers over GPUs, the
     CPU and, past ``max_memory`` ({0: "20GiB", "cpu": "60GiB"} or "0=20GiB,cpu=60GiB"), disk
     under ``offload_folder``, through accelerate; capture records each layer where it runs.
+
+    Every failure is an ``InspectorError`` of one line, never a traceback.
     """
+    with _one_line(str(name_or_path) if name_or_path is not None else DEMO_MODEL):
+        return _load_model(name_or_path, device, dtype, allow_pickle=allow_pickle, trust_remote_code=trust_remote_code,
+                           allow_unverified=allow_unverified, device_map=device_map, max_memory=max_memory,
+                           offload_folder=offload_folder)  # fmt: skip
+
+
+def _load_model(name_or_path, device, dtype, *, allow_pickle, trust_remote_code, allow_unverified, device_map,
+                max_memory, offload_folder) -> LoadedModel:  # fmt: skip
     AutoModelForCausalLM, AutoTokenizer = hf.auto_classes()
     hf_logging = hf.hf_logging()
 
@@ -240,13 +246,14 @@ def load_model(
         raise InspectorError(f"model folder {source!r} does not exist")
     config = _load_config(source, local, trust_remote_code)
     _check_causal(config, source)
-    check_supported(config, source)
     _check_shapes(config, source)
     _check_fits_in_memory(config, source, dt, trust_remote_code, dev, placement)
     try:
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=trust_remote_code)
     except (OSError, ValueError, TypeError) as e:
         raise InspectorError(f"no usable tokenizer for {source}: {_first_line(e)}") from None
+    except Exception as e:  # a tokenizer class's own failure (tokenizers' Exception, a KeyError in its files)
+        raise InspectorError(f"no usable tokenizer for {source}: {_described(e)}") from None
     # transformers 5 builds an empty tokenizer when the folder has no tokenizer files
     if tokenizer is None or isinstance(tokenizer, bool) or len(tokenizer) < 2:
         raise InspectorError(f"no tokenizer found for {source}: add tokenizer.json (or vocab files) to the folder")
@@ -337,6 +344,26 @@ def _input_device(model) -> torch.device:
 def _first_line(e: BaseException) -> str:
     text = str(e).strip()
     return text.splitlines()[0][:300] if text else type(e).__name__
+
+
+def _described(e: BaseException) -> str:
+    """``e`` in one line: its type and its message's first line (the type alone where it has no message)."""
+    lines = str(e).strip().splitlines()
+    text = f"{type(e).__name__}: {lines[0].strip()[:200]}" if lines else type(e).__name__
+    if lines and lines[0].rstrip().endswith(":") and e.__cause__ is not None:
+        text += f" {_described(e.__cause__)}"  # a wrapper's first line only introduces its cause
+    return text
+
+
+@contextlib.contextmanager
+def _one_line(name: str):
+    """A failure the checks did not foresee, anywhere in a load, becomes a one-line refusal naming it."""
+    try:
+        yield
+    except InspectorError:
+        raise
+    except Exception as e:
+        raise InspectorError(f"{name} cannot be loaded: {_described(e)}") from None
 
 
 def _check_shapes(config, source: str) -> None:
@@ -533,12 +560,14 @@ def from_model(model, tokenizer, name: str = "model", *, allow_unverified: bool 
     The same checks as ``load_model`` after the weights are in: supported family, attention
     routed through our function, the fidelity self-test.
     """
-    _check_causal(model.config, name)
-    check_supported(model.config, name)
-    _wire(model, name)
-    model.eval()
-    p = next(model.parameters())
-    return _probe_and_verify(model, tokenizer, name, p.device, p.dtype, allow_unverified)
+    with _one_line(name):
+        _check_causal(model.config, name)
+        _wire(model, name)
+        model.eval()
+        p = next(model.parameters(), None)
+        if p is None:
+            raise InspectorError(f"{name} has no parameters: not a language model")
+        return _probe_and_verify(model, tokenizer, name, p.device, p.dtype, allow_unverified)
 
 
 def _wire(model, name: str) -> None:
@@ -561,10 +590,8 @@ def _probe_and_verify(model, tokenizer, name: str, dev, dt, allow_unverified: bo
         return verify_fidelity(_probe(model, tokenizer, name, dev, dt), allow_unverified)
     except InspectorError:
         raise
-    except (RuntimeError, ValueError, TypeError, IndexError, KeyError, AttributeError, NotImplementedError) as e:
+    except Exception as e:  # whatever the family's own code raises (its own exception types included)
         mt = getattr(model.config, "model_type", "?")
-        first = (str(e).splitlines() or [""])[0][:200]
         raise InspectorError(
-            f"{name} ({mt}) is not supported: its forward fails with gpt-inspector's attention "
-            f"({type(e).__name__}: {first})"
+            f"{name} ({mt}) is not supported: its forward fails with gpt-inspector's attention ({_described(e)})"
         ) from None

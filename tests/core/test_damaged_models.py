@@ -77,6 +77,10 @@ def wrong_shape(d):
     _save(d, t)
 
 
+def config_field_of_wrong_type(d):  # transformers' strict config classes raise their own exception type
+    _edit_config(d, n_head="four")
+
+
 def far_too_large(d):
     _edit_config(d, n_layer=2000, n_embd=8192, n_head=64)
 
@@ -92,6 +96,7 @@ DAMAGE = [
     (mislabelled, "cannot load weights"),
     (pickle_not_weights, "something other than plain tensors"),
     (heads_do_not_divide, "5 does not divide"),
+    (config_field_of_wrong_type, "cannot read the config .*'n_head' expected int, got str"),
     (missing_layer, r"missing: transformer\.h\.1\..*12 in all"),
     (unexpected_weight, r"unexpected: transformer\.h\.7"),
     (wrong_shape, "cannot load weights|do not match"),

@@ -76,6 +76,34 @@ def test_a_model_that_crashes_in_our_attention_is_refused_not_a_traceback(oss_di
     assert "\n" not in str(e.value)
 
 
+class _Unforeseen(Exception):
+    """An exception type no loader knows about, raised without a message."""
+
+
+def test_an_unforeseen_exception_in_the_self_test_is_one_line(tmp_path):
+    import tiny_families
+
+    from gpt_inspector.core.models import from_model
+
+    tok = tiny_models.build_tokenizer(tmp_path)
+    model = tiny_families.build_model("llama", tok.convert_tokens_to_ids("<|endoftext|>"))
+    mlp, calls = model.model.layers[1].mlp, []
+    real = mlp.forward
+
+    def fails_after_the_probe(x):
+        calls.append(x.shape[1])
+        if len(calls) > 1:
+            raise _Unforeseen()
+        return real(x)
+
+    mlp.forward = fails_after_the_probe
+    with pytest.raises(gi.InspectorError) as e:
+        from_model(model, tok, "flaky")
+    assert calls == [2, fidelity.PROBE_LENGTH - fidelity.STEPPED]  # the probe passed; the self-test's prefill raised
+    msg = str(e.value)
+    assert "\n" not in msg and msg.startswith("flaky (llama) is not supported") and msg.endswith("(_Unforeseen)")
+
+
 def test_refused_family_from_config_alone(tmp_path):
     from transformers import AutoConfig
 

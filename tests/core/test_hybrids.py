@@ -34,8 +34,8 @@ def lm_of(tmp_path_factory):
 
 # jamba: a Mamba layer (recurrent + convolution state) then attention; lfm2: a short convolution;
 # falcon_h1: Mamba2 beside attention in every layer; nemotron_h: Mamba2, MoE-only, attention, MLP-only
-# layers; qwen3_next: gated DeltaNet
-@pytest.mark.parametrize("family", ["jamba", "lfm2", "falcon_h1", "nemotron_h", "qwen3_next"])
+# layers; qwen3_next: gated DeltaNet; zaya: convolution and recurrent states inside every attention layer
+@pytest.mark.parametrize("family", ["jamba", "lfm2", "falcon_h1", "nemotron_h", "qwen3_next", "zaya"])
 def test_step_back_then_forward_again_is_bit_identical(family, lm_of):
     lm = lm_of(family)
     assert lm.kv_layout.state_layers

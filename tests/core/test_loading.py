@@ -87,10 +87,13 @@ def test_pickle_only_folder_refused_unless_opted_in(tiny_dir, tmp_path):
 def test_encoder_only_and_seq2seq_refused(tmp_path, tiny_dir):
     from transformers import BertConfig, T5Config
 
-    BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32).save_pretrained(tmp_path / "bert")
-    (tmp_path / "bert" / "model.safetensors").write_bytes(b"")
-    with pytest.raises(gi.InspectorError, match="encoder-only"):
-        gi.load_model(tmp_path / "bert", device="cpu")
+    # is_decoder=True (BERT fine-tuned as a decoder) makes its mask causal, not its weights a left-to-right LM
+    for name, is_decoder in (("bert", False), ("bert-as-decoder", True)):
+        BertConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2, intermediate_size=32,
+                   is_decoder=is_decoder).save_pretrained(tmp_path / name)  # fmt: skip
+        (tmp_path / name / "model.safetensors").write_bytes(b"")
+        with pytest.raises(gi.InspectorError, match=r"\(bert\) is not supported: encoder-only"):
+            gi.load_model(tmp_path / name, device="cpu")
     T5Config(d_model=16, num_layers=1, num_heads=2, d_ff=32).save_pretrained(tmp_path / "t5")
     (tmp_path / "t5" / "model.safetensors").write_bytes(b"")
     with pytest.raises(gi.InspectorError, match="encoder-decoder"):

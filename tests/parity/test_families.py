@@ -32,7 +32,7 @@ from gpt_inspector.core.models import from_model
 PROMPT = "She eats an apple. He reads"
 STEPS = 6
 
-# checked on transformers tiny_families.NEWEST_CHECKED (README "Model families" lists them)
+# checked on transformers tiny_families.NEWEST_CHECKED (README "Model families" lists them: scripts/family_table.py)
 VERIFIED = """
 afmoe apertus arcee aria_text axk1 axk2 bamba beam biogpt bitnet cohere cohere2 cohere2_moe ctrl cwm deepseek_v2 deepseek_v3
 deepseek_v32 diffllama dots1 ernie4_5
@@ -44,6 +44,7 @@ longcat_flash llama llama4_text mellum mimo_v2_flash minicpm3 minimax_m2 ministr
 mixtral modernbert-decoder moshi nanochat nemotron nemotron_h olmo olmo2 olmo3 olmo_hybrid olmoe opt persimmon phi phi3
 phimoe qwen2 qwen2_moe qwen3 qwen3_5_moe_text qwen3_5_text qwen3_moe qwen3_next seed_oss smollm3 solar_open stablelm starcoder2 vaultgemma youtu zamba2
 bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm
+apertus1p5_text cohere_compass_text dbrx dots3_note_text exaone lara_mini sarvam_mla sarvam_moe zaya
 """.split()
 # computed in the family's own attention code (or, doge, with a bias inside its mask): gpt-inspector's adapters
 ADAPTED = "bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm".split()
@@ -167,7 +168,8 @@ def test_the_sliding_window_is_narrower_than_the_sequence(built):
     assert allowed.sum(-1).max() <= lm.model.config.sliding_window < s.cache_length
 
 
-@pytest.mark.parametrize("family", ["openai-gpt", "falcon_alibi", "minimax", "zamba"])
+# blenderbot-small: its causal-LM class sets is_encoder_decoder=False on its config; the refusal must still come
+@pytest.mark.parametrize("family", ["openai-gpt", "falcon_alibi", "minimax", "zamba", "bert", "blenderbot-small", "dory"])
 def test_refused_families_say_why_in_one_line(family, tokenizer):
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     model = tiny_families.build_model(family, eos)
@@ -283,6 +285,26 @@ def test_every_refusal_names_a_reason():
     assert not set(REFUSED) & set(VERIFIED)
 
 
+def test_every_causal_lm_type_is_verified_or_refused():
+    """A model type a new transformers release adds fails here, by name, until it is verified or refused."""
+    unknown = sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(VERIFIED) - set(REFUSED))
+    assert not unknown, f"transformers {transformers.__version__} maps these to a causal LM; verify or refuse them: {unknown}"
+
+
+def test_every_refused_type_is_refused_by_its_config_alone():
+    # the reason comes before anything is built or run, and before the generic checks (an encoder-decoder config)
+    from transformers import AutoConfig
+
+    for mt in sorted(set(REFUSED) & set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES)):
+        try:
+            config = AutoConfig.for_model(mt)
+        except Exception:  # a default config transformers itself rejects (gemma4_assistant): the type alone
+            config = SimpleNamespace(model_type=mt)
+        with pytest.raises(gi.InspectorError) as e:
+            from_model(SimpleNamespace(config=config), None, mt)
+        assert str(e.value) == f"{mt} ({mt}) is not supported: {REFUSED[mt]}"
+
+
 def test_verified_families_are_still_shipped():
     if tiny_families.older_than_checked():
         pytest.skip(f"transformers {transformers.__version__} predates families verified on {tiny_families.NEWEST_CHECKED}")
@@ -380,8 +402,20 @@ def test_qkv_is_what_attention_received_and_kv_bytes_are_the_real_cache(family, 
             probe_session(s, layers=[0])
 
 
-HYBRIDS = ["bamba", "falcon_h1", "granitemoehybrid", "jamba", "lfm2", "lfm2_moe", "nemotron_h", "olmo_hybrid", "qwen3_5_text",
-           "qwen3_5_moe_text", "qwen3_next", "zamba2"]
+def test_a_config_with_per_layer_sizes_loads_from_a_folder(tokenizer, tmp_path):
+    # dots3_note_text's sliding layers have sizes of their own: its config raises on a global head_dim, which the
+    # load-time shape checks read (a traceback at load until they tolerated it)
+    folder = tmp_path / "dots3_note_text"
+    tiny_families.build_model("dots3_note_text", tokenizer.convert_tokens_to_ids("<|endoftext|>")).save_pretrained(folder)
+    tokenizer.save_pretrained(folder)
+    lm = gi.load_model(folder, device=DEVICE)
+    s = gi.Session(lm, PROMPT)
+    s.run(2)
+    assert lm.unverified is None and s.qkv(0)[1].shape[-1] == 24 and s.qkv(1)[1].shape[-1] == 20
+
+
+HYBRIDS = ["bamba", "falcon_h1", "granitemoehybrid", "jamba", "lara_mini", "lfm2", "lfm2_moe", "nemotron_h", "olmo_hybrid",
+           "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "zaya", "zamba2"]
 
 
 def _beams_equal_generate(family, built):
