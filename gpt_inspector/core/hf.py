@@ -18,7 +18,7 @@ import inspect
 from typing import Any
 
 import transformers
-from transformers import AttentionInterface, AutoConfig, DynamicCache
+from transformers import AttentionInterface, AutoConfig, DynamicCache  # noqa: E402
 from transformers.cache_utils import (
     DynamicLayer,
     DynamicSlidingWindowLayer,
@@ -35,8 +35,22 @@ __all__ = [
 ]  # fmt: skip
 
 VERSION: str = transformers.__version__
-# what pyproject.toml declares: the lowest release the suite passed on, and the cap above the newest
-SUPPORTED = (">=5.14.1", "<5.25")
+# what pyproject.toml declares: the lowest release the suite passed on (5.20 lacks BLOOM's slope
+# helper the adapter uses; 5.13 and older lack get_layer_types_and_kwargs), and the cap above the
+# newest (scripts/check-transformers.sh)
+SUPPORTED = (">=5.21.0", "<5.25")
+
+
+def _too_old(version: str) -> bool:
+    from packaging.version import Version
+
+    return Version(version) < Version(SUPPORTED[0].lstrip(">="))
+
+
+if _too_old(VERSION):
+    # the names below would fail one by one, deep in a load; say what to install instead
+    raise ImportError(f"gpt-inspector needs transformers{','.join(SUPPORTED)}, this environment has {VERSION}: "
+                      f"pip install 'transformers{','.join(SUPPORTED)}'")  # fmt: skip
 
 # the keyword a forward takes its KV cache by: "cache" from 5.24, "past_key_values" before
 _CACHE_NAMES = ("cache", "past_key_values")
