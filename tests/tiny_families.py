@@ -83,6 +83,8 @@ VARIANTS = {
     "falcon_mha": ("falcon", dict(multi_query=False)),
     "falcon_alibi": ("falcon", dict(alibi=True)),
     "mpt_clip_qkv": ("mpt", dict(attn_config=dict(clip_qkv=0.8))),
+    # chunked attention with chunks narrower than the test sequence (the default, 8192, never cuts it)
+    "llama4_chunked": ("llama4_text", dict(attention_chunk_size=4)),
 }
 
 
