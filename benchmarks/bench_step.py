@@ -114,7 +114,8 @@ def main() -> None:
             hf_tok.append(statistics.mean(turns.hf))
             r = s.recorder  # the head-output window apart: a buffer of at most 2 x OUTPUT_WINDOW rows, whatever T
             window = sum(b.nbytes(r.length - r.out_from) for b in r.out)
-            mem = (s.record_bytes() - window, s.kv_cache_bytes(), window)
+            # against the cache the session keeps (every position, sliding-window layers too)
+            mem = (s.record_bytes() - window, s.kv_kept_bytes(), window)
             del s, turns
         s_ms = statistics.median(sess_tok) * 1e3
         best = min(sess_tok) / min(hf_tok)

@@ -38,7 +38,7 @@ def main() -> None:
     s = gi.Session(lm, prompt_ids=ids)
     s.run(args.new)
     assert s.cache_length == args.t, s.cache_length
-    kv = s.kv_cache_bytes()
+    kv = s.kv_kept_bytes()  # the cache the session keeps (every position), which the trace stores
     logits = args.new * lm.vocab_size * 4
     print(f"model: {lm.describe()}; T = {s.cache_length}, {s.n_steps} steps")
     print(f"KV cache: {kv / 2**20:.1f} MiB")

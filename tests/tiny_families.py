@@ -133,6 +133,8 @@ VARIANTS = {
     "gemma4_unified_kv_shared": ("gemma4_unified_text", dict(num_hidden_layers=4, num_kv_shared_layers=2,
                                  layer_types=["sliding_attention", "full_attention"] * 2, attention_k_eq_v=True,
                                  num_global_key_value_heads=1)),
+    # chunked attention with chunks narrower than the test sequence (the default, 8192, never cuts it)
+    "llama4_chunked": ("llama4_text", dict(attention_chunk_size=4)),
 }  # fmt: skip
 
 

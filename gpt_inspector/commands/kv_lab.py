@@ -138,9 +138,11 @@ def run(args) -> int:
         _write_json(out, args.json)
         return 0
     k = lab.first_divergence
+    # the full cache is the model's own (sliding layers: their window); the reference run keeps every position
+    full, kept = summary["bytes_full"], summary["bytes_kept"]
     print(f"{summary['policy']}: mean KL {summary['mean_kl']:.3e}, top-1 agreement {summary['agreement']:.0%}, "
           f"first divergence {'none' if k is None else f'step {k}'}; cache {summary['bytes_policy']:,} of "
-          f"{summary['bytes_full']:,} bytes")  # fmt: skip
+          f"{full:,} bytes" + (f" (kept for inspection {kept:,})" if kept > full else ""))  # fmt: skip
     if args.free_running:
         parted = lab.parted_at
         print(f"texts part at step {parted}" if parted is not None else "texts never part")

@@ -41,7 +41,7 @@ def run(args) -> int:
     steps = s.run(args.steps)
     path = s.save_trace(out, derived=args.derived)
     # the cache as it really is (bytes, and how it is laid out where that is not per-head K and V)
-    real, per_head = s.kv_cache_bytes(), s.kv_per_head_bytes()
+    real, per_head, kept = s.kv_cache_bytes(), s.kv_per_head_bytes(), s.kv_kept_bytes()
     note = s.kv_layout.describe() if s.kv_layout is not None else ""
     if args.json:
         out = {
@@ -59,6 +59,7 @@ def run(args) -> int:
             "trace": str(path),
             "kv_cache_bytes": real,
             "kv_per_head_bytes": per_head,
+            "kv_kept_bytes": kept,
             "kv_cache": note,
             "note": s.lm.note,  # which of the model's computations the numbers are, where it has two that differ
             "attention_layers": list(s.attention_layers),
@@ -71,6 +72,8 @@ def run(args) -> int:
         text = f"KV cache: {human_bytes(real)}"
         if per_head != real:
             text += f" (per-head K and V would take {human_bytes(per_head)})"
+        if kept > real:  # sliding-window layers: the model's cache holds their window, the trace every position
+            text += f", kept for inspection {human_bytes(kept)}"
         print(f"{text}; {note}" if note else text)
     return 0
 

@@ -17,6 +17,7 @@ import importlib
 import inspect
 from typing import Any
 
+import torch
 import transformers
 from transformers import AttentionInterface, AutoConfig, DynamicCache  # noqa: E402
 from transformers.cache_utils import (
@@ -30,7 +31,8 @@ from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 __all__ = [
     "VERSION", "SUPPORTED", "AttentionInterface", "AttentionMaskInterface", "AutoConfig", "DynamicCache",
     "DynamicLayer", "DynamicSlidingWindowLayer", "EncoderDecoderCache", "LinearAttentionCacheLayerMixin", "sdpa_mask", "cache_kwarg", "call",
-    "cache_arg", "family_module", "layer_types", "layer_config", "layer_config_value", "causal_lm_types", "quiet", "auto_classes",
+    "cache_arg", "family_module", "layer_types", "layer_config", "layer_config_value", "cache_keeps",
+    "causal_lm_types", "quiet", "auto_classes",
     "logits_processors", "bytes_to_unicode", "cache_utils",
 ]  # fmt: skip
 
@@ -130,6 +132,39 @@ def layer_config(config, layer: int):
 def layer_config_value(config, name: str, layer: int, default: Any = None) -> Any:
     """Attribute ``name`` as decoder layer ``layer`` reads it (``default`` where the config has none)."""
     return getattr(layer_config(config, layer), name, default)
+
+
+# more positions than any window: zero-width tensors of this length take no memory
+_PROBE_POSITIONS = 1 << 40
+
+
+def cache_keeps(config) -> list[int | None]:
+    """Per decoder layer, the most positions the model's own cache keeps for it (the one ``generate``
+    builds, ``DynamicCache(config=...)``), None where it keeps every one; [] if it cannot be built.
+
+    Asked of transformers' layer classes rather than read off the config, so a release that changes
+    what a window keeps changes the answer: each layer is fed zero-width keys and values for more
+    positions than any window, then one more, and the length it holds is read back. 5.24's sliding
+    and chunked layers keep window - 1 (attention concatenates the current step's keys to them).
+    Layers that hold no keys (a state-space state, a KV-sharing layer's placeholder) answer None.
+    """
+    try:
+        layers = DynamicCache(config=config).layers
+    except Exception:  # a config transformers' own cache cannot be built from: no window known, as before
+        return []
+    out: list[int | None] = []
+    for cl in layers:
+        try:
+            held = []
+            for n in (_PROBE_POSITIONS, 1):
+                x = torch.empty((1, 1, n, 0))
+                cl.update(x, x)
+                held.append(cl.keys.shape[-2])
+        except (AttributeError, TypeError, ValueError, NotImplementedError, RuntimeError):
+            out.append(None)
+            continue
+        out.append(held[0] if held[0] == held[1] < _PROBE_POSITIONS else None)
+    return out
 
 
 def causal_lm_types() -> dict[str, str]:

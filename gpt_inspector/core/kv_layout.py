@@ -41,6 +41,14 @@ class LayerKV:
     # what this layer's own cache layer stores per position: one (heads, numbers) per cached
     # tensor; () when it keeps nothing of its own (it reads a shared layer's)
     cached: tuple[Shape, ...]
+    # the most positions the model's own cache (the one generate builds) keeps for this layer: a
+    # sliding-window or chunked layer's window - 1; None: every position. The session's cache keeps
+    # every position on every layer, so that all stay inspectable
+    keeps: int | None = None
+
+    def held(self, length: int) -> int:
+        """Positions the model's own cache layer holds once ``length`` positions have run."""
+        return length if self.keeps is None else min(length, self.keeps)
 
     @property
     def attention_numbers(self) -> int:
@@ -77,7 +85,10 @@ class KVLayout:
         return {
             "kind": self.kind,
             "layers": [None if lk is None else {"keys": list(lk.keys), "values": list(lk.values), "reads": lk.reads,
-                                                "cached": [list(c) for c in lk.cached]} for lk in self.layers],
+                                                "cached": [list(c) for c in lk.cached],
+                                                # only where windowed: older readers ignore it; absent: every position
+                                                **({} if lk.keeps is None else {"keeps": lk.keeps})}
+                       for lk in self.layers],
         }  # fmt: skip
 
     @classmethod
@@ -102,7 +113,11 @@ class KVLayout:
             cached = x.get("cached")
             if not isinstance(cached, list):
                 raise ValueError("bad cached shapes")
-            layers.append(LayerKV(shape(x.get("keys")), shape(x.get("values")), reads, tuple(shape(c) for c in cached)))
+            keeps = x.get("keeps")  # traces from before it was recorded: unknown, every position
+            if keeps is not None and (isinstance(keeps, bool) or not isinstance(keeps, int) or keeps < 1):
+                raise ValueError(f"bad window {keeps!r}")
+            layers.append(LayerKV(shape(x.get("keys")), shape(x.get("values")), reads, tuple(shape(c) for c in cached),
+                                  keeps))  # fmt: skip
         if not any(lk is not None for lk in layers):
             raise ValueError("kv_layout has no attention layer")
         return cls(tuple(layers), str(d.get("kind", "per-head")))
@@ -198,10 +213,11 @@ def cache_tensors(cl) -> tuple[torch.Tensor, torch.Tensor] | None:
     return None
 
 
-def read_layout(rec, cache, n_layers: int, length: int, own_cache: bool) -> KVLayout:
+def read_layout(rec, cache, n_layers: int, length: int, own_cache: bool, keeps=()) -> KVLayout:
     """Compare, after one probe forward, what attention received with what the cache holds.
 
-    ``rec`` recorded with ``mirror_kv=True``; layers it never saw have no attention.
+    ``rec`` recorded with ``mirror_kv=True``; layers it never saw have no attention. ``keeps``: per
+    layer the most positions the model's own cache keeps (``hf.cache_keeps``), None for every one.
     """
     held = [cache_tensors(cl) for cl in cache.layers]
     held = [None if kv is None else (kv[0].detach().cpu(), kv[1].detach().cpu()) for kv in held]
@@ -223,7 +239,8 @@ def read_layout(rec, cache, n_layers: int, length: int, own_cache: bool) -> KVLa
         cached = () if own is None else ((own[0].shape[1], own[0].shape[3]), (own[1].shape[1], own[1].shape[3]))
         if reads is not None and reads != i:
             cached = ()  # a KV-sharing layer: its cache slot (if any) is an empty placeholder
-        layers.append(LayerKV((k.shape[1], k.shape[3]), (v.shape[1], v.shape[3]), reads, cached))
+        window = keeps[i] if i < len(keeps) else None
+        layers.append(LayerKV((k.shape[1], k.shape[3]), (v.shape[1], v.shape[3]), reads, cached, window))
     kind = "per-head"
     att = [lk for lk in layers if lk is not None]
     if any(lk.reads is None for lk in att):

@@ -521,7 +521,7 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
         raise InspectorError(
             f"{name}: layers {missing[:5]} did not call transformers' attention interface; this model is not supported"
         )
-    layout = kv_layout.read_layout(rec, cache, n_layers, 2, own_cache)
+    layout = kv_layout.read_layout(rec, cache, n_layers, 2, own_cache, hf.cache_keeps(cfg))
     first = layout.attention_layers[0]
     _, n_heads, _, head_dim = rec.q[first].t.shape
     n_kv = rec.k[first].t.shape[1]

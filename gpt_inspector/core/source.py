@@ -343,29 +343,67 @@ class RunSource:
             return layer
         return None if lay.layers[layer] is None else lay.layers[layer].reads
 
-    def kv_cache_bytes(self, layer: int | None = None) -> int:
-        """Bytes the model's KV cache holds for this run (one layer, or all), as the cache really
-        is: a latent (MLA) counts its latent rows, a KV-sharing layer nothing of its own."""
+    def _kv_length(self, length: int | None) -> int:
         t = self.cache_length
+        if length is None:
+            return t
+        if isinstance(length, bool) or not isinstance(length, int) or not 0 <= length <= t:
+            raise InspectorError(f"length must be a whole number in [0, {t}], got {length!r}")
+        return length
+
+    def _kv_layers(self, layer: int | None) -> range | list[int]:
+        return range(self.n_layers) if layer is None else [self.check_layer(layer)]
+
+    def kv_cache_positions(self, layer: int, length: int | None = None) -> int:
+        """Positions the model's own cache holds for ``layer`` after ``length`` positions (default: all
+        processed): every one, or on a sliding-window or chunked layer the newest its window keeps
+        (``LayerKV.keeps``). A layer that reads another layer's cache (KV sharing) is given that layer's."""
+        layer, t = self.check_layer(layer), self._kv_length(length)
+        lay = self.kv_layout
+        lk = None if lay is None else lay.layers[layer]
+        if lk is None:
+            return t
+        if lk.reads is not None and lk.reads != layer:
+            lk = lay.layers[lk.reads] or lk
+        return lk.held(t)
+
+    def kv_cache_bytes(self, layer: int | None = None, length: int | None = None) -> int:
+        """Bytes the model's own KV cache would hold at this point (one layer, or all; ``length``: after
+        that many positions instead of now), the cache ``generate`` builds: sliding-window and chunked
+        layers hold only their window, a latent (MLA) its latent rows, a KV-sharing layer nothing of its
+        own. The session keeps more, every position (``kv_kept_bytes``)."""
+        t, layers = self._kv_length(length), self._kv_layers(layer)
         if t == 0:
             return 0
-        layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
         policy = self.kv_policy
         if policy is not None:  # a KV cache lab run: what the policy's cache would hold, not the simulation's
             return sum(policy.cache_bytes(i, t) for i in layers)
+        lay = self.kv_layout
+        if lay is None:  # an ordinary per-head cache of unknown windows (a trace written without a layout)
+            return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
+        held = (lay.layers[i].cache_numbers * lay.layers[i].held(t) for i in layers if lay.layers[i] is not None)
+        return sum(held) * self.kv_itemsize
+
+    def kv_kept_bytes(self, layer: int | None = None, length: int | None = None) -> int:
+        """Bytes of the cache the inspector keeps (one layer, or all): the model's own cache rows at
+        every position, sliding-window layers included, so every position stays inspectable. More
+        than ``kv_cache_bytes`` where the model's cache holds only a window (or under a cache policy)."""
+        t, layers = self._kv_length(length), self._kv_layers(layer)
         lay = self.kv_layout
         if lay is None:
             return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
         return sum(lay.layers[i].cache_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
 
     def kv_per_head_bytes(self, layer: int | None = None) -> int:
-        """Bytes an ordinary per-head cache of the K and V attention received would take (one
-        layer, or all): equal to ``kv_cache_bytes`` for most models, more for a latent cache."""
+        """Bytes an ordinary per-head cache of the K and V attention received would take (one layer,
+        or all), over the positions the model's cache holds: equal to ``kv_cache_bytes`` for most
+        models, more for a latent cache."""
         t, lay = self.cache_length, self.kv_layout
         if lay is None or t == 0:
             return self.kv_cache_bytes(layer)  # the cache is an ordinary per-head one, or empty
-        layers = range(self.n_layers) if layer is None else [self.check_layer(layer)]
-        return sum(lay.layers[i].attention_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
+        layers = self._kv_layers(layer)
+        return sum(lay.layers[i].attention_numbers * self.kv_cache_positions(i) for i in layers
+                   if lay.layers[i] is not None) * self.kv_itemsize  # fmt: skip
 
 
 def _from_lm(name: str, *default) -> property:

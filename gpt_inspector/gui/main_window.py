@@ -362,7 +362,14 @@ class MainWindow(DockLayout, QMainWindow):
             self.setWindowTitle(self.windowTitle() + " — UNVERIFIED")
         self.unverified_bar.setVisible(bool(s.unverified))
         self.st_positions.setText(f"positions {s.T} / {s.context_length}")
-        self.st_kv.setText(f"KV cache {human_bytes(sum(s.kv_bytes))}")
+        # the model's own cache; what the inspector keeps beside it where that is more (every position
+        # of a sliding-window layer)
+        cached, kept = sum(s.kv_bytes), sum(s.kv_kept)
+        more = kept > cached
+        self.st_kv.setText(f"KV cache {human_bytes(cached)}" + (f" · kept {human_bytes(kept)}" if more else ""))
+        tip = "bytes the model's own KV cache would hold now (sliding-window layers: their window)"
+        more_tip = f"; the inspector keeps {kept:,}, every position, so all stay inspectable"
+        self.st_kv.setToolTip(tip + (more_tip if more else ""))
         st = s.step
         self.st_time.setText(f"last step {st.time_s * 1000:.0f} ms" if st is not None and st.time_s else "")
         fin = f" · finished ({s.finished})" if s.finished else ""

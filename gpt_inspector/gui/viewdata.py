@@ -85,8 +85,8 @@ class Snapshot:
     finished: str | None
     step: Step | None  # a copy of the newest step (its tensors are never modified in place)
     decoding: dict
-    kv_bytes: tuple[int, ...]  # per layer
-    kv_history: tuple[int, ...]  # total cache bytes after each step
+    kv_bytes: tuple[int, ...]  # per layer, what the model's own cache holds (sliding-window layers: their window)
+    kv_history: tuple[int, ...]  # total of kv_bytes after each step
     mask_edits: tuple[MaskEdit, ...]
     mask_report: MaskReportInfo | None
     selection: Selection
@@ -124,6 +124,10 @@ class Snapshot:
     t_built: float = 0.0
     source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
     unverified: str | None = None  # why the load's fidelity self-test could not vouch for the numbers
+    # per layer, what the inspector keeps for inspection: every position, so more than kv_bytes on windowed layers
+    kv_kept: tuple[int, ...] = ()
+    kv_kept_history: tuple[int, ...] = ()  # total of kv_kept after each step
+    kv_positions: tuple[int, ...] = ()  # per layer, the positions the model's own cache holds
 
     def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
         return [e for e in self.mask_edits if (e.layer is None or e.layer == layer) and (e.head is None or e.head == head)]
@@ -196,9 +200,9 @@ class ViewModel:
         self._id_labels: tuple[str, ...] = ()
         self._labels: dict[int, str] = {}
         self._probs: dict[int, float] = {}  # step index -> probability of its chosen token
-        t = source.cache_length
-        per_pos = source.kv_cache_bytes() // t if t else 0
-        self._kv_hist = [per_pos * (source.prompt_length + st.index) for st in source.steps_done]
+        # after step i the cache holds the prompt and i tokens; a window's bytes stop growing at its size
+        lengths = [source.prompt_length + st.index for st in source.steps_done]
+        self._kv_hist = [self._kv_totals(length) for length in lengths]
         self.mask_report: MaskReportInfo | None = None
         self.t_model_done = time.perf_counter()
         if not self.read_only:
@@ -210,7 +214,7 @@ class ViewModel:
         self.version += 1
         self.t_model_done = time.perf_counter()
         if event == "step":
-            self._kv_hist[payload.index :] = [s.kv_cache_bytes()]
+            self._kv_hist[payload.index :] = [self._kv_totals(s.cache_length)]
             self.mask_report = None
         elif event == "step_back":
             self._invalidate(s.cache_length)
@@ -226,6 +230,11 @@ class ViewModel:
             self._probs.clear()
         elif event == "fault":
             self._invalidate(s.cache_length)
+
+    def _kv_totals(self, length: int) -> tuple[int, int]:
+        """(the model's cache, what the inspector keeps) in bytes once ``length`` positions have run."""
+        o = self.obj
+        return o.kv_cache_bytes(length=length), o.kv_kept_bytes(length=length)
 
     def _invalidate(self, position: int) -> None:
         self._dirty_from = min(self._dirty_from, position)
@@ -370,7 +379,10 @@ class ViewModel:
             step=None if cur is None else copy.copy(cur),
             decoding=o.decoding.to_json(),
             kv_bytes=tuple(int(o.kv_cache_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
-            kv_history=tuple(self._kv_hist),
+            kv_history=tuple(h[0] for h in self._kv_hist),
+            kv_kept=tuple(int(o.kv_kept_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
+            kv_kept_history=tuple(h[1] for h in self._kv_hist),
+            kv_positions=tuple(o.kv_cache_positions(i) for i in range(self.L)),
             mask_edits=tuple(o.mask_edits),
             mask_report=self.mask_report,
             selection=sel,

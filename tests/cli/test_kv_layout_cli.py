@@ -37,15 +37,23 @@ def test_trace_reports_the_real_cache_and_the_trace_keeps_it(family, folders, tm
     data = json.loads(capsys.readouterr().out)
     s = gi.Session(gi.load_model(folders[family], device="cpu"), "She eats an apple")
     s.run(3)
-    assert data["kv_cache_bytes"] == s.kv_cache_bytes() == _cache_tensor_bytes(s)
-    per_head = sum(k.nbytes + v.nbytes for k, v in (s.qkv(i)[1:] for i in range(s.n_layers)))
+    # the session keeps every position; the model's own cache (gemma3n's layer 0: a 4-key sliding window) less
+    assert data["kv_kept_bytes"] == s.kv_kept_bytes() == _cache_tensor_bytes(s)
+    t = s.cache_length
+    window = [s.kv_cache_positions(i) for i in range(s.n_layers)]
+    assert data["kv_cache_bytes"] == s.kv_cache_bytes() == sum(
+        s.kv_kept_bytes(i) // t * window[i] for i in range(s.n_layers))
+    per_head = sum((k.nbytes + v.nbytes) // t * window[i] for i in range(s.n_layers) for k, v in [s.qkv(i)[1:]])
     assert data["kv_per_head_bytes"] == s.kv_per_head_bytes() == per_head
     if family == "deepseek_v3":
         assert data["kv_cache_bytes"] * 4 < data["kv_per_head_bytes"] and "compressed latent" in data["kv_cache"]
+        assert window == [t, t] and data["kv_cache_bytes"] == data["kv_kept_bytes"]
     else:
         assert "layer 2 reads layer 0's cache" in data["kv_cache"]
+        assert window == [3, t, 3, t] and data["kv_cache_bytes"] < data["kv_kept_bytes"]
     tr = gi.load_trace(out)  # V's head size differs from K's for MLA: the trace says so and loads
     assert tr.kv_cache_bytes() == data["kv_cache_bytes"] and tr.kv_per_head_bytes() == per_head
+    assert tr.kv_kept_bytes() == data["kv_kept_bytes"]
     for layer in range(s.n_layers):
         for ours, saved in zip(s.qkv(layer), tr.qkv(layer)):
             assert ours.shape == saved.shape
@@ -53,6 +61,7 @@ def test_trace_reports_the_real_cache_and_the_trace_keeps_it(family, folders, tm
     assert main(argv + ["--force"]) == 0
     out, err = capsys.readouterr()
     assert err == "" and "KV cache: " in out and (family != "deepseek_v3" or "per-head K and V would take" in out)
+    assert ("kept for inspection" in out) == (family == "gemma3n_text")
 
 
 def test_lens_on_a_model_with_several_residual_streams_says_so_in_one_line(folders, capsys):

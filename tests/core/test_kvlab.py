@@ -50,6 +50,39 @@ def test_streaming_keeps_the_sinks_and_the_newest_window(tiny_lm):
         assert sum(st.bytes_full) == lm.n_layers * 2 * lm.n_kv_heads * t * lm.head_dim * 4
 
 
+def test_on_a_sliding_window_the_full_cache_is_the_models_window_and_a_policy_holds_no_more(tiny_lm):
+    # gemma2's layer 0 has a 4-key window: the model's own cache (generate's) holds its newest 3 positions
+    lm = tiny_lm("gemma2")
+    entry = 2 * lm.head_dim * 4  # one KV head's K and V at one position, float32
+    full, lab = KVLab(lm, PROMPT, make("h2o", None)), KVLab(lm, PROMPT, make("h2o", 6))
+    for a, b in zip(full.steps(6), lab.steps(6)):
+        t = full.run.cache_length
+        assert a.bytes_full == b.bytes_full == [3 * lm.n_kv_heads * entry, t * lm.n_kv_heads * entry] != a.bytes_kept
+        assert a.bytes_kept == b.bytes_kept == [t * lm.n_kv_heads * entry] * 2  # what the inspector keeps
+        assert a.bytes_policy == a.bytes_full  # unlimited: the model's own cache, window and all
+        # the entries h2o holds, of those the window has not dropped (layer 0: the newest 3)
+        assert b.bytes_policy == [int(held(lab, 0)[:, t - 3 :].sum()) * entry, int(held(lab, 1).sum()) * entry]
+        assert b.bytes_policy[1] < b.bytes_full[1] and b.bytes_ratio < 1
+    assert int(held(lab, 0).sum()) > int(held(lab, 0)[:, t - 3 :].sum())  # entries older than the window count nowhere
+    assert full.summary()["bytes_kept"] == sum(a.bytes_kept) > full.summary()["bytes_full"]
+
+
+def test_on_a_latent_cache_the_full_cache_and_a_policy_count_latent_rows(tmp_path):
+    import tiny_families
+    import tiny_models
+
+    from gpt_inspector.core.models import from_model
+
+    tok = tiny_models.build_tokenizer(tmp_path)
+    lm = from_model(tiny_families.build_model("deepseek_v3", tok.convert_tokens_to_ids("<|endoftext|>")), tok, "dsv3")
+    row = lm.kv_layout.layers[0].cache_numbers * 4  # one position's latent and rotary key, float32
+    full, lab = KVLab(lm, PROMPT, make("streaming", None)), KVLab(lm, PROMPT, make("streaming", 6, sinks=1))
+    for a, b in zip(full.steps(3), lab.steps(3)):
+        t = full.run.cache_length
+        assert a.bytes_policy == a.bytes_full == a.bytes_kept == [t * row] * lm.n_layers == b.bytes_full
+        assert b.bytes_policy == [6 * row] * lm.n_layers  # every KV head keeps the same 6: 6 latent rows
+
+
 @pytest.mark.parametrize("name", ["h2o", "tova", "keynorm", "streaming"])
 def test_every_kv_head_holds_at_most_its_budget(name, tiny_lm):
     lm = tiny_lm("llama")

@@ -86,6 +86,32 @@ def test_derived_matrices_are_opt_in_and_equal_the_accessors(tiny_lm, tmp_path):
     _same_run(gi.load_trace(full), s)
 
 
+def test_a_trace_keeps_the_models_windows_and_older_traces_without_them_open(tiny_lm, tmp_path):
+    # gemma2's layer 0 has a 4-key window: the model's own cache holds 3 positions there, the trace every one
+    from safetensors import safe_open
+
+    s = _session(tiny_lm("gemma2"), n=6, edit=False)
+    path = s.save_trace(tmp_path / "t.safetensors")
+    tr = gi.load_trace(path)
+    for name in ("kv_cache_bytes", "kv_kept_bytes", "kv_cache_positions"):
+        assert [getattr(tr, name)(i) for i in range(s.n_layers)] == [getattr(s, name)(i) for i in range(s.n_layers)]
+    assert [tr.kv_cache_positions(i) for i in range(s.n_layers)] == [3, s.cache_length]
+    assert tr.kv_cache_bytes() < tr.kv_kept_bytes() == s.kv_kept_bytes()
+    with safe_open(str(path), framework="np") as f:
+        meta, tensors = dict(f.metadata()), {k: f.get_tensor(k) for k in f.keys()}
+    layout = json.loads(meta["kv_layout"])
+    assert [x.pop("keeps", None) for x in layout["layers"]] == [3, None]
+    # written before windows were recorded: it opens, and with no window known counts every position
+    save_file(tensors, str(tmp_path / "old.safetensors"), metadata={**meta, "kv_layout": json.dumps(layout)})
+    old = gi.load_trace(tmp_path / "old.safetensors")
+    assert old.kv_cache_bytes() == old.kv_kept_bytes() == s.kv_kept_bytes()
+    for bad in (0, -3, 2.5, True, "3"):
+        layout["layers"][0]["keeps"] = bad
+        save_file(tensors, str(tmp_path / "bad.safetensors"), metadata={**meta, "kv_layout": json.dumps(layout)})
+        with pytest.raises(gi.InspectorError, match="kv_layout' is malformed: bad window"):
+            gi.load_trace(tmp_path / "bad.safetensors")
+
+
 def _write_v1(s, path):
     """The v1 layout, as the first build wrote it: the three matrices stored per layer."""
     tensors = {"tokens": np.asarray(s.tokens, dtype=np.int64)}

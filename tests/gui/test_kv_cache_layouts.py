@@ -119,3 +119,47 @@ def test_mla_panel_shows_the_latent_rows_as_cached(qtbot, wait_idle, lms, _windo
 def test_a_per_head_cache_offers_no_cached_view(shown):
     win = shown()
     assert win.snapshot.kv_cached is None and not win.kv_cache.as_cached.isVisible()
+
+
+def test_a_sliding_window_model_shows_its_own_cache_and_what_the_inspector_keeps(shown, wait_idle, qtbot, tiny_lm):
+    """gemma2's layer 0 has a 4-key window: the model's own cache (generate's) holds its newest 3 positions
+    there. The status bar, the bars, the size-per-step curve and the title show that, and beside it,
+    labelled, what the inspector keeps: every position of every layer."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    from gpt_inspector.core.kv_layout import human_bytes
+
+    lm = tiny_lm("gemma2")
+    assert lm.model.config.sliding_window == 4 and lm.model.config.layer_types[:2] == ["sliding_attention", "full_attention"]
+    row = 2 * lm.n_kv_heads * lm.head_dim * 4  # K and V of one position and layer, float32: 128 bytes
+    win = shown("gemma2")
+    p = win.snapshot.prompt_len
+    assert p > 3  # the prompt alone overflows the window
+
+    def expect(n_steps: int) -> None:
+        snap = wait_idle(win)
+        t = p + n_steps - 1
+        cached, kept = [3 * row, t * row], [t * row, t * row]
+        assert (snap.T, snap.kv_bytes, snap.kv_kept, snap.kv_positions) == (t, tuple(cached), tuple(kept), (3, t))
+        assert win.st_kv.text() == f"KV cache {human_bytes(sum(cached))} · kept {human_bytes(sum(kept))}"
+        view = win.kv_cache
+        assert list(view.bars.opts["height"]) == cached and list(view.kept_bars.opts["height"]) == kept
+        # after step i the cache held the prompt and i tokens: the window's layer stopped growing at 3
+        lengths = range(p, t + 1)
+        assert list(view.hcurve.getData()[1]) == [(3 + n) * row for n in lengths]
+        assert list(view.kept_curve.getData()[1]) == [2 * n * row for n in lengths]
+        title = view.title.text()
+        assert title.startswith(f"layer 0: model's cache {human_bytes(3 * row)} (last 3 positions), "
+                                f"{human_bytes(sum(cached))} all layers")  # fmt: skip
+        assert f"kept for inspection {human_bytes(t * row)}, {human_bytes(sum(kept))} all" in title
+
+    for n in (1, 2, 3):
+        qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)  # Step
+        expect(n)
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # Step back
+    expect(2)
+    # the full-attention layer: no window to name, the bytes of every position
+    win.kv_cache.layer_clicked.emit(1)
+    wait_idle(win)
+    assert win.kv_cache.title.text().startswith(f"layer 1: model's cache {human_bytes((p + 1) * row)}, ")

@@ -153,3 +153,25 @@ def test_back_in_the_panel_and_the_windows_step_back_undo_a_lab_step_exactly(mak
     click(panel.step_button)
     shown(4)
     assert not no_dialogs and [e[1] for e in win.errors] == ["nothing to step back: the lab is at its prompt (no lab step has run)"]
+
+
+def test_on_a_sliding_window_model_the_full_cache_is_the_models_with_what_is_kept_beside(make_window, wait_idle,
+                                                                                         qtbot, tiny_lm):  # fmt: skip
+    # gemma2's layer 0 has a 4-key window: the model's own cache holds 3 positions there, the inspector every one
+    win = make_window("gemma2", prompt=PROMPT)
+    panel = _dock(win)
+    qtbot.waitUntil(panel.isVisible, timeout=3000)
+    panel.policy.setCurrentText("h2o")
+    panel.budget.setValue(0)  # unlimited: the policy's cache is the model's own
+    panel.steps.setValue(3)
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.view is not None and len(panel.view.steps) == 3, timeout=20000)
+    wait_idle(win)
+    lm = tiny_lm("gemma2")
+    entry = 2 * lm.n_kv_heads * lm.head_dim * 4  # one position's K and V in one layer, float32
+    t = win.snapshot.prompt_len + 3 - 1  # the prompt and two fed tokens (the third is chosen, not fed)
+    full, kept = [3 * entry, t * entry], [t * entry, t * entry]
+    assert [panel.table.item(i, 2).text() for i in range(2)] == [f"{full[0]:,} (kept {kept[0]:,})", f"{full[1]:,}"]
+    assert [panel.table.item(i, 1).text() for i in range(2)] == [f"{b:,}" for b in full]
+    assert panel.bytes_label.text() == (f"cache after step 2: {sum(full):,} of {sum(full):,} bytes (100.0%); "
+                                        f"kept for inspection {sum(kept):,}")  # fmt: skip

@@ -49,10 +49,11 @@ apertus1p5_text cohere_compass_text dbrx dots3_note_text exaone lara_mini sarvam
 # computed in the family's own attention code (or, doge, with a bias inside its mask): gpt-inspector's adapters
 ADAPTED = "bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm".split()
 # other code paths of those families (tests/tiny_families.py VARIANTS): multi-head and new-architecture
-# Falcon, MPT with clip_qkv, doge with tied key biases (HF's own A = 0); and Gemma 4's two other layouts (fewer KV heads with keys as values in its
-# full-attention layers; KV-shared last layers, which its forward runs on the kept rows only unless adapted)
+# Falcon, MPT with clip_qkv, doge with tied key biases (HF's own A = 0); Gemma 4's two other layouts (fewer KV heads
+# with keys as values in its full-attention layers; KV-shared last layers, which its forward runs on the kept rows
+# only unless adapted); and llama4_text with chunks narrower than the sequence
 VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv", "doge_tied", "doge_tied_no_window", "gemma4_k_eq_v",
-            "gemma4_kv_shared", "gemma4_unified_kv_shared"]
+            "gemma4_kv_shared", "gemma4_unified_kv_shared", "llama4_chunked"]
 
 # these report softmax weights before their sink (the sink scales the output afterwards); ours are
 # the weights the values really get, so they equal HF's times each row's share left by the sink
@@ -378,21 +379,24 @@ def test_qkv_is_what_attention_received_and_kv_bytes_are_the_real_cache(family, 
         for ours, want in ((k, hk), (v, hv)):
             np.testing.assert_allclose(ours, want.numpy(), atol=_tol(want), rtol=0, err_msg=f"{family}: layer {layer}")
         per_head += _nbytes(hk, hv)
-        # the layer's own cache slot, as the model keeps it (a KV-sharing layer keeps none)
+        # the layer's own cache slot, as the session keeps it, every position (a KV-sharing layer keeps none);
+        # the model's own cache, which holds only a sliding window's, is checked against generate's below
         own = s.cache.layers[layer] if layer < len(s.cache.layers) and s.cache_layer_of(layer) == layer else None
         real = 0 if own is None else _nbytes(own.keys, own.values)
         if KV_KINDS[family] in ("latent", "tiled"):  # a mirrored layer owns its slot but reads our copy
             assert s.cache_layer_of(layer) is None
             real = _nbytes(s.cache.layers[layer].keys, s.cache.layers[layer].values)
-        assert s.kv_cache_bytes(layer) == real, f"{family}: layer {layer} cache bytes"
-    assert s.kv_cache_bytes() == sum(_nbytes(cl.keys, cl.values) for cl in s.cache.layers)
-    assert s.kv_per_head_bytes() == per_head
+        assert s.kv_kept_bytes(layer) == real, f"{family}: layer {layer} kept bytes"
+    assert s.kv_kept_bytes() == sum(_nbytes(cl.keys, cl.values) for cl in s.cache.layers)
+    # per-head K and V over the positions the model's cache holds (gemma3n's layer 0: its window)
+    assert s.kv_per_head_bytes() == per_head - sum(_nbytes(*seen[i]) // t * (t - s.kv_cache_positions(i)) for i in seen)
     if KV_KINDS[family] == "latent":
         assert s.kv_cache_bytes() < s.kv_per_head_bytes()
         assert "latent" in lm.describe()
     elif KV_KINDS[family] == "per-head":
         assert s.kv_cache_bytes() == s.kv_per_head_bytes() and not lm.mirror_kv
     if KV_KINDS[family] == "shared":
+        assert [s.kv_cache_positions(i) for i in range(4)] == [3, t, 3, t]  # layers 0 and 2: a 4-key window
         assert not lm.mirror_kv and [s.cache_layer_of(i) for i in range(4)] == [0, 1, 0, 1]
         assert "layer 3 reads layer 1's cache" in lm.describe()
     if KV_KINDS[family] != "per-head":  # the probe replays per-head K/V it can only find in a plain cache
@@ -412,6 +416,105 @@ def test_a_config_with_per_layer_sizes_loads_from_a_folder(tokenizer, tmp_path):
     s = gi.Session(lm, PROMPT)
     s.run(2)
     assert lm.unverified is None and s.qkv(0)[1].shape[-1] == 24 and s.qkv(1)[1].shape[-1] == 20
+
+
+def _own_cache_bytes(cache, n_layers: int) -> list[int]:
+    """Bytes of the keys and values the model's own cache holds per layer (0 where it holds none: a state, a
+    KV-sharing layer's placeholder)."""
+    out = [0] * n_layers
+    for i, cl in enumerate(getattr(cache, "layers", [])[:n_layers]):
+        kv = [getattr(cl, n, None) for n in ("keys", "values")]
+        out[i] = sum(_nbytes(x) for x in kv if isinstance(x, torch.Tensor) and x.dim() == 4)
+    return out
+
+
+def _generate_cache(ref, gen):
+    """The cache ``generate`` returned: ``.cache`` from transformers 5.24, ``.past_key_values`` before."""
+    names = (hf.cache_kwarg(getattr(ref, "_model", ref)), "cache", "past_key_values")
+    return next(getattr(gen, n) for n in names if getattr(gen, n, None) is not None)
+
+
+# the families whose own cache holds less than the session keeps at T = 19: sliding-window or chunked
+# layers (4-key windows, chunks of 4: they keep 3 positions). Explicit, so a family whose window stops
+# cutting the sequence (or starts to) fails here by name
+WINDOWED = set("""
+afmoe beam cohere2 cohere2_moe cwm doge exaone4 exaone_moe gemma2 gemma3_text gemma3n_text gpt_oss granite_swa
+granitemoe_swa kolibri1 llama4_chunked mimo_v2_flash ministral ministral3 mistral mixtral modernbert-decoder moshi
+olmo3 phi3 phimoe qwen3_moe starcoder2 vaultgemma
+gemma4_text gemma4_unified_text cohere_compass_text dots3_note_text lara_mini zaya doge_tied gemma4_k_eq_v
+gemma4_kv_shared gemma4_unified_kv_shared
+""".split())
+
+
+@pytest.mark.parametrize("family", VERIFIED + VARIANTS)
+def test_kv_cache_bytes_are_what_generates_own_cache_holds(family, built):
+    """Per layer, kv_cache_bytes is what the cache HF's generate builds holds at the end (sliding windows,
+    chunks, latents, shared layers, hybrids' attention layers); kv_kept_bytes is the session's own cache."""
+    lm, ref = built(family)
+    s = gi.Session(lm, PROMPT)
+    s.run(STEPS)
+    x = torch.tensor([s.prompt_ids])
+    with torch.no_grad():
+        gen = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, max_new_tokens=STEPS,
+                           return_dict_in_generate=True, pad_token_id=lm.eos_token_ids[0])  # fmt: skip
+    t = s.cache_length
+    assert gen.sequences.shape[1] - 1 == t  # generate never feeds its last token (hyperclovax ends at EOS early)
+    want = _own_cache_bytes(_generate_cache(ref, gen), lm.n_layers)
+    got = [s.kv_cache_bytes(i) for i in range(lm.n_layers)]
+    assert got == want, f"{family}: the model's cache per layer"
+    assert s.kv_cache_bytes() == sum(want) > 0
+    # what the session keeps: its own cache's tensors, every position (a mirrored latent: its latent rows)
+    slots = _own_cache_bytes(s.cache, lm.n_layers)
+    kept = [0 if s.cache_layer_of(i) not in (i, None) else b for i, b in enumerate(slots)]
+    assert [s.kv_kept_bytes(i) for i in range(lm.n_layers)] == kept and s.kv_kept_bytes() == sum(kept)
+    assert (sum(kept) > sum(want)) == (family in WINDOWED), f"{family}: windows cut T = {t}?"
+    assert all(k >= w for k, w in zip(kept, want))
+
+
+@pytest.mark.parametrize("family", ["gemma2", "llama4_chunked", "gemma3n_text", "deepseek_v3", "qwen3_next", "llama"])
+def test_kv_cache_bytes_at_every_length_equal_a_stepped_default_cache(family, built):
+    """Step the model's default cache (``DynamicCache(config=...)``) through the prompt, then one token at a
+    time: after every forward, kv_cache_bytes(layer, length) is what it holds, below the window and past it."""
+    from transformers import DynamicCache
+
+    lm, ref = built(family)
+    s = gi.Session(lm, PROMPT)
+    s.run(STEPS)
+    ids, p = torch.tensor([s.tokens]), len(s.prompt_ids)
+    model = getattr(ref, "_model", ref)
+    cache = DynamicCache(config=model.config)
+    seen = set()
+    with torch.no_grad():
+        # one position first (below any window), the rest of the prompt, then one token at a time
+        for a, b in [(0, 1), (1, p)] + [(n, n + 1) for n in range(p, s.cache_length)]:
+            model(ids[:, a:b], **{hf.cache_kwarg(model): cache}, use_cache=True, position_ids=torch.arange(a, b)[None])
+            want = _own_cache_bytes(cache, lm.n_layers)
+            assert [s.kv_cache_bytes(i, length=b) for i in range(lm.n_layers)] == want, f"{family}: after {b} positions"
+            seen.add(tuple(want))
+    assert len(seen) > 1  # the bytes grew (and on windowed layers stopped growing)
+    with pytest.raises(gi.InspectorError, match="length must be"):
+        s.kv_cache_bytes(length=s.cache_length + 1)
+
+
+@pytest.mark.parametrize("family", ["gemma2", "gemma3n_text"])
+def test_a_beam_search_counts_the_cache_generate_builds_for_its_beams(family, built):
+    from gpt_inspector.core.beams import BeamSearch
+
+    lm, ref = built(family)
+    bs = BeamSearch(lm, PROMPT, num_beams=3, num_return_sequences=2, max_new_tokens=4)
+    bs.run()
+    x = torch.tensor([bs.prompt_ids])
+    with torch.no_grad():
+        gen = ref.generate(x, attention_mask=torch.ones_like(x), do_sample=False, num_beams=3, num_return_sequences=2,
+                           max_new_tokens=4, return_dict_in_generate=True,
+                           pad_token_id=lm.eos_token_ids[0])  # fmt: skip
+    want = _own_cache_bytes(_generate_cache(ref, gen), lm.n_layers)
+    assert [bs.kv_cache_bytes(i) for i in range(lm.n_layers)] == want and bs.kv_cache_bytes() == sum(want)
+    assert bs.kv_kept_bytes() == sum(_own_cache_bytes(bs.cache, lm.n_layers)) > sum(want)
+    # one beam as a run source: a third of the search's cache (3 beams)
+    view = bs.result_view(0)
+    assert [view.kv_cache_bytes(i) * 3 for i in range(lm.n_layers)] == want
+    assert view.kv_kept_bytes() * 3 == bs.kv_kept_bytes()
 
 
 HYBRIDS = ["bamba", "falcon_h1", "granitemoehybrid", "jamba", "lara_mini", "lfm2", "lfm2_moe", "nemotron_h", "olmo_hybrid",

@@ -211,17 +211,28 @@ class BeamSearch(Run):
         toks = self._sequences[0, slot, :length].tolist()
         return Hypothesis(n.id, toks, float(self._beam_scores[0, slot]), n.score, n.step)
 
-    def kv_cache_bytes(self, layer: int | None = None) -> int:
-        """Bytes the model's KV cache holds now, every beam together."""
+    def _cache_slots(self, layer: int | None) -> list[tuple[int, object]]:
         if layer is None:
-            layers = self.cache.layers
-        else:
-            i = check_index(layer, self.lm.n_layers, "layer")
-            # a KV-sharing layer keeps no cache of its own (and may have no slot in it)
-            layers = [self.cache.layers[i]] if i < len(self.cache.layers) and self.lm.cache_layer(i) == i else []
-        return sum(t.numel() * t.element_size() for cl in layers
-                   if getattr(cl, "is_initialized", False) and getattr(cl, "keys", None) is not None
-                   for t in (cl.keys, cl.values))  # fmt: skip
+            return list(enumerate(self.cache.layers))
+        i = check_index(layer, self.lm.n_layers, "layer")
+        # a KV-sharing layer keeps no cache of its own (and may have no slot in it)
+        return [(i, self.cache.layers[i])] if i < len(self.cache.layers) and self.lm.cache_layer(i) == i else []
+
+    def kv_cache_bytes(self, layer: int | None = None) -> int:
+        """Bytes the model's own KV cache would hold now, every beam together: on a sliding-window or
+        chunked layer only its window (the search's cache keeps every position, ``kv_kept_bytes``)."""
+        lay = self.lm.kv_layout
+        total = 0
+        for i, cl in self._cache_slots(layer):
+            n, held = _slot_bytes(cl)
+            lk = None if lay is None or i >= len(lay.layers) else lay.layers[i]
+            # every position takes the same bytes: the window's share of the real tensors
+            total += held if lk is None or n == 0 else held // n * lk.held(n)
+        return total
+
+    def kv_kept_bytes(self, layer: int | None = None) -> int:
+        """Bytes the search's cache really holds now, every beam together and every position."""
+        return sum(_slot_bytes(cl)[1] for _, cl in self._cache_slots(layer))
 
     # ------------------------------------------------------------------ stepping
     def _forward(self, ids: torch.Tensor) -> torch.Tensor:
@@ -526,3 +537,10 @@ def _gather_beams(tensor: torch.Tensor, beam_indices: torch.Tensor) -> torch.Ten
         beam_indices = beam_indices.unsqueeze(-1)
     return torch.take_along_dim(input=tensor, indices=beam_indices, dim=1)
 
+
+def _slot_bytes(cl) -> tuple[int, int]:
+    """(positions, bytes) of one cache layer's keys and values; (0, 0) where it holds none."""
+    if not getattr(cl, "is_initialized", False) or getattr(cl, "keys", None) is None:
+        return 0, 0
+    n = cl.keys.shape[-2] if cl.keys.dim() >= 2 else 0  # a lazy 1-D placeholder holds no position
+    return n, sum(t.numel() * t.element_size() for t in (cl.keys, cl.values))

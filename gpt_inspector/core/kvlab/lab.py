@@ -46,11 +46,13 @@ class LabStep:
     kl: float  # KL(reference || policy) of the next-token distribution, in nats
     agree: bool  # the two most likely tokens are the same
     bytes_policy: list[int]  # per layer, what the policy's cache holds after the step
-    bytes_full: list[int]  # per layer, the full cache
+    bytes_full: list[int]  # per layer, the model's own full cache (sliding-window layers: their window)
     lost_mass: np.ndarray  # (L, H): the reference's attention on entries the policy run could not see
     evicted_now: list[int]  # per layer, entries (summed over KV heads) the policy no longer holds
     reference_label: str = ""
     policy_label: str = ""
+    # per layer, what the inspector keeps of the reference (every position): more than bytes_full on windowed layers
+    bytes_kept: list[int] = field(default_factory=list)
 
     @property
     def bytes_ratio(self) -> float:
@@ -65,6 +67,7 @@ class LabStep:
             "kl": self.kl, "agree": self.agree,
             "bytes_policy": sum(self.bytes_policy), "bytes_full": sum(self.bytes_full),
             "bytes_policy_per_layer": list(self.bytes_policy), "bytes_full_per_layer": list(self.bytes_full),
+            "bytes_kept": sum(self.bytes_kept),
             "lost_mass_max": None if np.isnan(self.lost_mass).any() else float(self.lost_mass.max()),
             "lost_mass": None if np.isnan(self.lost_mass).any() else self.lost_mass.round(6).tolist(),
             "evicted_per_layer": list(self.evicted_now),
@@ -148,6 +151,7 @@ class KVLab:
         self.policy = policy
         policy.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length,
                     torch.empty((), dtype=lm.dtype).element_size(), lm.device)  # fmt: skip
+        policy.layout = lm.kv_layout  # its bytes are of a cache built on the model's own (windows, latents)
         self.run = Session(lm, prompt, **kw)
         if reference is not None and (reference.lm is not lm or reference.prompt_ids != self.run.prompt_ids
                                       or any(s.forced for s in reference.steps_done)):  # fmt: skip
@@ -297,9 +301,11 @@ class KVLab:
             fed_token=self.run.tokens[-1], kl=kl_divergence(ref.logits, got.logits),
             agree=int(torch.argmax(ref.logits)) == int(torch.argmax(got.logits)),
             bytes_policy=[self.policy.cache_bytes(i, t) for i in range(lm.n_layers)],
-            bytes_full=[Policy.cache_bytes(self.policy, i, t) for i in range(lm.n_layers)],
+            # a shared reference may be further on: its bytes when it was where the run is
+            bytes_full=[self.reference.kv_cache_bytes(i, length=t) for i in range(lm.n_layers)],
             lost_mass=lost, evicted_now=evicted_now, reference_label=self.reference.label(ref.token_id),
             policy_label=self.run.label(own),
+            bytes_kept=[self.reference.kv_kept_bytes(i, length=t) for i in range(lm.n_layers)],
         )  # fmt: skip
 
     def evicted(self, layer: int) -> np.ndarray:
@@ -350,6 +356,7 @@ class KVLab:
             "parted_at": self.parted_at if self.free_running else None,
             "bytes_policy": sum(h[-1].bytes_policy) if h else 0,
             "bytes_full": sum(h[-1].bytes_full) if h else 0,
+            "bytes_kept": sum(h[-1].bytes_kept) if h else 0,
             "reference_text": self.reference.generated_text,
             "policy_text": self.run.generated_text,
         }

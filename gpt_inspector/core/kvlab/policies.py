@@ -70,6 +70,10 @@ class Policy:
 
     name = "full"
     kind = "eviction"
+    # the model's cache layout (core.kv_layout.KVLayout), set by the lab. A policy's cache is built on
+    # the model's own: a sliding-window layer holds no entry older than its window, a latent cache
+    # holds latent rows, a layer that reads another layer's cache holds nothing
+    layout = None
 
     def bind(self, n_layers: int, n_heads: int, n_kv_heads: int, head_dim: int, context: int, itemsize: int,
              device: str | torch.device = "cpu") -> None:  # fmt: skip
@@ -108,7 +112,25 @@ class Policy:
 
     def cache_bytes(self, layer: int, length: int) -> int:
         """Bytes this layer's policy cache holds for ``length`` positions."""
-        return 2 * self.n_kv_heads * length * self.head_dim * self.itemsize
+        return self._held_bytes(layer, length, None)
+
+    def _held_bytes(self, layer: int, length: int, evicted: torch.Tensor | None) -> int:
+        """Bytes of the entries not ``evicted`` ((Hkv, length) bool; None: none is) among those the
+        model's own cache holds for ``layer`` after ``length`` positions."""
+        lk = None if self.layout is None else self.layout.layers[layer]
+        if lk is None:  # no layout known: a per-head cache of every position; or a layer without attention
+            if self.layout is not None:
+                return 0
+            n = self.n_kv_heads * length if evicted is None else int((~evicted).sum())
+            return 2 * n * self.head_dim * self.itemsize
+        lo = length - lk.held(length)
+        if lk.reads is not None and lk.reads != layer:
+            return 0  # it reads another layer's cache (KV sharing)
+        if lk.reads is None:  # a latent or untiled heads: a row goes only once every KV head evicted it
+            rows = length - lo if evicted is None else int((~evicted[:, lo:]).any(0).sum())
+            return rows * lk.cache_numbers * self.itemsize
+        n = self.n_kv_heads * (length - lo) if evicted is None else int((~evicted[:, lo:]).sum())
+        return n * (lk.cache_numbers // self.n_kv_heads) * self.itemsize  # per KV head: its K and V
 
     def snapshot(self):
         """The policy's state now (taken after each step), for ``restore`` to put back exactly after a
@@ -295,8 +317,7 @@ class Eviction(Policy):
         return (_to_length(self.evicted_at[layer], length) < NEVER).cpu()
 
     def cache_bytes(self, layer, length):
-        held = int((~self.evicted(layer, length)).sum())
-        return 2 * held * self.head_dim * self.itemsize
+        return self._held_bytes(layer, length, self.evicted(layer, length))
 
     # -- scoring and eviction, after the layer's attention ---------------------------------------
     def observe(self, layer, query, k, mask, scaling, softcap, probs) -> None:

@@ -1,9 +1,12 @@
 """The KV cache: the selected layer's K and V growing one row per step, and what it costs.
 
 Rows are positions (newest outlined), columns are KV heads side by side (thin separators): K and V
-as the attention function received them. Right: the bytes the model's cache really holds per layer
-(selected one highlighted) and in all after each step. Where the cache holds something else (a
-compressed latent, untiled heads, another layer's cache) the title says what, next to its bytes.
+as the attention function received them. Right: the bytes the model's own cache would hold per layer
+(selected one highlighted) and in all after each step: on a sliding-window or chunked layer only
+its window, as the cache ``generate`` builds. The inspector keeps every position so all stay
+inspectable; where that is more, its bytes are drawn beside (outlined bars, a grey curve) and the
+title says both. Where the cache holds something else (a compressed latent, untiled heads, another
+layer's cache) the title says what, next to its bytes.
 
 Under a KV cache policy (a KV cache lab's policy run), each KV head's evicted rows are greyed and
 crossed in both images, the rows the selected head's KV head evicted are marked ✗ in the token
@@ -15,7 +18,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import QRectF, Signal
+from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QPushButton, QWidget
 
 from ...core.kv_layout import human_bytes
@@ -54,6 +57,22 @@ def cache_note(cached: float, per_head: float) -> str:
         return " · this layer keeps no cache: it reads an earlier layer's K and V (KV sharing)"
     return (f" · shown: K and V as attention receives them ({human_bytes(per_head)}); "
             f"the model's cache holds {human_bytes(cached)} for this layer (a compressed latent or fewer heads)")  # fmt: skip
+
+
+KEPT_PEN = "#8a8f99"  # what the inspector keeps beyond the model's cache: grey, behind the model's own
+
+
+def cache_bytes_text(snap, layer: int) -> str:
+    """The model's cache in bytes, this layer (its window where it keeps one) and all, then what the
+    inspector keeps where that is more: short, so the one-line title keeps it at 1366 px."""
+    cached, kept = snap.kv_bytes, snap.kv_kept
+    n = snap.kv_positions[layer] if layer < len(snap.kv_positions) else snap.T
+    window = f" (last {n} positions)" if n < snap.T and cached[layer] else ""
+    whose = "model's" if snap.kv_evicted is None else "policy's"  # a KV cache lab's policy run: its cache
+    text = f"{whose} cache {human_bytes(cached[layer])}{window}, {human_bytes(sum(cached))} all layers"
+    if len(kept) == len(cached) and sum(kept) > sum(cached):
+        text += f" · kept for inspection {human_bytes(kept[layer])}, {human_bytes(sum(kept))} all"
+    return text
 
 
 def _pool_share(evicted: np.ndarray, block: int) -> np.ndarray:
@@ -118,10 +137,14 @@ class KVCacheView(QWidget):
         self._show_error_column(False)
         self.laxis = IndexAxis("bottom", "L")
         self.bplot = bare(self.glw.addPlot(row=0, col=3, title=None, axisItems={"bottom": self.laxis}), still=True)
+        # behind the model's bars: what the inspector keeps, where more (every position of a windowed layer)
+        self.kept_bars = pg.BarGraphItem(x=[], height=[], width=0.7, brush=None, pen=pg.mkPen(KEPT_PEN, width=1))
+        self.bplot.addItem(self.kept_bars)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brushes=[])
         self.bplot.addItem(self.bars)
         self.hplot = bare(self.glw.addPlot(row=1, col=3, title=None, axisItems={"bottom": WholeAxis("bottom")}))  # whole steps
         self.hplot.setLabel("bottom", "step")
+        self.kept_curve = self.hplot.plot([], [], pen=pg.mkPen(KEPT_PEN, width=1, style=Qt.PenStyle.DashLine))
         self.hcurve = self.hplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=2), symbol="o", symbolSize=4,
                                       symbolBrush="#4fa3ff", symbolPen=None)  # fmt: skip
         for p in (self.bplot, self.hplot):
@@ -138,6 +161,7 @@ class KVCacheView(QWidget):
         self._last = None
         self.snap = None
         self._hist_range = None  # the size-per-step plot's (steps, bytes) bounds now
+        self._more = False  # whether the plots show what the inspector keeps beside the model's cache
         self.shape = (0, 0, 0)
         self.bplot.scene().sigMouseClicked.connect(self._clicked)
         self._set_empty(True)
@@ -178,13 +202,22 @@ class KVCacheView(QWidget):
                           brushes=[CHOSEN_BRUSH if i == layer else BAR_BRUSH for i in range(L)])  # fmt: skip
         hist = np.asarray(snap.kv_history, dtype=float)
         self.hcurve.setData(np.arange(len(hist)), hist)
+        kept = np.asarray(snap.kv_kept, dtype=float)
+        more = len(kept) == L and bool((kept > kvb).any())  # the inspector keeps more than the model's cache
+        self.kept_bars.setOpts(x=np.arange(L) + 0.5 if more else [], height=kept if more else [], width=0.7)
+        kept_hist = np.asarray(snap.kv_kept_history if more else (), dtype=float)
+        self.kept_curve.setData(np.arange(len(kept_hist)), kept_hist)
+        if more != self._more:  # a title change costs a relayout: only when it says something else
+            self._more = more
+            self.bplot.setTitle("bytes per layer" + (" (outline: kept)" if more else ""), size="8pt")
+            self.hplot.setTitle("size per step" + (" (dashed: kept)" if more else ""), size="8pt")
+        top = max(float(hist.max()) if len(hist) else 1.0, float(kept_hist.max()) if len(kept_hist) else 0.0)
         # steps and bytes from 0 (auto-ranging a lone first point spanned ±0.2 "(x0.001)" steps), to the
         # next 1-2-5 bound: the axes change now and then, not on every step (each change costs a relayout)
-        ranges = (nice_stride(len(hist) - 1), nice_stride(float(hist.max()) if len(hist) else 1.0))
+        ranges = (nice_stride(len(hist) - 1), nice_stride(top))
         if ranges != self._hist_range:
             self._hist_range = ranges
             self.hplot.setRange(xRange=(0, ranges[0]), yRange=(0, ranges[1]), padding=0.05)
-        total = float(kvb.sum())
         if snap.kv_k is None:
             self.kimg.clear()
             self.vimg.clear()
@@ -198,7 +231,7 @@ class KVCacheView(QWidget):
         self._set_empty(False)
         if snap.kv_cached is not None and self.as_cached.isChecked():
             self._show_policy(None, 0, 0, 0)
-            self._show_cached(snap, kvb[layer], total)
+            self._show_cached(snap)
             return
         self.kplot.setTitle("K cache", size="8pt")
         self.vplot.show()
@@ -229,13 +262,19 @@ class KVCacheView(QWidget):
             labels = tuple(EVICTED_LABEL + lab if g else lab for lab, g in zip(labels, gone))
         self.axis.set_labels(labels)
         dims = f"{w // heads} dims" if w == wv else f"{w // heads} dims in K, {wv // heads} in V"
-        self.title.setText(
-            f"layer {layer}: {t} positions × {heads} KV heads × {dims}, K and V · "
-            f"{human_bytes(kvb[layer])} this layer · {human_bytes(total)} all {L} layers ({snap.dtype})"
-            + cache_note(kvb[layer], t * (w + wv) * _ITEMSIZE.get(snap.dtype, 4))
+        # the bytes first: at 1366 px the panel shows only the title's first forty characters (all on hover)
+        self._set_title(
+            f"layer {layer}: " + cache_bytes_text(snap, layer)
+            + f" · {t} positions × {heads} KV heads × {dims}, K and V ({snap.dtype})"
+            # K and V of every position, as attention receives them: against what is kept of every position
+            + cache_note(kept[layer] if more else kvb[layer], t * (w + wv) * _ITEMSIZE.get(snap.dtype, 4))
             + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
             + policy_note
         )
+
+    def _set_title(self, text: str) -> None:
+        self.title.setText(text)
+        self.title.setToolTip(text)  # the one-line title clips on a narrow panel: all of it on hover
 
     def _show_error_column(self, on: bool) -> None:
         if self.eplot.isVisible() == on:
@@ -288,7 +327,7 @@ class KVCacheView(QWidget):
         return (f" · KV head {snap.kv_head} quantization error: keys max {float(err[0, snap.kv_head].max()):.3g}, "
                 f"values max {float(err[1, snap.kv_head].max()):.3g}")  # fmt: skip
 
-    def _show_cached(self, snap, layer_bytes: float, total: float) -> None:
+    def _show_cached(self, snap) -> None:
         """The selected layer's cache rows as the model stores them (one image; V's plot hidden)."""
         a = snap.kv_cached  # (rows, n)
         rows, n = a.shape
@@ -303,9 +342,8 @@ class KVCacheView(QWidget):
         self.kplot.setRange(xRange=(0, n), yRange=(0, t), padding=0)
         self.newest[0].setRect(QRectF(0, t - 1, n, 1))
         self.axis.set_labels(snap.labels[:t])
-        self.title.setText(
+        self._set_title(
             f"layer {snap.selection.layer}: the model's cache as stored, {t} positions × {n} numbers "
-            f"(a compressed latent, not per-head K and V) · {human_bytes(layer_bytes)} this layer · "
-            f"{human_bytes(total)} all {snap.n_layers} layers ({snap.dtype})"
+            f"(a compressed latent, not per-head K and V, {snap.dtype}) · " + cache_bytes_text(snap, snap.selection.layer)
             + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
         )

@@ -165,13 +165,17 @@ class KVLabPanel(QWidget):
         self.status.setText(f"{v.policy}, {'free-running' if v.free_running else 'teacher-forced'}: {len(steps)} steps, "
                             f"mean KL {kl.mean():.3e}, top-1 agreement {np.mean([s.agree for s in steps]):.0%}, "
                             f"first divergence {fd}{parted}")  # fmt: skip
-        pol, full = sum(last.bytes_policy), sum(last.bytes_full)
-        self.bytes_label.setText(f"cache after step {last.index}: {pol:,} of {full:,} bytes ({pol / full:.1%})")
+        pol, full, kept = sum(last.bytes_policy), sum(last.bytes_full), sum(last.bytes_kept)
+        # the full cache is the model's own (sliding-window layers: their window); the inspector keeps every position
+        self.bytes_label.setText(f"cache after step {last.index}: {pol:,} of {full:,} bytes ({pol / full:.1%})"
+                                 + (f"; kept for inspection {kept:,}" if kept > full else ""))  # fmt: skip
         self.table.setRowCount(len(last.bytes_policy))
         lost = last.lost_mass
-        for layer, (bp, bf) in enumerate(zip(last.bytes_policy, last.bytes_full)):
+        kept_per_layer = last.bytes_kept or last.bytes_full
+        for layer, (bp, bf, bk) in enumerate(zip(last.bytes_policy, last.bytes_full, kept_per_layer)):
             mass = "n/a" if np.isnan(lost[layer]).any() else f"{float(lost[layer].max()):.3f}"
-            cells = [str(layer), f"{bp:,}", f"{bf:,}", str(last.evicted_now[layer]), mass]
+            full_text = f"{bf:,}" + (f" (kept {bk:,})" if bk > bf else "")
+            cells = [str(layer), f"{bp:,}", full_text, str(last.evicted_now[layer]), mass]
             for j, text in enumerate(cells):
                 self.table.setItem(layer, j, QTableWidgetItem(text))
 
