@@ -41,10 +41,11 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def quiet_transformers() -> None:
+def quiet_transformers() -> str | None:
     """Keep transformers' warnings and progress bars from burying our one-line messages.
 
-    Called after argument parsing, so ``--help`` still does not import transformers.
+    Called after argument parsing, so ``--help`` still does not import transformers. Returns the
+    one-line reason where the installed transformers cannot serve (missing, or older than the floor).
     """
     import os
 
@@ -52,9 +53,10 @@ def quiet_transformers() -> None:
     os.environ.setdefault("HF_HUB_DISABLE_PROGRESS_BARS", "1")
     try:
         from .core import hf
-    except ImportError:  # the engine's own import reports a missing transformers, in one line
-        return
+    except ImportError as e:
+        return (str(e).strip().splitlines() or [type(e).__name__])[0]
     hf.quiet()
+    return None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -62,7 +64,10 @@ def main(argv: list[str] | None = None) -> int:
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    quiet_transformers()
+    unusable = quiet_transformers()
+    if unusable:
+        print(f"gpt-inspector: error: {unusable}", file=sys.stderr)
+        return 2
     try:
         if args.command is None:
             from .gui.app import run as run_window

@@ -19,14 +19,6 @@ from typing import Any
 
 import torch
 import transformers
-from transformers import AttentionInterface, AutoConfig, DynamicCache  # noqa: E402
-from transformers.cache_utils import (
-    DynamicLayer,
-    DynamicSlidingWindowLayer,
-    EncoderDecoderCache,
-    LinearAttentionCacheLayerMixin,
-)
-from transformers.masking_utils import AttentionMaskInterface, sdpa_mask
 
 __all__ = [
     "VERSION", "SUPPORTED", "AttentionInterface", "AttentionMaskInterface", "AutoConfig", "DynamicCache",
@@ -53,6 +45,16 @@ if _too_old(VERSION):
     # the names below would fail one by one, deep in a load; say what to install instead
     raise ImportError(f"gpt-inspector needs transformers{','.join(SUPPORTED)}, this environment has {VERSION}: "
                       f"pip install 'transformers{','.join(SUPPORTED)}'")  # fmt: skip
+
+# after the version check: on an older release these fail with a name, not with what to install
+from transformers import AttentionInterface, AutoConfig, DynamicCache  # noqa: E402
+from transformers.cache_utils import (  # noqa: E402
+    DynamicLayer,
+    DynamicSlidingWindowLayer,
+    EncoderDecoderCache,
+    LinearAttentionCacheLayerMixin,
+)
+from transformers.masking_utils import AttentionMaskInterface, sdpa_mask  # noqa: E402
 
 # the keyword a forward takes its KV cache by: "cache" from 5.24, "past_key_values" before
 _CACHE_NAMES = ("cache", "past_key_values")
