@@ -387,10 +387,15 @@ def probe_cache(
 
 
 def probe_session(session, layers: Iterable[int] | int = (0,), **kwargs) -> ProbeResult:
-    """Probe the session's own KV cache and score the recovery against the tokens it processed."""
+    """Probe a run's KV cache (a live session's, or a beam's as it ran) and score the recovery against the
+    tokens it processed."""
     t = session.cache_length
     if t == 0:
         raise InspectorError("nothing cached yet: run a step first")
+    lm = getattr(session, "lm", None)
+    if lm is None:  # a trace file: the probe replays candidates through the model, which a file does not carry
+        raise InspectorError("the cache probe runs the model on candidate tokens; a trace file has no model: "
+                             "load the model and re-run the prompt to probe its cache")  # fmt: skip
     lay = getattr(session.lm, "kv_layout", None)  # what the cache holds (core.kv_layout)
     if lay is not None and (lay.state_layers or lay.mirrored or lay.kind == "shared"):
         if lay.state_layers:
@@ -400,9 +405,10 @@ def probe_session(session, layers: Iterable[int] | int = (0,), **kwargs) -> Prob
         else:
             held = f"the cache holds a {lay.kind} form"
         raise InspectorError(f"the cache probe replays per-head K/V of every layer; in {session.lm.name} {held}, not those")
-    kv = {i: (cl.keys[0, :, :t], cl.values[0, :, :t]) for i, cl in enumerate(session.cache.layers)}  # (Hkv, T, d) each
+    # the K/V every reader of the run sees: a session's are its cache's, a beam's the rows recorded on its path
+    kv = {i: (session.keys(i)[:, :t], session.values(i)[:, :t]) for i in range(session.n_layers)}  # (Hkv, T, d) each
     # deeper layers saw the session's mask edits when the cache was filled; so must the candidates
-    edits = session.recorder.edits
+    edits = getattr(getattr(session, "recorder", None), "edits", None)
     return probe_cache(session.lm, kv, layers, true_tokens=session.processed_tokens, _edits=edits, **kwargs)
 
 

@@ -222,3 +222,23 @@ def test_demo_model_gives_its_prompt_away():
     r = probe_session(s)
     assert r.layer(0).tokens == s.processed_tokens
     assert r.layer(0).n_exact == s.cache_length
+
+
+def test_a_beam_and_a_trace_are_probed_or_refused_in_one_line(tiny_lm, tmp_path):
+    # Tools ▸ Probe with an inspected beam on screen raised AttributeError ('BeamView' has no 'cache'); a beam is
+    # probed through the K/V its path recorded, and a trace (no model to replay candidates) says why not
+    from gpt_inspector.core.beams import BeamSearch
+
+    lm = tiny_lm("llama")
+    bs = BeamSearch(lm, PROMPT, num_beams=2, num_return_sequences=2, max_new_tokens=3)
+    bs.run()
+    view = bs.result_view(1)
+    got = probe_session(view, layers=[0, 1])
+    assert got.true_tokens == view.processed_tokens and got.all_recovered
+    assert [p.token_id for p in got.layers[0].positions] == view.processed_tokens  # each position its own token
+    s = gi.Session(lm, PROMPT)
+    s.run(2)
+    s.save_trace(tmp_path / "t.safetensors")
+    with pytest.raises(InspectorError, match="a trace file has no model") as e:
+        probe_session(gi.load_trace(tmp_path / "t.safetensors"))
+    assert "\n" not in str(e.value)
