@@ -96,14 +96,20 @@ def int_list(text: str, what: str, hint: str = "") -> list[int]:
 
 def user_path(text: str) -> str:
     """An argparse type for file arguments: ``~`` expands even when quoted, as the shell would."""
-    return str(Path(text).expanduser())
+    from ..core import outfile
+
+    try:
+        return str(outfile.expand(text))
+    except InspectorError as e:  # argparse turns this, not a RuntimeError, into its one-line exit 2
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def check_out(path) -> None:
-    """Refuse a file whose folder does not exist: found out before the model runs, not after."""
-    folder = Path(path).absolute().parent
-    if not folder.is_dir():
-        raise InspectorError(f"cannot write {path}: folder {folder} does not exist")
+    """Refuse a destination the result could not be written to, before the model runs rather than after:
+    a missing or read-only folder, a folder, device, FIFO or link at the name, a name too long."""
+    from ..core import outfile
+
+    outfile.check_writable(path)
 
 
 def print_json(obj, ensure_ascii: bool = False) -> None:
