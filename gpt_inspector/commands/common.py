@@ -20,7 +20,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="auto, balanced or sequential: spread the layers over the GPUs, the CPU and disk (accelerate)")
     g.add_argument("--max-memory", default=None,
                    help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
-    g.add_argument("--offload-folder", default=None,
+    g.add_argument("--offload-folder", default=None, type=user_path,
                    help="with --device-map: where the weights that fit nowhere else wait on disk")
     g.add_argument("--allow-pickle", action="store_true",
                    help="also load pickle (.bin) weights; only for sources you trust")

@@ -26,6 +26,7 @@ MARK = ".gpt-inspector-"
 # .NAME.gpt-inspector-PID-RANDOM.tmp: only names of this shape are ever removed as leftovers
 _LEFTOVER = re.compile(r"^\..*\.gpt-inspector-(\d+)-[0-9a-f]{8}\.tmp$")
 _CHUNK = 1 << 20
+_ROOT = hasattr(os, "geteuid") and os.geteuid() == 0  # root may use the blocks reserved for it
 # the temporary keeps a prefix of the target's name only, so a name near the limit still gets one
 _NAME_PREFIX = 80
 
@@ -96,6 +97,13 @@ def check_writable(path) -> Path:
     os.close(fd)
     with contextlib.suppress(OSError):
         os.unlink(tmp)
+    # an empty file still fits on a full disk (it needs an inode, not a block): ask for the free space too
+    try:
+        st = os.statvfs(p.parent)
+    except (OSError, AttributeError):  # some file systems, and Windows, cannot say
+        return p
+    if (st.f_bfree if _ROOT else st.f_bavail) == 0:
+        raise _fail(path, "No space left on device (the disk is full)")
     return p
 
 

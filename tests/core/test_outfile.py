@@ -158,3 +158,14 @@ def test_a_killed_writers_temporary_is_removed_at_the_next_write(tmp_path):
 def test_check_writable_leaves_nothing_behind(tmp_path):
     assert outfile.check_writable(tmp_path / "a.png") == tmp_path / "a.png"
     _only(tmp_path)
+
+
+def test_check_writable_finds_a_full_disk_before_the_work(tmp_path, monkeypatch):
+    real = os.statvfs(tmp_path)
+    full = os.statvfs_result((*real[:3], 0, 0, *real[5:]))  # no free blocks, for anyone
+
+    monkeypatch.setattr(os, "statvfs", lambda p: full if os.path.samefile(p, tmp_path) else real)
+    with pytest.raises(InspectorError) as e:
+        outfile.check_writable(tmp_path / "a.json")
+    assert "No space left on device" in _one_line(e)
+    _only(tmp_path)
