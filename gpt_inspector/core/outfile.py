@@ -63,9 +63,10 @@ def expand(path) -> Path:
 def check_target(path) -> Path:
     """Refuse a destination that cannot take a file (missing folder, folder, device, FIFO, link, too-long name).
 
-    Returns the path made absolute. Does not touch the file system beyond looking.
+    Returns the path made absolute. Does not touch the file system beyond looking. ``~`` is not expanded here,
+    as pathlib does not (a file may be named ``~draft.png``): front doors call ``expand`` on what a user typed.
     """
-    p = Path(os.path.abspath(expand(path)))
+    p = Path(os.path.abspath(path))
     try:
         st = os.lstat(p)
     except FileNotFoundError:
@@ -124,7 +125,7 @@ def _create_temp(shown, p: Path) -> tuple[int, str]:
 
 
 def _alive(pid: int) -> bool:
-    if pid == os.getpid():
+    if pid == os.getpid() or os.name == "nt":  # Windows' os.kill(pid, 0) would end the process, not ask about it
         return True
     try:
         os.kill(pid, 0)
@@ -165,9 +166,9 @@ def write_with(path, fill: Callable[[str], None], mode: int | None = None) -> Pa
     os.close(fd)
     try:
         fill(tmp)
+        os.chmod(tmp, _default_mode(p) if mode is None else mode)  # the temporary's 0600 is not the file's
         fd = os.open(tmp, os.O_RDWR | getattr(os, "O_CLOEXEC", 0))
         try:
-            os.fchmod(fd, _default_mode(p) if mode is None else mode)
             os.fsync(fd)
         finally:
             os.close(fd)

@@ -97,7 +97,7 @@ def test_a_symlink_at_the_name_is_refused_and_its_target_untouched(tmp_path):
 
 def test_missing_folder_long_name_and_unknown_user(tmp_path):
     cases = ((tmp_path / "nope" / "a.png", "does not exist"), (tmp_path / ("x" * 300 + ".png"), "too long"),
-             ("~nosuchuser-gpt-inspector/a.png", "no user named"), (tmp_path / "f.txt" / "a.png", "not a folder"))  # fmt: skip
+             (tmp_path / "f.txt" / "a.png", "not a folder"))  # fmt: skip
     (tmp_path / "f.txt").write_text("a file where a folder should be")
     for path, word in cases:
         for call in (outfile.check_writable, lambda t: outfile.write_bytes(t, b"x")):
@@ -105,6 +105,10 @@ def test_missing_folder_long_name_and_unknown_user(tmp_path):
                 call(path)
             assert word in _one_line(e)
     _only(tmp_path, "f.txt")
+    with pytest.raises(InspectorError) as e:
+        outfile.expand("~nosuchuser-gpt-inspector/a.png")  # pathlib's own error here is a RuntimeError
+    assert "no user named 'nosuchuser-gpt-inspector'" in _one_line(e)
+    assert outfile.expand("~/a.png") == Path.home() / "a.png"
 
 
 def test_a_name_near_the_limit_still_gets_its_temporary(tmp_path):
