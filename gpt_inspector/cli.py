@@ -32,7 +32,8 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="prompt to start the window with")
     p.add_argument("--steps", type=int, default=None, help="with --screenshot: steps to run first")
-    p.add_argument("--screenshot", default=None, help="open the window, run --steps, save a PNG of it and exit")
+    p.add_argument("--screenshot", default=None, type=common.user_path,
+                   help="open the window, run --steps, save a PNG of it and exit")
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod in COMMANDS:
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)

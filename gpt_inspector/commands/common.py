@@ -5,7 +5,6 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from pathlib import Path
 
 from ..core.errors import InspectorError
 
@@ -20,7 +19,7 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="auto, balanced or sequential: spread the layers over the GPUs, the CPU and disk (accelerate)")
     g.add_argument("--max-memory", default=None,
                    help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
-    g.add_argument("--offload-folder", default=None,
+    g.add_argument("--offload-folder", default=None, type=user_path,
                    help="with --device-map: where the weights that fit nowhere else wait on disk")
     g.add_argument("--allow-pickle", action="store_true",
                    help="also load pickle (.bin) weights; only for sources you trust")
@@ -96,14 +95,20 @@ def int_list(text: str, what: str, hint: str = "") -> list[int]:
 
 def user_path(text: str) -> str:
     """An argparse type for file arguments: ``~`` expands even when quoted, as the shell would."""
-    return str(Path(text).expanduser())
+    from ..core import outfile
+
+    try:
+        return str(outfile.expand(text))
+    except InspectorError as e:  # argparse turns this, not a RuntimeError, into its one-line exit 2
+        raise argparse.ArgumentTypeError(str(e)) from None
 
 
 def check_out(path) -> None:
-    """Refuse a file whose folder does not exist: found out before the model runs, not after."""
-    folder = Path(path).absolute().parent
-    if not folder.is_dir():
-        raise InspectorError(f"cannot write {path}: folder {folder} does not exist")
+    """Refuse a destination the result could not be written to, before the model runs rather than after:
+    a missing or read-only folder, a folder, device, FIFO or link at the name, a name too long."""
+    from ..core import outfile
+
+    outfile.check_writable(path)
 
 
 def print_json(obj, ensure_ascii: bool = False) -> None:

@@ -26,7 +26,7 @@ def _index_or_all(text: str):
 
 def add_arguments(p):
     src = p.add_argument_group("source (a trace file, or a model run now)")
-    src.add_argument("--trace", default=None, help="FILE.safetensors saved by `gpt-inspector trace` or the window")
+    src.add_argument("--trace", default=None, type=common.user_path, help="FILE.safetensors saved by `gpt-inspector trace` or the window")
     common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="without --trace: the prompt to run")
     p.add_argument("--steps", type=int, default=None, help="without --trace: steps to run first")

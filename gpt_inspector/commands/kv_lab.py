@@ -4,7 +4,6 @@ policies and budgets over a prompt file and draw the frontier (bytes vs KL, byte
 from __future__ import annotations
 
 import json
-import os
 import sys
 
 from ..core.errors import InspectorError
@@ -169,10 +168,9 @@ def _write_json(obj, dest) -> None:
     if dest == "-":
         common.print_json(obj)
         return
-    tmp = f"{dest}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        json.dump(obj, f, ensure_ascii=False, indent=1)
-    os.replace(tmp, dest)
+    from ..core import outfile
+
+    outfile.write_text(dest, json.dumps(obj, ensure_ascii=False, indent=1))
     print(f"table saved to {dest}", file=sys.stderr)
 
 

@@ -26,7 +26,6 @@ def add_arguments(p):
 def run(args) -> int:
     from ..core import validate
     from ..core.kv_layout import human_bytes
-    from ..core.trace import check_destination
 
     validate.count(args.steps, "--steps")
     common.check_run_args(args)
@@ -34,7 +33,7 @@ def run(args) -> int:
     if out.suffix != ".safetensors":
         raise InspectorError(f"--out must end in .safetensors, got {args.out}")
     # check the destination before the model runs, so a typo costs nothing
-    check_destination(out)
+    common.check_out(out)
     if out.exists() and not args.force:
         raise InspectorError(f"--out {args.out} already exists; pass --force to overwrite it")
     s = common.session(args)

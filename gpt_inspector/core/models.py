@@ -10,7 +10,7 @@ from pathlib import Path
 
 import torch
 
-from . import adapters, capture, hf, kv_layout
+from . import adapters, capture, hf, kv_layout, outfile
 from .errors import InspectorError
 from .fidelity import check_supported, stepped_note, verify_fidelity
 
@@ -237,7 +237,7 @@ def _load_model(name_or_path, device, dtype, *, allow_pickle, trust_remote_code,
     dt = resolve_dtype(dtype)
     placement = _placement(device, device_map, max_memory, offload_folder)
     dev = resolve_device(device) if placement is None else None
-    path = Path(source).expanduser()
+    path = outfile.expand(source)  # ~nosuchuser is one line, not pathlib's RuntimeError
     local = path.is_dir()
     if local:
         _check_local_folder(path, allow_pickle)
@@ -322,7 +322,7 @@ def _placement(device, device_map, max_memory, offload_folder) -> dict | None:
     if mem is not None:
         out["max_memory"] = mem
     if offload_folder is not None:
-        folder = Path(offload_folder).expanduser()
+        folder = outfile.expand(offload_folder)
         if folder.exists() and not folder.is_dir():
             raise InspectorError(f"offload folder {str(folder)!r} is a file, not a folder")
         if not folder.exists() and not folder.parent.is_dir():

@@ -22,7 +22,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from . import decoding
+from . import decoding, outfile
 from .attention import STAGES, ScoreBias
 from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
@@ -45,6 +45,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
     path = Path(path)
     if path.suffix != ".safetensors":
         raise InspectorError(f"trace files end in .safetensors, got {path.name}")
+    outfile.check_target(path)  # a folder, device or link named here is refused before the tensors are gathered
     t = source.cache_length
     if t == 0:
         raise InspectorError("nothing to save: run a step first")
@@ -135,45 +136,13 @@ def _value_head_dim(source) -> dict:
 
 def check_destination(path: Path) -> None:
     """Refuse a destination that cannot take a file, before any work is done for it."""
-    if path.is_symlink():
-        raise InspectorError(f"cannot write {path}: it is a symbolic link; name a plain file")
-    if path.is_dir():
-        raise InspectorError(f"cannot write {path}: it is a folder; name a file ending in .safetensors")
-    if not path.absolute().parent.is_dir():
-        raise InspectorError(f"cannot write {path}: the folder {path.absolute().parent} does not exist")
+    outfile.check_writable(path)
 
 
 def _write_atomically(path: Path, write) -> None:
-    """``write(tmp_name)`` into a temp file beside ``path``, then swap it in.
-
-    A failed or interrupted write (disk full, read-only folder, Ctrl+C) leaves no half file and
-    whatever ``path`` held before; the run that produced it is untouched.
-    """
-    import tempfile
-
-    check_destination(path)
-    folder = path.absolute().parent
-    try:
-        fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{path.name}.", suffix=".tmp")
-    except OSError as e:
-        raise InspectorError(f"cannot write {path}: {e.strerror or e} (creating a file in {folder})") from None
-    os.close(fd)
-    try:
-        write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
-        umask = os.umask(0)  # read, then put back: os has no other way to ask for it
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temp file, not the trace
-        os.replace(tmp, path)
-    except BaseException as e:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        if isinstance(e, OSError):
-            raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
-        if isinstance(e, Exception):  # safetensors reports some I/O failures as its own error type
-            raise InspectorError(f"cannot write {path}: {type(e).__name__}: {e}") from None
-        raise
+    """``write(tmp_name)`` through the one writer (core.outfile): a failed or interrupted write (disk full,
+    read-only folder, Ctrl+C) leaves whatever ``path`` held before and no temporary; the run is untouched."""
+    outfile.write_with(path, write)
 
 
 class Trace(RunSource):

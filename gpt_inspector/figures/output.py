@@ -10,6 +10,7 @@ import numpy as np
 from matplotlib.backends.backend_agg import FigureCanvasAgg
 from matplotlib.figure import Figure
 
+from ..core import outfile
 from ..core.errors import InspectorError
 from .drawing import _LOCK, DPI, HeatmapFigure, _style
 from .fullres import CellImage
@@ -87,11 +88,9 @@ def save(fig: Figure, path, dpi: float | None = None) -> Path:
     """Write ``fig`` as PNG (at ``dpi``), SVG or PDF, chosen by ``path``'s suffix."""
     path = Path(path)
     fmt = check_format(path)
-    data = to_bytes(fig, fmt, dpi)  # encoded first: a failure leaves no half-written file
-    try:
-        path.write_bytes(data)
-    except OSError as e:
-        raise InspectorError(f"cannot write {path}: {e.strerror or e}") from None
+    outfile.check_target(path)  # a folder or device named here is refused before the (possibly long) encoding
+    data = to_bytes(fig, fmt, dpi)
+    outfile.write_bytes(path, data)
     return path
 
 

@@ -97,8 +97,29 @@ def _offer_restore(win) -> dict | None:
     return None
 
 
+def _image_bytes(pixmap, fmt: str) -> bytes | None:
+    """The pixmap encoded as ``fmt`` (PNG, JPG, ...), so the file goes through the one writer (Qt's save writes in place)."""
+    from PySide6.QtCore import QBuffer, QByteArray, QIODevice
+
+    data = QByteArray()
+    buf = QBuffer(data)
+    buf.open(QIODevice.OpenModeFlag.WriteOnly)
+    ok = pixmap.save(buf, fmt)
+    buf.close()
+    return bytes(data.data()) if ok else None
+
+
 def run(args) -> int:
     screenshot = _get(args, "screenshot")
+    if screenshot:
+        from ..core import outfile
+        from ..core.errors import InspectorError
+
+        try:
+            screenshot = str(outfile.check_writable(outfile.expand(screenshot)))
+        except InspectorError as e:  # before the model loads and the steps run, not after
+            print(f"gpt-inspector: error: --screenshot: {e}", file=sys.stderr)
+            return 2
     if _no_display():
         if not screenshot:
             print("gpt-inspector: error: no display (DISPLAY is not set); run it in a desktop session, "
@@ -173,11 +194,19 @@ def run(args) -> int:
         QTimer.singleShot(300, shoot)
 
     def shoot():
+        from ..core import outfile
+        from ..core.errors import InspectorError
+
         app.processEvents()
-        if win.grab().save(str(screenshot)):
-            loop.quit()
-        else:
-            fail(f"cannot write {screenshot}")
+        fmt = os.path.splitext(screenshot)[1][1:].upper() or "PNG"  # as Qt's own save chose it: by the suffix
+        data = _image_bytes(win.grab(), fmt)
+        if data is None:
+            return fail(f"cannot write {screenshot}: Qt cannot encode a {fmt} image (use .png)")
+        try:
+            outfile.write_bytes(screenshot, data)
+        except InspectorError as e:
+            return fail(str(e))
+        loop.quit()
 
     win.when_idle(finish)
     guard = QTimer(singleShot=True)

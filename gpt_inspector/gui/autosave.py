@@ -13,9 +13,10 @@ import contextlib
 import itertools
 import json
 import os
-import tempfile
 from pathlib import Path
 
+from ..core import outfile
+from ..core.errors import InspectorError
 from .settings import ENV as SETTINGS_ENV
 
 ENV = "GPT_INSPECTOR_AUTOSAVE"
@@ -51,24 +52,19 @@ def _all_files() -> list[tuple[str | None, Path]]:
 
 
 def write(recipe: dict, owner: str | None = None) -> None:
-    """Atomically: a unique temp file, fsynced, then swapped in; a reader sees the old or the new file, whole."""
+    """Through the one writer (core.outfile): a reader sees the old or the new file, whole; 0600, prompts are private.
+
+    Raises InspectorError (one line) when it cannot be written.
+    """
     p = path(owner)
     folder = p.parent
     if not folder.is_dir():
-        folder.mkdir(parents=True, mode=0o700, exist_ok=True)
-        os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
-    data = json.dumps(recipe).encode("utf-8")
-    fd, tmp = tempfile.mkstemp(dir=folder, prefix=f".{p.name}.", suffix=".tmp")  # mode 0600
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.replace(tmp, p)
-    except BaseException:
-        with contextlib.suppress(OSError):
-            os.unlink(tmp)
-        raise
+        try:
+            folder.mkdir(parents=True, mode=0o700, exist_ok=True)
+            os.chmod(folder, 0o700)  # mkdir's mode is filtered by the umask
+        except OSError as e:
+            raise InspectorError(f"cannot write {p}: {e.strerror or e} (creating the folder {folder})") from None
+    outfile.write_text(p, json.dumps(recipe), mode=0o600)
 
 
 def read_with_owner() -> tuple[dict, str | None] | None:

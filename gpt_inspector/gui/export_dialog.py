@@ -34,6 +34,7 @@ from PySide6.QtWidgets import (
 )
 
 from .. import figures
+from ..core import outfile
 from ..core.errors import InspectorError, StepFailed
 from ..core.stages import STAGE_LABELS
 from ..figures import fullres
@@ -113,7 +114,11 @@ class ExportDialog(QDialog):
 
     def path(self) -> Path:
         """The path to write: the typed one, given the chosen format's suffix if it has none."""
-        p = Path(self.path_edit.text().strip()).expanduser()
+        text = self.path_edit.text().strip()
+        try:
+            p = outfile.expand(text)
+        except InspectorError:  # ~nosuchuser: kept as typed; the export says why it cannot write there
+            p = Path(text)
         return p if p.suffix else p.with_suffix(self.suffix())
 
     def dpi(self) -> float:

@@ -212,10 +212,10 @@ class Worker(QObject):
         try:
             autosave.write(recipe, self.autosave_owner)
             self._autosaved = key
-        except OSError as e:  # a full disk must not stop the debugger; say so once
+        except InspectorError as e:  # a full disk must not stop the debugger; say so once
             if self._autosaved != "failed":
                 self._autosaved = "failed"
-                self.error.emit("Autosave failed", f"cannot write {autosave.path(self.autosave_owner)}: {e.strerror or e}", "user")
+                self.error.emit("Autosave failed", str(e), "user")
 
     def _session(self):
         if not isinstance(self.obj, Session):

@@ -36,13 +36,65 @@ CASES = [
     ("compare bad utf-8", ["compare", "--prompt", BAD_UTF8, "--max-new-tokens", "2"], "lone surrogate"),
     ("math-check seed 2**64", ["math-check", "--prompt", "x", "--steps", "2", "--seed", str(2**64)], "seed"),
 ]
+# where the result cannot be written: refused before the model loads. {dir}: a folder named d.png, {fifo}: a FIFO
+# (stands in for /dev/null), {long}: a 300-character name, {prompts}: a prompts file; a ~user that does not exist
+NOUSER = "~nosuchuser-gpt-inspector"
+KVLAB = ["kv-lab", "--prompt", "x", "--policy", "int8", "--steps", "1"]
+SWEEP = ["kv-lab", "--sweep", "--prompts", "{prompts}", "--policies", "int8", "--steps", "1", "--no-probe"]
+EXPORT = ["export", "--prompt", "x", "--steps", "1", "--layer", "0", "--head", "0"]
+PATH_CASES = [
+    ("trace out ~user", ["trace", "--prompt", "x", "--steps", "1", "--out", f"{NOUSER}/o.safetensors"], "no user named"),
+    ("trace out long name", ["trace", "--prompt", "x", "--steps", "1", "--out", "{long}.safetensors"], "too long"),
+    ("trace out fifo", ["trace", "--prompt", "x", "--steps", "1", "--out", "{fifo}.safetensors"], "pipe"),
+    ("trace model ~user", ["trace", "--prompt", "x", "--steps", "1", "--out", "{out}", "--model", f"{NOUSER}/m"],
+     "no user named"),
+    ("export out ~user", EXPORT + ["--out", f"{NOUSER}/a.png"], "no user named"),
+    ("export trace ~user", ["export", "--trace", f"{NOUSER}/t.safetensors", "--layer", "0", "--head", "0", "--out",
+                            "{out}.png"], "no user named"),
+    ("trace offload-folder ~user", ["trace", "--prompt", "x", "--steps", "1", "--out", "{out}", "--offload-folder",
+                                    f"{NOUSER}/off"], "no user named"),
+    ("export out folder", EXPORT + ["--out", "{dir}"], "folder"),
+    ("export out long name", EXPORT + ["--out", "{long}.svg"], "too long"),
+    ("lens out ~user", ["lens", "--prompt", "x", "--out", f"{NOUSER}/a.png"], "no user named"),
+    ("lens out folder", ["lens", "--prompt", "x", "--out", "{dir}"], "folder"),
+    ("kv-lab out ~user", KVLAB + ["--out", f"{NOUSER}/a.png"], "no user named"),
+    ("kv-lab out fifo", KVLAB + ["--out", "{fifo}.png"], "pipe"),
+    ("kv-lab json ~user", KVLAB + ["--json", f"{NOUSER}/t.json"], "no user named"),
+    ("kv-lab json folder", KVLAB + ["--json", "{dir}"], "folder"),
+    ("kv-lab json fifo", KVLAB + ["--json", "{fifo}.json"], "pipe"),
+    ("kv-lab json long name", KVLAB + ["--json", "{long}.json"], "too long"),
+    ("kv-lab sweep json folder", SWEEP + ["--json", "{dir}"], "folder"),
+    ("kv-lab sweep json fifo", SWEEP + ["--json", "{fifo}.json"], "pipe"),
+    ("kv-lab sweep out folder", SWEEP + ["--out", "{dir}"], "folder"),
+    ("kv-lab sweep prompts ~user", ["kv-lab", "--sweep", "--prompts", f"{NOUSER}/p.txt", "--policies", "int8"],
+     "no user named"),
+    ("screenshot ~user", ["--screenshot", f"{NOUSER}/s.png"], "no user named"),
+    ("screenshot folder", ["--screenshot", "{dir}"], "folder"),
+    ("screenshot fifo", ["--screenshot", "{fifo}.png"], "pipe"),
+]  # fmt: skip
+CASES += PATH_CASES
+
+
+def _fill(argv, tmp_path):
+    """The placeholders made real in ``tmp_path``."""
+    (tmp_path / "d.png").mkdir(exist_ok=True)
+    (tmp_path / "p.txt").write_text("She eats\n", encoding="utf-8")
+    out = []
+    for a in argv:
+        if "{fifo}" in a:
+            a = a.replace("{fifo}", str(tmp_path / "fifo"))
+            os.mkfifo(a)
+        out.append(a.replace("{out}", str(tmp_path / "o.safetensors")).replace("{dir}", str(tmp_path / "d.png"))
+                   .replace("{long}", str(tmp_path / ("x" * 300))).replace("{prompts}", str(tmp_path / "p.txt")))  # fmt: skip
+    return out
 
 
 @pytest.mark.parametrize("name,argv,match", CASES, ids=[c[0] for c in CASES])
 def test_cli_value_exits_2_with_one_line(tiny_dir, tmp_path, capsys, name, argv, match):
-    argv = [a.replace("{out}", str(tmp_path / "o.safetensors")) for a in argv]
+    argv = _fill(argv, tmp_path)
+    model = [] if "--model" in argv else ["--model", str(tiny_dir["gpt2"])]
     try:
-        rc = main(argv + ["--model", str(tiny_dir["gpt2"]), "--device", "cpu"])
+        rc = main(argv + model + ["--device", "cpu"])
     except SystemExit as e:
         rc = e.code
     err = capsys.readouterr().err
@@ -50,15 +102,19 @@ def test_cli_value_exits_2_with_one_line(tiny_dir, tmp_path, capsys, name, argv,
     assert err.count("\n") == 1 and "Traceback" not in err, err
     assert match in err, err
     assert not (tmp_path / "o.safetensors").exists()
+    # nothing written and no temporary left, wherever it was refused
+    assert sorted(n for n in os.listdir(tmp_path) if not (tmp_path / n).is_fifo()) == ["d.png", "p.txt"]
+    assert os.listdir(tmp_path / "d.png") == []
 
 
 SUBPROCESS = [c for c in CASES if c[0] in ("trace seed 2**64", "trace bad utf-8 prompt", "compare num-beams 10**9",
-                                           "compare length-penalty 1e308")]  # fmt: skip
+                                           "compare length-penalty 1e308", "trace out ~user", "kv-lab json fifo",
+                                           "screenshot folder")]  # fmt: skip
 
 
 @pytest.mark.parametrize("name,argv,match", SUBPROCESS, ids=[c[0] for c in SUBPROCESS])
 def test_cli_value_in_a_real_process(tiny_dir, tmp_path, name, argv, match):
-    argv = [os.fsencode(a.replace("{out}", str(tmp_path / "o.safetensors"))) for a in argv]
+    argv = [os.fsencode(a) for a in _fill(argv, tmp_path)]
     env = dict(os.environ, PYTHONPATH=str(Path(gi.__file__).resolve().parents[1]), HF_HUB_OFFLINE="1")
     r = subprocess.run([sys.executable.encode(), b"-m", b"gpt_inspector", *argv,
                         b"--model", os.fsencode(tiny_dir["gpt2"]), b"--device", b"cpu"],

@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 import gpt_inspector as gi
+from writing import read_only
 
 
 @pytest.fixture
@@ -67,17 +68,10 @@ def test_read_only_folder(session, tmp_path):
 
 
 def test_read_only_folder_simulated(session, tmp_path, monkeypatch):
-    """The same refusal where the tests run as root: mkstemp is what a read-only folder fails."""
-    import tempfile
-
-    def denied(*a, **k):
-        raise PermissionError(errno.EACCES, "Permission denied")
-
-    monkeypatch.setattr(tempfile, "mkstemp", denied)
+    """The same refusal where the tests run as root: creating the temporary is what a read-only folder fails."""
     tokens = list(session.tokens)
-    with pytest.raises(gi.InspectorError, match="cannot write .*Permission denied"):
+    with read_only(tmp_path, monkeypatch), pytest.raises(gi.InspectorError, match="cannot write .*(Read-only|Permission)"):
         session.save_trace(tmp_path / "t.safetensors")
-    monkeypatch.undo()
     _intact(session, tokens)
     assert os.listdir(tmp_path) == []
 

@@ -123,3 +123,14 @@ def test_clean_quit_removes_the_window_file_and_two_windows_keep_their_own(make_
     assert len(json.loads(p1.read_text())["ops"]) == 1 and len(json.loads(p2.read_text())["ops"]) == 2
     w1.close()
     assert not p1.exists() and p2.exists()
+
+
+def test_a_full_disk_is_one_line_and_keeps_the_last_good_autosave(base, monkeypatch):
+    from writing import full_disk
+
+    autosave.write(_recipe(0, 1))
+    old = base.read_bytes()
+    with full_disk(base.parent, monkeypatch, after=100), pytest.raises(gi.InspectorError, match="No space left"):
+        autosave.write(_recipe(0, 2))
+    assert base.read_bytes() == old and os.listdir(base.parent) == [base.name]
+    assert stat.S_IMODE(base.stat().st_mode) == 0o600

@@ -193,3 +193,39 @@ def test_window_ctrl_e_full_resolution_writes_on_the_worker(shown, wait_idle, qt
     data = base64.b64decode(image.get("{http://www.w3.org/1999/xlink}href").split(",", 1)[1])
     assert imread(io.BytesIO(data)).shape[:2] == (t, t)
     assert not win.errors
+
+
+def test_export_that_cannot_be_written_says_why_in_a_dialog(qtbot, known, tmp_path, monkeypatch):
+    import os
+
+    from PySide6.QtWidgets import QDialog, QMessageBox
+    from writing import full_disk
+
+    from gpt_inspector.gui import export_dialog as ed
+
+    warnings = []
+    monkeypatch.setattr(QMessageBox, "warning", lambda *a, **k: warnings.append(a[2]))
+    target = {}
+
+    def fake_exec(self):
+        qtbot.addWidget(self)
+        self.set_path(target["path"])
+        return QDialog.DialogCode.Accepted
+
+    monkeypatch.setattr(ed.ExportDialog, "exec", fake_exec)
+    win, done = FakeWindow(known), []
+    qtbot.addWidget(win)
+    old = b"\x89PNG old " * 700
+    (tmp_path / "old.png").write_bytes(old)
+    os.mkfifo(tmp_path / "pipe.png")
+    (tmp_path / "link.png").symlink_to(tmp_path / "old.png")
+    for name, words in (("pipe.png", "pipe"), ("link.png", "symbolic link"), ("old.png", "No space left")):
+        target["path"] = tmp_path / name
+        if name == "old.png":
+            with full_disk(tmp_path, monkeypatch, after=1000):
+                ed.export_view(win, 0, 1, "probs", on_done=done.append)
+        else:
+            ed.export_view(win, 0, 1, "probs", on_done=done.append)
+        assert done[-1] is None and words in warnings[-1] and "\n" not in warnings[-1], warnings
+    assert (tmp_path / "old.png").read_bytes() == old
+    assert sorted(os.listdir(tmp_path)) == ["link.png", "old.png", "pipe.png"]

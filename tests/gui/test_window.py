@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import threading
 from types import SimpleNamespace
 
@@ -419,3 +420,38 @@ def test_the_cache_size_plot_counts_whole_steps_from_zero(make_window, wait_idle
         assert plot.getAxis("bottom").labelString().count("x0.") == 0
         ticks = [v for _, vals in plot.getAxis("bottom").tickValues(x0, x1, 200) for v in vals]
         assert ticks and all(float(v).is_integer() for v in ticks)
+
+
+def test_screenshot_onto_a_full_disk_keeps_the_old_one(tiny_dir, tmp_path, qtbot, monkeypatch, capsys):
+    from writing import full_disk
+
+    from gpt_inspector.gui import app
+
+    (tmp_path / "out").mkdir()  # settings.ini lives in tmp_path itself
+    tmp_path = tmp_path / "out"
+    out = tmp_path / "shot.png"
+    out.write_bytes(b"\x89PNG old screenshot " * 300)
+    old = out.read_bytes()
+    args = SimpleNamespace(model=str(tiny_dir["gpt2"]), device="cpu", dtype=None, allow_pickle=False,
+                           trust_remote_code=False, prompt="One two three", steps=1, screenshot=str(out))  # fmt: skip
+    with full_disk(tmp_path, monkeypatch, after=8192):
+        assert app.run(args) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "No space left on device" in err, err
+    assert out.read_bytes() == old and os.listdir(tmp_path) == ["shot.png"]
+
+
+def test_saving_a_trace_onto_a_fifo_or_folder_is_a_dialog_in_words(make_window, wait_idle, tmp_path):
+    win = make_window()
+    win.run(1)
+    wait_idle(win)
+    tmp_path = tmp_path / "out"  # the window's autosave and settings live in tmp_path itself
+    tmp_path.mkdir()
+    os.mkfifo(tmp_path / "pipe.safetensors")
+    (tmp_path / "d.safetensors").mkdir()
+    for name, words in (("pipe.safetensors", "pipe"), ("d.safetensors", "folder")):
+        n = len(win.errors)
+        win.save_trace(str(tmp_path / name))
+        wait_idle(win)
+        assert len(win.errors) == n + 1 and words in win.errors[-1][1] and "\n" not in win.errors[-1][1], win.errors
+    assert sorted(os.listdir(tmp_path)) == ["d.safetensors", "pipe.safetensors"]
