@@ -193,3 +193,24 @@ def test_window_ctrl_e_full_resolution_writes_on_the_worker(shown, wait_idle, qt
     data = base64.b64decode(image.get("{http://www.w3.org/1999/xlink}href").split(",", 1)[1])
     assert imread(io.BytesIO(data)).shape[:2] == (t, t)
     assert not win.errors
+
+
+def test_the_matrix_export_button_says_what_export_writes(shown, wait_idle, qtbot, monkeypatch, no_dialogs):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication, QToolButton
+
+    import gpt_inspector.gui.export_dialog as ed
+
+    win = shown()
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    wait_idle(win)
+    button = next(b for b in win.score_matrix.findChildren(QToolButton) if b.text() == "Export…")
+    tip = button.toolTip()
+    # the dialog it opens offers these files and no others (a CSV was once promised and never written)
+    assert "CSV" not in tip.upper()
+    assert all(ext[1:].upper() in tip for ext in ed.FILTERS)
+    offered = []
+    monkeypatch.setattr(ed, "_show", lambda parent, fig, name, scale, what, *a, **k: offered.append(name))
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: bool(offered) or bool(no_dialogs), timeout=20000)
+    assert not no_dialogs and offered[0].endswith(".png")
