@@ -228,3 +228,31 @@ def test_why_a_run_stopped_stays_in_the_status_bar_until_the_next_step(shown, wa
     wait_idle(win)
     assert _stopped(win) == "" and not no_dialogs
 
+
+def _type_into(qtbot, box, text: str) -> None:
+    """Select what a spin box shows and type over it, as a user does."""
+    qtbot.mouseDClick(box.lineEdit(), Qt.MouseButton.LeftButton)
+    box.lineEdit().selectAll()
+    qtbot.keyClicks(box.lineEdit(), text)
+    qtbot.keyClick(box.lineEdit(), Qt.Key.Key_Tab)
+
+
+def test_top_k_lists_only_the_tokens_it_keeps(shown, wait_idle, qtbot, no_dialogs):
+    win = shown()
+    sp, nt = win.session_panel, win.next_token
+    _type_into(qtbot, sp.temperature, "1")
+    _type_into(qtbot, sp.top_k, "3")
+    qtbot.waitUntil(lambda: (win.snapshot.decoding or {}).get("top_k") == 3, timeout=5000)
+    win.score_matrix.setFocus()  # the user clicks back into a view, so F10 reaches the window
+    _press(qtbot, win, Qt.Key.Key_F10)
+    snap = wait_idle(win)
+    top = snap.step.top
+    # the engine still lists ten, seven of them with p = 0: which seven is a tie torch.topk breaks at random
+    assert len(top) == 10 and sum(e.prob == 0 for e in top) == 7
+    by_logit = sorted(top, key=lambda e: -e.logit)[:3]
+    assert nt.top_ids == [e.token_id for e in top if e.prob > 0] and set(nt.top_ids) == {e.token_id for e in by_logit}
+    assert all(p > 0 for p in nt.probs) and sum(nt.probs) == pytest.approx(1.0, abs=1e-5)
+    assert nt.shown == 3 and nt.axis.labels == [e.label for e in top if e.prob > 0]
+    assert len(nt.bars.opts["width"]) == 3 and nt.chosen in nt.top_ids
+    assert "top-k / top-p keep 3 tokens" in nt.summary.text() and "top-k 3" in nt.decoding.text()
+    assert not no_dialogs and not win.errors
