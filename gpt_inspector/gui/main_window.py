@@ -37,7 +37,7 @@ from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
 from .commands import ForceToken, Load, NewSession, OpenTrace, Restart, Restore, Run, Show, Step, StepBack
-from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share  # noqa: F401 (re-exported)
+from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, WORKSPACES, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .viewdata import Snapshot
 from .views import compare, kvlab, lens, mathcheck, probe
 from .views.common import ElidedLabel
@@ -76,7 +76,8 @@ class MainWindow(DockLayout, QMainWindow):
         super().__init__()
         self._auto_fit = False  # the docks do not exist yet
         self.setWindowTitle("gpt-inspector")
-        self.resize(*self.first_size())
+        self._first_size = self.first_size()
+        self.resize(*self._first_size)
         self.setDockNestingEnabled(True)
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
                             | QMainWindow.DockOption.AllowNestedDocks)  # fmt: skip
@@ -466,6 +467,8 @@ class MainWindow(DockLayout, QMainWindow):
         QTimer.singleShot(0, self._hide_stale_tab_bars)
         if not self._focus_set:  # else Qt gives the focus to the first text field, the Model box
             self._focus_set = True
+            if self.size().toTuple() == self._first_size:  # a size someone chose (a restored one, a test's) stays
+                self._fit_to_screen_soon()
             self.score_matrix.setFocus(Qt.FocusReason.OtherFocusReason)
 
     def closeEvent(self, ev) -> None:
