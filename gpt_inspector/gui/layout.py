@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from PySide6.QtCore import QByteArray, QSize, Qt, QTimer
+from PySide6.QtCore import QByteArray, QEvent, QSize, Qt, QTimer
 from PySide6.QtGui import QGuiApplication
 from PySide6.QtWidgets import QDockWidget, QScrollArea, QStyle, QTabBar, QWidget
 
@@ -208,6 +208,19 @@ class DockLayout:
         for ms in (0, 150, 600):
             QTimer.singleShot(ms, self.fit_to_screen)
 
+    def event(self, ev) -> bool:
+        if ev.type() == QEvent.Type.ChildAdded and isinstance(ev.child(), QTabBar):
+            # Qt makes a dock group's tab bar eliding after it is added here: whole titles are set when it shows
+            ev.child().installEventFilter(self)
+        return super().event(ev)
+
+    def eventFilter(self, obj, ev) -> bool:  # noqa: N802 (Qt)
+        if ev.type() == QEvent.Type.Show and isinstance(obj, QTabBar):
+            # Qt elides dock tabs ("Ne…", "Ma…") once a group is narrow; whole titles scroll instead
+            obj.setElideMode(Qt.TextElideMode.ElideNone)
+            obj.setUsesScrollButtons(True)
+        return super().eventFilter(obj, ev)
+
     def _user_arranged(self, *_args) -> None:
         if not self._arranging:
             self._auto_fit = False
@@ -240,8 +253,7 @@ class DockLayout:
         for bar in self.findChildren(QTabBar):
             if bar.parent() is not self:
                 continue
-            # Qt elides dock tabs ("Ne…", "Ma…") once a group is narrow; whole titles scroll instead
-            bar.setElideMode(Qt.TextElideMode.ElideNone)
+            bar.setElideMode(Qt.TextElideMode.ElideNone)  # as eventFilter does for the bars shown later
             bar.setUsesScrollButtons(True)
             if not bar.isVisible() or bar.count() == 0:
                 continue
