@@ -9,10 +9,11 @@ from __future__ import annotations
 from collections.abc import Callable
 
 from PySide6.QtCore import QObject, Qt
-from PySide6.QtGui import QAction, QKeySequence
+from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMenu, QToolBar
 
 from . import settings as _settings
+from .layout import WORKSPACES
 from .viewdata import KIND_LABELS, KINDS
 
 RECENT_TRACES = "recent/traces"
@@ -51,7 +52,7 @@ class WindowActions(QObject):
         self.export_grid = A("Export grid…", w.export_grid, "Ctrl+Shift+E", "Export every head's pattern")
         self.load = A("Load model…", w.load_from_controls, "Ctrl+L", "Load the model chosen in the Session panel")
         self.quit = A("Quit", w.close, QKeySequence.StandardKey.Quit)
-        self.reset_layout = A("Reset layout", w.reset_layout, None, "Put every panel back where it started")
+        self.reset_layout = A("Reset layout", w.reset_layout, None, "Put every panel back where it started (the Attention workspace)")
         sel = lambda: ctl.selection  # noqa: E731 -- read when the key is pressed, not now
         self.prev_layer = A("Previous layer", lambda: ctl.select(layer=sel().layer - 1), "PgUp")
         self.next_layer = A("Next layer", lambda: ctl.select(layer=sel().layer + 1), "PgDown")
@@ -69,7 +70,19 @@ class WindowActions(QObject):
         _fill(mb.addMenu("&Debug"), *debug, None, self.redecide)
         _fill(mb.addMenu("&Select"), self.prev_layer, self.next_layer, self.prev_head, self.next_head, self.follow, None, *self.stages)
         self.tools_menu = mb.addMenu("&Tools")
-        self.view_menu = _fill(mb.addMenu("&View"), *(d.toggleViewAction() for d in w.docks.values()), None, self.reset_layout)
+        self.workspace_menu = QMenu("&Workspace", w)
+        self.workspace_group = QActionGroup(self)  # exclusive: one workspace is checked
+        self.workspaces = {}
+        for ws in WORKSPACES.values():
+            a = A(ws.name, lambda name=ws.name: w.apply_workspace(name), ws.shortcut, ws.tip)
+            a.setCheckable(True)
+            self.workspace_group.addAction(a)
+            self.workspaces[ws.name] = a
+        _fill(self.workspace_menu, *self.workspaces.values())
+        self.show_workspace(w.workspace)
+        self.view_menu = _fill(mb.addMenu("&View"), self.workspace_menu, None, *(d.toggleViewAction() for d in w.docks.values()))
+        self.panels_end = self.view_menu.addSeparator()  # panels added later go above this line
+        self.view_menu.addAction(self.reset_layout)
 
         tb = QToolBar("Debug")
         tb.setObjectName("toolbar_debug")
@@ -92,6 +105,11 @@ class WindowActions(QObject):
             a.setToolTip(f"{tip} ({QKeySequence(shortcut).toString()})" if shortcut else tip)
         a.triggered.connect(lambda _checked=False: slot())
         return a
+
+    def show_workspace(self, name: str) -> None:
+        """Check ``name`` in View ▸ Workspace (the workspace shown, or the last one chosen)."""
+        if name in self.workspaces:
+            self.workspaces[name].setChecked(True)
 
     def update(self) -> None:
         ctl = self.win.controller

@@ -1,7 +1,8 @@
 """Open the window (called by the CLI when no sub-command is given).
 
 ``--screenshot PATH`` makes it scriptable: load, run ``--steps`` steps, wait until every view
-shows the result, save ``window.grab()`` and exit 0 (2 on an error, with one line on stderr).
+shows the result, save ``window.grab()`` and exit 0 (2 on an error, with one line on stderr). The
+window is ``--screenshot-size`` (default 1366x768), whatever the screen: offscreen it is 800x800.
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ import os
 import sys
 
 SCREENSHOT_TIMEOUT_S = 600
+SCREENSHOT_SIZE = (1366, 768)
 DEFAULT_STEPS = 8
 
 # What Qt's xcb platform plugin loads besides libxcb itself: Debian/Ubuntu package -> (library
@@ -149,6 +151,8 @@ def run(args) -> int:
     steps = _get(args, "steps")
     win = MainWindow(restore_layout=not screenshot)  # screenshots always show the default layout
     win.headless_errors = bool(screenshot)
+    if screenshot:  # the offscreen screen is 800x800: a first window that fits it elided the tabs ("Ne…")
+        win.resize(*(_get(args, "screenshot_size") or SCREENSHOT_SIZE))
     win.persist_layout = not screenshot
     prompt = _get(args, "prompt")
     if prompt is not None:

@@ -54,6 +54,7 @@ class Controller(QObject):
     loaded = Signal(object)  # dict describing the model
     error = Signal(str, str, str)  # title, message, kind: "user" | "model" | "internal"
     notice = Signal(str)  # a line for the status bar from the worker
+    posted = Signal(object)  # a command, as it is queued for the worker
     session_shown = Signal(str, int)  # prompt, seed of the live session now shown
 
     def __init__(self, parent: QObject | None = None):
@@ -113,6 +114,7 @@ class Controller(QObject):
         self.pending.add(serial)
         if isinstance(command, (Run, EditCells, SetMaskEdits)):  # long work that Pause (Esc) may stop
             self.runs.add(serial)
+        self.posted.emit(command)
         self.state_changed.emit()
         return serial
 

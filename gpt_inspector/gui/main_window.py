@@ -36,9 +36,11 @@ from .actions import RECENT_TRACES, WindowActions
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
-from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, DockLayout, screen_share  # noqa: F401 (re-exported)
+from .commands import ForceToken, Load, NewSession, OpenTrace, Restart, Restore, Run, Show, Step, StepBack
+from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, WORKSPACES, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .viewdata import Snapshot
 from .views import compare, kvlab, lens, mathcheck, probe
+from .views.common import ElidedLabel
 from .views.kv_cache import KVCacheView, human_bytes
 from .views.mask_editor import MaskEditor
 from .views.next_token import NextTokenView
@@ -74,7 +76,8 @@ class MainWindow(DockLayout, QMainWindow):
         super().__init__()
         self._auto_fit = False  # the docks do not exist yet
         self.setWindowTitle("gpt-inspector")
-        self.resize(*self.first_size())
+        self._first_size = self.first_size()
+        self.resize(*self._first_size)
         self.setDockNestingEnabled(True)
         self.setDockOptions(QMainWindow.DockOption.AnimatedDocks | QMainWindow.DockOption.AllowTabbedDocks
                             | QMainWindow.DockOption.AllowNestedDocks)  # fmt: skip
@@ -95,7 +98,8 @@ class MainWindow(DockLayout, QMainWindow):
         ctl.error.connect(self.show_error)
         ctl.busy_text.connect(self._busy)
         ctl.progress.connect(self._progress)
-        ctl.stopped.connect(lambda reason: self.statusBar().showMessage(f"Run stopped: {reason}", 8000))
+        ctl.stopped.connect(self._run_stopped)
+        ctl.posted.connect(self._posted)
         ctl.loaded.connect(self._loaded)
         ctl.done.connect(self._command_done)
         ctl.notice.connect(lambda text: self.statusBar().showMessage(text, 15000))
@@ -161,22 +165,26 @@ class MainWindow(DockLayout, QMainWindow):
 
     def _build_status(self) -> None:
         sb = self.statusBar()
-        self.st_busy = QLabel("")
+        self.st_busy = ElidedLabel("")
         self.st_progress = QProgressBar(maximumWidth=180, maximumHeight=14, textVisible=False, visible=False)
         self.st_step = QLabel("no model")
         self.st_device = QLabel("")
         self.st_positions = QLabel("")
         self.st_kv = QLabel("")
         self.st_time = QLabel("")
+        # why the last run stopped stays until the next step or run (a toast was gone before it was read);
+        # permanent, so that other messages do not hide it, and elided, so that it never widens the window
+        self.st_stopped = ElidedLabel("", objectName="run_stopped", styleSheet="color: #ffb84f;")
         sb.addWidget(self.st_busy)
         sb.addWidget(self.st_progress)
-        for w in (self.st_step, self.st_positions, self.st_kv, self.st_time, self.st_device):
+        for w in (self.st_stopped, self.st_step, self.st_positions, self.st_kv, self.st_time, self.st_device):
             sb.addPermanentWidget(w)
         # a model loaded with --unverified: a red band across the window above every panel
         self.unverified_bar = QToolBar("Unverified", self, objectName="unverified_bar", movable=False)
         self.unverified_bar.toggleViewAction().setVisible(False)  # not something to switch off by accident
-        self.unverified_label = QLabel("", objectName="unverified_banner",
-                                       styleSheet="background: #b00020; color: white; font-weight: bold; padding: 3px 8px;")  # fmt: skip
+        # elided, not wrapped or widened: a long reason once made the window 1398 px wide on a 1366 px screen
+        self.unverified_label = ElidedLabel("", objectName="unverified_banner",
+                                            styleSheet="background: #b00020; color: white; font-weight: bold; padding: 3px 8px;")  # fmt: skip
         self.unverified_bar.addWidget(self.unverified_label)
         self.addToolBarBreak(Qt.ToolBarArea.TopToolBarArea)
         self.addToolBar(Qt.ToolBarArea.TopToolBarArea, self.unverified_bar)
@@ -358,7 +366,6 @@ class MainWindow(DockLayout, QMainWindow):
             self.setWindowTitle(f"gpt-inspector — {Path(s.model_name).name}")
         if s.unverified:
             self.unverified_label.setText(f"UNVERIFIED: these numbers may not be the model's own ({s.unverified})")
-            self.unverified_label.setToolTip(s.unverified)
             self.setWindowTitle(self.windowTitle() + " — UNVERIFIED")
         self.unverified_bar.setVisible(bool(s.unverified))
         self.st_positions.setText(f"positions {s.T} / {s.context_length}")
@@ -374,6 +381,13 @@ class MainWindow(DockLayout, QMainWindow):
         self.st_time.setText(f"last step {st.time_s * 1000:.0f} ms" if st is not None and st.time_s else "")
         fin = f" · finished ({s.finished})" if s.finished else ""
         self.st_step.setText(f"step {s.n_steps}{fin}")
+
+    def _run_stopped(self, reason: str) -> None:
+        self.st_stopped.setText(f"Run stopped: {reason}")
+
+    def _posted(self, command) -> None:
+        if isinstance(command, (Step, StepBack, Run, Restart, NewSession, Load, Restore, ForceToken, OpenTrace, Show)):
+            self.st_stopped.setText("")
 
     def _busy(self, text: str) -> None:
         if text:
@@ -460,6 +474,8 @@ class MainWindow(DockLayout, QMainWindow):
         QTimer.singleShot(0, self._hide_stale_tab_bars)
         if not self._focus_set:  # else Qt gives the focus to the first text field, the Model box
             self._focus_set = True
+            if self.size().toTuple() == self._first_size:  # a size someone chose (a restored one, a test's) stays
+                self._fit_to_screen_soon()
             self.score_matrix.setFocus(Qt.FocusReason.OtherFocusReason)
 
     def closeEvent(self, ev) -> None:

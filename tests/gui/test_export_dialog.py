@@ -229,3 +229,24 @@ def test_export_that_cannot_be_written_says_why_in_a_dialog(qtbot, known, tmp_pa
         assert done[-1] is None and words in warnings[-1] and "\n" not in warnings[-1], warnings
     assert (tmp_path / "old.png").read_bytes() == old
     assert sorted(os.listdir(tmp_path)) == ["link.png", "old.png", "pipe.png"]
+
+
+def test_the_matrix_export_button_says_what_export_writes(shown, wait_idle, qtbot, monkeypatch, no_dialogs):
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication, QToolButton
+
+    import gpt_inspector.gui.export_dialog as ed
+
+    win = shown()
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    wait_idle(win)
+    button = next(b for b in win.score_matrix.findChildren(QToolButton) if b.text() == "Export…")
+    tip = button.toolTip()
+    # the dialog it opens offers these files and no others (a CSV was once promised and never written)
+    assert "CSV" not in tip.upper()
+    assert all(ext[1:].upper() in tip for ext in ed.FILTERS)
+    offered = []
+    monkeypatch.setattr(ed, "_show", lambda parent, fig, name, scale, what, *a, **k: offered.append(name))
+    qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: bool(offered) or bool(no_dialogs), timeout=20000)
+    assert not no_dialogs and offered[0].endswith(".png")

@@ -25,6 +25,11 @@ def _step_text(win) -> str:
     return win.st_step.text()
 
 
+def _stopped(win) -> str:
+    """Why the last run stopped, as the status bar shows it (a line that stays, not a timed message)."""
+    return win.st_stopped.text() if win.st_stopped.isVisible() else ""
+
+
 def test_f10_steps_and_shift_f10_steps_back(shown, wait_idle, qtbot, no_dialogs):
     win = shown()
     assert _step_text(win) == "step 0"
@@ -50,7 +55,7 @@ def test_f5_toolbar_run_and_debug_run_each_run_the_max_steps_count(shown, wait_i
     _press(qtbot, win, Qt.Key.Key_F5)
     wait_idle(win)
     assert _step_text(win) == "step 3"
-    assert win.statusBar().currentMessage() == "Run stopped: ran 3 steps"
+    assert _stopped(win) == "Run stopped: ran 3 steps"
     button = win.acts.toolbar.widgetForAction(win.acts.run)
     qtbot.mouseClick(button, Qt.MouseButton.LeftButton)
     wait_idle(win)
@@ -86,7 +91,7 @@ def test_esc_pauses_a_run(shown, wait_idle, qtbot, no_dialogs):
     assert not win.acts.step.isEnabled()
     _press(qtbot, win, Qt.Key.Key_Escape)
     snap = wait_idle(win)
-    assert win.statusBar().currentMessage() == "Run stopped: paused"
+    assert _stopped(win) == "Run stopped: paused"
     assert 3 <= snap.n_steps < 40 and _step_text(win) == f"step {snap.n_steps}"
     assert not win.acts.pause.isEnabled() and win.acts.step.isEnabled() and not no_dialogs
 
@@ -120,7 +125,7 @@ def test_a_breakpoint_stops_a_run(shown, wait_idle, qtbot):
     _press(qtbot, win, Qt.Key.Key_F5)
     wait_idle(win)
     assert _step_text(win) == "step 1"
-    assert win.statusBar().currentMessage().startswith("Run stopped: breakpoint at step 1: p=")
+    assert _stopped(win).startswith("Run stopped: breakpoint at step 1: p=")
 
 
 def test_run_to_step_goes_forward_and_back(shown, wait_idle, qtbot, monkeypatch):
@@ -135,7 +140,7 @@ def test_run_to_step_goes_forward_and_back(shown, wait_idle, qtbot, monkeypatch)
     monkeypatch.setattr(QInputDialog, "getInt", get_int)
     _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)
     wait_idle(win)
-    assert _step_text(win) == "step 5" and win.statusBar().currentMessage() == "Run stopped: reached step 5"
+    assert _step_text(win) == "step 5" and _stopped(win) == "Run stopped: reached step 5"
     _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)
     wait_idle(win)
     assert _step_text(win) == "step 2"
@@ -201,3 +206,53 @@ def test_a_tools_entry_chosen_twice_runs_once(shown, wait_idle, qtbot, no_dialog
     act.trigger()  # once it is back, the entry runs again
     wait_idle(win)
     assert len(posted) == 2
+
+
+def test_why_a_run_stopped_stays_in_the_status_bar_until_the_next_step(shown, wait_idle, qtbot, no_dialogs):
+    win = shown()
+    win.session_panel.max_steps.setValue(2)
+    _press(qtbot, win, Qt.Key.Key_F5)
+    wait_idle(win)
+    assert _stopped(win) == "Run stopped: ran 2 steps"
+    # it is no timed message: another line coming and going (the old one vanished with its timeout) leaves it
+    assert win.statusBar().currentMessage() != "Run stopped: ran 2 steps"
+    win.statusBar().showMessage("Saved trace to t.safetensors", 50)
+    qtbot.waitUntil(lambda: win.statusBar().currentMessage() == "", timeout=3000)
+    assert _stopped(win) == "Run stopped: ran 2 steps"
+    _press(qtbot, win, Qt.Key.Key_F10)  # the next step: the reason is stale
+    wait_idle(win)
+    assert _stopped(win) == "" and _step_text(win) == "step 3"
+    _press(qtbot, win, Qt.Key.Key_F5)
+    wait_idle(win)
+    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # a step back clears it too
+    wait_idle(win)
+    assert _stopped(win) == "" and not no_dialogs
+
+
+def _type_into(qtbot, box, text: str) -> None:
+    """Select what a spin box shows and type over it, as a user does."""
+    qtbot.mouseDClick(box.lineEdit(), Qt.MouseButton.LeftButton)
+    box.lineEdit().selectAll()
+    qtbot.keyClicks(box.lineEdit(), text)
+    qtbot.keyClick(box.lineEdit(), Qt.Key.Key_Tab)
+
+
+def test_top_k_lists_only_the_tokens_it_keeps(shown, wait_idle, qtbot, no_dialogs):
+    win = shown()
+    sp, nt = win.session_panel, win.next_token
+    _type_into(qtbot, sp.temperature, "1")
+    _type_into(qtbot, sp.top_k, "3")
+    qtbot.waitUntil(lambda: (win.snapshot.decoding or {}).get("top_k") == 3, timeout=5000)
+    win.score_matrix.setFocus()  # the user clicks back into a view, so F10 reaches the window
+    _press(qtbot, win, Qt.Key.Key_F10)
+    snap = wait_idle(win)
+    top = snap.step.top
+    # the engine still lists ten, seven of them with p = 0: which seven is a tie torch.topk breaks at random
+    assert len(top) == 10 and sum(e.prob == 0 for e in top) == 7
+    by_logit = sorted(top, key=lambda e: -e.logit)[:3]
+    assert nt.top_ids == [e.token_id for e in top if e.prob > 0] and set(nt.top_ids) == {e.token_id for e in by_logit}
+    assert all(p > 0 for p in nt.probs) and sum(nt.probs) == pytest.approx(1.0, abs=1e-5)
+    assert nt.shown == 3 and nt.axis.labels == [e.label for e in top if e.prob > 0]
+    assert len(nt.bars.opts["width"]) == 3 and nt.chosen in nt.top_ids
+    assert "top-k / top-p keep 3 tokens" in nt.summary.text() and "top-k 3" in nt.decoding.text()
+    assert not no_dialogs and not win.errors

@@ -1,4 +1,10 @@
-"""The first window fits the screen it opens on, and every panel stays usable at common sizes."""
+"""The first window fits the screen it opens on, and every panel stays usable at common sizes.
+
+The screen-size tests run the window in a child process whose offscreen screen is the size named
+(the offscreen platform's screen is fixed when the application starts): the demo model loaded,
+three steps taken with F10, then the window as it first opens and maximised, in every workspace
+(chosen with its Alt+N shortcut), is measured in screen pixels.
+"""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+from PySide6.QtCore import Qt
 
 from gpt_inspector.gui.main_window import PANEL_MIN, MainWindow, screen_share
 
@@ -108,3 +115,185 @@ def test_the_kv_lab_buttons_are_in_reach_in_its_tab(make_window, qtbot, click_ta
     for b in (panel.run_button, panel.step_button, panel.back_button, panel.probe_button, panel.show_button):
         seen = b.visibleRegion().boundingRect()
         assert seen.size() == b.size(), f"{b.text()!r} shows {seen.size()} of {b.size()}"
+
+
+SCREEN = textwrap.dedent(
+    """
+    import json, time
+    from PySide6.QtCore import QPoint, Qt
+    from PySide6.QtGui import QFontMetrics
+    from PySide6.QtTest import QTest
+    from PySide6.QtWidgets import QApplication, QTabBar
+    app = QApplication([])
+    from gpt_inspector.gui import _pyside_fix
+    _pyside_fix.install()
+    from gpt_inspector.gui.views.common import apply_theme
+    apply_theme(app)
+    from gpt_inspector.gui.layout import PANEL_MIN, WORKSPACES
+    from gpt_inspector.gui.main_window import MainWindow
+    from gpt_inspector.gui.worker import ModelSpec, SessionSpec
+
+    def settle(ms):
+        end = time.monotonic() + ms / 1000
+        while time.monotonic() < end:
+            app.processEvents()
+            time.sleep(0.005)
+
+    def idle(win):
+        end = time.monotonic() + 60
+        while (win.busy or win.snapshot is None) and time.monotonic() < end:
+            app.processEvents()
+            time.sleep(0.005)
+        win.controller.take_snapshot()
+        settle(300)
+
+    def press(win, key, mod=Qt.KeyboardModifier.NoModifier):
+        QTest.keyClick(QApplication.focusWidget() or win, key, mod)
+
+    def rect(w):
+        p = w.mapToGlobal(QPoint(0, 0))
+        return [p.x(), p.y(), w.width(), w.height()]
+
+    def click_tab(win, title):
+        for bar in win.findChildren(QTabBar):
+            for i in range(bar.count()):
+                if bar.tabText(i) == title and bar.isVisible():
+                    QTest.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(i).center())
+                    return
+
+    def measure(win):
+        sb = win.statusBar()
+        out = {"frame": list(win.frameGeometry().getRect()), "status": rect(sb), "status_min": sb.minimumSizeHint().height(),
+               "status_whole": [lab.text() for lab in (win.st_step, win.st_positions, win.st_kv, win.st_device)
+                                if lab.width() < lab.sizeHint().width()],
+               "docks": {}, "tabs": []}
+        for k, d in win.docks.items():
+            if d.isVisible() and not d.visibleRegion().isEmpty():
+                w = d.widget()
+                out["docks"][k] = [rect(w), [w.minimumWidth(), w.minimumHeight()], list(PANEL_MIN.get(k, (0, 0)))]
+        for bar in win.findChildren(QTabBar):
+            if bar.parent() is win and bar.isVisible() and bar.count():
+                out["tabs"].append([bar.elideMode() == Qt.TextElideMode.ElideNone,
+                                    [bar.tabText(i) for i in range(bar.count()) if not bar.rect().contains(bar.tabRect(i))]])
+        nt = win.next_token
+        fm = QFontMetrics(nt.axis.style.get("tickFont") or nt.font())
+        out["next"] = [nt.shown, nt.plot.getViewBox().height() / max(nt.shown, 1), fm.height()]
+        out["kv_rows_px"] = win.qkv.kplot.getViewBox().height()
+        return out
+
+    win = MainWindow(restore_layout=False)
+    win.persist_layout = False
+    win.load_model(ModelSpec(), SessionSpec("She eats apple", 0.0, None, None, 0))
+    win.show()
+    win.activateWindow()
+    idle(win)
+    settle(800)  # the first-show fit runs up to 600 ms after the window appears
+    for _ in range(3):
+        press(win, Qt.Key.Key_F10)
+        idle(win)
+    avail = win.screen().availableGeometry()
+    res = {"avail": list(avail.getRect()), "first": measure(win), "maximised": {}}
+    win.showMaximized()
+    settle(500)
+    for i, name in enumerate(WORKSPACES):
+        press(win, Qt.Key(Qt.Key.Key_1.value + i), Qt.KeyboardModifier.AltModifier)
+        settle(400)
+        m = res["maximised"][name] = measure(win)
+        m["workspace"] = win.workspace
+    press(win, Qt.Key.Key_4, Qt.KeyboardModifier.AltModifier)  # Lab: the lab large
+    settle(400)
+    res["lab_plot"] = [win.kvlab_panel.plot.height(), win.kvlab_panel.plot.minimumHeight()]
+    press(win, Qt.Key.Key_3, Qt.KeyboardModifier.AltModifier)  # Lens: it follows the steps while shown
+    end = time.monotonic() + 30
+    while win.lens_panel.result is None and time.monotonic() < end:
+        settle(50)
+    settle(300)
+    t = win.lens_panel.table
+    header = t.horizontalHeader()
+    res["lens_cut"] = [header.model().headerData(c, Qt.Orientation.Horizontal) for c in range(t.columnCount())
+                       if not t.isColumnHidden(c) and header.sectionViewportPosition(c) + header.sectionSize(c) > t.viewport().width()]
+    res["lens_shown"] = [c for c in range(t.columnCount()) if not t.isColumnHidden(c)]
+    print(json.dumps(res))
+    win.worker.stop()
+    """
+)
+
+
+def _run_on_screen(tmp_path, w: int, h: int) -> dict:
+    screen = {"screens": [{"name": "s", "x": 0, "y": 0, "width": w, "height": h, "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}
+    (tmp_path / "screen.json").write_text(json.dumps(screen))
+    env = dict(os.environ, QT_QPA_PLATFORM=f"offscreen:configfile={tmp_path / 'screen.json'}",
+               GPT_INSPECTOR_SETTINGS=str(tmp_path / "settings.ini"))  # fmt: skip
+    out = subprocess.run([sys.executable, "-c", SCREEN], env=env, capture_output=True, text=True, timeout=240,
+                         cwd=os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)))))  # fmt: skip
+    assert out.returncode == 0, out.stderr[-3000:]
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def _inside(inner, outer) -> bool:
+    x, y, w, h = inner
+    X, Y, W, H = outer
+    return X <= x and Y <= y and x + w <= X + W and y + h <= Y + H
+
+
+def _check(m, avail, what):
+    assert _inside(m["frame"], avail), f"{what}: the window {m['frame']} leaves the screen {avail}"
+    sb = m["status"]
+    assert _inside(sb, avail) and _inside(sb, m["frame"]), f"{what}: the status bar {sb} is off the screen {avail}"
+    assert sb[3] >= m["status_min"] and not m["status_whole"], f"{what}: status bar cut: {m['status_whole']}"
+    for key, (r, (mw, mh), (pw, ph)) in m["docks"].items():
+        assert _inside(r, avail) and _inside(r, m["frame"]), f"{what}: {key} {r} leaves the screen {avail}"
+        assert r[2] >= max(mw, pw) and r[3] >= max(mh, ph), f"{what}: {key} is {r[2:]}, below its minimum {max(mw, pw)}x{max(mh, ph)}"
+    for unelided, cut in m["tabs"]:
+        assert unelided and not cut, f"{what}: dock tabs elided or cut: {cut}"
+    shown, pitch, line = m["next"]
+    assert shown >= 4 and pitch >= line, f"{what}: next token shows {shown} rows {pitch:.1f} px apart, labels {line} px high"
+
+
+@pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
+def test_first_and_maximised_windows_fit_the_screen_in_every_workspace(tmp_path, size):
+    r = _run_on_screen(tmp_path, *size)
+    avail = r["avail"]
+    assert avail == [0, 0, *size]
+    first = r["first"]
+    _check(first, avail, "first window")
+    # the first window uses the screen: all of a laptop's, most of a large one's
+    assert first["frame"][2] >= 0.85 * size[0] and first["frame"][3] >= 0.85 * size[1] - 32, first["frame"]
+    assert set(first["docks"]) >= set(PANEL_MIN) - {"mask"}
+    for name, m in r["maximised"].items():
+        assert m["workspace"] == name
+        _check(m, avail, f"maximised, {name} workspace")
+        assert m["frame"][3] >= size[1] - 8, f"{name}: not maximised: {m['frame']}"
+    # the Q/K/V heatmaps have rows to read, the lab's plot its height, the lens's words whole
+    assert r["maximised"]["Attention"]["kv_rows_px"] >= 70
+    height, minimum = r["lab_plot"]
+    assert minimum >= 140 and height >= minimum
+    assert not r["lens_cut"] and len(r["lens_shown"]) >= 5, r
+
+
+def test_screenshot_takes_a_size_and_shows_whole_tab_titles(tiny_dir, tmp_path, monkeypatch):
+    from PySide6.QtGui import QImage
+    from PySide6.QtWidgets import QTabBar
+
+    from gpt_inspector.cli import build_parser, main
+    from gpt_inspector.gui import app
+
+    seen = []
+    grab = MainWindow.grab
+
+    def look_then_grab(win, *a):  # what the PNG will show, read off the window as it is grabbed
+        bars = [b for b in win.findChildren(QTabBar) if b.parent() is win and b.isVisible() and b.count()]
+        seen.append([(b.elideMode(), [b.tabText(i) for i in range(b.count()) if not b.rect().contains(b.tabRect(i))]) for b in bars])
+        return grab(win, *a)
+
+    monkeypatch.setattr(MainWindow, "grab", look_then_grab)
+    base = ["--model", str(tiny_dir["gpt2"]), "--device", "cpu", "--prompt", "One two three", "--steps", "2"]
+    for extra, want in (([], (1366, 768)), (["--screenshot-size", "1920x1080"], (1920, 1080))):
+        out = tmp_path / f"shot-{want[0]}.png"
+        assert app.run(build_parser().parse_args([*base, "--screenshot", str(out), *extra])) == 0
+        img = QImage(str(out))
+        assert (img.width(), img.height()) == want
+        assert seen[-1] and all(mode == Qt.TextElideMode.ElideNone and not cut for mode, cut in seen[-1]), seen[-1]
+    with pytest.raises(SystemExit) as e:
+        main(["--screenshot", str(tmp_path / "x.png"), "--screenshot-size", "1366"])
+    assert e.value.code == 2

@@ -168,6 +168,42 @@ def info_label(text: str = "", dim: bool = True, rich: bool = False) -> QLabel:
     return lab
 
 
+class ElidedLabel(QLabel):
+    """One line that never widens its window: it asks for its text's width, takes what it is given, and
+    ends in "…" when that is less; ``full_text()`` and the tooltip have all of it."""
+
+    def __init__(self, text: str = "", **kw):
+        super().__init__(**kw)
+        self._full = ""
+        self.setSizePolicy(QSizePolicy.Policy.Expanding, QSizePolicy.Policy.Fixed)
+        self.setTextFormat(Qt.TextFormat.PlainText)
+        self.setText(text)
+
+    def setText(self, text: str) -> None:  # noqa: N802 (Qt)
+        self._full = text
+        self.setToolTip(text if text else "")
+        self._elide()
+        self.updateGeometry()
+
+    def full_text(self) -> str:
+        return self._full
+
+    def _elide(self) -> None:
+        width = self.contentsRect().width()
+        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width) if width > 0 else self._full)
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 (Qt)
+        super().resizeEvent(ev)
+        self._elide()
+
+    def sizeHint(self) -> QSize:  # noqa: N802 (Qt)
+        m = self.contentsMargins()
+        return QSize(self.fontMetrics().horizontalAdvance(self._full) + m.left() + m.right() + 2, super().sizeHint().height())
+
+    def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt)
+        return QSize(0, super().minimumSizeHint().height())
+
+
 def wrapped_label(text: str = "", rich: bool | None = None, selectable: bool = False) -> QLabel:
     """A label that wraps its text; ``rich``: force rich or plain text (else Qt guesses)."""
     lab = QLabel(text)

@@ -31,6 +31,7 @@ PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows
 # the engine's policy names (core.kvlab.NAMES), written out so building the panel imports no torch
 POLICIES = ("streaming", "h2o", "snapkv", "tova", "keynorm", "int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
 QUANT = ("int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
+WIDE = 640  # px: from this width the KL plot and the bytes table sit side by side
 
 
 @dataclass(frozen=True)
@@ -94,8 +95,10 @@ class KVLabPanel(QWidget):
         self.bytes_label = QLabel("")
         self.privacy_label = QLabel("")
 
-        self.plot = pg.PlotWidget(labels={"bottom": "step", "left": "KL(reference ‖ policy), nats"})
-        self.plot.setMinimumHeight(120)
+        # a short axis title: a long one was clipped to its middle letters on a plot ~150 px tall
+        self.plot = pg.PlotWidget(labels={"bottom": "step", "left": "KL, nats"})
+        self.plot.setToolTip("KL(reference ‖ policy) per step, in nats; ✗ where the policy's top-1 token differs")
+        self.plot.setMinimumHeight(140)
         self.plot.addLegend(offset=(-10, 10))
         self.kl_curve = self.plot.plot([], [], pen=pg.mkPen((66, 133, 244), width=2), symbol="o", symbolSize=5,
                                        name="KL")  # fmt: skip
@@ -106,6 +109,7 @@ class KVLabPanel(QWidget):
         self.plot.addItem(self.divergence)
 
         self.table = table(["layer", "policy bytes", "full bytes", "evicted", "max lost mass"])
+        self.table.setMinimumHeight(110)
 
         # the panel is a tab of the Q/K/V dock (~300-450 px wide): the controls wrap, Run stays in reach
         top = FlowLayout(spacing=6)
@@ -113,10 +117,18 @@ class KVLabPanel(QWidget):
                   group(QLabel("steps"), self.steps), self.free, self.run_button, self.step_button, self.back_button,
                   self.probe_button, self.show_button):  # fmt: skip
             top.addWidget(w)
-        split = QSplitter(Qt.Horizontal)
-        split.addWidget(self.plot)
-        split.addWidget(self.table)
-        vbox(self, top, self.status, self.bytes_label, self.privacy_label, (split, 1))
+        self.split = QSplitter(Qt.Horizontal)
+        self.split.addWidget(self.plot)
+        self.split.addWidget(self.table)
+        vbox(self, top, self.status, self.bytes_label, self.privacy_label, (self.split, 1))
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 (Qt)
+        super().resizeEvent(ev)
+        # side by side only where both get a readable width; in the narrow Q/K/V dock the plot sits
+        # above the table and the dock scrolls, rather than squeezing the plot to a strip
+        want = Qt.Orientation.Horizontal if self.width() >= WIDE else Qt.Orientation.Vertical
+        if self.split.orientation() != want:
+            self.split.setOrientation(want)
 
     def settings(self) -> tuple[str, int | None, int, bool]:
         name = self.policy.currentText()

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import numpy as np
 import pyqtgraph as pg
-from PySide6.QtCore import Qt, Signal
+from PySide6.QtCore import QEvent, Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QCheckBox,
     QHeaderView,
@@ -35,6 +35,7 @@ from .common import (
 PANEL_TITLE = "Logit lens"
 PANEL_AREA = "bottom"
 TOP_K = 5
+WIDE = 640  # px: from this width the table and the plots sit side by side; narrower, the plots go under it
 
 
 class LensPanel(QWidget):
@@ -55,14 +56,15 @@ class LensPanel(QWidget):
         self.status.setWordWrap(True)
 
         self.table = table(["layer", "p(chosen)"] + [f"#{i + 1}" for i in range(TOP_K)])
+        self.table.setMinimumHeight(100)
 
         self.curve_plot = pg.PlotWidget(labels={"bottom": "layer", "left": "p(chosen)"})
-        self.curve_plot.setMinimumHeight(110)
+        self.curve_plot.setMinimumHeight(90)
         self.curve_plot.setYRange(0, 1)
         self.curve = self.curve_plot.plot([], [], pen=pg.mkPen((66, 133, 244), width=2), symbol="o", symbolSize=6)
 
         self.map_plot = pg.PlotWidget(labels={"bottom": "head", "left": "layer"})
-        self.map_plot.setMinimumHeight(110)
+        self.map_plot.setMinimumHeight(90)
         self.map_plot.invertY(True)
         self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setColorMap(pg.colormap.get("CET-D1"))  # diverging: pushes for vs against
@@ -72,8 +74,65 @@ class LensPanel(QWidget):
         self.map_note.setWordWrap(True)
 
         top = hbox(None, self.compute_button, self.follow, self.export_button, 1)
-        split = splitter(Qt.Horizontal, self.table, column((self.curve_plot, 1), (self.map_plot, 1), self.map_note))
-        vbox(self, top, self.status, (split, 1))
+        self.plots = splitter(Qt.Vertical, self.curve_plot, self.map_plot)
+        self.split = splitter(Qt.Horizontal, self.table, column((self.plots, 1), self.map_note))
+        self.split.setStretchFactor(0, 3)  # the table's words need the width more than the plots do
+        self.split.setStretchFactor(1, 2)
+        vbox(self, top, self.status, (self.split, 1))
+        self._status_text = self.status.text()
+        self.hidden_ranks = 0  # top-k columns left out because the table is too narrow for them whole
+        self.table.installEventFilter(self)
+
+    def resizeEvent(self, ev) -> None:  # noqa: N802 (Qt)
+        super().resizeEvent(ev)
+        want = Qt.Orientation.Horizontal if self.width() >= WIDE else Qt.Orientation.Vertical
+        if self.split.orientation() != want:
+            self.split.setOrientation(want)
+            # under the table the two plots sit side by side: stacked, they would scroll out of a short dock
+            self.plots.setOrientation(Qt.Orientation.Vertical if want == Qt.Orientation.Horizontal else Qt.Orientation.Horizontal)
+        QTimer.singleShot(0, self._share)
+
+    def _share(self) -> None:
+        """Side by side: 60 % of the width to the table. Stacked: the table as tall as its rows, the plots the rest."""
+        total = sum(self.split.sizes())
+        if total <= 0:
+            return
+        if self.split.orientation() == Qt.Orientation.Horizontal:
+            first = int(total * 0.6)
+        else:
+            t = self.table
+            rows = t.horizontalHeader().height() + sum(t.rowHeight(r) for r in range(t.rowCount())) + 2 * t.frameWidth() + 4
+            if t.horizontalScrollBar().isVisible():
+                rows += t.horizontalScrollBar().height()
+            first = max(t.minimumHeight(), min(rows, int(total * 0.6)))
+        self.split.setSizes([first, total - first])
+
+    def eventFilter(self, obj, ev) -> bool:  # noqa: N802 (Qt)
+        if obj is self.table and ev.type() == QEvent.Type.Resize:
+            QTimer.singleShot(0, self._fit_columns)
+        return False
+
+    def _fit_columns(self) -> None:
+        """Show the top-k columns that fit whole, the best first; a column cut at the table's edge
+        showed half a token (the lens's words were clipped even at 1920 px)."""
+        header = self.table.horizontalHeader()
+        room = self.table.viewport().width()
+        used, hidden = 0, 0
+        for col in range(self.table.columnCount()):
+            self.table.setColumnHidden(col, False)
+            width = max(header.sectionSize(col), header.sectionSizeHint(col))
+            used += width
+            if col > 2 and used > room:  # layer, p(chosen) and the top token always stay
+                self.table.setColumnHidden(col, True)
+                hidden += 1
+        if hidden != self.hidden_ranks:
+            self.hidden_ranks = hidden
+            self._show_status()
+
+    def _show_status(self) -> None:
+        shown = TOP_K - self.hidden_ranks
+        more = f" · top {shown} of {TOP_K} shown: widen the panel for more" if self.hidden_ranks and self.result is not None else ""
+        self.status.setText(self._status_text + more)
 
     def clear(self, text: str) -> None:
         self.result = None
@@ -82,18 +141,20 @@ class LensPanel(QWidget):
         self.curve.setData([], [])
         self.image.clear()
         self.map_note.setText("")
-        self.status.setText(text)
+        self._status_text = text
+        self._show_status()
 
     def set_busy(self, busy: bool) -> None:
         self.compute_button.setEnabled(not busy)
         if busy:
-            self.status.setText("computing the lens…")
+            self._status_text = "computing the lens…"
+            self._show_status()
 
     def show_result(self, r) -> None:
         self.result = r
         self.export_button.setEnabled(True)
         # counted from 1, as the status bar and the next-token panel count steps (r.step is the index)
-        self.status.setText(f"step {r.step + 1} (position {r.position}) chose “{r.label}”, logit {r.logit:.3f}")
+        self._status_text = f"step {r.step + 1} (position {r.position}) chose “{r.label}”, logit {r.logit:.3f}"
         header = self.table.horizontalHeader()
         # sized to contents once, after the fill: per cell, the columns were measured again for each
         # item (20 ms of the GUI thread for a 12-layer model, on every step the lens follows)
@@ -111,6 +172,9 @@ class LensPanel(QWidget):
         finally:
             header.setSectionResizeMode(QHeaderView.ResizeToContents)
             self.table.setUpdatesEnabled(True)
+        self._fit_columns()
+        self._show_status()
+        self._share()
         self.curve.setData(np.arange(len(r.layers)), np.array([x.prob for x in r.layers]))
         if r.attribution is None:
             self.image.clear()

@@ -3,6 +3,10 @@
 Changing the temperature (or top-k / top-p) re-renders it without running the model; "Re-decide"
 chooses the current token again from the same logits, and double-clicking a bar forces that
 token (the generation branches from there).
+
+Only tokens the decoding keeps are listed: top-k / top-p give the rest probability 0, and the ten
+most likely of a vector whose tail is all zeros are arbitrary tokens (torch.topk breaks the tie). The
+panel draws as many rows as its height holds at one label per line, and says so when that is fewer.
 """
 
 from __future__ import annotations
@@ -48,30 +52,48 @@ class NextTokenView(QWidget):
         self.axis = _LabelAxis("left", chars=12)
         self.axis.setWidth(90)
         self.plot = bare(self.glw.addPlot(axisItems={"left": self.axis}), invert=True, still=True)
-        self.plot.setLabel("bottom", "probability")
-        self.plot.getAxis("bottom").enableAutoSIPrefix(False)
+        # no probability axis: every bar is labelled with its value, and the height goes to the rows
+        self.plot.hideAxis("bottom")
         self.bars = pg.BarGraphItem(x0=[], y=[], height=0.75, width=[], brushes=[])
         self.plot.addItem(self.bars)
         self.texts: list[pg.TextItem] = []
         self.decoding = info_label("")
         self.redecide = QPushButton("Re-decide", toolTip="Choose the current token again from the same logits at the current settings")
         self.redecide.clicked.connect(self.redecide_requested)
-        vbox(self, self.summary, (self.glw, 1), hbox(None, (self.decoding, 1), self.redecide), margin=2, spacing=2)
-        self.top_ids: list[int] = []
+        vbox(self, hbox(None, (self.summary, 1), self.redecide), (self.glw, 1), self.decoding, margin=2, spacing=2)
+        self.top_ids: list[int] = []  # the kept candidates, best first (the rows drawn are the first ``shown``)
         self.probs: list[float] = []
         self.chosen = -1
+        self.shown = 0
+        self.cut = False  # top-k / top-p removed some of the ten most likely
+        self._snap = None
+        self.plot.getViewBox().sigResized.connect(self._resized)
         self.plot.scene().sigMouseClicked.connect(self._clicked)
-        show_axes(self.plot, ("left", "bottom"), False)  # no bars yet: no scale either
+        show_axes(self.plot, ("left",), False)  # no bars yet: no scale either
 
     def _clicked(self, ev) -> None:
         if not ev.double() or not self.top_ids:
             return
         y = self.plot.getViewBox().mapSceneToView(ev.scenePos()).y()
         i = int(round(y))
-        if 0 <= i < len(self.top_ids):
+        if 0 <= i < self.shown:
             self.force_requested.emit(self.top_ids[i])
 
+    def rows_that_fit(self) -> int:
+        """Bars the plot holds with a whole label line each (all of them before it is laid out)."""
+        h = self.plot.getViewBox().height()
+        if h <= 0:
+            return 10**6
+        fm = QFontMetrics(self.axis.style.get("tickFont") or self.font())
+        return max(1, int(h // (fm.height() + 1)))
+
+    def _resized(self) -> None:
+        # rows that fit and room for the value labels both follow the size: draw again (ten bars)
+        if self._snap is not None and self._snap.step is not None:
+            self.set_snapshot(self._snap)
+
     def set_snapshot(self, snap) -> None:
+        self._snap = snap
         st = snap.step
         self.redecide.setEnabled(st is not None and not snap.read_only)
         d = snap.decoding or {}
@@ -87,17 +109,19 @@ class NextTokenView(QWidget):
             self.axis.set_labels([])
             for ti in self.texts:
                 ti.setVisible(False)
-            self.top_ids, self.probs, self.chosen = [], [], -1
+            self.top_ids, self.probs, self.chosen, self.shown, self.cut = [], [], -1, 0, False
             self.summary.setText("no step yet")
-            show_axes(self.plot, ("left", "bottom"), False)
+            show_axes(self.plot, ("left",), False)
             return
-        show_axes(self.plot, ("left", "bottom"), True)
-        top = list(st.top)
-        self.top_ids = [e.token_id for e in top]
-        self.probs = [e.prob for e in top]
+        show_axes(self.plot, ("left",), True)
+        kept = [e for e in st.top if e.prob > 0]
+        self.cut = len(kept) < len(st.top)
+        self.top_ids = [e.token_id for e in kept]
+        self.probs = [e.prob for e in kept]
         self.chosen = st.token_id
-        n = len(top)
-        self.bars.setOpts(x0=np.zeros(n), y=np.arange(n), height=0.75, width=np.array(self.probs),
+        n = self.shown = min(len(kept), self.rows_that_fit())
+        top = kept[:n]
+        self.bars.setOpts(x0=np.zeros(n), y=np.arange(n), height=0.75, width=np.array(self.probs[:n]),
                           brushes=[CHOSEN_BRUSH if e.token_id == st.token_id else BAR_BRUSH for e in top])  # fmt: skip
         labels = [e.label for e in top]
         # wide enough for the longest label: pyqtgraph drops a tick label that does not fit
@@ -114,15 +138,26 @@ class NextTokenView(QWidget):
             if i < n:
                 ti.setText(f"{top[i].prob:.3f}")
                 ti.setPos(top[i].prob, i)
-        xmax = max(self.probs) if self.probs else 1.0
-        self.plot.setRange(xRange=(0, min(1.0, xmax * 1.25) or 1.0), yRange=(-0.6, n - 0.4), padding=0)
+        xmax = max(self.probs[:n]) if n else 1.0
+        # room right of the longest bar for its value: a fixed 25 % cut "0.805" off in a narrow panel
+        width = self.plot.getViewBox().width()
+        text = fm.horizontalAdvance("0.000") + 8
+        room = 1.25 if width <= 0 else 1 / max(0.2, 1 - text / width)
+        self.plot.setRange(xRange=(0, xmax * room or 1.0), yRange=(-0.6, max(n, 1) - 0.4), padding=0)
         in_top = any(e.token_id == st.token_id for e in top)
+        where = "" if in_top else (" (cut by top-k / top-p)" if st.prob == 0 else " (not among the rows shown)")
+        rows = []
+        if self.cut:
+            rows.append(f"top-k / top-p keep {len(kept)} token{'s' if len(kept) != 1 else ''}")
+        if n < len(kept):
+            rows.append(f"{n} of {len(kept)} shown")
         forced = " · <span style='color:#ffb84f'>forced</span>" if st.forced else ""
         end = f" · <b>{st.finish_reason}</b>" if st.finish_reason else ""
         perplexity = math.exp(st.entropy) if st.entropy < 50 else float("inf")
         self.summary.setText(
             # counted from 1, as the status bar counts steps done
             f"step {st.index + 1} (position {st.position}) chose <b>“{html.escape(st.label)}”</b> p = <b>{st.prob:.4f}</b>"
-            f"{'' if in_top else ' (outside the top 10)'}{forced}{end}<br>"
+            f"{where}{forced}{end}<br>"
             f"entropy <b>{st.entropy:.3f}</b> nats (perplexity {perplexity:.1f})"
+            + "".join(f" · <span style='color:#8a8f99'>{r}</span>" for r in rows)
         )

@@ -30,6 +30,7 @@ from .common import (
     wrapped_label,
 )
 
+COMPACT_HEIGHT = 300  # px: below this K and V show no dimension ticks (d is in the title)
 _POS = pg.mkBrush("#4f8fdf")
 _NEG = pg.mkBrush("#df6f4f")
 
@@ -53,13 +54,17 @@ class QKVView(QWidget):
         self.readout = wrapped_label(" ", rich=True)
         vbox(self, self.title, (self.glw, 1), self.readout, margin=2, spacing=2)
 
+        # On a laptop the dock is ~220 px tall: K and V get the height, q is a thin strip over K's
+        # columns and the q⊙k bars are capped, and the names sit in the left axes, not in titles.
         self.qplot = bare(self.glw.addPlot(row=0, col=0, colspan=2), still=True)
         self.qplot.setLabel("left", "q")
         self.qplot.getAxis("left").setTicks([[]])
+        self.qplot.hideAxis("bottom")  # K's axis below counts the same dimensions
         self.qimg = pg.ImageItem(axisOrder="row-major")
         self.qimg.setLookupTable(DIVERGING.getLookupTable(nPts=256))
         self.qplot.addItem(self.qimg)
-        self.qplot.setMaximumHeight(40)
+        self.qplot.setMaximumHeight(20)
+        self.qplot.setMinimumHeight(14)
         self.kaxis = TokenAxis("left", chars=8)
         self.kplot = self.glw.addPlot(row=1, col=0, axisItems={"left": self.kaxis})
         self.vplot = self.glw.addPlot(row=1, col=1)
@@ -70,32 +75,48 @@ class QKVView(QWidget):
             img.setLookupTable(DIVERGING.getLookupTable(nPts=256))
             p.addItem(img)
             bare(p, invert=True)
+            p.setMinimumHeight(80)  # with its axis: rows a reader can still point at
             self.rows.append((outline(p, NEWEST_PEN), outline(p, SELECTED_PEN)))
         self.vplot.setYLink(self.kplot)
-        self.vplot.hideAxis("left")
+        self.vplot.getAxis("left").setTicks([[]])
+        # set once, before _set_empty: pyqtgraph's setLabel shows the axis it labels
+        self.kplot.setLabel("left", "K")
+        self.vplot.setLabel("left", "V")
         self.bplot = bare(self.glw.addPlot(row=2, col=0, colspan=2))
         self.bplot.setLabel("left", "q⊙k")
-        self.bplot.setMaximumHeight(100)
+        self.bplot.hideAxis("bottom")
+        self.bplot.setMaximumHeight(52)
+        self.bplot.setMinimumHeight(32)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.8, brushes=[])
         self.bplot.addItem(self.bars)
         self.bplot.addLine(y=0, pen=pg.mkPen("#555"))
+        self.glw.ci.layout.setRowStretchFactor(0, 0)
         self.glw.ci.layout.setRowStretchFactor(1, 4)
-        self.glw.ci.layout.setRowStretchFactor(2, 2)
+        self.glw.ci.layout.setRowStretchFactor(2, 1)
         self._hint = placeholder_text(self.kplot, "no steps yet")
+        self._empty = True
+        self.compact = False  # short (a laptop's dock): K and V drop their dimension axes for image rows
         self.snap = None
         self.key = -1
         self._last = None
         self._set_empty(True)
 
+    def resizeEvent(self, ev) -> None:  # noqa: N802 (Qt)
+        super().resizeEvent(ev)
+        compact = self.height() < COMPACT_HEIGHT
+        if compact != self.compact:
+            self.compact = compact
+            self._set_empty(self._empty)
+
     def _set_empty(self, empty: bool) -> None:
+        self._empty = empty
         # an empty plot would show pyqtgraph's default axes: "(x0.001)" and −0.4…0.4 for no data
-        for plot, names in ((self.qplot, ("left", "bottom")), (self.kplot, ("left", "bottom")),
-                            (self.vplot, ("bottom",)), (self.bplot, ("left", "bottom"))):  # fmt: skip
+        for plot, names in ((self.qplot, ("left",)), (self.kplot, ("left",)), (self.vplot, ("left",)), (self.bplot, ("left",))):
             show_axes(plot, names, not empty)
+        for plot in (self.kplot, self.vplot):
+            show_axes(plot, ("bottom",), not empty and not self.compact)
         for r in (r for pair in self.rows for r in pair):
             r.setVisible(not empty)
-        self.kplot.setTitle("" if empty else "K", size="9pt")
-        self.vplot.setTitle("" if empty else "V", size="9pt")
         self._hint.setVisible(empty)
         if empty:
             self.kplot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)

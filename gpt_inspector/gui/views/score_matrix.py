@@ -117,7 +117,7 @@ class ScoreMatrix(QWidget):
         for key, text in SCOPES:
             self.scope.addItem(text, key)
         bar.addWidget(self.scope)
-        exp = QToolButton(text="Export…", toolTip="Export this matrix (PNG, SVG, CSV, …)")
+        exp = QToolButton(text="Export…", toolTip="Save this matrix as a figure: PNG, SVG or PDF, with its tokens and colour bar")
         exp.clicked.connect(self.export_requested)
         bar.addWidget(exp)
         self.title = info_label("")
