@@ -37,14 +37,9 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
     if isinstance(active, RowRecorders):  # runs stepped as one batch: each row attends as its own run
         return active.attend(module, query, key, value, attention_mask, scaling, dropout, softcap,
                              score_bias=score_bias, **kwargs)  # fmt: skip
-    for name in _CHANGES_THE_RESULT:
-        if kwargs.get(name) is not None:
-            # computing without it would be silently wrong; the load's probe turns this into a refusal
-            raise NotImplementedError(f"gpt-inspector's attention cannot apply the model's {name!r} argument")
     layer = getattr(module, "layer_idx", None)
+    call = prepare(query, key, value, attention_mask, scaling, softcap, score_bias, kwargs)
     interventions = interventions_for(module, active, layer, kwargs)
-    call = Call(query, key, value, attention_mask, query.shape[-1] ** -0.5 if scaling is None else scaling,
-                softcap, kwargs.get("s_aux"), score_bias)  # fmt: skip
     for step in interventions:
         step.before(call)
     out = kernel.attend(call)  # (B, H, Tq, d_v)
@@ -54,6 +49,17 @@ def inspector_attention(module, query, key, value, attention_mask, scaling=None,
         active._record(layer, query, call.key, call.value, call.model_mask, out, call.scaling, softcap, call.sinks,
                        call.bias)  # fmt: skip
     return out.transpose(1, 2).contiguous(), call.probs  # (B, Tq, H, d_v)
+
+
+def prepare(query, key, value, attention_mask, scaling, softcap, score_bias, kwargs: dict) -> Call:
+    """The call as the model made it; refused where it passes an argument we would have to drop."""
+    for name in _CHANGES_THE_RESULT:
+        if kwargs.get(name) is not None:
+            # computing without it would be silently wrong; the load's probe turns this into a refusal
+            raise NotImplementedError(f"gpt-inspector's attention cannot apply the model's {name!r} argument")
+    if scaling is None:
+        scaling = query.shape[-1] ** -0.5
+    return Call(query, key, value, attention_mask, scaling, softcap, sinks=kwargs.get("s_aux"), bias=score_bias)
 
 
 AttentionInterface.register(ATTN_NAME, inspector_attention)

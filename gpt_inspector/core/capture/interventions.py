@@ -166,10 +166,12 @@ class HeadEdits(Intervention):
 
 def interventions_for(module, rec, layer: int | None, kwargs: dict) -> list[Intervention]:
     """The interventions one call runs, in order; ``rec``: the active recorder (None: a bare call)."""
-    found = [SparseIndices.of(kwargs), KeyBias.of(module)]
-    if rec is not None and layer is not None:
-        found += [KVPolicy.of(rec, layer), MaskEdits.of(rec, layer), HeadEdits.of(rec, layer)]
-    return [i for i in found if i is not None]
+    found = [i for i in (SparseIndices.of(kwargs), KeyBias.of(module)) if i is not None]
+    # a plain step asks the recorder once: every attention call of every forward comes through here
+    if rec is not None and layer is not None and (rec.kv_policy is not None or rec.edits.heads or rec.head_edits):
+        more = (KVPolicy.of(rec, layer), MaskEdits.of(rec, layer), HeadEdits.of(rec, layer))
+        found += [i for i in more if i is not None]
+    return found
 
 
 def _with_selected_keys(mask: torch.Tensor | None, indices: torch.Tensor, query: torch.Tensor, tk: int) -> torch.Tensor:

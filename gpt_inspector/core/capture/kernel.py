@@ -96,8 +96,9 @@ class Call:
 
 def attend(call: Call) -> torch.Tensor:
     """(B, H, Tq, d_v): the attention output by the path the call needs; ``call.probs`` where it had them."""
-    dense = _finish_mask(call)
-    if call.written_out:
+    written_out = call.written_out
+    dense = _finish_mask(call, written_out)
+    if written_out:
         return _written_out(call)
     if dense:
         return _sdpa_dense(call)
@@ -111,11 +112,10 @@ def again(call: Call, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     return F.scaled_dot_product_attention(q_rows, k, v, attn_mask=mask, scale=call.scaling, **kw)  # (B, H, n, d_v)
 
 
-def _finish_mask(call: Call) -> bool:
+def _finish_mask(call: Call, dense: bool) -> bool:
     """The mask the kernel applies (blocked cells filled in, causality where sdpa cannot infer it);
-    whether it is one dense mask."""
+    whether it is one dense mask (``dense``: it is already, the scores being in hand)."""
     q = call.query
-    dense = call.written_out
     if call.block is not None:
         dense = True
         base = call.mask if call.mask is not None else causal_additive(call.tq, call.tk, q.dtype, q.device)

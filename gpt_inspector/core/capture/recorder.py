@@ -70,7 +70,7 @@ class Recorder:
         self.edits = CompiledEdits()
         # layer -> [(head, None to zero it | (H_src, T_src, d) outputs to patch in from another run)]
         self.head_edits: dict[int, list[tuple[int, torch.Tensor | None]]] = {}
-        # a KV cache policy under study (core.kvlab), or None: see inspector_attention for its two calls
+        # a KV cache policy under study (core.kvlab), or None: interventions.KVPolicy makes its two calls
         self.kv_policy = None
         self._checked_masks: dict[int, tuple[bool, torch.Tensor]] = {}
 
