@@ -75,7 +75,7 @@ class HeadEdit:
 
 
 @dataclass
-class _CompiledEdits:
+class CompiledEdits:
     """Blocked cells per layer as index tensors, so applying them is one masked_fill."""
 
     heads: dict[int, torch.Tensor] = field(default_factory=dict)  # layer -> (n,) long
@@ -83,7 +83,7 @@ class _CompiledEdits:
     cols: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, blocked: set[tuple[int, int, int]], n_layers: int) -> _CompiledEdits:
+    def build(cls, blocked: set[tuple[int, int, int]], n_layers: int) -> CompiledEdits:
         """``blocked`` holds (layer, head, query, key) expanded to concrete layers and heads."""
         out = cls()
         per_layer: dict[int, list[tuple[int, int, int]]] = {}
@@ -129,7 +129,10 @@ class _CompiledEdits:
         return offsets, block
 
 
-def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, _CompiledEdits]:
+_CompiledEdits = CompiledEdits  # the name it had while only capture read it
+
+
+def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, CompiledEdits]:
     """Blocked edits expanded to concrete (layer, head, query, key) cells, and compiled for capture."""
     cells = set()
     for e in edits:
@@ -138,7 +141,7 @@ def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tup
         layers = range(n_layers) if e.layer is None else [e.layer]
         heads = range(n_heads) if e.head is None else [e.head]
         cells.update((layer, h, e.query, e.key) for layer in layers for h in heads)
-    return cells, _CompiledEdits.build(cells, n_layers)
+    return cells, CompiledEdits.build(cells, n_layers)
 
 
 def allowed_rows(
@@ -146,7 +149,7 @@ def allowed_rows(
     t: int,
     p0: int,
     p1: int,
-    edits: _CompiledEdits | None = None,
+    edits: CompiledEdits | None = None,
     layer: int = 0,
     head: int | None = None,
     n_heads: int = 1,

@@ -87,7 +87,7 @@ def _install_hooks(model) -> None:
 
     def hook(index):
         def record(_module, _inputs, output):
-            rec = capture._ACTIVE.get()
+            rec = capture.current_recorder()
             if rec is None:
                 return
             h = output[0] if isinstance(output, tuple) else output  # (B, n, D)

@@ -53,14 +53,14 @@ def test_plain_causal_forwards_build_no_mask(tiny_lm, monkeypatch):
     """Prefill and decode of an unpadded run hand the attention no mask (sdpa's is_causal does it)."""
     lm = tiny_lm("llama")
     seen, built = [], []
-    real_mask, real_causal = capture.inspector_mask, capture._causal_additive
+    real_mask, real_causal = capture.inspector_mask, capture.kernel.causal_additive
 
     def spy_mask(*a, **k):
         m = real_mask(*a, **k)
         seen.append(m)
         return m
 
-    monkeypatch.setattr(capture, "_causal_additive", lambda *a: built.append(a) or real_causal(*a))
+    monkeypatch.setattr(capture.kernel, "causal_additive", lambda *a: built.append(a) or real_causal(*a))
     from transformers.masking_utils import AttentionMaskInterface
 
     AttentionMaskInterface.register(capture.ATTN_NAME, spy_mask)
@@ -97,7 +97,7 @@ def test_grouped_query_sdpa_equals_expanded_kv(tq):
         layer_idx = None
 
     out, _ = capture.inspector_attention(Layer(), q, k, v, None, scaling=0.25)  # (B, Tq, H, d)
-    mask = capture._causal_additive(tq, 40, q.dtype, q.device)
+    mask = capture.causal_additive(tq, 40, q.dtype, q.device)
     ref = F.scaled_dot_product_attention(q, k.repeat_interleave(4, 1), v.repeat_interleave(4, 1),
                                          attn_mask=mask, scale=0.25).transpose(1, 2)  # fmt: skip
     # float32 rounding of a different reduction order (packed rows in decode), far below any real difference
@@ -206,7 +206,7 @@ def test_torch_without_enable_gqa_repeats_kv_and_records_the_kv_heads(tiny_lm, m
     lm = tiny_lm("llama")
     ref = gi.Session(lm, PROMPT)
     ref.run(3)
-    monkeypatch.setattr(capture, "_SDPA_GQA", False)
+    monkeypatch.setattr(capture.kernel, "_SDPA_GQA", False)
     real = F.scaled_dot_product_attention
 
     def old_sdpa(*a, **k):
