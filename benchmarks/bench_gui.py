@@ -34,10 +34,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def build_model(folder: Path) -> Path:
+    import tiny_models
     import torch
     from transformers import AutoModelForCausalLM, GPT2Config
-
-    import tiny_models
 
     if (folder / "config.json").is_file():
         return folder

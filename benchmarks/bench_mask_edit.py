@@ -39,9 +39,8 @@ def main() -> None:
     import bench_step
     from transformers import AutoModelForCausalLM, DynamicCache
 
-    from gpt_inspector.core.hf import call as hf_call
-
     import gpt_inspector as gi
+    from gpt_inspector.core.hf import call as hf_call
 
     folder = bench_step.build_llama_gqa(Path(tempfile.mkdtemp()) / "llama-gqa-random", max(args.t) + 64)
     lm = gi.load_model(folder, device="cpu")

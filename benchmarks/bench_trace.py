@@ -28,8 +28,9 @@ def main() -> None:
     ap.add_argument("--derived", action="store_true", help="also time and size the opt-in derived matrices")
     args = ap.parse_args()
 
-    import gpt_inspector as gi
     from bench_step import build
+
+    import gpt_inspector as gi
 
     tmp = Path(tempfile.mkdtemp())
     lm = gi.load_model(build(tmp / "gpt2-small-random"), device="cpu")

@@ -39,10 +39,9 @@ sys.path.insert(0, str(REPO / "tests"))
 
 
 def build_model(folder: Path, context: int) -> Path:
+    import tiny_models
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
-
-    import tiny_models
 
     if (folder / "config.json").is_file():
         return folder

@@ -20,6 +20,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
 from . import hf
 from .hf import DynamicCache, DynamicLayer, DynamicSlidingWindowLayer
 

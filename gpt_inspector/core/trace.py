@@ -13,7 +13,6 @@ reads a tensor: a corrupt or foreign file raises ``InspectorError`` and nothing 
 
 from __future__ import annotations
 
-import contextlib
 import json
 import math
 import os

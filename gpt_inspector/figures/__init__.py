@@ -33,8 +33,8 @@ from .drawing import (
     mark_unverified,
     matrix_figure,
 )
-from .labels import clean_label, pool_max
 from .kvlab import frontier_figure, lab_figure
+from .labels import clean_label, pool_max
 from .lens import lens_figure
 from .output import FORMATS, cell_center, check_format, check_scale, close, pixel_size, save, scale_to_dpi, to_bytes
 

@@ -33,10 +33,10 @@ from PySide6.QtWidgets import (
 
 from . import settings as _settings
 from .actions import RECENT_TRACES, WindowActions
+from .commands import ForceToken, Load, NewSession, OpenTrace, Restart, Restore, Run, Show, Step, StepBack
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
-from .commands import ForceToken, Load, NewSession, OpenTrace, Restart, Restore, Run, Show, Step, StepBack
 from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, WORKSPACES, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .viewdata import Snapshot
 from .views import compare, kvlab, lens, mathcheck, probe

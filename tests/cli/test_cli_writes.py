@@ -6,10 +6,10 @@ from __future__ import annotations
 import os
 
 import pytest
+from writing import full_disk, read_only
 
 from gpt_inspector.cli import main
 from gpt_inspector.commands import common
-from writing import full_disk, read_only
 
 OLD = b"\x89PNG old file " * 430  # ~6,000 bytes, as in the report
 

@@ -10,7 +10,6 @@ import torch
 from gpt_inspector.cli import main
 
 
-
 def _run(capsys, *argv):
     rc = main(["compare", *map(str, argv)])
     out, err = capsys.readouterr()

@@ -5,11 +5,11 @@ from __future__ import annotations
 import json
 
 import pytest
+import tiny_families
+import tiny_models
 import torch
 
 import gpt_inspector as gi
-import tiny_families
-import tiny_models
 from gpt_inspector.cli import main
 
 

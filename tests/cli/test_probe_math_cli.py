@@ -12,7 +12,6 @@ import gpt_inspector as gi
 from gpt_inspector.cli import main
 
 
-
 def _model(tiny_dir, family="llama"):
     return ["--model", str(tiny_dir[family]), "--device", "cpu"]
 

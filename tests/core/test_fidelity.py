@@ -5,11 +5,11 @@ from __future__ import annotations
 import time
 
 import pytest
+import tiny_models
 import torch
 from transformers import AttentionInterface
 
 import gpt_inspector as gi
-import tiny_models
 from gpt_inspector.cli import main
 from gpt_inspector.core import capture, fidelity
 

@@ -7,11 +7,11 @@ K/V; the session's cache keeps it per step (core.state_cache) and puts it back b
 from __future__ import annotations
 
 import pytest
+import tiny_families
+import tiny_models
 import torch
 
 import gpt_inspector as gi
-import tiny_families
-import tiny_models
 from gpt_inspector.core import capture
 from gpt_inspector.core.models import from_model
 

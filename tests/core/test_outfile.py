@@ -9,11 +9,11 @@ import sys
 from pathlib import Path
 
 import pytest
+from writing import full_disk, read_only
 
 import gpt_inspector as gi
 from gpt_inspector.core import outfile
 from gpt_inspector.core.errors import InspectorError
-from writing import full_disk, read_only
 
 OLD = b"\x89PNG old file " * 430  # ~6,000 bytes, as in the report
 

@@ -7,9 +7,9 @@ import os
 
 import numpy as np
 import pytest
+from writing import read_only
 
 import gpt_inspector as gi
-from writing import read_only
 
 
 @pytest.fixture

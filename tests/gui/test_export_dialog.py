@@ -10,11 +10,9 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "figures"))
 from known_source import KnownSource  # noqa: E402
+from PySide6.QtWidgets import QWidget  # noqa: E402
 
 from gpt_inspector import figures  # noqa: E402
-
-
-from PySide6.QtWidgets import QWidget  # noqa: E402
 
 
 class FakeWindow(QWidget):

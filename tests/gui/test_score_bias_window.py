@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication
-
 import tiny_families
 import tiny_models
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
 
 
 @pytest.fixture(scope="module")

@@ -3,9 +3,8 @@
 from __future__ import annotations
 
 import pytest
-from PySide6.QtCore import Qt
-
 import tiny_models
+from PySide6.QtCore import Qt
 
 
 @pytest.fixture(scope="module")

@@ -11,12 +11,12 @@ import copy
 
 import numpy as np
 import pytest
+import tiny_families
+import tiny_models
 import torch
 import torch.nn.functional as F
 
 import gpt_inspector as gi
-import tiny_families
-import tiny_models
 from gpt_inspector.core import mathcheck
 from gpt_inspector.core.models import from_model
 

@@ -70,4 +70,4 @@ def adapt(model, source: str) -> bool:
     return True
 
 
-from . import biased, classic, rows  # noqa: F401  (registers the adapters)
+from . import biased, classic, rows  # noqa: E402, F401  (registers the adapters, which need register above)

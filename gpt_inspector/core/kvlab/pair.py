@@ -15,9 +15,9 @@ import time
 import torch
 
 from ..capture import RowRecorders, Unpairable
-from ..hf import DynamicCache, DynamicLayer
 from ..errors import StepFailed
 from ..forward import forward_with_rollback, interrupts_deferred
+from ..hf import DynamicCache, DynamicLayer
 from ..session import Session
 from ..step import Step
 

@@ -42,7 +42,7 @@ class SoftmaxRows(QWidget):
     def _build(self, H: int) -> None:
         self.glw.clear()
         self.plots, self.curves, self.axes, self.labels = [], [], [], []
-        for h in range(H):
+        for _ in range(H):
             ax = TokenAxis("bottom", chars=5)
             p = bare(pg.PlotItem(axisItems={"bottom": ax}), still=True)
             p.setYRange(0, 1, padding=0.02)
