@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -11,14 +12,14 @@ from . import decoding, kv_layout, validate
 from .attention import KINDS
 from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit
-from .errors import InspectorError, StepFailed, check_index
+from .errors import Cancelled, InspectorError, StepFailed, check_index
 from .forward import Run, crop_cache, forward_with_rollback, interrupts_deferred, undo
 from .models import LoadedModel
+from .recipe_check import RECIPE_FORMAT, check_recipe
 from .session_edits import EditingMixin, MaskEditReport
 from .source import ModelShape, RunSource
 from .step import TOP_N, Step, TopEntry
 
-RECIPE_FORMAT = "gpt-inspector-recipe/1"
 # head outputs kept for the newest 128 to 256 positions (see Session._window_outputs)
 OUTPUT_WINDOW = 128
 
@@ -385,34 +386,38 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         }
 
     @classmethod
-    def replay(cls, lm: LoadedModel, recipe: dict) -> Session:
-        """Rebuild a session from ``recipe()`` output; the same model gives the same tokens."""
-        if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
-            raise InspectorError("not a gpt-inspector session recipe")
-        try:
-            d = recipe["initial_decoding"]
-            s = cls(lm, recipe["prompt"], d["temperature"], d["top_k"], d["top_p"], int(recipe["seed"]),
-                    prompt_ids=list(recipe["prompt_ids"]))  # fmt: skip
-            for op in compact_ops(recipe["ops"]):
-                kind = op["op"]
-                if kind == "step":
-                    s.step()
-                elif kind == "step_back":
-                    s.step_back()
-                elif kind == "force":
-                    s.force_token(int(op["token_id"]))
-                elif kind == "decoding":
-                    s.set_decoding(op["temperature"], op["top_k"], op["top_p"], redecide=bool(op["redecide"]))
-                elif kind == "mask":
-                    s.set_mask_edits([MaskEdit.from_json(e) for e in op["edits"]])
-                elif kind == "heads":
-                    s.set_head_edits([HeadEdit.from_json(e) for e in op["edits"]])
-                else:
-                    raise InspectorError(f"unknown recipe operation {kind!r}")
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, InspectorError):
-                raise
-            raise InspectorError(f"malformed session recipe: {type(e).__name__}: {e}") from None
+    def replay(cls, lm: LoadedModel, recipe: dict, progress: Callable[[int, int], None] | None = None,
+               cancelled: Callable[[], bool] | None = None) -> Session:  # fmt: skip
+        """Rebuild a session from ``recipe()`` output; the same model gives the same tokens.
+
+        The recipe is checked whole first, and step/back cycles are dropped (``compact_ops``).
+        ``progress(done, total)`` hears of each operation replayed; when ``cancelled()`` turns true
+        between two, ``Cancelled`` is raised (the half-replayed session is dropped).
+        """
+        check_recipe(recipe)  # whole, before anything runs: a file from outside
+        ops = compact_ops(recipe["ops"])
+        d = recipe["initial_decoding"]
+        s = cls(lm, recipe["prompt"], d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"), recipe["seed"],
+                prompt_ids=list(recipe["prompt_ids"]))  # fmt: skip
+        for n, op in enumerate(ops):
+            if cancelled is not None and cancelled():
+                raise Cancelled("the restore was cancelled")
+            kind = op["op"]
+            if kind == "step":
+                s.step()
+            elif kind == "step_back":
+                s.step_back()
+            elif kind == "force":
+                s.force_token(op["token_id"])
+            elif kind == "decoding":
+                s.set_decoding(op.get("temperature", 0.0), op.get("top_k"), op.get("top_p"),
+                               redecide=bool(op.get("redecide", False)))  # fmt: skip
+            elif kind == "mask":
+                s.set_mask_edits([MaskEdit.from_json(e) for e in op["edits"]])
+            else:  # "heads": check_recipe let nothing else through
+                s.set_head_edits([HeadEdit.from_json(e) for e in op["edits"]])
+            if progress is not None:
+                progress(n + 1, len(ops))
         return s
 
 
