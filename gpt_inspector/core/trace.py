@@ -162,9 +162,7 @@ def _write_atomically(path: Path, write) -> None:
         write(tmp)
         with open(tmp, "rb+") as f:
             os.fsync(f.fileno())
-        umask = os.umask(0)  # read, then put back: os has no other way to ask for it
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)  # mkstemp's 0600 is for the temp file, not the trace
+        os.chmod(tmp, 0o600)  # a trace holds the prompt and the run's numbers: private, as autosaves are
         os.replace(tmp, path)
     except BaseException as e:
         with contextlib.suppress(OSError):
