@@ -43,6 +43,16 @@ ATTN_NAME = "gpt_inspector"
 # The recorder of the forward pass running in *this* thread (the GUI worker, a script, a test).
 _ACTIVE: contextvars.ContextVar[Recorder | None] = contextvars.ContextVar("gpt_inspector_recorder", default=None)
 
+
+def active_recorder():
+    """The recorder forwards write into now (None outside ``Recorder.active``)."""
+    return _ACTIVE.get()
+
+
+def make_active(rec) -> None:
+    """Put back the recorder ``active_recorder`` gave: a rollback's last word on which recorder is active."""
+    _ACTIVE.set(rec)
+
 # sdpa's enable_gqa (torch >= 2.5) reads each KV head for its group of query heads in place;
 # older torch gets K/V repeated to every query head, as transformers' own sdpa path does there
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
@@ -162,12 +172,15 @@ class Recorder:
 
     @contextlib.contextmanager
     def active(self):
-        token = _ACTIVE.set(self)
-        self._checked_masks.clear()
+        # the previous value, not set()'s token: Ctrl+C right after set() would lose the token and leave
+        # this recorder active, so that every later forward (another model's load probe) wrote into it
+        prev = _ACTIVE.get()
         try:
+            _ACTIVE.set(self)
+            self._checked_masks.clear()
             yield self
         finally:
-            _ACTIVE.reset(token)
+            _ACTIVE.set(prev)
             self._checked_masks.clear()
 
     # -- called from inside the model's forward -------------------------------------------------
@@ -258,11 +271,12 @@ class RowRecorders:
 
     @contextlib.contextmanager
     def active(self):
-        token = _ACTIVE.set(self)
+        prev = _ACTIVE.get()  # not set()'s token: see Recorder.active
         try:
+            _ACTIVE.set(self)
             yield self
         finally:
-            _ACTIVE.reset(token)
+            _ACTIVE.set(prev)
             for rec in self.rows:  # the mask checks keep masks alive: as a forward of its own, none outlive it
                 rec._checked_masks.clear()
 

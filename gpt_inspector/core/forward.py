@@ -16,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from . import hf, validate
+from . import capture, hf, validate
 from .capture import Recorder
 from .errors import StepFailed
 
@@ -196,6 +196,7 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
         begin(start)
     # an explicit all-ones mask: nothing is padded, even where the pad id is a real token
     seen = torch.ones((ids.shape[0], start + ids.shape[1]), dtype=torch.long, device=ids.device)  # (B, T)
+    outer = capture.active_recorder()
     try:
         with torch.inference_mode(), recorder.active():
             out = hf.call(lm.model, cache, input_ids=ids, attention_mask=seen, use_cache=True, logits_to_keep=keep,
@@ -205,7 +206,8 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
             torch.cuda.synchronize(dev)
         return logits
     except BaseException as e:
-        undo(lambda: (crop_cache(cache, start), recorder.crop(start)))
+        # the active recorder too: a Ctrl+C between entering `recorder.active()` and its body skips its exit
+        undo(lambda: (crop_cache(cache, start), recorder.crop(start), capture.make_active(outer)))
         if not isinstance(e, Exception):
             raise
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()

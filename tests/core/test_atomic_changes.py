@@ -14,7 +14,7 @@ import torch
 from interrupting import interrupted_at_line, lines_run
 
 import gpt_inspector as gi
-from gpt_inspector.core import MaskEdit
+from gpt_inspector.core import MaskEdit, capture
 
 PROMPT = "She eats an apple"
 KW = dict(temperature=1.0, top_k=50, seed=3)  # sampling: the generator state must be exact too
@@ -83,6 +83,8 @@ def test_an_interrupted_change_happens_whole_or_not_at_all(tiny_lm, name):
         s = _fresh(lm)
         interrupted = interrupted_at_line(lambda: op(s), n)  # noqa: B023 - called at once
         got = _state(s)
+        # nothing global left behind: a recorder still active would take every later forward's numbers
+        assert capture.active_recorder() is None, f"{name}: a Ctrl+C at line {n} left a recorder active"
         if not interrupted:
             assert got == after
             continue
