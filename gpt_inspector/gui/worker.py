@@ -302,7 +302,8 @@ class Worker(QObject):
             kept = self._set_aside_autosave()
             self._show(Session(self.lm, recipe["prompt"], d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"),
                                recipe["seed"], prompt_ids=list(recipe["prompt_ids"])))  # fmt: skip
-            self.notice.emit("Restore cancelled: started fresh" + (f"; the saved session is kept as {kept}" if kept else ""))
+            where = f"; the saved session is kept as {kept}" if kept else ""
+            self.notice.emit(f"Restore cancelled: started fresh{where}")
             return
         except (InspectorError, StepFailed) as e:
             self._refuse_restore(e)
