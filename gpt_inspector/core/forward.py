@@ -6,6 +6,7 @@ were when anything (an error, Ctrl+C) stops a forward halfway. ``Run`` is what e
 
 from __future__ import annotations
 
+import _signal
 import contextlib
 import functools
 import inspect
@@ -15,7 +16,7 @@ from collections.abc import Callable, Iterator
 
 import torch
 
-from . import hf, validate
+from . import capture, hf, validate
 from .capture import Recorder
 from .errors import StepFailed
 
@@ -135,22 +136,50 @@ def interrupts_deferred():
     """Hold Ctrl+C back until the block ends, so a commit or a rollback is never half done.
 
     Only the main thread receives SIGINT, and only it may install handlers; elsewhere this is a no-op.
+    The handler is swapped by one C call (``signal.signal`` runs Python code that Ctrl+C can cut): a
+    SIGINT either comes before it, and the block never starts, or is held back until the block ends.
     """
-    previous = None
-    if threading.current_thread() is threading.main_thread():
-        with contextlib.suppress(ValueError, OSError):
-            previous = signal.getsignal(signal.SIGINT)
-    if previous is None or not callable(previous):  # SIG_IGN/SIG_DFL or a non-Python handler: nothing to defer
+    if threading.current_thread() is not threading.main_thread():
         yield
         return
     pending: list = []
-    signal.signal(signal.SIGINT, lambda signum, frame: pending.append((signum, frame)))
+    try:
+        previous = _signal.signal(signal.SIGINT, lambda signum, frame: pending.append((signum, frame)))
+    except (ValueError, OSError):
+        previous = None
+    if previous is None or not callable(previous):  # SIG_IGN/SIG_DFL or a non-Python handler: nothing to defer
+        if previous is not None:
+            _signal.signal(signal.SIGINT, previous)
+        yield
+        return
     try:
         yield
     finally:
-        signal.signal(signal.SIGINT, previous)
+        _signal.signal(signal.SIGINT, previous)
         if pending:
             previous(*pending[0])  # the default handler raises KeyboardInterrupt here, after the block
+
+
+def undo(fn: Callable[[], None]) -> None:
+    """Run the rollback ``fn`` to its end with Ctrl+C held back, even when one lands as it begins.
+
+    ``fn`` must be safe to run again (crops, puts back). Called while an interrupt already unwinds:
+    a second Ctrl+C must not skip the rollback, and is raised once the rollback is done.
+    """
+    again = None
+    while True:
+        done = False
+        try:
+            with interrupts_deferred():
+                fn()
+                done = True
+        except KeyboardInterrupt as e:
+            again = e
+            if not done:
+                continue
+        break
+    if again is not None:
+        raise again
 
 
 def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, take, oom_remedy: str, remedy: str):
@@ -167,6 +196,7 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
         begin(start)
     # an explicit all-ones mask: nothing is padded, even where the pad id is a real token
     seen = torch.ones((ids.shape[0], start + ids.shape[1]), dtype=torch.long, device=ids.device)  # (B, T)
+    outer = capture.active_recorder()
     try:
         with torch.inference_mode(), recorder.active():
             out = hf.call(lm.model, cache, input_ids=ids, attention_mask=seen, use_cache=True, logits_to_keep=keep,
@@ -176,9 +206,8 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
             torch.cuda.synchronize(dev)
         return logits
     except BaseException as e:
-        with interrupts_deferred():
-            crop_cache(cache, start)
-            recorder.crop(start)
+        # the active recorder too: a Ctrl+C between entering `recorder.active()` and its body skips its exit
+        undo(lambda: (crop_cache(cache, start), recorder.crop(start), capture.make_active(outer)))
         if not isinstance(e, Exception):
             raise
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()

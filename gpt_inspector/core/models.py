@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from collections import Counter
 from dataclasses import dataclass
@@ -160,6 +161,60 @@ def _check_local_folder(path: Path, allow_pickle: bool) -> None:
             raise InspectorError(f"{path} has no weights (no *.safetensors file)")
 
 
+# The tokenizer files a parser reads whole into memory (many times their size: a 50 MB tokenizer.json
+# took 4.7 GB before its refusal). Real ones hold about 130 bytes per vocabulary entry (Gemma 3's
+# 262,144 entries: 33 MB); 1 KB per entry, 16 MB at least, leaves room and stops a hostile file first.
+TOKENIZER_FILES = ("tokenizer.json", "vocab.json", "merges.txt", "vocab.txt", "tokenizer.model", "spiece.model",
+                   "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json")  # fmt: skip
+TOKENIZER_BYTES_PER_ENTRY = 1024
+TOKENIZER_MIN_LIMIT = 16 * 1024 * 1024
+# floating-point weights: what the engine computes in (F8 for checkpoints stored in 8-bit floats)
+FLOAT_DTYPES = {"F64", "F32", "F16", "BF16", "F8_E4M3", "F8_E5M2"}
+
+
+def _check_tokenizer_sizes(path: Path, config) -> None:
+    vocab = getattr(config, "vocab_size", None)
+    if not isinstance(vocab, int) or vocab < 1:
+        text = getattr(config, "get_text_config", lambda: None)()
+        vocab = getattr(text, "vocab_size", None) if text is not None else None
+    limit = max(TOKENIZER_MIN_LIMIT, TOKENIZER_BYTES_PER_ENTRY * vocab if isinstance(vocab, int) and vocab > 0 else 0)
+    for name in TOKENIZER_FILES:
+        try:
+            size = (path / name).stat().st_size
+        except OSError:
+            continue
+        if size > limit:
+            raise InspectorError(f"{path / name} is {size:,} bytes, more than a tokenizer for a vocabulary of "
+                                 f"{vocab or 'unknown size'} needs (at most {limit:,}); it is not read")  # fmt: skip
+
+
+def _check_weight_dtypes(path: Path, config) -> None:
+    """Every stored weight is a floating-point tensor, read from the safetensors headers alone.
+
+    transformers casts integer weights to the load dtype without a word: an int32 checkpoint would
+    run as a model of rounded numbers. Quantized checkpoints (a quantization_config) store integers by design.
+    """
+    if getattr(config, "quantization_config", None):
+        return
+    for f in sorted(path.glob("*.safetensors")):
+        try:
+            with open(f, "rb") as fh:
+                n = int.from_bytes(fh.read(8), "little")
+                if not 2 <= n <= 100 * 1024 * 1024:
+                    continue  # not a readable header: the weight loader refuses the file in its own words
+                header = json.loads(fh.read(n))
+        except (OSError, ValueError, RecursionError):
+            continue
+        if not isinstance(header, dict):
+            continue
+        for name, info in header.items():
+            dtype = info.get("dtype") if isinstance(info, dict) else None
+            if name != "__metadata__" and isinstance(dtype, str) and name.endswith(("weight", "bias")) \
+                    and dtype not in FLOAT_DTYPES:  # fmt: skip
+                raise InspectorError(f"{f.name}: weight {name} is stored as {dtype}; gpt-inspector loads "
+                                     "floating-point weights (F32, F16, BF16) only")  # fmt: skip
+
+
 def _load_config(source: str, local: bool, trust_remote_code: bool):
     try:
         return hf.AutoConfig.from_pretrained(source, trust_remote_code=trust_remote_code)
@@ -245,6 +300,9 @@ def _load_model(name_or_path, device, dtype, *, allow_pickle, trust_remote_code,
     elif path.exists() or source.startswith((".", "/", "~")) or os.sep in source and source.count("/") > 1:
         raise InspectorError(f"model folder {source!r} does not exist")
     config = _load_config(source, local, trust_remote_code)
+    if local:  # hub downloads come through the hub's own checks; a folder is whatever is on disk
+        _check_tokenizer_sizes(path, config)
+        _check_weight_dtypes(path, config)
     _check_causal(config, source)
     _check_shapes(config, source)
     _check_fits_in_memory(config, source, dt, trust_remote_code, dev, placement)

@@ -2,7 +2,9 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
+from collections.abc import Callable
 
 import torch
 
@@ -10,14 +12,14 @@ from . import decoding, kv_layout, validate
 from .attention import KINDS
 from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit
-from .errors import InspectorError, StepFailed, check_index
-from .forward import Run, crop_cache, forward_with_rollback, interrupts_deferred
+from .errors import Cancelled, InspectorError, StepFailed, check_index
+from .forward import Run, crop_cache, forward_with_rollback, interrupts_deferred, undo
 from .models import LoadedModel
+from .recipe_check import RECIPE_FORMAT, check_recipe
 from .session_edits import EditingMixin, MaskEditReport
 from .source import ModelShape, RunSource
 from .step import TOP_N, Step, TopEntry
 
-RECIPE_FORMAT = "gpt-inspector-recipe/1"
 # head outputs kept for the newest 128 to 256 positions (see Session._window_outputs)
 OUTPUT_WINDOW = 128
 
@@ -104,8 +106,8 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         self._refresh(s)
         return s
 
-    def _refresh(self, s: Step) -> None:
-        s.refresh(self.decoding, self.label, lambda i: self.lm.tokenizer.decode([i]))
+    def _refresh(self, s: Step, dec: decoding.Decoding | None = None) -> None:
+        s.refresh(dec or self.decoding, self.label, lambda i: self.lm.tokenizer.decode([i]))
         # the chosen token is fed next, at position P + index; it must fit in the context
         full = len(self.prompt_ids) + s.index + 1 > self.lm.context_length
         s.finish_reason = "eos" if s.token_id in self.lm.eos_token_ids else "context" if full else None
@@ -133,10 +135,13 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
 
     def undo_forward(self, start: int, rng: torch.Tensor) -> None:
         """Put the cache, the records and the sampler back where ``next_input`` found them."""
-        with interrupts_deferred():
+
+        def back():
             crop_cache(self.cache, start)
             self.recorder.crop(start)
             self.generator.set_state(rng)
+
+        undo(back)
 
     def commit_step(self, logits: torch.Tensor, seconds: float) -> Step:
         """Choose from ``logits`` (V,) of the forward that fed ``next_input`` (its cache and records
@@ -157,40 +162,72 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         return list(self.steps(n))
 
     def step_back(self) -> Step:
-        """Undo the last step exactly: crop the cache, restore the sampler's state."""
+        """Undo the last step exactly: crop the cache, restore the sampler's state.
+
+        Atomic under Ctrl+C: everything that can take time is computed first, and the state changes
+        all at once with SIGINT held back, so an interrupt leaves the step either undone or not.
+        """
         if not self.steps_done:
             raise InspectorError("nothing to step back: no step has run")
-        s = self.steps_done.pop()
-        self.tokens.pop()
+        s = self.steps_done[-1]
+        prev = self.steps_done[-2] if len(self.steps_done) > 1 else None
+        # the step now current shows the decoding in force, as after any other change (and a compacted
+        # recipe, which moves a decoding change before the step it was made on, then replays exactly)
+        shown = self._refreshed(prev) if prev is not None else None
+        ops = push_op(self._ops, {"op": "step_back"})
         fed = len(self.prompt_ids) if s.index == 0 else 1
-        self.cache.crop(-fed)
-        self.recorder.crop(self.cache_length)
-        if s.rng_state is not None:
-            self.generator.set_state(s.rng_state)
-        prev = self.current
-        self.finished = prev.finish_reason if prev else None
-        if self._ops and self._ops[-1] == {"op": "step"}:
-            self._ops.pop()  # undoing the last step leaves no trace in the recipe
-        else:
-            self._ops.append({"op": "step_back"})
+        with interrupts_deferred():
+            self._pop_steps(1, fed, s.rng_state)
+            if prev is not None:
+                vars(prev).update(vars(shown))
+            self.finished = prev.finish_reason if prev else None
+            self._ops = ops
         self._emit("step_back", s)
         return s
 
     def restart(self) -> None:
-        while self.steps_done:
-            self.step_back()
+        """Step back to before the first step, all in one: an interrupt leaves every step or none."""
+        if not self.steps_done:
+            return
+        ops = self._ops
+        for _ in self.steps_done:
+            ops = push_op(ops, {"op": "step_back"})
+        gone = self.steps_done[::-1]
+        with interrupts_deferred():
+            self._pop_steps(len(gone), self.cache_length, self.steps_done[0].rng_state)
+            self.finished = None
+            self._ops = ops
+        for s in gone:
+            self._emit("step_back", s)
+
+    def _pop_steps(self, n: int, fed: int, rng: torch.Tensor | None) -> None:
+        """Drop the last ``n`` steps and the ``fed`` cache positions they added (call with SIGINT held back)."""
+        del self.steps_done[-n:]
+        del self.tokens[len(self.tokens) - n :]
+        self.cache.crop(-fed)  # the cache's own crop: a hybrid's rewinds its state-space layers too
+        self.recorder.crop(self.cache_length)
+        if rng is not None:
+            self.generator.set_state(rng)
+
+    def _refreshed(self, s: Step, dec: decoding.Decoding | None = None, **changes) -> Step:
+        """A copy of ``s`` with ``changes`` and what depends on them recomputed; ``s`` is untouched, so the
+        caller can swap the copy in at its commit (``vars(s).update(vars(copy))``)."""
+        c = dataclasses.replace(s, **changes)
+        self._refresh(c, dec)
+        return c
 
     def force_token(self, token_id: int) -> Step:
         """Replace the current step's choice: the generation branches from here."""
         if not self.steps_done:
             raise InspectorError("no step yet: run a step first")
         s = self.steps_done[-1]
-        s.token_id = check_index(token_id, self.lm.vocab_size, "token id")
-        s.forced = True
-        self._refresh(s)
-        self.tokens[-1] = s.token_id
-        self.finished = s.finish_reason
-        self._ops.append({"op": "force", "token_id": s.token_id})
+        new = self._refreshed(s, token_id=check_index(token_id, self.lm.vocab_size, "token id"), forced=True)
+        ops = push_op(self._ops, {"op": "force", "token_id": new.token_id})
+        with interrupts_deferred():  # all of the change or none of it
+            vars(s).update(vars(new))
+            self.tokens[-1] = s.token_id
+            self.finished = s.finish_reason
+            self._ops = ops
         self._emit("force", s)
         return s
 
@@ -209,18 +246,26 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         p = d.top_p if top_p is self._UNSET else top_p
         decoding.validate(t, k, p)
         new = decoding.Decoding(float(t), k, p)
-        self.decoding = new
-        self._ops.append({"op": "decoding", **new.to_json(), "redecide": bool(redecide)})
+        ops = push_op(self._ops, {"op": "decoding", **new.to_json(), "redecide": bool(redecide)})
         s = self.current
-        if s is None:
-            self._emit("decoding", None)
-            return None
-        if redecide and not s.forced:
-            self.generator.set_state(s.rng_state)
-            s.token_id = decoding.choose(s.logits, new, self.generator)
-            self.tokens[-1] = s.token_id
-        self._refresh(s)
-        self.finished = s.finish_reason
+        fresh, rng = None, None
+        if s is not None:
+            token = s.token_id
+            if redecide and not s.forced:
+                # a generator of its own: the session's is touched only at the commit below
+                g = torch.Generator().set_state(s.rng_state)
+                token = decoding.choose(s.logits, new, g)
+                rng = g.get_state()
+            fresh = self._refreshed(s, new, token_id=token)
+        with interrupts_deferred():  # all of the change or none of it
+            self.decoding = new
+            self._ops = ops
+            if s is not None:
+                vars(s).update(vars(fresh))
+                self.tokens[-1] = s.token_id
+                self.finished = s.finish_reason
+                if rng is not None:
+                    self.generator.set_state(rng)
         self._emit("decoding", s)
         return s
 
@@ -341,35 +386,80 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         }
 
     @classmethod
-    def replay(cls, lm: LoadedModel, recipe: dict) -> Session:
-        """Rebuild a session from ``recipe()`` output; the same model gives the same tokens."""
-        if not isinstance(recipe, dict) or recipe.get("format") != RECIPE_FORMAT:
-            raise InspectorError("not a gpt-inspector session recipe")
-        try:
-            d = recipe["initial_decoding"]
-            s = cls(lm, recipe["prompt"], d["temperature"], d["top_k"], d["top_p"], int(recipe["seed"]),
-                    prompt_ids=list(recipe["prompt_ids"]))  # fmt: skip
-            for op in recipe["ops"]:
-                kind = op["op"]
-                if kind == "step":
-                    s.step()
-                elif kind == "step_back":
-                    s.step_back()
-                elif kind == "force":
-                    s.force_token(int(op["token_id"]))
-                elif kind == "decoding":
-                    s.set_decoding(op["temperature"], op["top_k"], op["top_p"], redecide=bool(op["redecide"]))
-                elif kind == "mask":
-                    s.set_mask_edits([MaskEdit.from_json(e) for e in op["edits"]])
-                elif kind == "heads":
-                    s.set_head_edits([HeadEdit.from_json(e) for e in op["edits"]])
-                else:
-                    raise InspectorError(f"unknown recipe operation {kind!r}")
-        except (KeyError, TypeError, ValueError) as e:
-            if isinstance(e, InspectorError):
-                raise
-            raise InspectorError(f"malformed session recipe: {type(e).__name__}: {e}") from None
+    def replay(cls, lm: LoadedModel, recipe: dict, progress: Callable[[int, int], None] | None = None,
+               cancelled: Callable[[], bool] | None = None) -> Session:  # fmt: skip
+        """Rebuild a session from ``recipe()`` output; the same model gives the same tokens.
+
+        The recipe is checked whole first, and step/back cycles are dropped (``compact_ops``).
+        ``progress(done, total)`` hears of each operation replayed; when ``cancelled()`` turns true
+        between two, ``Cancelled`` is raised (the half-replayed session is dropped).
+        """
+        check_recipe(recipe)  # whole, before anything runs: a file from outside
+        ops = compact_ops(recipe["ops"])
+        d = recipe["initial_decoding"]
+        s = cls(lm, recipe["prompt"], d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"), recipe["seed"],
+                prompt_ids=list(recipe["prompt_ids"]))  # fmt: skip
+        for n, op in enumerate(ops):
+            if cancelled is not None and cancelled():
+                raise Cancelled("the restore was cancelled")
+            kind = op["op"]
+            if kind == "step":
+                s.step()
+            elif kind == "step_back":
+                s.step_back()
+            elif kind == "force":
+                s.force_token(op["token_id"])
+            elif kind == "decoding":
+                s.set_decoding(op.get("temperature", 0.0), op.get("top_k"), op.get("top_p"),
+                               redecide=bool(op.get("redecide", False)))  # fmt: skip
+            elif kind == "mask":
+                s.set_mask_edits([MaskEdit.from_json(e) for e in op["edits"]])
+            else:  # "heads": check_recipe let nothing else through
+                s.set_head_edits([HeadEdit.from_json(e) for e in op["edits"]])
+            if progress is not None:
+                progress(n + 1, len(ops))
         return s
+
+
+def push_op(ops: list[dict], op: dict) -> list[dict]:
+    """``ops`` with ``op`` after them, as a new list (the old one is left as it was, for an atomic swap)."""
+    out = list(ops)
+    _push(out, op)
+    return out
+
+
+def compact_ops(ops: list[dict]) -> list[dict]:
+    """A recipe's operations with every cancelled cycle taken out (see ``_push``)."""
+    out: list[dict] = []
+    for op in ops:
+        _push(out, op)
+    return out
+
+
+def _push(ops: list[dict], op: dict) -> None:
+    """Append ``op`` to ``ops``, cancelling what an undo made moot.
+
+    A step back removes its step together with the forces and decoding changes made on that step
+    (the last decoding change stays, as a plain one); a decoding change replaces a plain one just
+    before it. Replaying the result gives the very state the whole list gives, in fewer forwards:
+    the step back puts the generator back, and a mask or head edit (which recomputes earlier
+    positions) stops the collapse.
+    """
+    kind = op.get("op")
+    if kind == "step_back":
+        for i in range(len(ops) - 1, -1, -1):
+            k = ops[i].get("op")
+            if k == "step":
+                decided = [o for o in ops[i + 1 :] if o.get("op") == "decoding"]
+                del ops[i:]
+                if decided:
+                    _push(ops, {**decided[-1], "redecide": False})
+                return
+            if k not in ("force", "decoding"):
+                break
+    elif kind == "decoding" and ops and ops[-1].get("op") == "decoding" and not ops[-1].get("redecide"):
+        ops.pop()
+    ops.append(op)
 
 
 __all__ = ["Session", "Step", "TopEntry", "MaskEdit", "MaskEditReport", "KINDS", "TOP_N"]

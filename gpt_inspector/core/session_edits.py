@@ -13,7 +13,7 @@ import torch
 from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import Cancelled, InspectorError
-from .forward import crop_cache, interrupts_deferred, save_state
+from .forward import crop_cache, interrupts_deferred, save_state, undo
 
 # positions per forward of a recompute: the points where progress is reported and a cancel can
 # land, and a bound on the (chunk x T) mask a forward over a kept prefix needs
@@ -160,6 +160,7 @@ class EditingMixin:
         # logits only where a step decides a token: a (T x V) block at T = 8,192 is a gigabyte
         first = decided[0].position if decided else end - 1
         put_back = save_state(self.cache, self.recorder, earliest)  # None: a cache of another kind
+        committed = False
         try:
             crop_cache(self.cache, earliest)
             self.recorder.crop(earliest)
@@ -177,11 +178,20 @@ class EditingMixin:
             logits = torch.cat(parts)  # (end - first, V)
             # the new logits go in all at once or not at all: an interrupt halfway would mix two masks
             fresh = [(s, logits[s.position - first].clone()) for s in decided]
+            with interrupts_deferred():
+                for s, row in fresh:
+                    s.logits = row
+                    self._refresh(s)
+                commit()
+                self._window_outputs()  # the recompute wrote head outputs from `earliest` on: back to the window
+                committed = True
         except BaseException:
+            if committed:  # a Ctrl+C held back through the commit: the new state is whole, keep it
+                raise
             # the caller restores the previous edits; the cache and records return as they were:
             # kept, or, for a cache of another kind, refilled under the previous edits (a second
             # Ctrl+C waits: stopping the refill would leave the cache short)
-            with interrupts_deferred():
+            def back():
                 restore()
                 if put_back is not None:
                     put_back()
@@ -189,13 +199,9 @@ class EditingMixin:
                     crop_cache(self.cache, earliest)
                     self.recorder.crop(earliest)
                     self._forward(self.tokens[earliest:end], 1)
+
+            undo(back)
             raise
-        with interrupts_deferred():
-            for s, row in fresh:
-                s.logits = row
-                self._refresh(s)
-            commit()
-            self._window_outputs()  # the recompute wrote head outputs from `earliest` on: back to the window
         after = cur.probs.clone() if cur else None
         return MaskEditReport(earliest, end - earliest, before, after)
 

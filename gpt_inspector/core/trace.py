@@ -141,7 +141,7 @@ def check_destination(path: Path) -> None:
 def _write_atomically(path: Path, write) -> None:
     """``write(tmp_name)`` through the one writer (core.outfile): a failed or interrupted write (disk full,
     read-only folder, Ctrl+C) leaves whatever ``path`` held before and no temporary; the run is untouched."""
-    outfile.write_with(path, write)
+    outfile.write_with(path, write, mode=0o600)  # the prompt and the run's numbers: private, as autosaves are
 
 
 class Trace(RunSource):

@@ -82,7 +82,11 @@ def _offer_restore(win) -> dict | None:
 
     from . import autosave
 
-    found = autosave.read_with_owner()
+    rejected: list[str] = []
+    found = autosave.read_with_owner(rejected)
+    for line in rejected:  # checked whole before the question: a bad file never reaches the window
+        print(f"gpt-inspector: {line}", file=sys.stderr)
+        win.statusBar().showMessage(line)
     if found is None:
         return None
     recipe, owner = found

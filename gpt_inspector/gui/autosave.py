@@ -13,6 +13,7 @@ import contextlib
 import itertools
 import json
 import os
+import time
 from pathlib import Path
 
 from ..core import outfile
@@ -20,6 +21,7 @@ from ..core.errors import InspectorError
 from .settings import ENV as SETTINGS_ENV
 
 ENV = "GPT_INSPECTOR_AUTOSAVE"
+MAX_BYTES = 64 * 1024 * 1024  # a 200,000-op recipe is about 4 MB
 _next = itertools.count()
 
 
@@ -67,20 +69,55 @@ def write(recipe: dict, owner: str | None = None) -> None:
     outfile.write_text(p, json.dumps(recipe), mode=0o600)
 
 
-def read_with_owner() -> tuple[dict, str | None] | None:
-    """The newest saved recipe worth restoring (at least one step) and whose file it is, else None."""
-    best = None
+def load(p: Path) -> dict:
+    """The recipe in ``p``, checked whole; InspectorError (one line) if it cannot be restored."""
+    from ..core.errors import InspectorError
+    from ..core.recipe_check import check_recipe
+
+    try:
+        if p.stat().st_size > MAX_BYTES:  # before reading: a huge file must not fill memory
+            raise InspectorError(f"the file is {p.stat().st_size:,} bytes; an autosave is at most {MAX_BYTES:,}")
+        data = json.loads(p.read_text(encoding="utf-8"))
+    except (OSError, ValueError, RecursionError) as e:
+        raise InspectorError(f"unreadable: {type(e).__name__}: {str(e)[:120]}") from None
+    return check_recipe(data)
+
+
+def move_aside(p: Path) -> Path:
+    """Rename a file that cannot be restored so no later start offers it again; it is kept for the user."""
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    for n in itertools.count():
+        target = p.with_name(f"{p.name}.rejected-{stamp}" + (f"-{n}" if n else ""))
+        if not target.exists():  # never over an earlier rejected file: each is kept
+            os.replace(p, target)
+            return target
+    raise AssertionError("unreachable")
+
+
+def read_with_owner(rejected: list[str] | None = None) -> tuple[dict, str | None] | None:
+    """The newest saved recipe worth restoring (at least one step) and whose file it is, else None.
+
+    Files that fail the check are moved aside, and one line for each (naming where it is kept) goes
+    to ``rejected``: the window starts clean, and the next start does not meet them again.
+    """
+    found = []
     for owner, p in _all_files():
+        with contextlib.suppress(OSError):
+            found.append((p.stat().st_mtime, owner, p))
+    for _, owner, p in sorted(found, key=lambda f: f[0], reverse=True):
         try:
-            mtime = p.stat().st_mtime
-            data = json.loads(p.read_text(encoding="utf-8"))
-        except (OSError, ValueError, RecursionError):
+            data = load(p)
+        except Exception as e:  # noqa: BLE001 - whatever is wrong with it, the file must not stop the start
+            try:
+                kept = f"kept as {move_aside(p)}"
+            except OSError as err:
+                kept = f"and could not be moved aside ({err.strerror or err})"
+            if rejected is not None:
+                rejected.append(f"the autosaved session {p} cannot be restored ({e}); {kept}")
             continue
-        if not isinstance(data, dict) or not isinstance(data.get("ops"), list) or not data["ops"]:
-            continue
-        if best is None or mtime > best[0]:
-            best = (mtime, data, owner)
-    return None if best is None else (best[1], best[2])
+        if data["ops"]:
+            return data, owner
+    return None
 
 
 def read() -> dict | None:

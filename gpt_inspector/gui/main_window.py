@@ -27,6 +27,7 @@ from PySide6.QtWidgets import (
     QMainWindow,
     QMessageBox,
     QProgressBar,
+    QProgressDialog,
     QToolBar,
     QWidget,
 )
@@ -234,16 +235,52 @@ class MainWindow(DockLayout, QMainWindow):
         return self.load_model(self.session_panel.model_spec(), self.session_panel.session_spec())
 
     def restore(self, recipe: dict) -> int | None:
-        """Replay an autosaved session recipe in the worker; the controls show its settings."""
-        dec = recipe.get("decoding") or {}
-        self.session_panel.prompt.setPlainText(str(recipe.get("prompt", "")))
+        """Replay an autosaved session recipe in the worker; the controls show its settings.
+
+        The recipe is checked whole before any control changes. A dialog shows the replay's progress;
+        its Cancel stops the replay and starts fresh from the recipe's prompt.
+        """
+        from ..core.errors import InspectorError
+        from ..core.recipe_check import check_recipe
+
         try:
-            self.session_panel.seed.setValue(int(recipe.get("seed", 0)))
-            self.session_panel.set_decoding(float(dec.get("temperature", 0.0)), dec.get("top_k"), dec.get("top_p"))
-        except (TypeError, ValueError):
-            pass  # the worker validates the recipe and reports what is wrong
+            check_recipe(recipe)
+        except InspectorError as e:
+            self.show_error("Cannot restore", f"cannot restore this session recipe: {e}", "user")
+            return None
+        dec = recipe.get("decoding") or recipe["initial_decoding"]
+        self.session_panel.prompt.setPlainText(recipe["prompt"])
+        self.session_panel.seed.setValue(min(recipe["seed"], self.session_panel.seed.maximum()))
+        self.session_panel.set_decoding(float(dec.get("temperature", 0.0)), dec.get("top_k"), dec.get("top_p"))
         self.st_busy.setText("Restoring the last session…")
-        return self.controller.restore(recipe)
+        serial = self.controller.restore(recipe)
+        self._restore_progress(serial)
+        return serial
+
+    def _restore_progress(self, serial: int | None) -> None:
+        dialog = QProgressDialog("Restoring the last session…", "Cancel and start fresh", 0, 0, self)
+        dialog.setObjectName("restore_progress")
+        dialog.setWindowTitle("Restoring")
+        dialog.setWindowModality(Qt.WindowModality.WindowModal)
+        dialog.setMinimumDuration(400)  # a quick restore flashes nothing
+        dialog.setAutoClose(False)
+        dialog.setAutoReset(False)
+        self.restore_dialog = dialog
+
+        def progress(done: int, total: int) -> None:
+            dialog.setMaximum(max(total, 1))
+            dialog.setValue(done)
+
+        def done(s: int) -> None:
+            if s == serial:
+                self.controller.progress.disconnect(progress)
+                self.controller.done.disconnect(done)
+                dialog.close()
+                dialog.deleteLater()
+
+        self.controller.progress.connect(progress)
+        self.controller.done.connect(done)
+        dialog.canceled.connect(self.controller.pause)  # the worker checks between operations
 
     def start_session(self) -> int | None:
         return self.controller.new_session(self.session_panel.session_spec())

@@ -24,6 +24,7 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 from ..core.breakpoints import Breakpoints, finish, run_until
 from ..core.editing import restart_starts_new_session, toggle_cells
 from ..core.errors import Cancelled, InspectorError, StepFailed
+from ..core.recipe_check import check_recipe
 from ..core.session import Session
 from . import autosave, gc_guard
 from . import commands as C
@@ -269,6 +270,10 @@ class Worker(QObject):
     def _do_restore(self, serial, cmd: C.Restore) -> None:
         """Load the recipe's model and replay it; pickle and remote code stay off on restore."""
         recipe = cmd.recipe
+        try:
+            check_recipe(recipe)  # whole, before a model loads
+        except InspectorError as e:
+            self._refuse_restore(e)
         load = recipe.get("load") or {}
         spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False,
                          device_map=load.get("device_map"), max_memory=load.get("max_memory"),
@@ -276,26 +281,48 @@ class Worker(QObject):
         name = spec.model or "the demo model"
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
-            self.lm = _load_model(spec)
-            self.model_spec = spec
+            try:
+                lm = _load_model(spec)
+            except (InspectorError, StepFailed) as e:
+                self._refuse_restore(e)
+            self.lm, self.model_spec = lm, spec
             self.loaded.emit(self._describe())
         name = self.lm.name or name
-        total = sum(1 for op in recipe.get("ops") or [] if isinstance(op, dict) and op.get("op") == "step")
-        worker, done = self, [0]
 
-        class _Replaying(Session):
-            """Counts the replayed steps, so a long restore shows how far it got."""
+        def progress(done: int, total: int) -> None:
+            self.busy.emit(f"Restoring {name}: operation {done}/{total}")
+            self.progress.emit(done, total)
 
-            def step(self, *a, **kw):
-                out = super().step(*a, **kw)
-                done[0] += 1
-                worker.busy.emit(f"Restoring {name}: step {done[0]}/{total}")
-                worker.progress.emit(done[0], total)
-                return out
-
-        sess = _Replaying.replay(self.lm, recipe)
-        sess.__class__ = Session  # the counting is over; the session is an ordinary one again
+        try:
+            sess = Session.replay(self.lm, recipe, progress, lambda: self._cancelled(serial))
+        except Cancelled:
+            # the user chose to start fresh: the recipe's prompt, seed and decoding, no step; the saved
+            # session is moved aside, not overwritten by the fresh one's autosave
+            d = recipe["initial_decoding"]
+            kept = self._set_aside_autosave()
+            self._show(Session(self.lm, recipe["prompt"], d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"),
+                               recipe["seed"], prompt_ids=list(recipe["prompt_ids"])))  # fmt: skip
+            where = f"; the saved session is kept as {kept}" if kept else ""
+            self.notice.emit(f"Restore cancelled: started fresh{where}")
+            return
+        except (InspectorError, StepFailed) as e:
+            self._refuse_restore(e)
         self._show(sess)
+
+    def _refuse_restore(self, e: Exception):
+        kept = self._set_aside_autosave()  # the next start is clean; the file is kept for the user
+        where = f"; the saved session is kept as {kept}" if kept else ""
+        raise InspectorError(f"cannot restore this session recipe: {e}{where}") from None
+
+    def _set_aside_autosave(self):
+        """Move this window's autosave file aside (a restore failed or was cancelled); where it went, or None."""
+        p = autosave.path(self.autosave_owner)
+        if not self.autosave or not p.is_file():
+            return None
+        try:
+            return autosave.move_aside(p)
+        except OSError:
+            return None
 
     @handles(C.NewSession)
     def _do_new_session(self, serial, cmd: C.NewSession) -> None:

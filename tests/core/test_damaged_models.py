@@ -159,3 +159,29 @@ def test_an_error_without_a_message_is_still_one_line(tiny_dir, tmp_path, monkey
     monkeypatch.setattr(where, fail)
     with pytest.raises(gi.InspectorError, match=match):
         gi.load_model(str(folder))
+
+
+def test_a_huge_tokenizer_file_is_refused_by_its_size_before_parsing(tiny_dir, tmp_path):
+    import resource
+
+    d = _clone(tiny_dir, tmp_path, "bigtok")
+    with open(d / "tokenizer.json", "r+b") as f:  # sparse: the size of the file the issue found, no disk used
+        f.truncate(50 * 1024 * 1024)
+    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
+    with pytest.raises(gi.InspectorError) as e:
+        gi.load_model(d, device="cpu")
+    assert "tokenizer.json" in str(e.value) and "bytes" in str(e.value) and "\n" not in str(e.value)
+    assert resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before < 100 * 1024  # KB: never parsed
+
+
+def test_weights_stored_as_integers_are_refused_in_one_line(tiny_dir, tmp_path):
+    import torch
+
+    d = _clone(tiny_dir, tmp_path, "intweights")
+    t = _weights(d)
+    name = next(k for k in t if k.endswith("weight"))
+    t[name] = (t[name] * 100).to(torch.int32)
+    _save(d, t)
+    with pytest.raises(gi.InspectorError) as e:
+        gi.load_model(d, device="cpu")
+    assert name in str(e.value) and "I32" in str(e.value) and "\n" not in str(e.value)

@@ -118,8 +118,11 @@ def test_interrupted_write_leaves_no_temp_file(session, tmp_path, monkeypatch):
     assert os.listdir(tmp_path) == []
 
 
-def test_saved_file_has_ordinary_permissions(session, tmp_path):
-    p = session.save_trace(tmp_path / "t.safetensors")
-    mask = os.umask(0)
-    os.umask(mask)
-    assert p.stat().st_mode & 0o777 == 0o666 & ~mask
+def test_saved_file_is_private_whatever_the_umask(session, tmp_path):
+    old = os.umask(0o022)  # the usual umask, under which the old code wrote 0644
+    try:
+        p = session.save_trace(tmp_path / "t.safetensors")
+        q = session.save_trace(tmp_path / "t.safetensors")  # over an existing file too
+    finally:
+        os.umask(old)
+    assert p.stat().st_mode & 0o777 == q.stat().st_mode & 0o777 == 0o600

@@ -25,7 +25,8 @@ def base(tmp_path, monkeypatch):
 
 def _recipe(writer: int, i: int) -> dict:
     # big enough that a torn write would be visible (several pages)
-    return {"format": "gpt-inspector-recipe/1", "writer": writer, "i": i, "ops": [{"op": "step"}] * 2000}
+    return {"format": "gpt-inspector-recipe/1", "writer": writer, "i": i, "ops": [{"op": "step"}] * 2000, "prompt": "a",
+            "prompt_ids": [1], "seed": 0, "initial_decoding": {"temperature": 0.0, "top_k": None, "top_p": None}}
 
 
 def _check_whole(p: Path, seen: list) -> None:
@@ -134,3 +135,13 @@ def test_a_full_disk_is_one_line_and_keeps_the_last_good_autosave(base, monkeypa
         autosave.write(_recipe(0, 2))
     assert base.read_bytes() == old and os.listdir(base.parent) == [base.name]
     assert stat.S_IMODE(base.stat().st_mode) == 0o600
+
+
+def test_a_huge_autosave_is_refused_by_its_size_and_moved_aside(base):
+    base.parent.mkdir(parents=True)
+    with open(base, "wb") as f:  # sparse: a 1 GiB claim costs no disk, and reading it would cost the memory
+        f.truncate(1 << 30)
+    rejected: list = []
+    assert autosave.read_with_owner(rejected) is None
+    assert len(rejected) == 1 and "bytes" in rejected[0] and str(base) in rejected[0]
+    assert not base.exists() and len(list(base.parent.glob("autosave.json.rejected-*"))) == 1

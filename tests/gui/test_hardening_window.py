@@ -63,8 +63,11 @@ def test_a_corrupt_autosave_is_ignored(make_window, monkeypatch):
     autosave.path().write_text("{not json")
     assert autosave.read() is None
     autosave.path().write_text('{"format": "gpt-inspector-recipe/1", "ops": [{"op": "explode"}], "model": "x"}')
-    recipe = autosave.read()
-    assert recipe is not None and "0 steps" in autosave.summary(recipe)  # offered, and replay will say why it fails
+    rejected: list = []
+    assert autosave.read_with_owner(rejected) is None  # refused before any question, not halfway through a replay
+    assert len(rejected) == 1 and "cannot be restored" in rejected[0]
+    assert not autosave.path().exists()  # moved aside: the next start is clean
+    assert len(list(autosave.path().parent.glob("autosave.json.rejected-*"))) == 2  # both kept for the user
 
 
 def test_an_exception_inside_a_step_shows_a_dialog_and_keeps_the_last_good_step(make_window, wait_idle, monkeypatch, tiny_lm):

@@ -16,10 +16,18 @@ from . import kernel  # noqa: F401 (kernel.causal_additive and its sdpa switch a
 from .attend import ATTN_NAME, inspector_attention  # noqa: F401 (importing it registers the attention function)
 from .interventions import KEY_BIAS_ATTR, Intervention  # noqa: F401
 from .kernel import AppliedBias, Call, causal_additive, inspector_mask  # noqa: F401
-from .recorder import Recorder, RowRecorders, Unpairable, current_recorder, scratch_forward  # noqa: F401
+from .recorder import (  # noqa: F401
+    Recorder,
+    RowRecorders,
+    Unpairable,
+    active_recorder,
+    current_recorder,
+    make_active,
+    scratch_forward,
+)
 
 __all__ = [
     "ATTN_NAME", "AppliedBias", "Call", "HeadEdit", "Intervention", "KEY_BIAS_ATTR", "MaskEdit", "Recorder",
-    "RowRecorders", "Unpairable", "allowed_rows", "causal_additive", "compile_edits", "current_recorder",
+    "RowRecorders", "Unpairable", "allowed_rows", "causal_additive", "compile_edits", "current_recorder", "active_recorder", "make_active",
     "inspector_attention", "inspector_mask", "scratch_forward",
 ]  # fmt: skip

@@ -36,6 +36,15 @@ def current_recorder() -> Recorder | RowRecorders | None:
     return _ACTIVE.get()
 
 
+# a rollback's name for it: which recorder was active before a forward, put back by make_active
+active_recorder = current_recorder
+
+
+def make_active(rec) -> None:
+    """Put back the recorder ``active_recorder`` gave: a rollback's last word on which recorder is active."""
+    _ACTIVE.set(rec)
+
+
 class Recorder:
     """Per-layer records of one model's forward passes (one batch row per beam)."""
 
@@ -151,12 +160,15 @@ class Recorder:
 
     @contextlib.contextmanager
     def active(self):
-        token = _ACTIVE.set(self)
-        self._checked_masks.clear()
+        # the previous value, not set()'s token: Ctrl+C right after set() would lose the token and leave
+        # this recorder active, so that every later forward (another model's load probe) wrote into it
+        prev = _ACTIVE.get()
         try:
+            _ACTIVE.set(self)
+            self._checked_masks.clear()
             yield self
         finally:
-            _ACTIVE.reset(token)
+            _ACTIVE.set(prev)
             self._checked_masks.clear()
 
     # -- called from inside the model's forward -------------------------------------------------
@@ -247,11 +259,12 @@ class RowRecorders:
 
     @contextlib.contextmanager
     def active(self):
-        token = _ACTIVE.set(self)
+        prev = _ACTIVE.get()  # not set()'s token: see Recorder.active
         try:
+            _ACTIVE.set(self)
             yield self
         finally:
-            _ACTIVE.reset(token)
+            _ACTIVE.set(prev)
             for rec in self.rows:  # the mask checks keep masks alive: as a forward of its own, none outlive it
                 rec._checked_masks.clear()
 

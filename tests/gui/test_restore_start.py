@@ -1,0 +1,71 @@
+"""A bad autosave never locks the window out; a restore can be cancelled to start fresh."""
+
+from __future__ import annotations
+
+import json
+import os
+from types import SimpleNamespace
+
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication, QMessageBox, QProgressDialog
+
+import gpt_inspector as gi
+from gpt_inspector.core import MaskEdit
+from gpt_inspector.gui import autosave
+
+GOOD = {"format": "gpt-inspector-recipe/1", "model": None, "prompt": "She eats", "prompt_ids": [1, 2], "seed": 0,
+        "initial_decoding": {"temperature": 0.0, "top_k": None, "top_p": None}, "ops": [{"op": "step"}]}  # fmt: skip
+HOSTILE = {  # each crashed the old window: before the restore question, or after "Yes"
+    "mask_edits_not_a_list": '{**GOOD, "mask_edits": 5}',
+    "seed_overflow": '{**GOOD, "seed": 1e400}',
+    "decoding_a_list": '{**GOOD, "decoding": [1, 2]}',
+}
+
+
+def test_hostile_autosaves_are_set_aside_and_the_window_starts_fresh(qtbot, monkeypatch, capsys, wait_idle):
+    from gpt_inspector.gui import app
+    from gpt_inspector.gui.main_window import MainWindow
+
+    for n, (name, expr) in enumerate(HOSTILE.items()):
+        text = json.dumps(eval(expr, {"GOOD": GOOD})).replace('"seed": Infinity', '"seed": 1e400')
+        autosave.path(f"old-{name}").write_text(text)
+        os.utime(autosave.path(f"old-{name}"), (1000 + n, 1000 + n))
+    asked = []
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: asked.append(a) or QMessageBox.StandardButton.Yes)
+    monkeypatch.setattr(QApplication, "exec", lambda *a: 0)  # the start only: the test drives the loop itself
+    args = SimpleNamespace(model=None, prompt=None, steps=None, screenshot=None)
+    assert app.run(args) == 0
+    win = next(w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible())
+    qtbot.addWidget(win)
+    try:
+        snap = wait_idle(win, timeout=120000)
+        assert not asked  # nothing restorable: no question
+        assert snap is not None and snap.n_steps == 0 and not win.errors  # a fresh session on the demo model
+        lines = capsys.readouterr().err.strip().splitlines()
+        assert len(lines) == 3 and all("cannot be restored" in line and "kept as" in line for line in lines)
+        folder = autosave.path().parent
+        assert not list(folder.glob("autosave-old-*.json"))  # the next start is clean
+        assert len(list(folder.glob("autosave-old-*.json.rejected-*"))) == 3  # and every file kept
+    finally:
+        win.worker.stop()
+        win.close()
+
+
+def test_escape_on_the_restore_progress_cancels_and_starts_fresh(make_window, wait_idle, qtbot, tiny_lm):
+    win = make_window("gpt2")
+    s = gi.Session(tiny_lm("gpt2"), "She eats an apple. He reads")
+    s.run(40)
+    s.set_mask_edits([MaskEdit(5, 1, layer=0)])
+    recipe = s.recipe()
+    block, clear = recipe["ops"][-1], {"op": "mask", "edits": []}
+    recipe["ops"] += [clear, block] * 900  # each a recompute of every position: a long restore
+    autosave.write(recipe, win.worker.autosave_owner)
+    win.restore(recipe)
+    dialog = win.findChild(QProgressDialog, "restore_progress")
+    qtbot.waitUntil(dialog.isVisible, timeout=20000)
+    qtbot.keyClick(dialog, Qt.Key.Key_Escape)
+    snap = wait_idle(win, timeout=60000)
+    assert snap.n_steps == 0 and not win.errors  # started fresh, long before the replay would have ended
+    assert "Restore cancelled" in win.statusBar().currentMessage()
+    kept = list(autosave.path().parent.glob("autosave-*.json.rejected-*"))
+    assert len(kept) == 1 and json.loads(kept[0].read_text())["ops"] == recipe["ops"]  # the session is kept
