@@ -43,8 +43,10 @@ def main() -> None:
         load, check = min(loads), min(gaps)
         print(f"load_model (self-test included): {load * 1000:.0f} ms best of 5")
         print(f"machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores")
-        print(f"fidelity self-test alone: {check * 1000:.0f} ms ({check / load:.0%} of the load); "
-              f"max |diff| {gap:.2g} at position {pos}, tolerance {tol:.2g}")
+        print(
+            f"fidelity self-test alone: {check * 1000:.0f} ms ({check / load:.0%} of the load); "
+            f"max |diff| {gap:.2g} at position {pos}, tolerance {tol:.2g}"
+        )
         print(f"one plain {fidelity.PROBE_LENGTH}-token forward: {min(plain) * 1000:.0f} ms "
               f"(the self-test costs {check / min(plain):.1f} of them)")  # fmt: skip
 

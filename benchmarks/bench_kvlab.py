@@ -96,8 +96,12 @@ def main() -> None:
     ap.add_argument("--prompts", default="512")
     ap.add_argument("--policies", default="h2o,streaming,tova,int4,fp8-e4m3")
     ap.add_argument("--budget", type=int, default=256)
-    ap.add_argument("--threads", type=int, default=None,
-                    help="torch threads (1 keeps a loaded machine's thread-pool stalls out of small ops)")
+    ap.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch threads (1 keeps a loaded machine's thread-pool stalls out of small ops)",
+    )
     ap.add_argument("--sweep-jobs", type=int, default=2, help="worker processes to compare with one (0: no sweep)")
     ap.add_argument("--sweep-prompts", type=int, default=4)
     ap.add_argument("--sweep-len", type=int, default=256)
@@ -166,7 +170,9 @@ def main() -> None:
                 # what the lab keeps after each step so a step back restores the policy exactly
                 times.setdefault(f"keep:{name}", []).append(per_token(lab.policy.snapshot, n))
         med = {k: statistics.median(v) * (1 if k.startswith("share:") else 1e3) for k, v in times.items()}
-        print(f"prompt {plen} + {args.new} new: HF generate {med['hf']:.2f} ms/token, plain Session.step {med['plain']:.2f} ms/token")
+        print(
+            f"prompt {plen} + {args.new} new: HF generate {med['hf']:.2f} ms/token, plain Session.step {med['plain']:.2f} ms/token"
+        )
         for name in names:
             r, lab_ms = med[f"run:{name}"], med[f"lab:{name}"]
             print(f"  {name:<9} policy step {r:7.2f} ms = {r / med['plain']:.3f}x plain, of which {med[f'share:{name}']:.1%} "

@@ -84,12 +84,18 @@ def main() -> None:
             lens_mod.lens(s)
         lens_t.append((time.perf_counter() - t0) / 5)
     step, step_h, lt = statistics.median(a), statistics.median(b), statistics.median(lens_t)
-    print(f"recording the residual: {step_h * 1e3:.1f} vs {step * 1e3:.1f} ms/token, ratio {step_h / step:.3f} (target <= 1.10)")
-    print(f"lens + attribution for one step: {lt * 1e3:.1f} ms = {lt / step:.2f} x a step "
-          f"({plain.n_layers} unembeddings of {plain.vocab_size} tokens)")
+    print(
+        f"recording the residual: {step_h * 1e3:.1f} vs {step * 1e3:.1f} ms/token, ratio {step_h / step:.3f} (target <= 1.10)"
+    )
+    print(
+        f"lens + attribution for one step: {lt * 1e3:.1f} ms = {lt / step:.2f} x a step "
+        f"({plain.n_layers} unembeddings of {plain.vocab_size} tokens)"
+    )
     lo = statistics.median(floor)
-    print(f"floor for any exact lens: one pass over the unembedding matrix, {lo * 1e3:.1f} ms = {lo / step:.2f} x a step "
-          f"(every layer's full distribution needs every row of it at least once)")
+    print(
+        f"floor for any exact lens: one pass over the unembedding matrix, {lo * 1e3:.1f} ms = {lo / step:.2f} x a step "
+        f"(every layer's full distribution needs every row of it at least once)"
+    )
     if args.window:
         bench_window(hooked, ids, lt, args)
 
@@ -168,7 +174,11 @@ def bench_window(lm, ids, lens_time: float, args) -> None:
     win.close()
     for c in cases:
         behind, front = statistics.median(res[c, False]), statistics.median(res[c, True])
-        what = f"{args.steps} steps at once, per step" if c == "burst" else f"press to screen, {c[6:]}-times after the last step"
+        what = (
+            f"{args.steps} steps at once, per step"
+            if c == "burst"
+            else f"press to screen, {c[6:]}-times after the last step"
+        )
         print(f"window, {what}: {front * 1e3:.1f} ms with the lens tab in front, {behind * 1e3:.1f} ms behind, "
               f"ratio {front / behind:.3f} (target <= 1.10)")  # fmt: skip
 

@@ -60,7 +60,9 @@ def main() -> None:
     ap.add_argument("--new", type=int, default=48)
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: both sides run there")
-    ap.add_argument("--t", type=int, nargs="+", help="prompt lengths (default: 32 512 for gpt2, 1024 4096 8192 for llama-gqa)")
+    ap.add_argument(
+        "--t", type=int, nargs="+", help="prompt lengths (default: 32 512 for gpt2, 1024 4096 8192 for llama-gqa)"
+    )
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
@@ -106,9 +108,16 @@ def main() -> None:
             s = gi.Session(lm, prompt_ids=ids)
             s.step()  # prefill, not counted
             turns = _TakeTurns(s)
-            kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None, "logits_processor": LogitsProcessorList([turns])}
+            kw = {
+                "do_sample": False,
+                "pad_token_id": 0,
+                "eos_token_id": None,
+                "logits_processor": LogitsProcessorList([turns]),
+            }
             with torch.inference_mode():
-                hf.generate(torch.tensor([ids], device=args.device), max_new_tokens=args.new, min_new_tokens=args.new, **kw)
+                hf.generate(
+                    torch.tensor([ids], device=args.device), max_new_tokens=args.new, min_new_tokens=args.new, **kw
+                )
             assert len(turns.hf) == len(turns.steps) == args.new - 1
             sess_tok.append(statistics.mean(turns.steps))
             hf_tok.append(statistics.mean(turns.hf))

@@ -112,10 +112,14 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--lengths", default="1024,4096,8192")
     ap.add_argument("--steps", type=int, default=8)
-    ap.add_argument("--cap", type=float, default=120.0, help="seconds the complete overview may take before it is cut short")
+    ap.add_argument(
+        "--cap", type=float, default=120.0, help="seconds the complete overview may take before it is cut short"
+    )
     ap.add_argument("--one-pass-max", type=int, default=4096, help="largest T for the old one-pass figures")
     ap.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "gpt-inspector-bench-llama-gqa"))
-    ap.add_argument("--only-head-export", action="store_true", help="time only the one-head exports (pooled vs full resolution)")
+    ap.add_argument(
+        "--only-head-export", action="store_true", help="time only the one-head exports (pooled vs full resolution)"
+    )
     args = ap.parse_args()
 
     import numpy as np
@@ -208,21 +212,31 @@ def main() -> int:
         print(f"  overview: first snapshot {r['first']:.2f} s · readable (every bin) {r['readable']:.2f} s · "
               f"complete {r['complete']:.1f} s ({100 * r['share']:.0f}% of rows) · one pass, old way {fmt(r['one_pass'])}"
               f" · peak +{r['mem_ov']:.0f} MB")  # fmt: skip
-        print(f"  per step: view update {1000 * r['view']:.1f} ms median (max {1000 * r['view_max']:.1f}) "
-              f"vs the model's step {1000 * r['step']:.0f} ms · peak +{r['mem_step']:.0f} MB")
-        print(f"  mask edit at position 5: engine {r['edit_engine']:.2f} s, first snapshot after it "
-              f"{r['edit_view']:.2f} s (the rest streams) · peak +{r['mem_edit']:.0f} MB")
-        print(f"  grid export (PNG): {r['grid']:.2f} s vs old way {fmt(r['grid_old'])} · peak +{r['mem_grid']:.0f} MB · {r['note']}")
+        print(
+            f"  per step: view update {1000 * r['view']:.1f} ms median (max {1000 * r['view_max']:.1f}) "
+            f"vs the model's step {1000 * r['step']:.0f} ms · peak +{r['mem_step']:.0f} MB"
+        )
+        print(
+            f"  mask edit at position 5: engine {r['edit_engine']:.2f} s, first snapshot after it "
+            f"{r['edit_view']:.2f} s (the rest streams) · peak +{r['mem_edit']:.0f} MB"
+        )
+        print(
+            f"  grid export (PNG): {r['grid']:.2f} s vs old way {fmt(r['grid_old'])} · peak +{r['mem_grid']:.0f} MB · {r['note']}"
+        )
         head_exports(s)
         del s
     print(f"\nload average at the end: {os.getloadavg()[0]:.2f} (2 cores shared)")
     if not rows:
         return 0
-    print("| T | first overview (readable / complete) | per-step view update | mask edit: engine / view | grid export |")
+    print(
+        "| T | first overview (readable / complete) | per-step view update | mask edit: engine / view | grid export |"
+    )
     print("|---|---|---|---|---|")
     for r in rows:
-        print(f"| {r['T']:,} | {r['readable']:.2f} s / {r['complete']:.1f} s ({100 * r['share']:.0f}%), +{r['mem_ov']:.0f} MB "
-              f"| {1000 * r['view']:.0f} ms | {r['edit_engine']:.1f} s / {r['edit_view']:.2f} s | {r['grid']:.2f} s, +{r['mem_grid']:.0f} MB |")
+        print(
+            f"| {r['T']:,} | {r['readable']:.2f} s / {r['complete']:.1f} s ({100 * r['share']:.0f}%), +{r['mem_ov']:.0f} MB "
+            f"| {1000 * r['view']:.0f} ms | {r['edit_engine']:.1f} s / {r['edit_view']:.2f} s | {r['grid']:.2f} s, +{r['mem_grid']:.0f} MB |"
+        )
     return 0
 
 

@@ -21,10 +21,12 @@ class _Parser(argparse.ArgumentParser):
 
 
 def _size(text: str) -> tuple[int, int]:
-    """"1366x768" -> (1366, 768); argparse turns the ValueError into a one-line usage error."""
+    """ "1366x768" -> (1366, 768); argparse turns the ValueError into a one-line usage error."""
     w, sep, h = text.lower().partition("x")
     if not sep or not w.strip().isdigit() or not h.strip().isdigit() or int(w) < 200 or int(h) < 200:
-        raise argparse.ArgumentTypeError(f"expected WIDTHxHEIGHT in pixels, at least 200x200, e.g. 1366x768; got {text!r}")
+        raise argparse.ArgumentTypeError(
+            f"expected WIDTHxHEIGHT in pixels, at least 200x200, e.g. 1366x768; got {text!r}"
+        )
     return int(w), int(h)
 
 
@@ -40,10 +42,19 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="prompt to start the window with")
     p.add_argument("--steps", type=int, default=None, help="with --screenshot: steps to run first")
-    p.add_argument("--screenshot", default=None, type=common.user_path,
-                   help="open the window, run --steps, save a PNG of it and exit")
-    p.add_argument("--screenshot-size", type=_size, default=None, metavar="WxH",
-                   help="with --screenshot: the window's size in pixels (default 1366x768, a laptop screen)")
+    p.add_argument(
+        "--screenshot",
+        default=None,
+        type=common.user_path,
+        help="open the window, run --steps, save a PNG of it and exit",
+    )
+    p.add_argument(
+        "--screenshot-size",
+        type=_size,
+        default=None,
+        metavar="WxH",
+        help="with --screenshot: the window's size in pixels (default 1366x768, a laptop screen)",
+    )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     for mod in COMMANDS:
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)

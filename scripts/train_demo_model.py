@@ -50,9 +50,26 @@ INDUCTION_HEAD = (1, 0)
 # --------------------------------------------------------------------------- lexicon
 
 NUMBERS = [
-    "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten",
-    "eleven", "twelve", "thirteen", "fourteen", "fifteen", "sixteen", "seventeen",
-    "eighteen", "nineteen", "twenty",
+    "one",
+    "two",
+    "three",
+    "four",
+    "five",
+    "six",
+    "seven",
+    "eight",
+    "nine",
+    "ten",
+    "eleven",
+    "twelve",
+    "thirteen",
+    "fourteen",
+    "fifteen",
+    "sixteen",
+    "seventeen",
+    "eighteen",
+    "nineteen",
+    "twenty",
 ]
 DAYS = ["Monday", "Tuesday", "Wednesday", "Thursday", "Friday", "Saturday", "Sunday"]
 COLOURS = ["red", "blue", "green", "yellow", "white", "black", "brown", "orange", "pink", "grey"]
@@ -62,78 +79,275 @@ PRONOUNS = [("She", "her", "3"), ("He", "his", "3"), ("They", "their", "p"), ("I
 WOMEN = ["Anna", "Maria", "Lucy", "Emma", "Sara", "Lily", "Grace", "Nora", "Mia", "Julia", "Kate", "Rosa"]
 MEN = ["Tom", "Ben", "Sam", "Jack", "Leo", "Max", "Peter", "David", "Paul", "Noah", "Oscar", "Hugo"]
 PEOPLE_NP = [
-    ("The old man", "his", "3"), ("The little girl", "her", "3"), ("My mother", "her", "3"),
-    ("My father", "his", "3"), ("The teacher", "her", "3"), ("The baker", "his", "3"),
-    ("My sister", "her", "3"), ("My brother", "his", "3"), ("The children", "their", "p"),
-    ("My friends", "their", "p"), ("Our neighbours", "their", "p"), ("The boys", "their", "p"),
-    ("The girls", "their", "p"), ("Grandma", "her", "3"), ("Grandpa", "his", "3"),
+    ("The old man", "his", "3"),
+    ("The little girl", "her", "3"),
+    ("My mother", "her", "3"),
+    ("My father", "his", "3"),
+    ("The teacher", "her", "3"),
+    ("The baker", "his", "3"),
+    ("My sister", "her", "3"),
+    ("My brother", "his", "3"),
+    ("The children", "their", "p"),
+    ("My friends", "their", "p"),
+    ("Our neighbours", "their", "p"),
+    ("The boys", "their", "p"),
+    ("The girls", "their", "p"),
+    ("Grandma", "her", "3"),
+    ("Grandpa", "his", "3"),
 ]
 RELATIVES = [
-    "friend", "friend", "friend", "friends", "mother", "father", "sister", "brother", "family",
-    "grandmother", "grandfather", "teacher", "children", "dog", "neighbour", "cousin", "aunt", "uncle",
+    "friend",
+    "friend",
+    "friend",
+    "friends",
+    "mother",
+    "father",
+    "sister",
+    "brother",
+    "family",
+    "grandmother",
+    "grandfather",
+    "teacher",
+    "children",
+    "dog",
+    "neighbour",
+    "cousin",
+    "aunt",
+    "uncle",
 ]
 
 FOODS = [
-    "an apple", "apple pie", "a banana", "bread", "soup", "rice", "pasta", "a sandwich", "cheese",
-    "eggs", "fish", "chicken", "salad", "cake", "an orange", "cherries", "pizza", "toast", "porridge",
-    "noodles", "cookies", "grapes", "carrots", "potatoes", "a pear", "strawberries", "beans", "yogurt",
+    "an apple",
+    "apple pie",
+    "a banana",
+    "bread",
+    "soup",
+    "rice",
+    "pasta",
+    "a sandwich",
+    "cheese",
+    "eggs",
+    "fish",
+    "chicken",
+    "salad",
+    "cake",
+    "an orange",
+    "cherries",
+    "pizza",
+    "toast",
+    "porridge",
+    "noodles",
+    "cookies",
+    "grapes",
+    "carrots",
+    "potatoes",
+    "a pear",
+    "strawberries",
+    "beans",
+    "yogurt",
 ]
 DRINKS = ["tea", "coffee", "milk", "water", "orange juice", "apple juice", "lemonade", "hot chocolate", "green tea"]
 DISHES = ["dinner", "lunch", "breakfast", "soup", "pasta", "rice", "fish", "chicken", "a stew", "pancakes", "eggs"]
 BAKES = ["bread", "a cake", "apple pie", "cookies", "muffins", "a lemon cake", "buns"]
 READABLES = [
-    "a book", "the newspaper", "a letter", "a story", "a magazine", "a poem", "the map", "the menu",
-    "an old book", "a comic", "the news", "a long novel", "the recipe",
+    "a book",
+    "the newspaper",
+    "a letter",
+    "a story",
+    "a magazine",
+    "a poem",
+    "the map",
+    "the menu",
+    "an old book",
+    "a comic",
+    "the news",
+    "a long novel",
+    "the recipe",
 ]
 WRITABLES = ["a letter", "a note", "a story", "an email", "a poem", "a postcard", "a list"]
 PLACES = [
-    "the park", "the shop", "the market", "school", "work", "the library", "the beach", "the station",
-    "the river", "the garden", "the cafe", "the zoo", "the bakery", "the office", "the lake", "the city",
-    "the farm", "the hill", "the museum", "the bus stop",
+    "the park",
+    "the shop",
+    "the market",
+    "school",
+    "work",
+    "the library",
+    "the beach",
+    "the station",
+    "the river",
+    "the garden",
+    "the cafe",
+    "the zoo",
+    "the bakery",
+    "the office",
+    "the lake",
+    "the city",
+    "the farm",
+    "the hill",
+    "the museum",
+    "the bus stop",
 ]
 WHERE = [
-    "in the kitchen", "in the garden", "in the park", "at home", "at school", "in bed", "on the bus",
-    "at the table", "in the library", "by the window", "on the sofa", "at the cafe", "under a tree",
+    "in the kitchen",
+    "in the garden",
+    "in the park",
+    "at home",
+    "at school",
+    "in bed",
+    "on the bus",
+    "at the table",
+    "in the library",
+    "by the window",
+    "on the sofa",
+    "at the cafe",
+    "under a tree",
 ]
 THINGS_SEEN = [
-    "a bird", "a cat", "a dog", "the sea", "a big tree", "a red car", "a small boat", "the moon",
-    "a rainbow", "a horse", "the mountains", "a yellow bus", "the stars", "a duck",
+    "a bird",
+    "a cat",
+    "a dog",
+    "the sea",
+    "a big tree",
+    "a red car",
+    "a small boat",
+    "the moon",
+    "a rainbow",
+    "a horse",
+    "the mountains",
+    "a yellow bus",
+    "the stars",
+    "a duck",
 ]
 WATCHABLES = ["a film", "the birds", "the rain", "the news", "the children", "the sunset", "a game", "the clouds"]
 GAMES = ["football", "chess", "the piano", "cards", "tennis", "the guitar", "a game", "hide and seek"]
 OPENABLES = ["the window", "the door", "a box", "the shop", "a letter", "the gate", "a present", "the fridge"]
 WASHABLES = ["the dishes", "the car", "the floor", "the windows", "the clothes", "the cups"]
-ADJECTIVES = ["happy", "tired", "hungry", "busy", "sleepy", "ready", "late", "early", "cold", "warm", "sad", "glad", "thirsty", "kind"]
+ADJECTIVES = [
+    "happy",
+    "tired",
+    "hungry",
+    "busy",
+    "sleepy",
+    "ready",
+    "late",
+    "early",
+    "cold",
+    "warm",
+    "sad",
+    "glad",
+    "thirsty",
+    "kind",
+]
 LIKES = [
-    "apples", "books", "dogs", "cats", "music", "tea", "coffee", "flowers", "the rain", "long walks",
-    "apple pie", "bread", "cheese", "soup", "football", "chess", "summer", "winter", "the sea", "stories",
+    "apples",
+    "books",
+    "dogs",
+    "cats",
+    "music",
+    "tea",
+    "coffee",
+    "flowers",
+    "the rain",
+    "long walks",
+    "apple pie",
+    "bread",
+    "cheese",
+    "soup",
+    "football",
+    "chess",
+    "summer",
+    "winter",
+    "the sea",
+    "stories",
 ]
 SHOPPING = [
-    "milk", "bread", "eggs", "butter", "cheese", "apples", "tea", "rice", "sugar", "flour", "salt",
-    "oranges", "bananas", "jam", "honey", "coffee", "pasta", "tomatoes", "onions", "carrots", "fish",
+    "milk",
+    "bread",
+    "eggs",
+    "butter",
+    "cheese",
+    "apples",
+    "tea",
+    "rice",
+    "sugar",
+    "flour",
+    "salt",
+    "oranges",
+    "bananas",
+    "jam",
+    "honey",
+    "coffee",
+    "pasta",
+    "tomatoes",
+    "onions",
+    "carrots",
+    "fish",
 ]
 ANIMALS = ["cats", "dogs", "birds", "apples", "books", "cups", "chairs", "eggs", "pens", "boxes", "cows", "ducks"]
 TIME_PRESENT = [
-    "every day", "every morning", "every evening", "in the morning", "in the evening", "at night",
-    "after school", "after work", "before dinner", "at noon", "today", "every week", "on weekends",
-    "on Monday", "on Sunday", "on Friday", "now",
+    "every day",
+    "every morning",
+    "every evening",
+    "in the morning",
+    "in the evening",
+    "at night",
+    "after school",
+    "after work",
+    "before dinner",
+    "at noon",
+    "today",
+    "every week",
+    "on weekends",
+    "on Monday",
+    "on Sunday",
+    "on Friday",
+    "now",
 ]
 TIME_PAST = [
-    "yesterday", "last night", "last week", "this morning", "on Monday", "on Sunday", "on Saturday",
-    "in the morning", "after school", "after work", "two days ago", "last summer", "in the evening",
+    "yesterday",
+    "last night",
+    "last week",
+    "this morning",
+    "on Monday",
+    "on Sunday",
+    "on Saturday",
+    "in the morning",
+    "after school",
+    "after work",
+    "two days ago",
+    "last summer",
+    "in the evening",
 ]
 
 # base, third person singular, past
 VERBS = {
-    "eat": ("eat", "eats", "ate"), "drink": ("drink", "drinks", "drank"), "read": ("read", "reads", "read"),
-    "walk": ("walk", "walks", "walked"), "cook": ("cook", "cooks", "cooked"), "bake": ("bake", "bakes", "baked"),
-    "go": ("go", "goes", "went"), "like": ("like", "likes", "liked"), "buy": ("buy", "buys", "bought"),
-    "see": ("see", "sees", "saw"), "watch": ("watch", "watches", "watched"), "play": ("play", "plays", "played"),
-    "write": ("write", "writes", "wrote"), "open": ("open", "opens", "opened"), "wash": ("wash", "washes", "washed"),
-    "help": ("help", "helps", "helped"), "sleep": ("sleep", "sleeps", "slept"), "visit": ("visit", "visits", "visited"),
-    "make": ("make", "makes", "made"), "count": ("count", "counts", "counted"), "need": ("need", "needs", "needed"),
-    "have": ("have", "has", "had"), "sing": ("sing", "sings", "sang"), "run": ("run", "runs", "ran"),
-    "sit": ("sit", "sits", "sat"), "love": ("love", "loves", "loved"), "find": ("find", "finds", "found"),
+    "eat": ("eat", "eats", "ate"),
+    "drink": ("drink", "drinks", "drank"),
+    "read": ("read", "reads", "read"),
+    "walk": ("walk", "walks", "walked"),
+    "cook": ("cook", "cooks", "cooked"),
+    "bake": ("bake", "bakes", "baked"),
+    "go": ("go", "goes", "went"),
+    "like": ("like", "likes", "liked"),
+    "buy": ("buy", "buys", "bought"),
+    "see": ("see", "sees", "saw"),
+    "watch": ("watch", "watches", "watched"),
+    "play": ("play", "plays", "played"),
+    "write": ("write", "writes", "wrote"),
+    "open": ("open", "opens", "opened"),
+    "wash": ("wash", "washes", "washed"),
+    "help": ("help", "helps", "helped"),
+    "sleep": ("sleep", "sleeps", "slept"),
+    "visit": ("visit", "visits", "visited"),
+    "make": ("make", "makes", "made"),
+    "count": ("count", "counts", "counted"),
+    "need": ("need", "needs", "needed"),
+    "have": ("have", "has", "had"),
+    "sing": ("sing", "sings", "sang"),
+    "run": ("run", "runs", "ran"),
+    "sit": ("sit", "sits", "sat"),
+    "love": ("love", "loves", "loved"),
+    "find": ("find", "finds", "found"),
 }
 BE = {"1": ("am", "was"), "3": ("is", "was"), "p": ("are", "were")}
 
@@ -263,7 +477,7 @@ class Grammar:
             return f"{who} counts to {NUMBERS[n - 1]}: " + ", ".join(NUMBERS[:n]) + "."
         if kind == 2:
             n = self.r.randint(3, 10)
-            return ("Let us count: " + ", ".join(NUMBERS[:n]) + ". " + self.sentence())
+            return "Let us count: " + ", ".join(NUMBERS[:n]) + ". " + self.sentence()
         if kind == 3:
             n = self.r.randint(3, 10)
             return (", ".join(reversed(NUMBERS[:n])) + ". Go!").capitalize()
@@ -335,9 +549,34 @@ def _words_of(*groups) -> set[str]:
 
 WORD_LIST = sorted(
     _words_of(
-        NUMBERS, DAYS, COLOURS, PRONOUNS, WOMEN, MEN, PEOPLE_NP, RELATIVES, FOODS, DRINKS, DISHES, BAKES,
-        READABLES, WRITABLES, PLACES, WHERE, THINGS_SEEN, WATCHABLES, GAMES, OPENABLES, WASHABLES,
-        ADJECTIVES, LIKES, SHOPPING, ANIMALS, TIME_PRESENT, TIME_PAST, [f for v in VERBS.values() for f in v],
+        NUMBERS,
+        DAYS,
+        COLOURS,
+        PRONOUNS,
+        WOMEN,
+        MEN,
+        PEOPLE_NP,
+        RELATIVES,
+        FOODS,
+        DRINKS,
+        DISHES,
+        BAKES,
+        READABLES,
+        WRITABLES,
+        PLACES,
+        WHERE,
+        THINGS_SEEN,
+        WATCHABLES,
+        GAMES,
+        OPENABLES,
+        WASHABLES,
+        ADJECTIVES,
+        LIKES,
+        SHOPPING,
+        ANIMALS,
+        TIME_PRESENT,
+        TIME_PAST,
+        [f for v in VERBS.values() for f in v],
         [f for v in BE.values() for f in v],
     )
     - {""}
@@ -347,10 +586,46 @@ WORD_LIST = sorted(
 def grammar_vocabulary() -> set[str]:
     """Every lower-cased word the grammar can produce (the tests check generated text against it)."""
     fixed = _words_of(ANCHORS) | {
-        "with", "to", "for", "at", "the", "a", "an", "and", "his", "her", "their", "my", "our", "dog",
-        "market", "counts", "let", "us", "count", "go", "i", "have", "you", "together", "we", "list",
-        "picnic", "need", "days", "are", "favourite", "colours", "shopping", "does", "do", "like",
-        "yes", "no", "not", "is",
+        "with",
+        "to",
+        "for",
+        "at",
+        "the",
+        "a",
+        "an",
+        "and",
+        "his",
+        "her",
+        "their",
+        "my",
+        "our",
+        "dog",
+        "market",
+        "counts",
+        "let",
+        "us",
+        "count",
+        "go",
+        "i",
+        "have",
+        "you",
+        "together",
+        "we",
+        "list",
+        "picnic",
+        "need",
+        "days",
+        "are",
+        "favourite",
+        "colours",
+        "shopping",
+        "does",
+        "do",
+        "like",
+        "yes",
+        "no",
+        "not",
+        "is",
     }
     return set(WORD_LIST) | fixed
 
@@ -500,7 +775,10 @@ def measure_heads(model, tokenizer) -> dict:
         attn = stack_attentions(model(ids, output_attentions=True).attentions)
         prev = previous_token_score(attn)
         rep = repeated_random_tokens(
-            len(tokenizer), INDUCTION_HALF_LEN, n=INDUCTION_ROWS, seed=INDUCTION_SEED,
+            len(tokenizer),
+            INDUCTION_HALF_LEN,
+            n=INDUCTION_ROWS,
+            seed=INDUCTION_SEED,
             exclude=[tokenizer.eos_token_id],
         )
         out = model(rep, output_attentions=True)
@@ -524,7 +802,11 @@ def demo_generations(model, tokenizer) -> dict:
     with torch.no_grad():
         greedy = model.generate(**enc, do_sample=False, max_new_tokens=12, pad_token_id=tokenizer.eos_token_id)
         beams = model.generate(
-            **enc, do_sample=False, num_beams=2, num_return_sequences=2, max_new_tokens=8,
+            **enc,
+            do_sample=False,
+            num_beams=2,
+            num_return_sequences=2,
+            max_new_tokens=8,
             pad_token_id=tokenizer.eos_token_id,
         )
     dec = lambda row: tokenizer.decode(row[n:], skip_special_tokens=True)
@@ -555,7 +837,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--seq-len", type=int, default=128)
     p.add_argument("--lr", type=float, default=2e-3)
     p.add_argument(
-        "--supervise-steps", type=int, default=None,
+        "--supervise-steps",
+        type=int,
+        default=None,
         help="steps with the attention-supervision warm-up (default: 35%% of --steps; 0 = off)",
     )
     p.add_argument("--supervise-weight", type=float, default=1.0)
@@ -630,7 +914,8 @@ def main(argv: list[str] | None = None) -> int:
     no_decay = [p for n, p in model.named_parameters() if p.dim() < 2]
     opt = torch.optim.AdamW(
         [{"params": decay, "weight_decay": 0.05}, {"params": no_decay, "weight_decay": 0.0}],
-        lr=args.lr, betas=(0.9, 0.98),
+        lr=args.lr,
+        betas=(0.9, 0.98),
     )
     warmup = max(1, args.steps // 20)
 
@@ -694,7 +979,9 @@ def main(argv: list[str] | None = None) -> int:
         f"final val loss {val_loss:.3f} (grammar text only {val_text_loss:.3f}); "
         f"training {train_seconds:.0f}s, total {total_seconds:.0f}s"
     )
-    print(f"random ids repeated: loss {heads['copy_loss'][0]:.2f} on the first copy, {heads['copy_loss'][1]:.2f} on the second")
+    print(
+        f"random ids repeated: loss {heads['copy_loss'][0]:.2f} on the first copy, {heads['copy_loss'][1]:.2f} on the second"
+    )
     print(f"best previous-token head {pl}.{ph}: {ps:.3f}")
     print(f"best induction head {il}.{ih}: {iscore:.3f}")
     print("previous-token scores:\n" + np.array2string(heads["previous_token"], precision=2))
@@ -703,9 +990,19 @@ def main(argv: list[str] | None = None) -> int:
     print(f"beams:  {gens['beams']!r}")
 
     write_card(
-        args.out, config=config, n_params=n_params, args=args, n_docs=len(train_docs),
-        n_tokens=len(train.ids), vocab_size=vocab_size, train_seconds=train_seconds,
-        total_seconds=total_seconds, val_loss=val_loss, val_text_loss=val_text_loss, heads=heads, gens=gens,
+        args.out,
+        config=config,
+        n_params=n_params,
+        args=args,
+        n_docs=len(train_docs),
+        n_tokens=len(train.ids),
+        vocab_size=vocab_size,
+        train_seconds=train_seconds,
+        total_seconds=total_seconds,
+        val_loss=val_loss,
+        val_text_loss=val_text_loss,
+        heads=heads,
+        gens=gens,
     )
     return 0
 
@@ -719,8 +1016,22 @@ def _table(scores: np.ndarray) -> str:
     return "\n".join(lines)
 
 
-def write_card(out: Path, *, config, n_params, args, n_docs, n_tokens, vocab_size, train_seconds,
-               total_seconds, val_loss, val_text_loss, heads, gens) -> None:
+def write_card(
+    out: Path,
+    *,
+    config,
+    n_params,
+    args,
+    n_docs,
+    n_tokens,
+    vocab_size,
+    train_seconds,
+    total_seconds,
+    val_loss,
+    val_text_loss,
+    heads,
+    gens,
+) -> None:
     pl, ph, ps = heads["best_previous_token"]
     il, ih, iscore = heads["best_induction"]
     size_mb = sum(f.stat().st_size for f in out.iterdir() if f.is_file()) / 1e6

@@ -44,8 +44,18 @@ SMALL = dict(
 
 
 # families whose configs nest or derive their sizes where the common names above do not reach
-_MLA = dict(kv_lora_rank=24, q_lora_rank=32, qk_nope_head_dim=16, qk_rope_head_dim=8, v_head_dim=12,
-            num_key_value_heads=4, n_group=1, topk_group=1, head_dim=8, partial_rotary_factor=1.0)  # a value head size unlike the key's, on purpose
+_MLA = dict(
+    kv_lora_rank=24,
+    q_lora_rank=32,
+    qk_nope_head_dim=16,
+    qk_rope_head_dim=8,
+    v_head_dim=12,
+    num_key_value_heads=4,
+    n_group=1,
+    topk_group=1,
+    head_dim=8,
+    partial_rotary_factor=1.0,
+)  # a value head size unlike the key's, on purpose
 EXTRA = {
     "gpt_neo": dict(attention_types=[[["global", "local"], 1]]),
     # its rope is per layer type: rotary sliding-window layers beside NoPE (rope None) full-attention layers

@@ -11,32 +11,59 @@ from ..core.errors import InspectorError
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
     g = p.add_argument_group("model")
-    g.add_argument("--model", default=None,
-                   help="hub id (gpt2, distilgpt2, ...) or local folder; default: the embedded demo model")
+    g.add_argument(
+        "--model", default=None, help="hub id (gpt2, distilgpt2, ...) or local folder; default: the embedded demo model"
+    )
     g.add_argument("--device", default="auto", help="auto (cuda, then mps, then cpu), cpu, cuda, cuda:N, mps")
     g.add_argument("--dtype", default=None, help="float32 (default), float16 or bfloat16")
-    g.add_argument("--device-map", default=None,
-                   help="auto, balanced or sequential: spread the layers over the GPUs, the CPU and disk (accelerate)")
-    g.add_argument("--max-memory", default=None,
-                   help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB")
-    g.add_argument("--offload-folder", default=None, type=user_path,
-                   help="with --device-map: where the weights that fit nowhere else wait on disk")
-    g.add_argument("--allow-pickle", action="store_true",
-                   help="also load pickle (.bin) weights; only for sources you trust")
-    g.add_argument("--trust-remote-code", action="store_true",
-                   help="run the model repository's own Python code; only for sources you trust")
-    g.add_argument("--unverified", action="store_true",
-                   help="load a model whose logits through gpt-inspector differ from its own eager attention "
-                        "(the load-time self-test failed); outputs are marked unverified")
+    g.add_argument(
+        "--device-map",
+        default=None,
+        help="auto, balanced or sequential: spread the layers over the GPUs, the CPU and disk (accelerate)",
+    )
+    g.add_argument(
+        "--max-memory",
+        default=None,
+        help="with --device-map: the most each device may hold, e.g. 0=20GiB,1=20GiB,cpu=60GiB",
+    )
+    g.add_argument(
+        "--offload-folder",
+        default=None,
+        type=user_path,
+        help="with --device-map: where the weights that fit nowhere else wait on disk",
+    )
+    g.add_argument(
+        "--allow-pickle", action="store_true", help="also load pickle (.bin) weights; only for sources you trust"
+    )
+    g.add_argument(
+        "--trust-remote-code",
+        action="store_true",
+        help="run the model repository's own Python code; only for sources you trust",
+    )
+    g.add_argument(
+        "--unverified",
+        action="store_true",
+        help="load a model whose logits through gpt-inspector differ from its own eager attention "
+        "(the load-time self-test failed); outputs are marked unverified",
+    )
 
 
 def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 = greedy (default)")) -> None:
     """The decoding flags, in group ``g`` (default: a new "decoding" group); ``temperature``: its (default, help)."""
     g = g or p.add_argument_group("decoding")
     g.add_argument("--temperature", type=float, default=temperature[0], help=temperature[1])
-    g.add_argument("--top-k", type=int, default=None, help="keep only the k most likely tokens before sampling (default: off)")
-    g.add_argument("--top-p", type=float, default=None, help="keep the smallest set of tokens whose probability adds up to p (default: off)")
-    g.add_argument("--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens")
+    g.add_argument(
+        "--top-k", type=int, default=None, help="keep only the k most likely tokens before sampling (default: off)"
+    )
+    g.add_argument(
+        "--top-p",
+        type=float,
+        default=None,
+        help="keep the smallest set of tokens whose probability adds up to p (default: off)",
+    )
+    g.add_argument(
+        "--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens"
+    )
 
 
 def load_options(args) -> dict:
@@ -51,8 +78,10 @@ def load(args):
 
     lm = load_model(**load_options(args))
     if lm.unverified:
-        print(f"gpt-inspector: warning: UNVERIFIED model, its numbers may not be the model's own: {lm.unverified}",
-              file=sys.stderr)
+        print(
+            f"gpt-inspector: warning: UNVERIFIED model, its numbers may not be the model's own: {lm.unverified}",
+            file=sys.stderr,
+        )
     for w in lm.warnings:
         print(f"gpt-inspector: warning: {w}", file=sys.stderr)
     # information, not a doubt: on stdout (a successful run keeps stderr for what went wrong), and not
@@ -65,7 +94,9 @@ def load(args):
 def session(args):
     from ..core import Session
 
-    return Session(load(args), args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed)
+    return Session(
+        load(args), args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
+    )
 
 
 def check_run_args(args) -> None:

@@ -17,17 +17,32 @@ def add_arguments(p):
     common.add_model_args(p)
     p.add_argument("--prompt", required=True, help="the text to continue")
     g = p.add_argument_group("length (give exactly one)")
-    g.add_argument("--max-length", type=int, default=None,
-                   help="total length, prompt included, as generate's max_length")
+    g.add_argument(
+        "--max-length", type=int, default=None, help="total length, prompt included, as generate's max_length"
+    )
     g.add_argument("--max-new-tokens", type=int, default=None, help="tokens to generate after the prompt")
     b = p.add_argument_group("beam search")
     b.add_argument("--num-beams", type=int, default=2, help="beams kept at each step (default 2)")
-    b.add_argument("--num-return-sequences", type=int, default=1,
-                   help="finished hypotheses to show, best first (default 1, at most --num-beams)")
-    b.add_argument("--length-penalty", type=float, default=1.0,
-                   help="hypothesis score = sum of log-probs / generated_length ** this (default 1.0)")
-    b.add_argument("--early-stopping", nargs="?", const="true", default="false", metavar="{true,false,never}",
-                   help="stop as soon as num_beams hypotheses are finished (bare flag = true); 'never' = exhaustive")
+    b.add_argument(
+        "--num-return-sequences",
+        type=int,
+        default=1,
+        help="finished hypotheses to show, best first (default 1, at most --num-beams)",
+    )
+    b.add_argument(
+        "--length-penalty",
+        type=float,
+        default=1.0,
+        help="hypothesis score = sum of log-probs / generated_length ** this (default 1.0)",
+    )
+    b.add_argument(
+        "--early-stopping",
+        nargs="?",
+        const="true",
+        default="false",
+        metavar="{true,false,never}",
+        help="stop as soon as num_beams hypotheses are finished (bare flag = true); 'never' = exhaustive",
+    )
     s = p.add_argument_group("sampling (with --sample)")
     s.add_argument("--sample", action="store_true", help="also show one seeded sample")
     common.add_decoding_args(p, s, temperature=(None, "default 1.0"))
@@ -87,7 +102,9 @@ def run(args) -> int:
 
 def _width(s: str) -> int:
     # terminal columns: CJK and emoji take two, combining marks none
-    return sum(0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in s)
+    return sum(
+        0 if unicodedata.combining(ch) else 2 if unicodedata.east_asian_width(ch) in ("W", "F") else 1 for ch in s
+    )
 
 
 def _pad(s: str, n: int) -> str:

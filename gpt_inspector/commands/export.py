@@ -26,7 +26,12 @@ def _index_or_all(text: str):
 
 def add_arguments(p):
     src = p.add_argument_group("source (a trace file, or a model run now)")
-    src.add_argument("--trace", default=None, type=common.user_path, help="FILE.safetensors saved by `gpt-inspector trace` or the window")
+    src.add_argument(
+        "--trace",
+        default=None,
+        type=common.user_path,
+        help="FILE.safetensors saved by `gpt-inspector trace` or the window",
+    )
     common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="without --trace: the prompt to run")
     p.add_argument("--steps", type=int, default=None, help="without --trace: steps to run first")
@@ -57,7 +62,9 @@ def _check(args) -> None:
     if args.scale is not None:
         check_scale(args.scale)
     if args.trace is not None:
-        given = [f for f, v in (("--model", args.model), ("--prompt", args.prompt), ("--steps", args.steps)) if v is not None]
+        given = [
+            f for f, v in (("--model", args.model), ("--prompt", args.prompt), ("--steps", args.steps)) if v is not None
+        ]
         if given:
             raise InspectorError(f"--trace replays a saved run; drop {', '.join(given)}")
     else:
@@ -99,7 +106,9 @@ def run(args) -> int:
         path = export.render_grid(source, args.layer, args.kind, out, **kw)
         what = f"layer {args.layer}, all {source.n_heads} heads"
     else:
-        path = export.render_heatmap(source, args.layer, args.head, args.kind, out, full_resolution=args.full_resolution, **kw)
+        path = export.render_heatmap(
+            source, args.layer, args.head, args.kind, out, full_resolution=args.full_resolution, **kw
+        )
         what = f"layer {args.layer} head {args.head}" + (" (--full-resolution)" if args.full_resolution else "")
     print(f"{what} ({args.kind}, {source.cache_length} positions) written to {path}", file=sys.stderr)
     return 0

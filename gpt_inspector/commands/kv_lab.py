@@ -20,38 +20,72 @@ def add_arguments(p):
     common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="the text to start from (one run)")
     p.add_argument("--policy", default=None, help=f"one of {', '.join(POLICIES)}")
-    p.add_argument("--budget", type=int, default=None,
-                   help="eviction: cache entries kept per KV head (default: unlimited, the full cache)")
+    p.add_argument(
+        "--budget",
+        type=int,
+        default=None,
+        help="eviction: cache entries kept per KV head (default: unlimited, the full cache)",
+    )
     p.add_argument("--steps", type=int, default=8, help="steps to run (default 8)")
     p.add_argument("--free-running", action="store_true",
                    help="let the policy run choose its own tokens and show where the texts part "
                         "(default: teacher-forced, it is fed the reference's tokens)")  # fmt: skip
     common.add_decoding_args(p)
-    p.add_argument("--probe", action="store_true",
-                   help="one run: also probe layer 0 of the policy's cache for the prompt (one vocabulary pass per position)")
+    p.add_argument(
+        "--probe",
+        action="store_true",
+        help="one run: also probe layer 0 of the policy's cache for the prompt (one vocabulary pass per position)",
+    )
     g = p.add_argument_group("policy options")
     g.add_argument("--sinks", type=int, default=None, help="eviction: first entries always kept (streaming default 4)")
     g.add_argument("--recent", type=int, default=None, help="eviction: newest entries always kept (default per policy)")
-    g.add_argument("--layer-budget", action="append", default=[], metavar="L=N[,N...]",
-                   help="eviction: layer L keeps N entries per KV head (or one N per KV head); repeatable")
-    g.add_argument("--window", type=int, default=None, help="snapkv: observation window at the prompt's end (default 8)")
+    g.add_argument(
+        "--layer-budget",
+        action="append",
+        default=[],
+        metavar="L=N[,N...]",
+        help="eviction: layer L keeps N entries per KV head (or one N per KV head); repeatable",
+    )
+    g.add_argument(
+        "--window", type=int, default=None, help="snapkv: observation window at the prompt's end (default 8)"
+    )
     g.add_argument("--group", type=int, default=None, help="int quantization: group size (default min(32, head size))")
-    g.add_argument("--scheme", default=None, choices=("kivi", "transformers"),
-                   help="int quantization: kivi (keys per channel, values per token; default) or transformers "
-                        "(what transformers' quantized cache does with quanto: int4/int2)")
-    g.add_argument("--residual", type=int, default=None, help="quantization: newest entries kept in full precision (default 16)")
+    g.add_argument(
+        "--scheme",
+        default=None,
+        choices=("kivi", "transformers"),
+        help="int quantization: kivi (keys per channel, values per token; default) or transformers "
+        "(what transformers' quantized cache does with quanto: int4/int2)",
+    )
+    g.add_argument(
+        "--residual", type=int, default=None, help="quantization: newest entries kept in full precision (default 16)"
+    )
     s = p.add_argument_group("sweep")
     s.add_argument("--sweep", action="store_true", help="run every policy at every budget over --prompts")
-    s.add_argument("--prompts", default=None, type=common.user_path, help="sweep: a UTF-8 text file, one prompt per line")
+    s.add_argument(
+        "--prompts", default=None, type=common.user_path, help="sweep: a UTF-8 text file, one prompt per line"
+    )
     s.add_argument("--policies", default=None, help="sweep: comma-separated policies")
     s.add_argument("--budgets", default=None, help="sweep: comma-separated budgets for the eviction policies")
     s.add_argument("--no-probe", action="store_true", help="sweep: skip the cache probe (no privacy axis)")
     s.add_argument("--jobs", type=int, default=1,
                    help="sweep: worker processes running (policy, budget) labs side by side, each loading the model "
                         "and using cores/N threads (default 1: this process)")  # fmt: skip
-    p.add_argument("--out", default=None, type=common.user_path, help="draw the figure (sweep: the frontier; one run: KL per step) to .png, .svg or .pdf")
-    p.add_argument("--json", nargs="?", const="-", default=None, metavar="FILE", type=common.user_path,
-                   help="print the result as JSON, or write it to FILE (the sweep's table)")
+    p.add_argument(
+        "--out",
+        default=None,
+        type=common.user_path,
+        help="draw the figure (sweep: the frontier; one run: KL per step) to .png, .svg or .pdf",
+    )
+    p.add_argument(
+        "--json",
+        nargs="?",
+        const="-",
+        default=None,
+        metavar="FILE",
+        type=common.user_path,
+        help="print the result as JSON, or write it to FILE (the sweep's table)",
+    )
 
 
 def _names(text: str) -> list[str]:
@@ -224,5 +258,7 @@ def _sweep(args) -> int:
     for p in result.points():
         rec = "-" if p["recovered_fraction"] is None else f"{p['recovered_fraction']:.0%}"
         budget = "-" if p["budget"] is None else p["budget"]
-        print(f"{p['policy']:<10} {budget:>6} {p['bytes_ratio']:>7.1%} {p['mean_kl']:>10.3e} {p['agreement']:>6.0%} {rec:>7}")
+        print(
+            f"{p['policy']:<10} {budget:>6} {p['bytes_ratio']:>7.1%} {p['mean_kl']:>10.3e} {p['agreement']:>6.0%} {rec:>7}"
+        )
     return 0

@@ -8,7 +8,9 @@ from ..core.errors import InspectorError
 from . import common
 
 NAME = "math-check"
-HELP = "recompute softmax(q·Kᵀ·scaling + mask)·V in float64 per layer/head and compare with the model (exit 1 on mismatch)"
+HELP = (
+    "recompute softmax(q·Kᵀ·scaling + mask)·V in float64 per layer/head and compare with the model (exit 1 on mismatch)"
+)
 
 
 def add_arguments(p):
@@ -21,8 +23,12 @@ def add_arguments(p):
     p.add_argument("--layer", type=int, default=None, help="check only this layer")
     p.add_argument("--head", type=int, default=None, help="with --position: show one head's vectors")
     p.add_argument("--position", type=int, default=None, help="with --head: the query position (default: last)")
-    p.add_argument("--tolerance", type=float, default=None,
-                   help="absolute tolerance (default: per dtype, relative to the largest |V| of the head)")
+    p.add_argument(
+        "--tolerance",
+        type=float,
+        default=None,
+        help="absolute tolerance (default: per dtype, relative to the largest |V| of the head)",
+    )
     p.add_argument("--json", action="store_true", help="print the result as JSON")
 
 

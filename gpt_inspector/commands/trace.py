@@ -18,8 +18,11 @@ def add_arguments(p):
     common.add_decoding_args(p)
     p.add_argument("--out", required=True, type=common.user_path, help="FILE.safetensors")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
-    p.add_argument("--derived", action="store_true",
-                   help="also store the score and probability matrices (H x T x T per layer) for plain-numpy readers")
+    p.add_argument(
+        "--derived",
+        action="store_true",
+        help="also store the score and probability matrices (H x T x T per layer) for plain-numpy readers",
+    )
     p.add_argument("--json", action="store_true", help="print tokens, text and each step's top-5 as JSON")
 
 
@@ -50,9 +53,14 @@ def run(args) -> int:
             "text": s.text,
             "finished": s.finished,
             "steps": [
-                {"index": st.index, "token_id": st.token_id, "text": st.token_text, "prob": st.prob,
-                 "entropy": st.entropy,
-                 "top5": [{"token_id": e.token_id, "text": e.label, "prob": e.prob} for e in st.top[:5]]}
+                {
+                    "index": st.index,
+                    "token_id": st.token_id,
+                    "text": st.token_text,
+                    "prob": st.prob,
+                    "entropy": st.entropy,
+                    "top5": [{"token_id": e.token_id, "text": e.label, "prob": e.prob} for e in st.top[:5]],
+                }
                 for st in steps
             ],  # fmt: skip
             "trace": str(path),
@@ -75,4 +83,3 @@ def run(args) -> int:
             text += f", kept for inspection {human_bytes(kept)}"
         print(f"{text}; {note}" if note else text)
     return 0
-

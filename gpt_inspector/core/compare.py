@@ -186,9 +186,12 @@ def compare(
         prompt_length=p,
         max_length=search.max_length,
         settings={
-            "num_beams": search.num_beams, "num_return_sequences": search.num_return_sequences,
-            "length_penalty": search.length_penalty, "early_stopping": search.early_stopping,
-            "eos_token_ids": list(search.eos_token_ids), "pad_token_id": search.pad_token_id,
+            "num_beams": search.num_beams,
+            "num_return_sequences": search.num_return_sequences,
+            "length_penalty": search.length_penalty,
+            "early_stopping": search.early_stopping,
+            "eos_token_ids": list(search.eos_token_ids),
+            "pad_token_id": search.pad_token_id,
         },  # fmt: skip
         greedy=_session_output(greedy, None),
         beams=beams,

@@ -64,14 +64,32 @@ REFUSED: dict[str, str] = {
     "times per token, each pass with its own cache copy",
     # bidirectional encoders
     **dict.fromkeys(
-        ["bert", "big_bird", "camembert", "data2vec-text", "electra", "ernie", "megatron-bert", "rembert", "roberta",
-         "roberta-prelayernorm", "roc_bert", "roformer", "xlm-roberta", "xlm-roberta-xl", "xmod"], _ENCODER),
+        [
+            "bert",
+            "big_bird",
+            "camembert",
+            "data2vec-text",
+            "electra",
+            "ernie",
+            "megatron-bert",
+            "rembert",
+            "roberta",
+            "roberta-prelayernorm",
+            "roc_bert",
+            "roformer",
+            "xlm-roberta",
+            "xlm-roberta-xl",
+            "xmod",
+        ],
+        _ENCODER,
+    ),
     "bert-generation": "encoder-only BERT weights reused as the decoder of an encoder-decoder model",
     "modernbert": "encoder-only: a bidirectional encoder (its decoder-only sibling modernbert-decoder is verified)",
     # decoders of encoder-decoder models
     **dict.fromkeys(
         ["bart", "bigbird_pegasus", "blenderbot", "blenderbot-small", "marian", "mbart", "mvp", "pegasus", "plbart"],
-        _SEQ2SEQ),
+        _SEQ2SEQ,
+    ),
     "prophetnet": "the decoder of an encoder-decoder model: n-stream self-attention that predicts several future "
     "tokens, and cross-attention to the encoder's states",
     "trocr": "the text decoder of an image-to-text encoder-decoder model: its layers cross-attend to the image "
@@ -103,8 +121,10 @@ REFUSED: dict[str, str] = {
     "bidirectionally; not verified",
 }
 
-_INDEXER = ("its sparse indexer selects each query's keys by torch.topk over the keys of the forward at hand; a "
-            "full-sequence forward can select other keys than the stepped decode")
+_INDEXER = (
+    "its sparse indexer selects each query's keys by torch.topk over the keys of the forward at hand; a "
+    "full-sequence forward can select other keys than the stepped decode"
+)
 # model_type -> why transformers' full-sequence forward is not what generate computes. generate runs
 # the prompt, then one token at a time against the model's own cache; the session steps the same
 # way, so its numbers (logits and attention weights) are that run's. The fidelity self-test and the
@@ -121,7 +141,9 @@ STEPPED_DECODE: dict[str, str] = {
     "doge": "its dynamic mask keeps each row's top keys with torch.topk over the keys of the forward at hand; "
     "where key biases tie, which tied key it keeps depends on that forward's length",
 }
-STEPPED_NOTE = "numbers follow the model's stepped (cached) decode, as generate runs it; its full-sequence forward can differ"
+STEPPED_NOTE = (
+    "numbers follow the model's stepped (cached) decode, as generate runs it; its full-sequence forward can differ"
+)
 
 
 def stepped_note(config) -> str | None:
@@ -150,7 +172,9 @@ def _stepped(model, ids: torch.Tensor, cache) -> torch.Tensor:
     parts = []
     for a, b in [(0, half)] + [(p, p + 1) for p in range(half, PROBE_LENGTH)]:
         x = ids[:, a:b]  # (1, n): with positions as a session (and generate) passes them
-        parts.append(hf.call(model, cache, input_ids=x, use_cache=True, **position_kwargs(model, a, x)).logits[0])  # (n, V)
+        parts.append(
+            hf.call(model, cache, input_ids=x, use_cache=True, **position_kwargs(model, a, x)).logits[0]
+        )  # (n, V)
     return torch.cat(parts).float()  # (P, V)
 
 

@@ -32,7 +32,9 @@ class Run:
         # K/V are read from the cache where it holds them (no copy); mirrored on accelerators (every GPU
         # a device map uses, even with the input on the CPU), and where the cache holds something else
         # (see core.kv_layout)
-        self.recorder = Recorder(lm.n_layers, mirror_kv=lm.device.type != "cpu" or bool(lm.cuda_devices) or lm.mirror_kv)
+        self.recorder = Recorder(
+            lm.n_layers, mirror_kv=lm.device.type != "cpu" or bool(lm.cuda_devices) or lm.mirror_kv
+        )
         self.steps_done: list = []
         self._listeners: list[Callable[[str, object], None]] = []
 

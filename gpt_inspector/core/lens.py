@@ -95,7 +95,9 @@ def _install_hooks(model) -> None:
             recs = rec.rows if isinstance(rec, capture.RowRecorders) else [rec]
             for r, one in enumerate(recs):
                 rows = h if len(recs) == 1 else h[r : r + 1]  # (B, n, D)
-                one.__dict__.setdefault("residual", {})[index] = rows[:, -1].detach().to("cpu", torch.float32, copy=True)
+                one.__dict__.setdefault("residual", {})[index] = (
+                    rows[:, -1].detach().to("cpu", torch.float32, copy=True)
+                )
                 if index == n - 1:
                     one.residual_length = one.length  # the positions this residual belongs to
 
@@ -231,9 +233,7 @@ def lens(session, top_k: int = 5, stop=None) -> LensResult:
     layers, norm, head = _parts(model)
     resid = _residuals(session).to(lm.device)  # (L, D)
     if resid.dim() != 2:  # gemma3n's AltUp carries several residual streams per layer
-        raise InspectorError(
-            f"the logit lens reads one residual stream per layer; {lm.name} carries several (AltUp)"
-        )
+        raise InspectorError(f"the logit lens reads one residual stream per layer; {lm.name} carries several (AltUp)")
     cap = getattr(model.config, "final_logit_softcapping", None)
     with torch.inference_mode():
         # the last layer's lens is the model's output: show the logits the model computed for this step

@@ -73,8 +73,25 @@ class MathCheck:
         )
 
     def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in ("layer", "head", "kv_head", "position", "scaling", "softcap", "formula",
-                                             "weights", "recomputed", "model", "max_abs_diff", "tolerance", "ok", "nonfinite")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "layer",
+                "head",
+                "kv_head",
+                "position",
+                "scaling",
+                "softcap",
+                "formula",
+                "weights",
+                "recomputed",
+                "model",
+                "max_abs_diff",
+                "tolerance",
+                "ok",
+                "nonfinite",
+            )
+        }
         # in place, so the keys keep their order: arrays as lists, and JSON has no inf or NaN
         out.update(weights=self.weights.tolist(), recomputed=self.recomputed.tolist(), model=self.model.tolist(),
                    max_abs_diff=json_number(self.max_abs_diff))  # fmt: skip
@@ -178,7 +195,9 @@ def _nonfinite(q: np.ndarray, k: np.ndarray, v: np.ndarray, allowed: np.ndarray,
 
 
 def _validate_tolerance(tolerance) -> None:
-    if tolerance is not None and not (isinstance(tolerance, (int, float)) and tolerance > 0 and math.isfinite(tolerance)):
+    if tolerance is not None and not (
+        isinstance(tolerance, (int, float)) and tolerance > 0 and math.isfinite(tolerance)
+    ):
         raise InspectorError(f"tolerance must be a positive number, got {tolerance!r}")
 
 

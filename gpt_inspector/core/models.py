@@ -37,6 +37,7 @@ _DTYPES = {
     "bfloat16": torch.bfloat16, "bf16": torch.bfloat16,
 }  # fmt: skip
 
+
 @dataclass
 class LoadedModel:
     """A model ready for a Session: its shapes are read off a probe forward, not guessed from config."""
@@ -93,7 +94,9 @@ class LoadedModel:
         """Every CUDA device a forward runs on: the one device, or each GPU of a device map."""
         gpus = {torch.device("cuda", d) for d in (self.device_map or {}).values() if isinstance(d, int)}
         if self.device.type == "cuda":
-            gpus.add(self.device if self.device.index is not None else torch.device("cuda", torch.cuda.current_device()))
+            gpus.add(
+                self.device if self.device.index is not None else torch.device("cuda", torch.cuda.current_device())
+            )
         return tuple(sorted(gpus, key=lambda d: d.index))
 
     def describe(self) -> str:
@@ -523,7 +526,11 @@ def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_
 def _check_loading_info(info: dict, source: str) -> None:
     """Missing or unexpected weights mean the checkpoint is not this model: refuse, never fill in randomly."""
     problems = []
-    for key, what in (("missing_keys", "missing"), ("unexpected_keys", "unexpected"), ("mismatched_keys", "wrong shape")):
+    for key, what in (
+        ("missing_keys", "missing"),
+        ("unexpected_keys", "unexpected"),
+        ("mismatched_keys", "wrong shape"),
+    ):
         names = sorted(str(k[0] if isinstance(k, tuple) else k) for k in (info.get(key) or ()))
         if names:
             shown = ", ".join(names[:4]) + (f", ... ({len(names)} in all)" if len(names) > 4 else "")
@@ -633,7 +640,9 @@ def _wire(model, name: str) -> None:
     try:
         model.set_attn_implementation(capture.ATTN_NAME)
     except (ValueError, AttributeError) as e:
-        raise InspectorError(f"{name} does not dispatch attention through transformers' attention interface: {e}") from None
+        raise InspectorError(
+            f"{name} does not dispatch attention through transformers' attention interface: {e}"
+        ) from None
     adapters.adapt(model, name)  # families that compute attention in their own code
 
 

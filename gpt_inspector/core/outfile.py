@@ -57,7 +57,9 @@ def expand(path) -> Path:
         return Path(text).expanduser()
     except RuntimeError:  # pathlib's "Could not determine home directory"
         user = str(text)[1:].split(os.sep, 1)[0] or "~"
-        raise InspectorError(f"cannot use {_one_line(text)}: no user named {user!r} (a leading ~name means that user's home folder)") from None
+        raise InspectorError(
+            f"cannot use {_one_line(text)}: no user named {user!r} (a leading ~name means that user's home folder)"
+        ) from None
 
 
 def check_target(path) -> Path:

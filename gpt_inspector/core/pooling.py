@@ -62,7 +62,10 @@ class ThreadChooser:
         import torch
 
         self.most = torch.get_num_threads()
-        self.times: dict[int, collections.deque] = {1: collections.deque(maxlen=4), self.most: collections.deque(maxlen=4)}
+        self.times: dict[int, collections.deque] = {
+            1: collections.deque(maxlen=4),
+            self.most: collections.deque(maxlen=4),
+        }
         self.chunks = 0
 
     def pick(self) -> int:

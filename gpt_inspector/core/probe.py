@@ -84,8 +84,23 @@ class PositionProbe:
         return self.exact if c is None else c
 
     def to_json(self) -> dict:
-        out = {k: getattr(self, k) for k in ("position", "token_id", "label", "distance", "margin", "runner_up_id",
-                                             "runner_up_label", "exact", "true_token_id", "true_label", "correct", "recovered")}
+        out = {
+            k: getattr(self, k)
+            for k in (
+                "position",
+                "token_id",
+                "label",
+                "distance",
+                "margin",
+                "runner_up_id",
+                "runner_up_label",
+                "exact",
+                "true_token_id",
+                "true_label",
+                "correct",
+                "recovered",
+            )
+        }
         out["margin"] = json_number(self.margin)  # inf without a runner-up: JSON has none
         return out
 
@@ -276,8 +291,11 @@ def _as_tensor(x, what: str) -> torch.Tensor:
 def _normalize(lm: LoadedModel, kv) -> dict[int, tuple[torch.Tensor, torch.Tensor]]:
     """Accept a DynamicCache, ``{layer: (K, V)}`` or a per-layer sequence of (K, V) / None."""
     if hasattr(kv, "layers") and not isinstance(kv, (Mapping, Sequence)):
-        pairs = {i: (cl.keys, cl.values) for i, cl in enumerate(kv.layers)
-                 if getattr(cl, "is_initialized", True) and getattr(cl, "keys", None) is not None and cl.keys.numel()}
+        pairs = {
+            i: (cl.keys, cl.values)
+            for i, cl in enumerate(kv.layers)
+            if getattr(cl, "is_initialized", True) and getattr(cl, "keys", None) is not None and cl.keys.numel()
+        }
     elif isinstance(kv, Mapping):
         pairs = dict(kv)
     elif isinstance(kv, Sequence) and not isinstance(kv, (str, bytes)):
@@ -404,7 +422,9 @@ def probe_session(session, layers: Iterable[int] | int = (0,), **kwargs) -> Prob
             held = "later layers read earlier layers' caches (KV sharing)"
         else:
             held = f"the cache holds a {lay.kind} form"
-        raise InspectorError(f"the cache probe replays per-head K/V of every layer; in {session.lm.name} {held}, not those")
+        raise InspectorError(
+            f"the cache probe replays per-head K/V of every layer; in {session.lm.name} {held}, not those"
+        )
     # the K/V every reader of the run sees: a session's are its cache's, a beam's the rows recorded on its path
     kv = {i: (session.keys(i)[:, :t], session.values(i)[:, :t]) for i in range(session.n_layers)}  # (Hkv, T, d) each
     # deeper layers saw the session's mask edits when the cache was filled; so must the candidates
@@ -515,4 +535,12 @@ def _verdicts(lm: LoadedModel, best: _Best, tol: float, truth: list[int] | None)
     return out
 
 
-__all__ = ["CONTEXTS", "LayerProbe", "PositionProbe", "ProbeResult", "default_tolerance", "probe_cache", "probe_session"]
+__all__ = [
+    "CONTEXTS",
+    "LayerProbe",
+    "PositionProbe",
+    "ProbeResult",
+    "default_tolerance",
+    "probe_cache",
+    "probe_session",
+]

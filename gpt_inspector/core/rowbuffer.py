@@ -28,7 +28,14 @@ class RowBuffer:
         b, h, n, d = rows.shape
         end = start + n
         t = self._t
-        if t is None or t.shape[0] != b or t.shape[1] != h or t.shape[3] != d or t.shape[2] < end or t.dtype != rows.dtype:
+        if (
+            t is None
+            or t.shape[0] != b
+            or t.shape[1] != h
+            or t.shape[3] != d
+            or t.shape[2] < end
+            or t.dtype != rows.dtype
+        ):
             t = self.t  # what is staged lands first
             held = t.shape[2] if t is not None else 0
             cap = max(end, held) + max(_GROW, max(end, held) // 4)

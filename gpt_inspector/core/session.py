@@ -330,7 +330,10 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         if old is None or old[0][0] != key[0] or old[0][1] is not key[1] or old[0][2] is not key[2]:
             self._early_outputs = None  # the old rows go before the new forward allocates
             rec = scratch_forward(self.lm, key[0], like=self.recorder)
-            self._early_outputs = (key, {i: rec.out[i].view(start + 1)[0, :, :start].clone() for i in self.attention_layers})
+            self._early_outputs = (
+                key,
+                {i: rec.out[i].view(start + 1)[0, :, :start].clone() for i in self.attention_layers},
+            )
         return self._early_outputs[1][layer]
 
     def _early_head_outputs(self, layer: int) -> torch.Tensor:

@@ -56,7 +56,9 @@ class EditingMixin:
         if e.head is not None:
             self.check_head(e.head)
         if not (0 <= e.query < self.lm.context_length) or not (0 <= e.key < self.lm.context_length):
-            raise InspectorError(f"mask edit positions must be in [0, {self.lm.context_length}), got {e.query}->{e.key}")
+            raise InspectorError(
+                f"mask edit positions must be in [0, {self.lm.context_length}), got {e.query}->{e.key}"
+            )
         if e.key > e.query:
             verb = "allow" if not e.blocked else "block"
             raise InspectorError(
@@ -129,7 +131,9 @@ class EditingMixin:
                       cancelled: Callable[[], bool] | None = None) -> MaskEditReport:  # fmt: skip
         return self.set_mask_edits([*self.mask_edits, edit], progress, cancelled)
 
-    def clear_mask_edits(self, progress: Progress | None = None, cancelled: Callable[[], bool] | None = None) -> MaskEditReport:
+    def clear_mask_edits(
+        self, progress: Progress | None = None, cancelled: Callable[[], bool] | None = None
+    ) -> MaskEditReport:
         return self.set_mask_edits([], progress, cancelled)
 
     def _recompute_from(self, earliest: int | None, restore: Callable[[], None], commit: Callable[[], None],
@@ -188,6 +192,7 @@ class EditingMixin:
         except BaseException:
             if committed:  # a Ctrl+C held back through the commit: the new state is whole, keep it
                 raise
+
             # the caller restores the previous edits; the cache and records return as they were:
             # kept, or, for a cache of another kind, refilled under the previous edits (a second
             # Ctrl+C waits: stopping the refill would leave the cache short)

@@ -24,12 +24,16 @@ class TopEntry:
         return self.label
 
 
-def top_entries(probs: torch.Tensor, logits: torch.Tensor, label: Callable[[int], str], n: int = TOP_N) -> list[TopEntry]:
+def top_entries(
+    probs: torch.Tensor, logits: torch.Tensor, label: Callable[[int], str], n: int = TOP_N
+) -> list[TopEntry]:
     """The ``n`` most likely tokens of ``probs`` (V,), best first, with their labels and raw logits."""
     return top_rows(probs[None], logits[None], label, n)[0]
 
 
-def top_rows(probs: torch.Tensor, logits: torch.Tensor, label: Callable[[int], str], n: int = TOP_N) -> list[list[TopEntry]]:
+def top_rows(
+    probs: torch.Tensor, logits: torch.Tensor, label: Callable[[int], str], n: int = TOP_N
+) -> list[list[TopEntry]]:
     """``top_entries`` of every row of ``probs`` and ``logits`` (R, V), in one top-k on their device."""
     vals, idx = torch.topk(probs, min(n, probs.shape[-1]), dim=-1)  # (R, n)
     # one conversion each, not a tensor index per entry: this runs on every step

@@ -155,7 +155,9 @@ class Trace(RunSource):
         for key in _SHAPE:  # n_layers, n_heads, ...: validated ints
             setattr(self, key, shape[key])
         self.kv_layout = meta.get("kv_layout")  # a KVLayout (validated), or None: an ordinary per-head cache
-        self.cache_dtype: str = shape.get("cache_dtype", "float32") if shape.get("cache_dtype") in _ITEMSIZE else "float32"
+        self.cache_dtype: str = (
+            shape.get("cache_dtype", "float32") if shape.get("cache_dtype") in _ITEMSIZE else "float32"
+        )
         self.model_name: str = meta["model"]
         self.prompt: str = meta["prompt"]
         self.seed: int = meta["seed"]
@@ -278,7 +280,9 @@ def load_trace(path: str | os.PathLike) -> Trace:
     return Trace(path, tensors, meta)
 
 
-_SPARSE_CHECK_FROM = 64 << 20  # below this a trace is too small to hurt, and compressed filesystems may report few blocks
+_SPARSE_CHECK_FROM = (
+    64 << 20
+)  # below this a trace is too small to hurt, and compressed filesystems may report few blocks
 _DTYPE_BYTES = {"F32": 4, "F16": 2, "BF16": 2, "I64": 8, "BOOL": 1}
 
 
@@ -400,7 +404,9 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
         raise InspectorError(f"{name}: sinks must hold one list of {H} finite numbers or null per layer")
     biases = _json(name, meta, "score_bias", list) if "score_bias" in meta else [None] * L
     if len(biases) != L or not all(_bias_ok(b, H) for b in biases):
-        raise InspectorError(f"{name}: score_bias must hold, per layer, null, an alibi form with {H} slopes or a key form")
+        raise InspectorError(
+            f"{name}: score_bias must hold, per layer, null, an alibi form with {H} slopes or a key form"
+        )
 
     tok = header.get("tokens")
     if tok is None or tok[1] != "I64" or len(tok[0]) != 1 or tok[0][0] == 0:
@@ -489,8 +495,10 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
 
 
 def _sink_ok(x, H: int) -> bool:
-    return isinstance(x, list) and len(x) == H and all(
-        isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in x
+    return (
+        isinstance(x, list)
+        and len(x) == H
+        and all(isinstance(v, (int, float)) and not isinstance(v, bool) and math.isfinite(v) for v in x)
     )
 
 
@@ -524,7 +532,11 @@ def _validate_values(name: str, t: dict[str, torch.Tensor], meta: dict) -> None:
     T = t["layers.0.q"].shape[1]
     for layer in range(meta["shape"]["n_layers"]):
         pos = t.get(f"layers.{layer}.mask_positions")
-        if pos is not None and len(pos) and (int(pos.min()) < 0 or int(pos.max()) >= T or len(set(pos.tolist())) != len(pos)):
+        if (
+            pos is not None
+            and len(pos)
+            and (int(pos.min()) < 0 or int(pos.max()) >= T or len(set(pos.tolist())) != len(pos))
+        ):
             raise InspectorError(f"{name}: layer {layer} mask rows name positions outside [0, {T})")
         for part in ("bias_ref", "bias_rows"):
             bias = t.get(f"layers.{layer}.{part}")

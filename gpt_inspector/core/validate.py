@@ -161,11 +161,13 @@ def size_bytes(v, name: str = "size") -> int:
     else:
         s = str(v).strip().lower().replace(" ", "")
         num = s.rstrip("kmgtib")
-        unit = s[len(num):]
+        unit = s[len(num) :]
         try:
             n = float(num) * _UNITS[unit]
         except (ValueError, KeyError):
-            raise InspectorError(f"{name} must be a size such as 20GiB, 512MB or a number of bytes, got {_short(v)}") from None
+            raise InspectorError(
+                f"{name} must be a size such as 20GiB, 512MB or a number of bytes, got {_short(v)}"
+            ) from None
     if not math.isfinite(n) or n <= 0:
         raise InspectorError(f"{name} must be a size above zero, got {_short(v)}")
     return int(n)
@@ -193,7 +195,9 @@ def max_memory(v) -> dict | None:
         if k.isdigit():
             k = int(k)
         elif k not in ("cpu", "mps", "disk"):
-            raise InspectorError(f"--max-memory devices are GPU indices (0, 1, ...), cpu, mps or disk, got {_short(key)}")
+            raise InspectorError(
+                f"--max-memory devices are GPU indices (0, 1, ...), cpu, mps or disk, got {_short(key)}"
+            )
         if k in out:
             raise InspectorError(f"--max-memory names {k!r} twice")
         out[k] = size_bytes(size, f"--max-memory {k}")

@@ -174,7 +174,9 @@ def _set_ticks(ax, axis: str, labels, extent_in: float, fontsize: float, numbere
         ax.set_yticks(pos, text, fontsize=fontsize)
 
 
-def _colorbar(fig, x_in: float, y_in: float, h_in: float, norm, cmap, label: str, masked: bool, hatch: str | None = HATCH):
+def _colorbar(
+    fig, x_in: float, y_in: float, h_in: float, norm, cmap, label: str, masked: bool, hatch: str | None = HATCH
+):
     # drawn by hand with fixed ticks: fig.colorbar costs most of a small figure's time, which
     # matters when a script exports thousands
     cax = _add_axes(fig, x_in, y_in, 0.14, h_in)

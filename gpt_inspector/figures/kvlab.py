@@ -33,7 +33,9 @@ def frontier_figure(result) -> HeatmapFigure:
             marker = "o" if mine[0]["budget"] is not None else "s"
             ys = [np.array([p["mean_kl"] for p in mine])]
             if probed:
-                ys.append(np.array([np.nan if p["recovered_fraction"] is None else p["recovered_fraction"] for p in mine]))
+                ys.append(
+                    np.array([np.nan if p["recovered_fraction"] is None else p["recovered_fraction"] for p in mine])
+                )
             for ax, y in zip(axes, ys):
                 ax.plot(x, y, marker=marker, color=color, label=name, linewidth=1.2, markersize=4)
                 for p, xi, yi in zip(mine, x, y):

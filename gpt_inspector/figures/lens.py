@@ -23,8 +23,16 @@ def lens_figure(result, model_name: str = "", *, top: int = 3, unverified: str |
         band = 0.3 if unverified else 0.0  # inches for the UNVERIFIED band
         h_in = max(3.0, 0.42 * L + 1.9) + band
         fig = _new_figure(9.0 if has_map else 6.0, h_in)
-        gs = fig.add_gridspec(1, 2 if has_map else 1, width_ratios=[1.4, 1] if has_map else [1], wspace=0.45,
-                              left=0.1, right=0.93, top=1 - (0.85 + band) / h_in, bottom=0.6 / h_in)  # headings' room
+        gs = fig.add_gridspec(
+            1,
+            2 if has_map else 1,
+            width_ratios=[1.4, 1] if has_map else [1],
+            wspace=0.45,
+            left=0.1,
+            right=0.93,
+            top=1 - (0.85 + band) / h_in,
+            bottom=0.6 / h_in,
+        )  # headings' room
         ax = fig.add_subplot(gs[0, 0])
         probs = np.array([x.prob for x in result.layers])
         ax.barh(np.arange(L), probs, color="#4285f4")

@@ -78,7 +78,13 @@ def to_bytes(fig: Figure, fmt: str = "png", dpi: float | None = None) -> bytes:
         if not isinstance(fig.canvas, FigureCanvasAgg):
             FigureCanvasAgg(fig)
         try:
-            fig.savefig(buf, format=fmt, dpi=d, facecolor="white", metadata={"Title": getattr(fig, "heading", "") or "", **_METADATA[fmt]})
+            fig.savefig(
+                buf,
+                format=fmt,
+                dpi=d,
+                facecolor="white",
+                metadata={"Title": getattr(fig, "heading", "") or "", **_METADATA[fmt]},
+            )
         except MemoryError:
             raise InspectorError("not enough memory for this image; use a smaller scale, SVG or PDF") from None
     return buf.getvalue()
@@ -114,7 +120,9 @@ def close(fig: Figure) -> None:
             fig.panel_values = []
 
 
-def cell_center(fig: HeatmapFigure, row: int, col: int, dpi: float | None = None, panel: int = 0) -> tuple[float, float]:
+def cell_center(
+    fig: HeatmapFigure, row: int, col: int, dpi: float | None = None, panel: int = 0
+) -> tuple[float, float]:
     """Where position (``row``, ``col``) of heatmap ``panel`` lies in a PNG at ``dpi``, as (x, y) from the top left."""
     d = fig.dpi if dpi is None else float(dpi)
     ax = fig.heatmaps[panel]

@@ -43,23 +43,35 @@ class WindowActions(QObject):
         self.run = A("Run", w.run, "F5", "Run until EOS, max steps or a breakpoint")
         self.pause = A("Pause", w.pause, "Esc", "Stop a run after the current step")
         self.back = A("Step back", w.step_back, "Shift+F10", "Undo the last step exactly")
-        self.restart = A("Restart", w.restart, "Ctrl+Shift+F5", "Back to the prompt (a changed prompt or seed starts a new session)")
+        self.restart = A(
+            "Restart", w.restart, "Ctrl+Shift+F5", "Back to the prompt (a changed prompt or seed starts a new session)"
+        )
         self.run_to = A("Run to step…", self.ask_run_to, "Ctrl+F10", "Step forward or back to step N")
-        self.redecide = A("Re-decide token", w.redecide, "Ctrl+D", "Choose the current token again at the current settings")
-        self.open = A("Open trace…", self.open_trace_dialog, QKeySequence.StandardKey.Open, "Open a saved trace (read-only)")
-        self.save = A("Save trace…", self.save_trace_dialog, QKeySequence.StandardKey.Save, "Save the session as a trace file")
+        self.redecide = A(
+            "Re-decide token", w.redecide, "Ctrl+D", "Choose the current token again at the current settings"
+        )
+        self.open = A(
+            "Open trace…", self.open_trace_dialog, QKeySequence.StandardKey.Open, "Open a saved trace (read-only)"
+        )
+        self.save = A(
+            "Save trace…", self.save_trace_dialog, QKeySequence.StandardKey.Save, "Save the session as a trace file"
+        )
         self.export = A("Export view…", w.export_view, "Ctrl+E", "Export the selected head's matrix")
         self.export_grid = A("Export grid…", w.export_grid, "Ctrl+Shift+E", "Export every head's pattern")
         self.load = A("Load model…", w.load_from_controls, "Ctrl+L", "Load the model chosen in the Session panel")
         self.quit = A("Quit", w.close, QKeySequence.StandardKey.Quit)
-        self.reset_layout = A("Reset layout", w.reset_layout, None, "Put every panel back where it started (the Attention workspace)")
+        self.reset_layout = A(
+            "Reset layout", w.reset_layout, None, "Put every panel back where it started (the Attention workspace)"
+        )
         sel = lambda: ctl.selection  # noqa: E731 -- read when the key is pressed, not now
         self.prev_layer = A("Previous layer", lambda: ctl.select(layer=sel().layer - 1), "PgUp")
         self.next_layer = A("Next layer", lambda: ctl.select(layer=sel().layer + 1), "PgDown")
         self.prev_head = A("Previous head", lambda: ctl.select(head=sel().head - 1), "[")
         self.next_head = A("Next head", lambda: ctl.select(head=sel().head + 1), "]")
         self.follow = A("Follow the newest position", lambda: ctl.select_query(None), "End")
-        self.stages = [A(f"Stage: {KIND_LABELS[k]}", lambda k=k: ctl.select(kind=k), f"Ctrl+{i + 1}") for i, k in enumerate(KINDS)]
+        self.stages = [
+            A(f"Stage: {KIND_LABELS[k]}", lambda k=k: ctl.select(kind=k), f"Ctrl+{i + 1}") for i, k in enumerate(KINDS)
+        ]
         debug = (self.step, self.run, self.pause, self.back, self.restart, self.run_to)
 
         mb = w.menuBar()
@@ -68,7 +80,16 @@ class WindowActions(QObject):
         _fill(mb.addMenu("&File"), self.load, None, self.open, self.recent_menu, self.save, None, self.export, self.export_grid,
               None, self.quit)  # fmt: skip
         _fill(mb.addMenu("&Debug"), *debug, None, self.redecide)
-        _fill(mb.addMenu("&Select"), self.prev_layer, self.next_layer, self.prev_head, self.next_head, self.follow, None, *self.stages)
+        _fill(
+            mb.addMenu("&Select"),
+            self.prev_layer,
+            self.next_layer,
+            self.prev_head,
+            self.next_head,
+            self.follow,
+            None,
+            *self.stages,
+        )
         self.tools_menu = mb.addMenu("&Tools")
         self.workspace_menu = QMenu("&Workspace", w)
         self.workspace_group = QActionGroup(self)  # exclusive: one workspace is checked
@@ -80,7 +101,9 @@ class WindowActions(QObject):
             self.workspaces[ws.name] = a
         _fill(self.workspace_menu, *self.workspaces.values())
         self.show_workspace(w.workspace)
-        self.view_menu = _fill(mb.addMenu("&View"), self.workspace_menu, None, *(d.toggleViewAction() for d in w.docks.values()))
+        self.view_menu = _fill(
+            mb.addMenu("&View"), self.workspace_menu, None, *(d.toggleViewAction() for d in w.docks.values())
+        )
         self.panels_end = self.view_menu.addSeparator()  # panels added later go above this line
         self.view_menu.addAction(self.reset_layout)
 

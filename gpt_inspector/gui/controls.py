@@ -61,8 +61,12 @@ class SessionPanel(QWidget):
         self.offload_folder = QLineEdit(placeholderText="offload folder (disk), optional",
                                         toolTip="With a device map: where the weights that fit nowhere else wait on disk")  # fmt: skip
         f.addRow(self.offload_folder)
-        self.allow_pickle = QCheckBox("allow pickle weights", toolTip="Pickle (.bin) files can run code when loaded: only for sources you trust")
-        self.trust_code = QCheckBox("trust remote code", toolTip="Runs the model repository's own Python code: only for sources you trust")
+        self.allow_pickle = QCheckBox(
+            "allow pickle weights", toolTip="Pickle (.bin) files can run code when loaded: only for sources you trust"
+        )
+        self.trust_code = QCheckBox(
+            "trust remote code", toolTip="Runs the model repository's own Python code: only for sources you trust"
+        )
         self.allow_unverified = QCheckBox("load even if unverified", toolTip="Load a model whose logits through gpt-inspector differ "
                                           "from its own attention (the load-time self-test failed); every view is marked UNVERIFIED")  # fmt: skip
         for box in (self.allow_pickle, self.trust_code, self.allow_unverified):
@@ -74,7 +78,9 @@ class SessionPanel(QWidget):
 
         g = QGroupBox("Prompt")
         self.prompt = QPlainTextEdit(DEFAULT_PROMPT, maximumHeight=80)
-        self.start_button = QPushButton("Start from this prompt", toolTip="New session with this prompt and seed (mask edits are kept)")
+        self.start_button = QPushButton(
+            "Start from this prompt", toolTip="New session with this prompt and seed (mask edits are kept)"
+        )
         self.start_button.clicked.connect(self.start_requested)
         vbox(g, self.prompt, self.start_button)
         lay.addWidget(g)
@@ -86,10 +92,14 @@ class SessionPanel(QWidget):
         self.temp_slider = QSlider(Qt.Orientation.Horizontal, minimum=0, maximum=200)
         f.addRow("temperature", hbox(None, self.temperature, (self.temp_slider, 1)))
         self.top_k = QSpinBox(minimum=0, maximum=1_000_000, specialValueText="off")
-        self.top_p = QDoubleSpinBox(minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0, decimals=2, toolTip="1.00 = off")
+        self.top_p = QDoubleSpinBox(
+            minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0, decimals=2, toolTip="1.00 = off"
+        )
         f.addRow("top-k / top-p", hbox(None, self.top_k, self.top_p))
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1)
-        self.max_steps = QSpinBox(minimum=1, maximum=1_000_000, value=32, toolTip="Run (F5) stops after this many steps at most")
+        self.max_steps = QSpinBox(
+            minimum=1, maximum=1_000_000, value=32, toolTip="Run (F5) stops after this many steps at most"
+        )
         f.addRow("seed / max steps", hbox(None, self.seed, self.max_steps))
         lay.addWidget(g)
         lay.addStretch(1)
@@ -116,7 +126,12 @@ class SessionPanel(QWidget):
         return self.temperature.value(), k, (None if p >= 1.0 else p)
 
     def set_decoding(self, temperature: float, top_k: int | None, top_p: float | None) -> None:
-        with QSignalBlocker(self.temperature), QSignalBlocker(self.top_k), QSignalBlocker(self.top_p), QSignalBlocker(self.temp_slider):
+        with (
+            QSignalBlocker(self.temperature),
+            QSignalBlocker(self.top_k),
+            QSignalBlocker(self.top_p),
+            QSignalBlocker(self.temp_slider),
+        ):
             self.temperature.setValue(temperature)
             self.top_k.setValue(top_k or 0)
             self.top_p.setValue(1.0 if top_p is None else top_p)

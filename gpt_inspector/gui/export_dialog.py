@@ -276,7 +276,9 @@ def _in_worker(window, build, default_name: str, scale: float, what: str, on_don
             _report(window, error)
         else:
             fig, preview = result
-            path = _show(window, fig, default_name, scale, what, preview, full=None if full_write is None else write_full)
+            path = _show(
+                window, fig, default_name, scale, what, preview, full=None if full_write is None else write_full
+            )
             if path is _LATER:  # write_full reports and calls on_done
                 return
         if on_done is not None:

@@ -116,7 +116,9 @@ class DockLayout:
         d.setObjectName(name)
         d.setWidget(widget)
         # a tab brought to the front is not a show event (see deferred.on_screen): say so
-        d.visibilityChanged.connect(lambda shown, d=d: self.panel_revealed.emit(getattr(d, "panel", d.widget())) if shown else None)
+        d.visibilityChanged.connect(
+            lambda shown, d=d: self.panel_revealed.emit(getattr(d, "panel", d.widget())) if shown else None
+        )
         d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable
                       | QDockWidget.DockWidgetFeature.DockWidgetClosable)  # fmt: skip
         return d
@@ -187,7 +189,9 @@ class DockLayout:
     def fit_to_screen(self) -> None:
         """Move and shrink a normal (not maximised) window so that all of it, frame included, is on its
         screen's free area: the window manager's title bar is outside the size the window asked for."""
-        if not self.isVisible() or self.windowState() & (Qt.WindowState.WindowMaximized | Qt.WindowState.WindowFullScreen):
+        if not self.isVisible() or self.windowState() & (
+            Qt.WindowState.WindowMaximized | Qt.WindowState.WindowFullScreen
+        ):
             return
         screen = self.screen() or QGuiApplication.primaryScreen()
         if screen is None:
@@ -295,7 +299,11 @@ class DockLayout:
         side_w = min(max(int(W * 0.19), d["session"].minimumWidth(), PANEL_MIN["session"][0]), 340)
         rest = W - side_w
         Hz, Vt = Qt.Orientation.Horizontal, Qt.Orientation.Vertical
-        self.resizeDocks([d["session"], main[0], side[0][0]], [side_w, int(rest * ws.main_share), int(rest * (1 - ws.main_share))], Hz)
+        self.resizeDocks(
+            [d["session"], main[0], side[0][0]],
+            [side_w, int(rest * ws.main_share), int(rest * (1 - ws.main_share))],
+            Hz,
+        )
         shares = ws.bottom_shares[: len(bottom)]
         self.resizeDocks([g[0] for g in bottom], [int(rest * s / sum(shares)) for s in shares], Hz)
         body = H - 85  # menu, toolbar, status bar, separators

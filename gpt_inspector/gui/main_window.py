@@ -115,7 +115,9 @@ class MainWindow(DockLayout, QMainWindow):
         self._build_status()
         # each panel module names its dock and builds its panel against this window, in this order
         self.compare_panel, self.probe_panel, self.mathcheck_panel, self.lens_panel, self.kvlab_panel = (
-            self.add_panel(m.PANEL_TITLE, m.create_panel(self), m.PANEL_AREA).panel for m in (compare, probe, mathcheck, lens, kvlab))
+            self.add_panel(m.PANEL_TITLE, m.create_panel(self), m.PANEL_AREA).panel
+            for m in (compare, probe, mathcheck, lens, kvlab)
+        )
         self._default_state = self.saveState(STATE_VERSION)
         for d in self.docks.values():
             d.dockLocationChanged.connect(self._user_arranged)
@@ -152,7 +154,9 @@ class MainWindow(DockLayout, QMainWindow):
         self.panel_revealed.connect(self._deferred.reveal)
         self.score_matrix.export_requested.connect(lambda: self.export_view())
         self.overview.head_clicked.connect(lambda l, h: ctl.select(layer=l, head=h))
-        self.overview.export_requested.connect(lambda which: self.export_grid() if which is None else self.export_view(*which))
+        self.overview.export_requested.connect(
+            lambda which: self.export_grid() if which is None else self.export_view(*which)
+        )
         self.softmax_rows.head_clicked.connect(lambda h: ctl.select(head=h))
         self.kv_cache.layer_clicked.connect(lambda l: ctl.select(layer=l))
         self.kv_cache.export_requested.connect(self.export_kv)
@@ -481,7 +485,9 @@ class MainWindow(DockLayout, QMainWindow):
 
     def export_view(self, layer: int | None = None, head: int | None = None, kind: str | None = None) -> None:
         s = self.selection
-        self._export("export_view", s.layer if layer is None else layer, s.head if head is None else head, kind or s.kind)
+        self._export(
+            "export_view", s.layer if layer is None else layer, s.head if head is None else head, kind or s.kind
+        )
 
     def export_grid(self, layer: int | None = None, kind: str | None = None) -> None:
         self._export("export_grid", layer, kind or self.selection.kind)

@@ -121,7 +121,9 @@ class Thumbnails:
                 row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
                 r = rows_of(layer, c0, c1)  # (H, n, k)
                 ks = key_starts[key_starts < r.shape[2]]
-                if len(row_starts) == 1:  # the usual chunk, inside one row bin: sum its rows first (n times less to bin)
+                if (
+                    len(row_starts) == 1
+                ):  # the usual chunk, inside one row bin: sum its rows first (n times less to bin)
                     kb = np.add.reduceat(r.sum(axis=1, keepdims=True), ks, axis=2)  # (H, 1, nbk)
                 else:
                     kb = np.add.reduceat(np.add.reduceat(r, ks, axis=2), row_starts, axis=1)  # (H, n_rowbins, nbk)

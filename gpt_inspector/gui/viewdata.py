@@ -92,7 +92,9 @@ class Snapshot:
     selection: Selection
     query: int  # the resolved query position (-1 when T == 0)
     # selection-dependent arrays (None when T == 0)
-    matrix: np.ndarray | None = None  # (T, T) float32, NaN where masked (masked/softmax stages); pooled past EXACT_LIMIT
+    matrix: np.ndarray | None = (
+        None  # (T, T) float32, NaN where masked (masked/softmax stages); pooled past EXACT_LIMIT
+    )
     allowed: np.ndarray | None = None  # (T, T) bool; None when the matrix is pooled
     matrix_block: int = 1  # positions per matrix cell: > 1 means each cell is the maximum over block x block
     matrix_rows: int = 0  # query rows of a pooled matrix computed so far (its first build streams in)
@@ -100,7 +102,9 @@ class Snapshot:
     tile_origin: tuple[int, int] = (0, 0)  # (query, key) of tile[0, 0]
     query_allowed: np.ndarray | None = None  # (T,) bool: the keys the selected query may attend to
     query_bias: np.ndarray | None = None  # (T,) the model's additive score bias on that row (ALiBi), or None
-    kv_cached: np.ndarray | None = None  # (T, n) the layer's cache rows as stored, where not per-head K/V (MLA's latent)
+    kv_cached: np.ndarray | None = (
+        None  # (T, n) the layer's cache rows as stored, where not per-head K/V (MLA's latent)
+    )
     levels: tuple[float, float] = (0.0, 1.0)
     head_rows: np.ndarray | None = None  # (H, T) softmax row of the query, every head of the layer
     q: np.ndarray | None = None  # (d,) query vector of the selected head at the query position
@@ -130,7 +134,9 @@ class Snapshot:
     kv_positions: tuple[int, ...] = ()  # per layer, the positions the model's own cache holds
 
     def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
-        return [e for e in self.mask_edits if (e.layer is None or e.layer == layer) and (e.head is None or e.head == head)]
+        return [
+            e for e in self.mask_edits if (e.layer is None or e.layer == layer) and (e.head is None or e.head == head)
+        ]
 
 
 def _probs_rows(source: RunSource):
@@ -336,7 +342,9 @@ class ViewModel:
 
     def resolve(self, sel: Selection) -> Selection:
         layer = min(max(sel.layer, 0), self.L - 1)
-        attending = self.obj.attention_layers  # a hybrid's state-space layers have nothing to show: the nearest that attends
+        attending = (
+            self.obj.attention_layers
+        )  # a hybrid's state-space layers have nothing to show: the nearest that attends
         if layer not in attending:
             layer = min(attending, key=lambda i: (abs(i - layer), i))
         head = min(max(sel.head, 0), self.H - 1)
@@ -495,7 +503,9 @@ class ViewModel:
         kvh = o.kv_head_of(head, layer)
         keys, values = o.keys(layer), o.values(layer)  # (Hkv, T, d)
         kv_block = block_for(t, EXACT_LIMIT)
-        bias = o.bias_rows(layer, query, query + 1, (head,))  # (1, 1, T): the model's additive score bias (ALiBi, doge), or None
+        bias = o.bias_rows(
+            layer, query, query + 1, (head,)
+        )  # (1, 1, T): the model's additive score bias (ALiBi, doge), or None
         cached = o.cached_rows(layer)  # (T, n) or None
         evicted, error = policy_rows(o, layer) or (None, None)  # a run under a KV cache policy, else None
         return dict(

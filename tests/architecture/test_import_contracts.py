@@ -91,7 +91,9 @@ def test_nothing_outside_core_imports_core_privates():
 def test_the_checks_can_fail(tmp_path):
     """The AST reader sees relative imports of private names and Qt (a check that cannot fail is a defect)."""
     f = PKG / "gui" / "views" / "_contract_probe.py"
-    f.write_text("from ...core.capture import _CompiledEdits\nfrom PySide6 import QtCore\nfrom ..main_window import X\n")
+    f.write_text(
+        "from ...core.capture import _CompiledEdits\nfrom PySide6 import QtCore\nfrom ..main_window import X\n"
+    )
     try:
         mods = list(_imports(f))
     finally:

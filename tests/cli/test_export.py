@@ -40,7 +40,9 @@ def test_one_head_from_a_trace(trace_file, tmp_path, capsys):
     assert rc == 0, err
     assert "layer 1 head 2" in err and str(out) in err
     w1, h1 = _png_size(out)
-    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--out", tmp_path / "h4.png", "--scale", 4)
+    rc, _, err = _run(
+        capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--out", tmp_path / "h4.png", "--scale", 4
+    )
     assert rc == 0, err
     w4, h4 = _png_size(tmp_path / "h4.png")
     assert abs(w4 - 2 * w1) <= 1 and abs(h4 - 2 * h1) <= 1  # the default scale is 2
@@ -55,7 +57,9 @@ def test_grids_and_svg_from_a_trace(trace_file, tmp_path, capsys):
     assert rc == 0, err
     text = "".join(e.text or "" for e in ET.parse(tmp_path / "layer.svg").iter("{http://www.w3.org/2000/svg}text"))
     assert "head 3" in text and "masked" in text
-    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 0, "--kind", "scores", "--out", tmp_path / "h.svg")
+    rc, _, err = _run(
+        capsys, "--trace", trace_file, "--layer", 1, "--head", 0, "--kind", "scores", "--out", tmp_path / "h.svg"
+    )
     assert rc == 0, err
     text = "".join(e.text or "" for e in ET.parse(tmp_path / "h.svg").iter("{http://www.w3.org/2000/svg}text"))
     assert all(label in text for label in labels)
@@ -87,7 +91,9 @@ def test_full_resolution_one_head(trace_file, tmp_path, capsys):
     from gpt_inspector import figures, load_trace
 
     t = load_trace(trace_file).cache_length
-    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.svg")
+    rc, _, err = _run(
+        capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.svg"
+    )
     assert rc == 0, err
     assert "layer 1 head 2 (--full-resolution)" in err
     root = ET.parse(tmp_path / "f.svg").getroot()
@@ -97,11 +103,15 @@ def test_full_resolution_one_head(trace_file, tmp_path, capsys):
     assert imread(io.BytesIO(data)).shape[:2] == (t, t)
     text = "".join(e.text or "" for e in root.iter("{http://www.w3.org/2000/svg}text"))
     assert "full resolution" in text
-    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.png")
+    rc, _, err = _run(
+        capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.png"
+    )
     assert rc == 0, err
     want = figures.head_figure(load_trace(trace_file), 1, 2, "probs", dpi=200, full_resolution=True)
     assert _png_size(tmp_path / "f.png") == figures.pixel_size(want, 200)  # laid out at the default scale, 2
-    rc, _, err = _run(capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.pdf")
+    rc, _, err = _run(
+        capsys, "--trace", trace_file, "--layer", 1, "--head", 2, "--full-resolution", "--out", tmp_path / "f.pdf"
+    )
     assert rc == 0, err
     assert f"/Width {t} /Height {t}".encode() in (tmp_path / "f.pdf").read_bytes()
     with pytest.raises(SystemExit):
@@ -123,15 +133,56 @@ def test_full_resolution_one_head(trace_file, tmp_path, capsys):
         (["--trace", "{trace}", "--layer", "zero", "--head", "0", "--out", "{out}.png"], "integer or 'all'"),
         (["--trace", "{trace}", "--layer", "0", "--out", "{out}.png"], "--head"),
         (["--trace", "{trace}", "--layer", "all", "--head", "1", "--out", "{out}.png"], "drop --head"),
-        (["--trace", "{trace}", "--layer", "0", "--head", "0", "--kind", "nope", "--out", "{out}.png"], "invalid choice"),
+        (
+            ["--trace", "{trace}", "--layer", "0", "--head", "0", "--kind", "nope", "--out", "{out}.png"],
+            "invalid choice",
+        ),
         (["--trace", "{trace}", "--layer", "0", "--head", "0", "--out", "{out}.png", "--scale", "0"], "scale"),
         (["--trace", "{trace}", "--layer", "0", "--head", "0", "--out", "{out}/sub/x.png"], "does not exist"),
-        (["--trace", "{trace}", "--prompt", "hi", "--layer", "0", "--head", "0", "--out", "{out}.png"], "drop --prompt"),
+        (
+            ["--trace", "{trace}", "--prompt", "hi", "--layer", "0", "--head", "0", "--out", "{out}.png"],
+            "drop --prompt",
+        ),
         (["--trace", "{notrace}", "--layer", "0", "--head", "0", "--out", "{out}.png"], "not a readable trace"),
         (["--layer", "0", "--head", "0", "--out", "{out}.png"], "--trace FILE, or --prompt and --steps"),
-        (["--model", "{model}", "--prompt", "hi", "--steps", "0", "--layer", "0", "--head", "0", "--out", "{out}.png"], "steps"),
-        (["--model", "{model}", "--prompt", "hi", "--steps", "1", "--layer", "3", "--head", "0", "--out", "{out}.png"], "--layer"),
-        (["--trace", "{trace}", "--layer", "0", "--head", "all", "--full-resolution", "--out", "{out}.png"], "one head"),
+        (
+            [
+                "--model",
+                "{model}",
+                "--prompt",
+                "hi",
+                "--steps",
+                "0",
+                "--layer",
+                "0",
+                "--head",
+                "0",
+                "--out",
+                "{out}.png",
+            ],
+            "steps",
+        ),
+        (
+            [
+                "--model",
+                "{model}",
+                "--prompt",
+                "hi",
+                "--steps",
+                "1",
+                "--layer",
+                "3",
+                "--head",
+                "0",
+                "--out",
+                "{out}.png",
+            ],
+            "--layer",
+        ),
+        (
+            ["--trace", "{trace}", "--layer", "0", "--head", "all", "--full-resolution", "--out", "{out}.png"],
+            "one head",
+        ),
         (["--trace", "{trace}", "--layer", "all", "--full-resolution", "--out", "{out}.svg"], "one head"),
     ],
 )

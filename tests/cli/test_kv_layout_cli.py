@@ -41,8 +41,11 @@ def test_trace_reports_the_real_cache_and_the_trace_keeps_it(family, folders, tm
     assert data["kv_kept_bytes"] == s.kv_kept_bytes() == _cache_tensor_bytes(s)
     t = s.cache_length
     window = [s.kv_cache_positions(i) for i in range(s.n_layers)]
-    assert data["kv_cache_bytes"] == s.kv_cache_bytes() == sum(
-        s.kv_kept_bytes(i) // t * window[i] for i in range(s.n_layers))
+    assert (
+        data["kv_cache_bytes"]
+        == s.kv_cache_bytes()
+        == sum(s.kv_kept_bytes(i) // t * window[i] for i in range(s.n_layers))
+    )
     per_head = sum((k.nbytes + v.nbytes) // t * window[i] for i in range(s.n_layers) for k, v in [s.qkv(i)[1:]])
     assert data["kv_per_head_bytes"] == s.kv_per_head_bytes() == per_head
     if family == "deepseek_v3":
@@ -71,7 +74,9 @@ def test_lens_on_a_model_with_several_residual_streams_says_so_in_one_line(folde
 
 
 def test_probe_cache_on_a_latent_cache_says_so_in_one_line(folders, capsys):
-    rc = main(["probe-cache", "--model", str(folders["deepseek_v3"]), "--device", "cpu", "--prompt", "She eats an apple"])
+    rc = main(
+        ["probe-cache", "--model", str(folders["deepseek_v3"]), "--device", "cpu", "--prompt", "She eats an apple"]
+    )
     err = capsys.readouterr().err
     assert rc == 2 and err.count("\n") == 1 and "latent" in err and "Traceback" not in err
 

@@ -30,7 +30,9 @@ def test_one_run_json_matches_the_api(tiny_dir, capsys):
     assert [s["agree"] for s in d["steps_detail"]] == [s.agree for s in steps]
     assert d["first_divergence"] == lab.first_divergence and d["bytes_policy"] == sum(steps[-1].bytes_policy)
     assert d["privacy"]["prompt_tokens"] == lab.run.prompt_length and d["privacy"] == lab.probe().to_json()
-    assert d["evicted_rows"] == [[list(map(int, r.nonzero()[0])) for r in lab.evicted(i)] for i in range(lab.lm.n_layers)]
+    assert d["evicted_rows"] == [
+        [list(map(int, r.nonzero()[0])) for r in lab.evicted(i)] for i in range(lab.lm.n_layers)
+    ]
     held = lab.run.cache_length - np.array([len(r) for r in d["evicted_rows"][1]])
     assert (held <= 6).all()
     assert main(argv) == 0
@@ -58,7 +60,12 @@ def test_a_quoted_tilde_is_the_home_folder_in_every_file_argument(tiny_dir, tmp_
                  "--json", "~/lab.json"]) == 0  # fmt: skip
     assert main(["lens", *model, "--steps", "1", "--out", "~/lens.svg"]) == 0
     assert main(["trace", *model, "--steps", "1", "--out", "~/t.safetensors"]) == 0
-    assert main(["export", "--trace", str(tmp_path / "t.safetensors"), "--layer", "0", "--head", "0", "--out", "~/head.png"]) == 0
+    assert (
+        main(
+            ["export", "--trace", str(tmp_path / "t.safetensors"), "--layer", "0", "--head", "0", "--out", "~/head.png"]
+        )
+        == 0
+    )
     assert {p.name for p in tmp_path.iterdir()} >= {"lab.png", "lab.json", "lens.svg", "t.safetensors", "head.png"}
 
 
@@ -181,7 +188,9 @@ def test_sweep_with_jobs_ctrl_c_terminates_the_workers_and_writes_nothing(tiny_d
     monkeypatch.setattr(multiprocessing.pool.IMapIterator, "__next__", interrupted)
     terminated = []
     real_terminate = multiprocessing.pool.Pool.terminate
-    monkeypatch.setattr(multiprocessing.pool.Pool, "terminate", lambda self: terminated.append(1) or real_terminate(self))
+    monkeypatch.setattr(
+        multiprocessing.pool.Pool, "terminate", lambda self: terminated.append(1) or real_terminate(self)
+    )
     prompts = tmp_path / "p.txt"
     prompts.write_text(PROMPT + "\n", encoding="utf-8")
     out, table = tmp_path / "f.png", tmp_path / "t.json"
@@ -221,7 +230,17 @@ BAD = [
     ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o", "--budgets", "0"],
     ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o", "--budgets", "4", "--jobs", "0"],
     ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o", "--budgets", "4", "--jobs", "-2"],
-    ["--sweep", "--prompts", "PROMPTS", "--policies", "h2o", "--budgets", "4", "--jobs", str((os.cpu_count() or 1) + 1)],
+    [
+        "--sweep",
+        "--prompts",
+        "PROMPTS",
+        "--policies",
+        "h2o",
+        "--budgets",
+        "4",
+        "--jobs",
+        str((os.cpu_count() or 1) + 1),
+    ],
 ]
 
 

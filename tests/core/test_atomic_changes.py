@@ -27,8 +27,19 @@ def _state(s):
         "finished": s.finished,
         "decoding": s.decoding,
         "ops": [dict(o) for o in s._ops],
-        "steps": [(x.index, x.token_id, x.forced, x.finish_reason, x.logits.tolist(), x.probs.tolist(), x.entropy,
-                   [t.token_id for t in x.top]) for x in s.steps_done],  # fmt: skip
+        "steps": [
+            (
+                x.index,
+                x.token_id,
+                x.forced,
+                x.finish_reason,
+                x.logits.tolist(),
+                x.probs.tolist(),
+                x.entropy,
+                [t.token_id for t in x.top],
+            )
+            for x in s.steps_done
+        ],  # fmt: skip
         "cache": _lengths(s.cache),
         "records": s.recorder.length,
         "rng": s.generator.get_state().tolist(),

@@ -127,10 +127,7 @@ def test_tokenizer_round_trips_and_uses_gpt2_conventions(tokenizer):
     assert tokenizer.eos_token_id is not None
     assert 1000 <= len(tokenizer) <= 4096
     # every token readable as ASCII once the byte-level alphabet is undone
-    assert all(
-        tokenizer.decode([i]).isascii() or len(tok) == 1
-        for tok, i in tokenizer.get_vocab().items()
-    )
+    assert all(tokenizer.decode([i]).isascii() or len(tok) == 1 for tok, i in tokenizer.get_vocab().items())
 
 
 def test_model_is_a_gpt2(model, tokenizer):
@@ -163,7 +160,10 @@ def test_has_previous_token_head_on_sentences_written_here(model, tokenizer):
 def test_has_induction_head(model, tokenizer, corpus):
     half = corpus.INDUCTION_HALF_LEN
     rows = repeated_random_tokens(
-        len(tokenizer), half, n=corpus.INDUCTION_ROWS, seed=corpus.INDUCTION_SEED,
+        len(tokenizer),
+        half,
+        n=corpus.INDUCTION_ROWS,
+        seed=corpus.INDUCTION_SEED,
         exclude=[tokenizer.eos_token_id],
     )
     layer, head, score = best_head(induction_score(_attentions(model, rows), half))
@@ -202,7 +202,11 @@ def test_two_beams_differ(model, tokenizer, corpus):
     n = enc["input_ids"].shape[1]
     with torch.no_grad():
         out = model.generate(
-            **enc, do_sample=False, num_beams=2, num_return_sequences=2, max_new_tokens=8,
+            **enc,
+            do_sample=False,
+            num_beams=2,
+            num_return_sequences=2,
+            max_new_tokens=8,
             pad_token_id=tokenizer.eos_token_id,
         )
     assert out.shape[0] == 2

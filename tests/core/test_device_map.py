@@ -67,7 +67,9 @@ def test_mask_edit_and_step_back_on_a_split_model(split_lm, tiny_lm):
         s.step_back()
         s.run(2)
     assert one.tokens == split.tokens
-    torch.testing.assert_close(split.current.logits, one.current.logits, rtol=0, atol=1e-5 * float(one.current.logits.abs().max()))
+    torch.testing.assert_close(
+        split.current.logits, one.current.logits, rtol=0, atol=1e-5 * float(one.current.logits.abs().max())
+    )
 
 
 def test_too_big_for_max_memory_without_an_offload_folder_is_refused_before_loading(tiny_dir, monkeypatch):
@@ -96,7 +98,11 @@ def test_bad_placement_arguments_say_what_to_do(tiny_dir, kw, match):
 
 def test_max_memory_parsing():
     assert validate.max_memory("0=20GiB, cuda:1=512MB,cpu=2e9,disk=100") == {
-        0: 20 * 2**30, 1: 512 * 10**6, "cpu": 2 * 10**9, "disk": 100}
+        0: 20 * 2**30,
+        1: 512 * 10**6,
+        "cpu": 2 * 10**9,
+        "disk": 100,
+    }
     assert validate.max_memory({"cpu": "1GiB"}) == {"cpu": 2**30}
     assert validate.max_memory("") is None and validate.device_map("none") is None
     with pytest.raises(InspectorError, match="twice"):

@@ -114,7 +114,9 @@ def test_refused_family_from_config_alone(tmp_path):
 
     save_file({"unused": torch.zeros(1)}, folder / "model.safetensors")  # never read: the refusal comes first
     t0 = time.perf_counter()
-    with pytest.raises(gi.InspectorError, match=r"\(deepseek_v4\) is not supported: sparse multi-head latent attention"):
+    with pytest.raises(
+        gi.InspectorError, match=r"\(deepseek_v4\) is not supported: sparse multi-head latent attention"
+    ):
         gi.load_model(folder, device="cpu")
     assert time.perf_counter() - t0 < 5
 

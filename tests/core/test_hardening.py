@@ -180,7 +180,7 @@ def test_fault_inside_a_beam_step_keeps_the_search_at_its_last_good_step(tiny_lm
     assert b.result().sequences == ref.sequences.tolist()
 
 
-_HOSTILE = r'''
+_HOSTILE = r"""
 import json, resource, struct, sys
 import gpt_inspector as gi
 
@@ -223,7 +223,7 @@ except gi.InspectorError as e:
     print("REFUSED", e)
 peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
 print("GROWTH_KIB", peak - base)
-'''
+"""
 
 
 @pytest.mark.parametrize("claim_gib", [4.0, 1024.0])

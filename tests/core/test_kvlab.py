@@ -163,7 +163,9 @@ def test_records_are_what_the_policy_attention_read(name, opts, tiny_lm):
         v = s.values(layer).float()  # (Hkv, T, d), as read
         out = torch.einsum("hqt,htd->hqd", probs, v)
         torch.testing.assert_close(out[:, 0], s.head_outputs(layer)[:, t - 1].float(), atol=2e-5, rtol=1e-4)
-        ev = (lab.policy.evicted_at[layer] <= t - 1).cpu() if budget else None  # (Hkv, T) gone before the newest query ran
+        ev = (
+            (lab.policy.evicted_at[layer] <= t - 1).cpu() if budget else None
+        )  # (Hkv, T) gone before the newest query ran
         if budget is not None:
             assert ev.any() and (probs[:, 0][ev] == 0).all()
             assert not s.allowed(layer, 0)[t - 1][ev[0].numpy()].any()

@@ -170,7 +170,9 @@ def test_ctrl_c_at_any_moment_leaves_the_lab_like_a_clean_one(tiny_lm):
         clean = KVLab(lm, PROMPT, make("h2o", 6))
         want = clean.run_steps(n + 2)[n:]
         got = lab.run_steps(2)
-        assert [x.kl for x in got] == pytest.approx([x.kl for x in want], rel=1e-9) and lab.run.tokens == clean.run.tokens
+        assert [x.kl for x in got] == pytest.approx(
+            [x.kl for x in want], rel=1e-9
+        ) and lab.run.tokens == clean.run.tokens
     assert interrupted >= 3
 
 

@@ -35,7 +35,10 @@ def test_rows_from_a_gpu_land_in_order_when_read():
     # holds what a CPU buffer given the same writes holds
     g = torch.Generator().manual_seed(0)
     gpu, cpu = RowBuffer(), RowBuffer()
-    writes = [(torch.randn(1, 2, n, 4, generator=g), p) for p, n in [(0, 5), (5, 1), (6, 1), (6, 1), (7, 90), (40, 3), (97, 1)]]
+    writes = [
+        (torch.randn(1, 2, n, 4, generator=g), p)
+        for p, n in [(0, 5), (5, 1), (6, 1), (6, 1), (7, 90), (40, 3), (97, 1)]
+    ]
     for i, (rows, p) in enumerate(writes):
         gpu.write(rows.cuda(), p)
         cpu.write(rows, p)
@@ -222,4 +225,6 @@ def test_torch_without_enable_gqa_repeats_kv_and_records_the_kv_heads(tiny_lm, m
         k, v = s.recorder.k[layer].view(s.cache_length), s.recorder.v[layer].view(s.cache_length)
         assert k.shape[1] == lm.n_kv_heads and torch.equal(k, s.cache.layers[layer].keys.cpu())
         assert torch.equal(v, s.cache.layers[layer].values.cpu())
-        torch.testing.assert_close(torch.as_tensor(s.attention_output(layer)), torch.as_tensor(ref.attention_output(layer)))
+        torch.testing.assert_close(
+            torch.as_tensor(s.attention_output(layer)), torch.as_tensor(ref.attention_output(layer))
+        )

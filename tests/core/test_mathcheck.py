@@ -19,7 +19,6 @@ FAMILIES = ["gpt2", "llama", "qwen2", "gpt_neox"]
 PROMPT = "She eats an apple. He reads a book"
 
 
-
 def _session(lm, steps=5, **kw):
     s = gi.Session(lm, PROMPT, temperature=1.0, seed=4, **kw)
     s.run(steps)

@@ -79,7 +79,9 @@ def test_step_back_past_the_window_then_on(pair):
     ref.run(3)
     assert s.tokens == ref.tokens
     for layer in s.attention_layers:
-        assert torch.equal(s.head_output_row(layer, s.cache_length - 1), ref.head_output_row(layer, ref.cache_length - 1))
+        assert torch.equal(
+            s.head_output_row(layer, s.cache_length - 1), ref.head_output_row(layer, ref.cache_length - 1)
+        )
         _close(s.head_outputs(layer), ref.head_outputs(layer))
     while s.steps_done:
         s.step_back()

@@ -21,7 +21,6 @@ PROMPT = "The cat sat on the mat. One two three"
 DEMO = Path(__file__).resolve().parents[2] / "resources" / "demo-gpt2"
 
 
-
 @pytest.fixture(scope="module")
 def sessions(tiny_lm):
     cache = {}

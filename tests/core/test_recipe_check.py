@@ -15,13 +15,27 @@ GOOD = {"format": "gpt-inspector-recipe/1", "model": None, "prompt": "She eats",
         "initial_decoding": {"temperature": 0.0, "top_k": None, "top_p": None}, "ops": [{"op": "step"}]}  # fmt: skip
 
 BAD = [
-    {"mask_edits": 5}, {"seed": json.loads("1e400")}, {"seed": 2**64}, {"decoding": [1, 2]},
-    {"initial_decoding": {"temperature": "hot"}}, {"prompt_ids": [1, -1]}, {"prompt_ids": [1.5]}, {"prompt_ids": []},
-    {"prompt": 5}, {"ops": 5}, {"ops": [{"op": "explode"}]}, {"ops": [{"op": "step_back"}]},
-    {"ops": [{"op": "force", "token_id": 1}]}, {"ops": [{"op": "step"}, {"op": "force", "token_id": 1e400}]},
-    {"ops": [{"op": "mask", "edits": [{"query": 1e400, "key": 0}]}]}, {"ops": [{"op": "mask", "edits": 5}]},
+    {"mask_edits": 5},
+    {"seed": json.loads("1e400")},
+    {"seed": 2**64},
+    {"decoding": [1, 2]},
+    {"initial_decoding": {"temperature": "hot"}},
+    {"prompt_ids": [1, -1]},
+    {"prompt_ids": [1.5]},
+    {"prompt_ids": []},
+    {"prompt": 5},
+    {"ops": 5},
+    {"ops": [{"op": "explode"}]},
+    {"ops": [{"op": "step_back"}]},
+    {"ops": [{"op": "force", "token_id": 1}]},
+    {"ops": [{"op": "step"}, {"op": "force", "token_id": 1e400}]},
+    {"ops": [{"op": "mask", "edits": [{"query": 1e400, "key": 0}]}]},
+    {"ops": [{"op": "mask", "edits": 5}]},
     {"ops": [{"op": "heads", "edits": [{"layer": 0, "patch_from": "abc"}]}]},
-    {"ops": [{"op": "step"}] * (MAX_OPS + 1)}, {"load": [1]}, {"load": {"device": 5}}, {"tokens": {"a": 1}},
+    {"ops": [{"op": "step"}] * (MAX_OPS + 1)},
+    {"load": [1]},
+    {"load": {"device": 5}},
+    {"tokens": {"a": 1}},
 ]
 
 

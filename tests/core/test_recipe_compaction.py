@@ -58,8 +58,11 @@ def test_ten_thousand_cycles_restore_in_a_few_seconds(tiny_lm):
     s.run(10)
     cycles = []
     for i in range(10_000):  # as the old version recorded them: each force or decoding change kept its step back
-        change = {"op": "force", "token_id": i % 50} if i % 2 else \
-            {"op": "decoding", "temperature": 0.5 + i % 7 / 10, "top_k": None, "top_p": None, "redecide": True}
+        change = (
+            {"op": "force", "token_id": i % 50}
+            if i % 2
+            else {"op": "decoding", "temperature": 0.5 + i % 7 / 10, "top_k": None, "top_p": None, "redecide": True}
+        )
         cycles += [{"op": "step"}, change, {"op": "step_back"}]
     recipe = {**s.recipe(), "ops": s.recipe()["ops"] + cycles}
     t0 = time.perf_counter()

@@ -67,7 +67,10 @@ def test_a_breakpoint_stops_after_the_step_that_hit_it():
     assert s.n_steps == 3 and len(events) == 3
     assert stop.kind == "breakpoint" and stop.reason.startswith("breakpoint at step 3: token 'c.'")
     s = FakeSession(script=[("a", 0.9, 0.1), ("b", 0.2, 4.0)] * 3)
-    assert finish(run_until(s, max_steps=6, breakpoints=Breakpoints(prob_below=0.5))).reason == "breakpoint at step 2: p=0.200 < 0.5"
+    assert (
+        finish(run_until(s, max_steps=6, breakpoints=Breakpoints(prob_below=0.5))).reason
+        == "breakpoint at step 2: p=0.200 < 0.5"
+    )
     s = FakeSession(script=[("a", 0.9, 0.1), ("b", 0.2, 4.0)] * 3)
     assert "entropy 4.000 > 3" in finish(run_until(s, max_steps=6, breakpoints=Breakpoints(entropy_above=3.0))).reason
     assert not Breakpoints().active and Breakpoints(prob_below=0.0).active
@@ -126,7 +129,10 @@ def test_toggle_blocks_then_unblocks_the_same_cell():
 
 
 def test_toggle_scopes_and_the_causal_diagonal():
-    assert toggle_cells([], [(3, 0), (3, 5), (2, 2)], 1, 2, "layer") == [MaskEdit(3, 0, 1, None), MaskEdit(2, 2, 1, None)]
+    assert toggle_cells([], [(3, 0), (3, 5), (2, 2)], 1, 2, "layer") == [
+        MaskEdit(3, 0, 1, None),
+        MaskEdit(2, 2, 1, None),
+    ]
     assert toggle_cells([], [(3, 0)], 1, 2, "all") == [MaskEdit(3, 0, None, None)]
     assert toggle_cells([MaskEdit(1, 0)], [(0, 4)], 0, 0) == [MaskEdit(1, 0)]  # nothing below the diagonal
     with pytest.raises(InspectorError, match="scope"):

@@ -70,7 +70,10 @@ def test_read_only_folder(session, tmp_path):
 def test_read_only_folder_simulated(session, tmp_path, monkeypatch):
     """The same refusal where the tests run as root: creating the temporary is what a read-only folder fails."""
     tokens = list(session.tokens)
-    with read_only(tmp_path, monkeypatch), pytest.raises(gi.InspectorError, match="cannot write .*(Read-only|Permission)"):
+    with (
+        read_only(tmp_path, monkeypatch),
+        pytest.raises(gi.InspectorError, match="cannot write .*(Read-only|Permission)"),
+    ):
         session.save_trace(tmp_path / "t.safetensors")
     _intact(session, tokens)
     assert os.listdir(tmp_path) == []

@@ -237,7 +237,11 @@ def test_the_pooled_head_figure_from_row_chunks_matches_the_whole_matrix(session
     whole = figures.head_figure(WholeMatrices(session), 1, 3, kind, dpi=8)
     assert len(calls) > 1 and max(p1 - p0 for p0, p1 in calls) <= 6
     assert chunked.pool == whole.pool > 1 and f"pooled {whole.pool}×{whole.pool}" in chunked.subheading
-    assert (chunked.heading, chunked.subheading, chunked.has_masked) == (whole.heading, whole.subheading, whole.has_masked)
+    assert (chunked.heading, chunked.subheading, chunked.has_masked) == (
+        whole.heading,
+        whole.subheading,
+        whole.has_masked,
+    )
     np.testing.assert_allclose(chunked.panel_values[0], whole.panel_values[0], rtol=1e-5, atol=1e-6)
     a, b = _png(figures.to_bytes(chunked, "png", 8)), _png(figures.to_bytes(whole, "png", 8))
     assert a.shape == b.shape and np.abs(a - b).max() <= 1

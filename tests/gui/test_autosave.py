@@ -25,8 +25,16 @@ def base(tmp_path, monkeypatch):
 
 def _recipe(writer: int, i: int) -> dict:
     # big enough that a torn write would be visible (several pages)
-    return {"format": "gpt-inspector-recipe/1", "writer": writer, "i": i, "ops": [{"op": "step"}] * 2000, "prompt": "a",
-            "prompt_ids": [1], "seed": 0, "initial_decoding": {"temperature": 0.0, "top_k": None, "top_p": None}}
+    return {
+        "format": "gpt-inspector-recipe/1",
+        "writer": writer,
+        "i": i,
+        "ops": [{"op": "step"}] * 2000,
+        "prompt": "a",
+        "prompt_ids": [1],
+        "seed": 0,
+        "initial_decoding": {"temperature": 0.0, "top_k": None, "top_p": None},
+    }
 
 
 def _check_whole(p: Path, seen: list) -> None:

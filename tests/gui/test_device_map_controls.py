@@ -19,7 +19,11 @@ def test_load_controls_split_a_model_over_cpu_and_disk(make_window, wait_idle, t
     panel.max_memory.setText(f"cpu={int(weights * 0.76)}")
     panel.offload_folder.setText(str(tmp_path / "offload"))
     spec = panel.model_spec()
-    assert (spec.device_map, spec.max_memory, spec.offload_folder) == ("auto", f"cpu={int(weights * 0.76)}", str(tmp_path / "offload"))
+    assert (spec.device_map, spec.max_memory, spec.offload_folder) == (
+        "auto",
+        f"cpu={int(weights * 0.76)}",
+        str(tmp_path / "offload"),
+    )
     win.acts.load.trigger()
     wait_idle(win, timeout=60000)
     assert dialogs == []

@@ -169,7 +169,9 @@ def test_window_ctrl_e_full_resolution_writes_on_the_worker(shown, wait_idle, qt
     snap = wait_idle(win)
     target, threads = tmp_path / "head.svg", []
     real = export.render_heatmap
-    monkeypatch.setattr(export, "render_heatmap", lambda *a, **k: threads.append(threading.get_ident()) or real(*a, **k))
+    monkeypatch.setattr(
+        export, "render_heatmap", lambda *a, **k: threads.append(threading.get_ident()) or real(*a, **k)
+    )
 
     def accept(self):
         qtbot.addWidget(self)

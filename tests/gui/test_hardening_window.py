@@ -70,7 +70,9 @@ def test_a_corrupt_autosave_is_ignored(make_window, monkeypatch):
     assert len(list(autosave.path().parent.glob("autosave.json.rejected-*"))) == 2  # both kept for the user
 
 
-def test_an_exception_inside_a_step_shows_a_dialog_and_keeps_the_last_good_step(make_window, wait_idle, monkeypatch, tiny_lm):
+def test_an_exception_inside_a_step_shows_a_dialog_and_keeps_the_last_good_step(
+    make_window, wait_idle, monkeypatch, tiny_lm
+):
     shown = _capture_dialogs(monkeypatch)
     win = make_window("gpt2")
     win.run(3)

@@ -150,7 +150,9 @@ def test_save_and_reopen_a_trace(shown, wait_idle, qtbot, dialogs, monkeypatch, 
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
     asked = []
     # first the user keeps the session: nothing changes
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: asked.append(a[1]) or QMessageBox.StandardButton.Cancel)
+    monkeypatch.setattr(
+        QMessageBox, "question", lambda *a, **k: asked.append(a[1]) or QMessageBox.StandardButton.Cancel
+    )
     press(qtbot, win, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier)
     assert asked == ["Replace the session?"] and not wait_idle(win).read_only
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Open)

@@ -90,7 +90,7 @@ def lms_hybrid(tmp_path_factory):
 
 
 def test_mla_panel_shows_the_latent_rows_as_cached(qtbot, wait_idle, lms, _window):
-    """"as cached" swaps the per-head K and V for the rows the model's cache really stores."""
+    """ "as cached" swaps the per-head K and V for the rows the model's cache really stores."""
     from PySide6.QtCore import Qt
 
     win, s = _window(qtbot, wait_idle, lms["deepseek_v3"])
@@ -130,7 +130,10 @@ def test_a_sliding_window_model_shows_its_own_cache_and_what_the_inspector_keeps
     from gpt_inspector.core.kv_layout import human_bytes
 
     lm = tiny_lm("gemma2")
-    assert lm.model.config.sliding_window == 4 and lm.model.config.layer_types[:2] == ["sliding_attention", "full_attention"]
+    assert lm.model.config.sliding_window == 4 and lm.model.config.layer_types[:2] == [
+        "sliding_attention",
+        "full_attention",
+    ]
     row = 2 * lm.n_kv_heads * lm.head_dim * 4  # K and V of one position and layer, float32: 128 bytes
     win = shown("gemma2")
     p = win.snapshot.prompt_len

@@ -116,7 +116,9 @@ def test_quantization_error_column_shows_the_selected_kv_heads_rows(make_window,
         np.testing.assert_allclose(xk, keys[kvh], rtol=1e-6, atol=0)
         np.testing.assert_allclose(xv, values[kvh], rtol=1e-6, atol=0)
         assert f"KV head {kvh} quantization error: keys max {float(keys[kvh].max()):.3g}" in view.title.text()
-    assert not np.allclose(twin.row_error(0)[0][0], twin.row_error(0)[0][1])  # the heads differ: the wrong one would fail
+    assert not np.allclose(
+        twin.row_error(0)[0][0], twin.row_error(0)[0][1]
+    )  # the heads differ: the wrong one would fail
     assert not twin.evicted(0).any() and not any(lab_.startswith(EVICTED_LABEL) for lab_ in view.axis.labels)
     assert not no_dialogs
 

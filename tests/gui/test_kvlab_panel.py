@@ -56,7 +56,10 @@ def test_run_step_and_probe_show_the_labs_numbers(make_window, wait_idle, qtbot,
     qtbot.mouseClick(panel.probe_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: "recovered" in panel.privacy_label.text(), timeout=20000)
     r = ref.probe()
-    assert f"{r.recovered} of {r.prompt_tokens} prompt tokens recovered ({r.held} still held)" in panel.privacy_label.text()
+    assert (
+        f"{r.recovered} of {r.prompt_tokens} prompt tokens recovered ({r.held} still held)"
+        in panel.privacy_label.text()
+    )
     # the shown session was never touched: still at its first state
     assert win.snapshot.n_steps == 0
     assert not no_dialogs and not win.errors
@@ -152,7 +155,9 @@ def test_back_in_the_panel_and_the_windows_step_back_undo_a_lab_step_exactly(mak
     np.testing.assert_array_equal(snap.kv_evicted, twin.evicted(snap.selection.layer))
     click(panel.step_button)
     shown(4)
-    assert not no_dialogs and [e[1] for e in win.errors] == ["nothing to step back: the lab is at its prompt (no lab step has run)"]
+    assert not no_dialogs and [e[1] for e in win.errors] == [
+        "nothing to step back: the lab is at its prompt (no lab step has run)"
+    ]
 
 
 def test_on_a_sliding_window_model_the_full_cache_is_the_models_with_what_is_kept_beside(make_window, wait_idle,

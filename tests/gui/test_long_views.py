@@ -95,7 +95,9 @@ def test_zoomed_in_view_gets_exact_cells_and_a_too_large_one_does_not(tiny_lm, l
         want = np.where(s.allowed(0, 1), s.attention(0, 1, "probs"), np.nan)
         q0, k0 = snap.tile_origin
         assert snap.tile.shape == (min(t, q0 + 5) - q0, min(t, k0 + 5) - k0)
-        np.testing.assert_allclose(snap.tile, want[q0 : q0 + snap.tile.shape[0], k0 : k0 + snap.tile.shape[1]], rtol=1e-5, atol=1e-7)
+        np.testing.assert_allclose(
+            snap.tile, want[q0 : q0 + snap.tile.shape[0], k0 : k0 + snap.tile.shape[1]], rtol=1e-5, atol=1e-7
+        )
     s.step_back()
     snap = vm.build(follow)
     t = s.cache_length

@@ -42,7 +42,9 @@ def test_pooled_matrix_then_exact_cells_where_zoomed_in(shown, wait_idle, qtbot,
     assert f"pooled {b}×{b} (block max)" in sm.title.text() and not sm.tile.isVisible()
     # the user zooms into the bottom-left corner (what a wheel zoom or a drag does to the view box)
     sm.vb.setRange(xRange=(0, 5), yRange=(t - 5, t), padding=0)
-    qtbot.waitUntil(lambda: win.snapshot is not None and win.snapshot.tile is not None and sm.tile.isVisible(), timeout=10000)
+    qtbot.waitUntil(
+        lambda: win.snapshot is not None and win.snapshot.tile is not None and sm.tile.isVisible(), timeout=10000
+    )
     snap = wait_idle(win)
     layer, head = snap.selection.layer, snap.selection.head
     ref = Session(tiny_lm("gpt2"), PROMPT)
@@ -76,7 +78,9 @@ def test_first_overview_streams_while_the_window_answers(shown, wait_idle, qtbot
     monkeypatch.setattr(pooled_mod.Thumbnails, "add_rows", slow_add)
     win = shown(prompt=PROMPT)
     seen = []
-    win.snapshot_changed.connect(lambda s: seen.append((s.thumb_rows, s.T, s.selection.head, win.overview.title.text())))
+    win.snapshot_changed.connect(
+        lambda s: seen.append((s.thumb_rows, s.T, s.selection.head, win.overview.title.text()))
+    )
     messages = []
     win.statusBar().messageChanged.connect(messages.append)
     _press(qtbot, win, Qt.Key.Key_F10)
@@ -125,8 +129,13 @@ def test_kv_export_of_pooled_rows_says_so(shown, wait_idle, qtbot, long_limits, 
     import gpt_inspector.gui.export_dialog as dlg
 
     shown_figs = []
-    monkeypatch.setattr(dlg, "_show", lambda parent, fig, name, scale, title: shown_figs.append(
-        (fig.subheading, fig.panel_values[0].shape, list(fig.row_labels))))
+    monkeypatch.setattr(
+        dlg,
+        "_show",
+        lambda parent, fig, name, scale, title: shown_figs.append(
+            (fig.subheading, fig.panel_values[0].shape, list(fig.row_labels))
+        ),
+    )
     win = shown(prompt=PROMPT)
     _press(qtbot, win, Qt.Key.Key_F10)
     snap = wait_idle(win)

@@ -116,7 +116,9 @@ def test_clicking_a_mask_cell_recomputes_like_the_engine(make_window, wait_idle,
     ref = Session(tiny_lm("gpt2"), PROMPT)
     ref.run(3)
     report = ref.set_mask_edits([edit])
-    assert [(e.token_id, e.prob, e.logit) for e in snap.step.top] == [(e.token_id, e.prob, e.logit) for e in ref.current.top]
+    assert [(e.token_id, e.prob, e.logit) for e in snap.step.top] == [
+        (e.token_id, e.prob, e.logit) for e in ref.current.top
+    ]
     assert snap.mask_report.total_variation == pytest.approx(report.total_variation)
     assert report.total_variation > 0
     np.testing.assert_array_equal(snap.mask_report.after, report.after.numpy())
@@ -315,7 +317,11 @@ def test_export_builds_the_figure_on_the_worker(make_window, wait_idle, monkeypa
         return real_head(source, *a, **kw)
 
     monkeypatch.setattr(ed.figures, "head_figure", head_figure)
-    monkeypatch.setattr(ed, "_show", lambda parent, fig, name, scale, what, preview=None, full=None: shown.append((fig.heading, name, preview[:4])))
+    monkeypatch.setattr(
+        ed,
+        "_show",
+        lambda parent, fig, name, scale, what, preview=None, full=None: shown.append((fig.heading, name, preview[:4])),
+    )
     win.select(layer=1, head=3, kind="scores")
     wait_idle(win)
     win.export_view()
@@ -390,7 +396,12 @@ def test_dragging_over_cells_blocks_them_all_in_the_chosen_scope(make_window, wa
     view.scope.setCurrentIndex(view.scope.findData("layer"))
     view.set_edit_mode(True)
     assert not view.vb.state["mouseEnabled"][0]  # no panning while editing
-    path = [QPointF(0.5, t - 0.5), QPointF(1.5, t - 0.5), QPointF(1.6, t - 0.4), QPointF(t - 0.5, 1.5)]  # last: above diagonal
+    path = [
+        QPointF(0.5, t - 0.5),
+        QPointF(1.5, t - 0.5),
+        QPointF(1.6, t - 0.4),
+        QPointF(t - 0.5, 1.5),
+    ]  # last: above diagonal
     for i, p in enumerate(path):
         view._drag(p, i == 0, i == len(path) - 1)
     snap = wait_idle(win)

@@ -220,7 +220,11 @@ SCREEN = textwrap.dedent(
 
 
 def _run_on_screen(tmp_path, w: int, h: int) -> dict:
-    screen = {"screens": [{"name": "s", "x": 0, "y": 0, "width": w, "height": h, "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}]}
+    screen = {
+        "screens": [
+            {"name": "s", "x": 0, "y": 0, "width": w, "height": h, "logicalDpi": 96, "logicalBaseDpi": 96, "dpr": 1}
+        ]
+    }
     (tmp_path / "screen.json").write_text(json.dumps(screen))
     env = dict(os.environ, QT_QPA_PLATFORM=f"offscreen:configfile={tmp_path / 'screen.json'}",
                GPT_INSPECTOR_SETTINGS=str(tmp_path / "settings.ini"))  # fmt: skip
@@ -243,11 +247,15 @@ def _check(m, avail, what):
     assert sb[3] >= m["status_min"] and not m["status_whole"], f"{what}: status bar cut: {m['status_whole']}"
     for key, (r, (mw, mh), (pw, ph)) in m["docks"].items():
         assert _inside(r, avail) and _inside(r, m["frame"]), f"{what}: {key} {r} leaves the screen {avail}"
-        assert r[2] >= max(mw, pw) and r[3] >= max(mh, ph), f"{what}: {key} is {r[2:]}, below its minimum {max(mw, pw)}x{max(mh, ph)}"
+        assert r[2] >= max(mw, pw) and r[3] >= max(mh, ph), (
+            f"{what}: {key} is {r[2:]}, below its minimum {max(mw, pw)}x{max(mh, ph)}"
+        )
     for unelided, cut in m["tabs"]:
         assert unelided and not cut, f"{what}: dock tabs elided or cut: {cut}"
     shown, pitch, line = m["next"]
-    assert shown >= 4 and pitch >= line, f"{what}: next token shows {shown} rows {pitch:.1f} px apart, labels {line} px high"
+    assert shown >= 4 and pitch >= line, (
+        f"{what}: next token shows {shown} rows {pitch:.1f} px apart, labels {line} px high"
+    )
 
 
 @pytest.mark.parametrize("size", SIZES, ids=[f"{w}x{h}" for w, h in SIZES])
@@ -283,7 +291,12 @@ def test_screenshot_takes_a_size_and_shows_whole_tab_titles(tiny_dir, tmp_path, 
 
     def look_then_grab(win, *a):  # what the PNG will show, read off the window as it is grabbed
         bars = [b for b in win.findChildren(QTabBar) if b.parent() is win and b.isVisible() and b.count()]
-        seen.append([(b.elideMode(), [b.tabText(i) for i in range(b.count()) if not b.rect().contains(b.tabRect(i))]) for b in bars])
+        seen.append(
+            [
+                (b.elideMode(), [b.tabText(i) for i in range(b.count()) if not b.rect().contains(b.tabRect(i))])
+                for b in bars
+            ]
+        )
         return grab(win, *a)
 
     monkeypatch.setattr(MainWindow, "grab", look_then_grab)

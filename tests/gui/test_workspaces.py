@@ -37,7 +37,11 @@ def _main_slot(win, name, qtbot):
 
     def placed():
         g, tokens = main.geometry(), win.docks["tokens"].geometry()
-        others = [d for k, d in win.docks.items() if d is not main and k not in ("session", "breakpoints", "tokens") and _in_front(d)]
+        others = [
+            d
+            for k, d in win.docks.items()
+            if d is not main and k not in ("session", "breakpoints", "tokens") and _in_front(d)
+        ]
         return (_in_front(main) and abs(g.top() - tokens.bottom()) < 12 and abs(g.left() - tokens.left()) < 12
                 and all(g.width() >= d.width() for d in others))  # fmt: skip
 
@@ -55,7 +59,9 @@ def test_workspace_menu_and_shortcuts_arrange_the_docks(shown, qtbot):
     win.docks["kv"].toggleViewAction().trigger()  # the user closes the KV cache panel
     assert not win.docks["kv"].isVisible()
     for i, name in enumerate(NAMES[1:], start=2):
-        qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key(Qt.Key.Key_0.value + i), Qt.KeyboardModifier.AltModifier)
+        qtbot.keyClick(
+            QApplication.focusWidget() or win, Qt.Key(Qt.Key.Key_0.value + i), Qt.KeyboardModifier.AltModifier
+        )
         qtbot.waitUntil(lambda name=name: win.workspace == name, timeout=3000)
         _main_slot(win, name, qtbot)
         assert _checked(win) == [name]

@@ -40,7 +40,9 @@ def test_installed_package_resolves_the_demo_model_inside_itself(wheel, tmp_path
                    check=True, capture_output=True, timeout=300)  # fmt: skip
     env = {**os.environ, "PYTHONPATH": str(target)}
     env.pop("GPT_INSPECTOR_DEMO_MODEL", None)
-    code = "import gpt_inspector as gi; lm = gi.load_model(); print(gi.__file__); print(gi.DEMO_MODEL); print(lm.n_layers)"
+    code = (
+        "import gpt_inspector as gi; lm = gi.load_model(); print(gi.__file__); print(gi.DEMO_MODEL); print(lm.n_layers)"
+    )
     r = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env, timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     pkg_file, demo, layers = r.stdout.split()

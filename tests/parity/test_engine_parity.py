@@ -139,7 +139,9 @@ def test_mask_edit_equals_hf_eager_with_4d_mask(family, tiny_lm, eager):
     np.testing.assert_allclose(s.current.probs.numpy(), before.numpy(), atol=1e-6)
 
 
-@pytest.mark.parametrize("num_beams,length_penalty,early_stopping", [(2, 1.0, False), (3, 0.5, True), (4, 2.0, "never")])
+@pytest.mark.parametrize(
+    "num_beams,length_penalty,early_stopping", [(2, 1.0, False), (3, 0.5, True), (4, 2.0, "never")]
+)
 def test_beams_equal_generate_on_sliding_window_model(tiny_lm, eager, num_beams, length_penalty, early_stopping):
     from gpt_inspector.core.beams import BeamSearch
 

@@ -52,8 +52,17 @@ ADAPTED = "bloom codegen doge falcon gpt_neo gpt_neox_japanese gptj mpt xglm".sp
 # Falcon, MPT with clip_qkv, doge with tied key biases (HF's own A = 0); Gemma 4's two other layouts (fewer KV heads
 # with keys as values in its full-attention layers; KV-shared last layers, which its forward runs on the kept rows
 # only unless adapted); and llama4_text with chunks narrower than the sequence
-VARIANTS = ["falcon_mha", "falcon_new_arch", "mpt_clip_qkv", "doge_tied", "doge_tied_no_window", "gemma4_k_eq_v",
-            "gemma4_kv_shared", "gemma4_unified_kv_shared", "llama4_chunked"]
+VARIANTS = [
+    "falcon_mha",
+    "falcon_new_arch",
+    "mpt_clip_qkv",
+    "doge_tied",
+    "doge_tied_no_window",
+    "gemma4_k_eq_v",
+    "gemma4_kv_shared",
+    "gemma4_unified_kv_shared",
+    "llama4_chunked",
+]
 
 # these report softmax weights before their sink (the sink scales the output afterwards); ours are
 # the weights the values really get, so they equal HF's times each row's share left by the sink
@@ -103,7 +112,13 @@ def _stepped_eager(ref, tokens: list[int], prompt_len: int) -> SimpleNamespace:
     logits, rows = [], []
     for a, b in [(0, prompt_len)] + [(p, p + 1) for p in range(prompt_len, t)]:
         pos = torch.arange(a, b)[None]  # (1, n): generate passes positions (bamba decodes wrongly without)
-        o = ref(ids[:, a:b], **{hf.cache_kwarg(getattr(ref, "_model", ref)): cache}, use_cache=True, output_attentions=True, position_ids=pos)
+        o = ref(
+            ids[:, a:b],
+            **{hf.cache_kwarg(getattr(ref, "_model", ref)): cache},
+            use_cache=True,
+            output_attentions=True,
+            position_ids=pos,
+        )
         logits.append(o.logits[0])  # (n, V)
         # a sliding-window cache returns only the keys in reach: the last ones before b, placed at their positions
         rows.append([F.pad(x[0], (b - x.shape[-1], t - b)) for x in o.attentions])  # (H, n, T) per layer
@@ -155,7 +170,7 @@ def test_family_equals_hf_eager(family, built):
         np.testing.assert_allclose(short.numpy(), ours[:, p0:p1, :p1].numpy(), atol=1e-6, rtol=0,
                                    err_msg=f"{family}: key-limited rows of layer {layer}")  # fmt: skip
     if family in GENERATE_UNRELIABLE:
-        assert s.tokens[len(s.prompt_ids):] == logits[len(s.prompt_ids) - 1 :].argmax(-1).tolist()
+        assert s.tokens[len(s.prompt_ids) :] == logits[len(s.prompt_ids) - 1 :].argmax(-1).tolist()
     else:
         assert s.tokens == gen[0].tolist(), f"{family}: greedy differs from generate"
 
@@ -170,7 +185,9 @@ def test_the_sliding_window_is_narrower_than_the_sequence(built):
 
 
 # blenderbot-small: its causal-LM class sets is_encoder_decoder=False on its config; the refusal must still come
-@pytest.mark.parametrize("family", ["openai-gpt", "falcon_alibi", "minimax", "zamba", "bert", "blenderbot-small", "dory"])
+@pytest.mark.parametrize(
+    "family", ["openai-gpt", "falcon_alibi", "minimax", "zamba", "bert", "blenderbot-small", "dory"]
+)
 def test_refused_families_say_why_in_one_line(family, tokenizer):
     eos = tokenizer.convert_tokens_to_ids("<|endoftext|>")
     model = tiny_families.build_model(family, eos)
@@ -289,7 +306,9 @@ def test_every_refusal_names_a_reason():
 def test_every_causal_lm_type_is_verified_or_refused():
     """A model type a new transformers release adds fails here, by name, until it is verified or refused."""
     unknown = sorted(set(MODEL_FOR_CAUSAL_LM_MAPPING_NAMES) - set(VERIFIED) - set(REFUSED))
-    assert not unknown, f"transformers {transformers.__version__} maps these to a causal LM; verify or refuse them: {unknown}"
+    assert not unknown, (
+        f"transformers {transformers.__version__} maps these to a causal LM; verify or refuse them: {unknown}"
+    )
 
 
 def test_every_refused_type_is_refused_by_its_config_alone():
@@ -308,7 +327,9 @@ def test_every_refused_type_is_refused_by_its_config_alone():
 
 def test_verified_families_are_still_shipped():
     if tiny_families.older_than_checked():
-        pytest.skip(f"transformers {transformers.__version__} predates families verified on {tiny_families.NEWEST_CHECKED}")
+        pytest.skip(
+            f"transformers {transformers.__version__} predates families verified on {tiny_families.NEWEST_CHECKED}"
+        )
     missing = [f for f in VERIFIED if f not in MODEL_FOR_CAUSAL_LM_MAPPING_NAMES]
     assert not missing, f"transformers {transformers.__version__} no longer maps {missing} to a causal LM"
 
@@ -402,7 +423,9 @@ def test_qkv_is_what_attention_received_and_kv_bytes_are_the_real_cache(family, 
     if KV_KINDS[family] != "per-head":  # the probe replays per-head K/V it can only find in a plain cache
         from gpt_inspector.core.probe import probe_session
 
-        with pytest.raises(gi.InspectorError, match=f"the cache probe replays per-head K/V of every layer; in {family} "):
+        with pytest.raises(
+            gi.InspectorError, match=f"the cache probe replays per-head K/V of every layer; in {family} "
+        ):
             probe_session(s, layers=[0])
 
 
@@ -410,7 +433,9 @@ def test_a_config_with_per_layer_sizes_loads_from_a_folder(tokenizer, tmp_path):
     # dots3_note_text's sliding layers have sizes of their own: its config raises on a global head_dim, which the
     # load-time shape checks read (a traceback at load until they tolerated it)
     folder = tmp_path / "dots3_note_text"
-    tiny_families.build_model("dots3_note_text", tokenizer.convert_tokens_to_ids("<|endoftext|>")).save_pretrained(folder)
+    tiny_families.build_model("dots3_note_text", tokenizer.convert_tokens_to_ids("<|endoftext|>")).save_pretrained(
+        folder
+    )
     tokenizer.save_pretrained(folder)
     lm = gi.load_model(folder, device=DEVICE)
     s = gi.Session(lm, PROMPT)
@@ -437,13 +462,15 @@ def _generate_cache(ref, gen):
 # the families whose own cache holds less than the session keeps at T = 19: sliding-window or chunked
 # layers (4-key windows, chunks of 4: they keep 3 positions). Explicit, so a family whose window stops
 # cutting the sequence (or starts to) fails here by name
-WINDOWED = set("""
+WINDOWED = set(
+    """
 afmoe beam cohere2 cohere2_moe cwm doge exaone4 exaone_moe gemma2 gemma3_text gemma3n_text gpt_oss granite_swa
 granitemoe_swa kolibri1 llama4_chunked mimo_v2_flash ministral ministral3 mistral mixtral modernbert-decoder moshi
 olmo3 phi3 phimoe qwen3_moe starcoder2 vaultgemma
 gemma4_text gemma4_unified_text cohere_compass_text dots3_note_text lara_mini zaya doge_tied gemma4_k_eq_v
 gemma4_kv_shared gemma4_unified_kv_shared
-""".split())
+""".split()
+)
 
 
 @pytest.mark.parametrize("family", VERIFIED + VARIANTS)
@@ -517,8 +544,22 @@ def test_a_beam_search_counts_the_cache_generate_builds_for_its_beams(family, bu
     assert view.kv_kept_bytes() * 3 == bs.kv_kept_bytes()
 
 
-HYBRIDS = ["bamba", "falcon_h1", "granitemoehybrid", "jamba", "lara_mini", "lfm2", "lfm2_moe", "nemotron_h", "olmo_hybrid",
-           "qwen3_5_text", "qwen3_5_moe_text", "qwen3_next", "zaya", "zamba2"]
+HYBRIDS = [
+    "bamba",
+    "falcon_h1",
+    "granitemoehybrid",
+    "jamba",
+    "lara_mini",
+    "lfm2",
+    "lfm2_moe",
+    "nemotron_h",
+    "olmo_hybrid",
+    "qwen3_5_text",
+    "qwen3_5_moe_text",
+    "qwen3_next",
+    "zaya",
+    "zamba2",
+]
 
 
 def _beams_equal_generate(family, built):

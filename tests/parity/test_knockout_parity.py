@@ -39,7 +39,9 @@ def _check_every_step(s, ref_model, atol=1e-5):
     with torch.no_grad():
         ref = ref_model(ids).logits[0]  # (T, V)
     for st in s.steps_done:
-        np.testing.assert_allclose(st.logits.numpy(), ref[st.position].numpy(), atol=atol * max(1.0, float(ref.abs().max())))
+        np.testing.assert_allclose(
+            st.logits.numpy(), ref[st.position].numpy(), atol=atol * max(1.0, float(ref.abs().max()))
+        )
 
 
 @pytest.mark.parametrize("family, layer, head", [("gpt2", 1, 2), ("llama", 0, 3)])

@@ -95,7 +95,9 @@ def reference_model(tiny_dir):
 
     def get(family, impl):
         if (family, impl) not in cache:
-            cache[family, impl] = AutoModelForCausalLM.from_pretrained(tiny_dir[family], attn_implementation=impl).eval()
+            cache[family, impl] = AutoModelForCausalLM.from_pretrained(
+                tiny_dir[family], attn_implementation=impl
+            ).eval()
         return cache[family, impl]
 
     return get
@@ -155,7 +157,9 @@ def test_eviction_equals_hf_eager_with_per_head_4d_masks(family, name, opts, tin
 
 @pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
 @pytest.mark.parametrize("bits,group,residual", [(4, 4, 3), (2, 8, 5), (2, 4, 0)])
-def test_quantized_run_equals_generate_with_independent_fake_quant(family, bits, group, residual, tiny_lm, reference_model):
+def test_quantized_run_equals_generate_with_independent_fake_quant(
+    family, bits, group, residual, tiny_lm, reference_model
+):
     lm = tiny_lm(family)
     lab = KVLab(lm, PROMPT, make(f"int{bits}", group=group, residual=residual), free_running=True)
     lab.run_steps(12)
@@ -200,7 +204,9 @@ def test_transformers_scheme_equals_transformers_quantized_cache_with_quanto(fam
     """transformers' own QuantizedCache (quanto backend), not a copy of it: same tokens, same logits."""
     pytest.importorskip("optimum.quanto")
     lm = tiny_lm(family)
-    lab = KVLab(lm, PROMPT, make(f"int{bits}", group=group, residual=residual, scheme="transformers"), free_running=True)
+    lab = KVLab(
+        lm, PROMPT, make(f"int{bits}", group=group, residual=residual, scheme="transformers"), free_running=True
+    )
     lab.run_steps(12)
     ids = torch.tensor([lab.run.prompt_ids])
     with torch.no_grad():

@@ -33,5 +33,7 @@ def gemma4_text(model) -> None:
         return
     if "logits_to_keep" not in inspect.signature(slicer).parameters:
         # the shared layers' earlier rows would go unrecorded, their attention shown as zeros: refuse instead
-        raise NotImplementedError("its text model slices the KV-shared layers' inputs in a way the adapter does not know")
+        raise NotImplementedError(
+            "its text model slices the KV-shared layers' inputs in a way the adapter does not know"
+        )
     patch(base, "_maybe_slice_kv_shared_inputs", _every_row)

@@ -203,7 +203,9 @@ class BeamSearch(Run):
 
     def _finished_slots(self) -> list[int | None]:
         """The tree node of each hypothesis slot holding a finished hypothesis, else None."""
-        return [n if n is not None and bool(self._is_sent_finished[0, j]) else None for j, n in enumerate(self._slot_nodes)]
+        return [
+            n if n is not None and bool(self._is_sent_finished[0, j]) else None for j, n in enumerate(self._slot_nodes)
+        ]
 
     def _hypothesis(self, slot: int) -> Hypothesis:
         n = self.nodes[self._slot_nodes[slot]]
@@ -521,7 +523,9 @@ class BeamSearch(Run):
     # ------------------------------------------------------------------ the tree
     def _refresh_status(self) -> None:
         running = [] if self.done else self._row_nodes
-        beam_tree.refresh_status(self.nodes, running, self._finished_slots(), self.num_return_sequences if self.done else 0)
+        beam_tree.refresh_status(
+            self.nodes, running, self._finished_slots(), self.num_return_sequences if self.done else 0
+        )
 
     def tree(self) -> list[BeamNode]:
         """Every token any beam proposed and kept among the K best, as nodes (0 = the prompt)."""

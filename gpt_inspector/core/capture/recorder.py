@@ -27,8 +27,9 @@ from .interventions import KEY_BIAS_ATTR
 from .kernel import AppliedBias
 
 # The recorder of the forward pass running in *this* thread (the GUI worker, a script, a test).
-_ACTIVE: contextvars.ContextVar[Recorder | RowRecorders | None] = contextvars.ContextVar("gpt_inspector_recorder",
-                                                                                      default=None)
+_ACTIVE: contextvars.ContextVar[Recorder | RowRecorders | None] = contextvars.ContextVar(
+    "gpt_inspector_recorder", default=None
+)
 
 
 def current_recorder() -> Recorder | RowRecorders | None:
@@ -277,6 +278,7 @@ class RowRecorders:
         if score_bias is not None or kwargs.get("indices") is not None or KEY_BIAS_ATTR in module.__dict__:
             raise Unpairable("the model's attention takes a score bias or key selection per batch row")
         from .attend import inspector_attention as attention  # attend.py imports this module: import when called
+
         outs, probs = [], []
         for r, rec in enumerate(self.rows):
             one = slice(r, r + 1)

@@ -142,7 +142,9 @@ class KVLab:
             raise InspectorError(f"policy must come from kvlab.make(...) (or be a Policy), got {policy!r}")
         kw = {"temperature": temperature, "top_k": top_k, "top_p": top_p, "seed": seed, "prompt_ids": prompt_ids}
         lay = lm.kv_layout
-        shapes = list(dict.fromkeys((lk.keys, lk.values) for lk in lay.layers if lk is not None)) if lay is not None else []
+        shapes = (
+            list(dict.fromkeys((lk.keys, lk.values) for lk in lay.layers if lk is not None)) if lay is not None else []
+        )
         if len(shapes) > 1:  # Gemma 4: its full-attention layers have their own head size (and KV heads)
             shown = ", ".join(f"{k[0]} KV heads of size {k[1]}" for k, _ in shapes)
             raise InspectorError(f"the KV cache lab sizes a policy by one KV-head count and head size for every layer; "
@@ -287,7 +289,11 @@ class KVLab:
         p = t - 1
         same = self.reference.tokens[:t] == self.run.tokens[:t]
         # free-running runs that parted attend over different texts: no mass to compare (NaN)
-        lost = np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64) if same else np.full((lm.n_layers, lm.n_heads), np.nan)
+        lost = (
+            np.zeros((lm.n_layers, lm.n_heads), dtype=np.float64)
+            if same
+            else np.full((lm.n_layers, lm.n_heads), np.nan)
+        )
         evicted_now = []
         for layer in range(lm.n_layers):
             ev = self.policy.evicted_rows(layer, p, t, t, lm.n_heads)  # (H, 1, T) what the last query missed

@@ -38,7 +38,9 @@ class _Growing(DynamicLayer):
         buf = getattr(self, "_buf", None)
         if buf is None or t + n > buf[0].shape[-2] or buf[0].shape[:2] != key_states.shape[:2]:
             cap = t + n + max(64, (t + n) // 4)
-            buf = tuple(x.new_empty((*x.shape[:2], cap, x.shape[-1])) for x in (key_states, value_states))  # (B, H, cap, d)
+            buf = tuple(
+                x.new_empty((*x.shape[:2], cap, x.shape[-1])) for x in (key_states, value_states)
+            )  # (B, H, cap, d)
             if t:
                 buf[0][:, :, :t].copy_(self.keys)
                 buf[1][:, :, :t].copy_(self.values)
@@ -66,7 +68,9 @@ class PairStepper:
         return a.lm is b.lm and a.cache_length == b.cache_length and _plain(a.cache) and _plain(b.cache)
 
     def _held(self) -> list:
-        return [t for x, y in zip(self.a.cache.layers, self.b.cache.layers) for t in (x.keys, x.values, y.keys, y.values)]
+        return [
+            t for x, y in zip(self.a.cache.layers, self.b.cache.layers) for t in (x.keys, x.values, y.keys, y.values)
+        ]
 
     def _pair_cache(self) -> DynamicCache:
         held = self._held()

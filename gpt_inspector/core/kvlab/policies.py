@@ -61,7 +61,9 @@ def _budget(v, what: str, limit: int) -> int | None:
     if v <= 0:
         raise InspectorError(f"{what} must be at least 1 cache entry, got {v}")
     if v > limit:
-        raise InspectorError(f"{what} is {v} entries, more than the model's context of {limit}: use no budget for a full cache")
+        raise InspectorError(
+            f"{what} is {v} entries, more than the model's context of {limit}: use no budget for a full cache"
+        )
     return int(v)
 
 
@@ -197,7 +199,12 @@ class Eviction(Policy):
         return f"{self.name} budget {'unlimited' if self.budget is None else self.budget}"
 
     def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device="cpu") -> None:
-        for what, v in (("sinks", self.sinks), ("recent", self.recent), ("window", self.window), ("kernel", self.kernel)):
+        for what, v in (
+            ("sinks", self.sinks),
+            ("recent", self.recent),
+            ("window", self.window),
+            ("kernel", self.kernel),
+        ):
             if v is not None and (isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < 0):
                 raise InspectorError(f"{what} must be a whole number >= 0, got {v!r}")
         base = _budget(self.budget, "budget", context)
@@ -241,8 +248,12 @@ class Eviction(Policy):
         return self._recent_cache[layer]
 
     def reset(self) -> None:
-        self._evicted_at = [torch.empty(self.n_kv_heads, 0, dtype=torch.long, device=self.device) for _ in range(self.n_layers)]
-        self.scores = [torch.empty(self.n_kv_heads, 0, dtype=torch.float64, device=self.device) for _ in range(self.n_layers)]
+        self._evicted_at = [
+            torch.empty(self.n_kv_heads, 0, dtype=torch.long, device=self.device) for _ in range(self.n_layers)
+        ]
+        self.scores = [
+            torch.empty(self.n_kv_heads, 0, dtype=torch.float64, device=self.device) for _ in range(self.n_layers)
+        ]
         # a decode step's scoring and eviction, deferred to one batched pass over its layers (``_flush``):
         # per layer it is a dozen tiny tensor operations, whose fixed cost is most of their time
         self._pending: dict[int, tuple[int, torch.Tensor | None]] = {}  # layer -> (Tk, (H or Hkv, Tk) what scores it)
@@ -332,7 +343,12 @@ class Eviction(Policy):
         rows = {"h2o": range(tq), "custom": range(tq), "tova": range(tq - 1, tq),
                 "snapkv": range(max(0, tq - self.window), tq)}.get(self.name)  # fmt: skip
         p = None if rows is None else self._probs(query, k, mask, scaling, softcap, probs, rows)  # (H, n, Tk) float32
-        if tq == 1 and budget is not None and self.name in ("h2o", "tova", "keynorm", "streaming") and self._uniform_budget(layer):
+        if (
+            tq == 1
+            and budget is not None
+            and self.name in ("h2o", "tova", "keynorm", "streaming")
+            and self._uniform_budget(layer)
+        ):
             # a decode step under one budget per head: scored and evicted with the forward's other layers
             what = p[:, 0] if p is not None else self._score(layer, k, None, tk) if self.name == "keynorm" else None
             self._pending[layer] = (tk, what)  # (H, Tk) attention, (Hkv, Tk) key scores, or None
@@ -429,7 +445,9 @@ class Eviction(Policy):
             return -k[0, ::g].double().norm(dim=-1)  # low key norm = kept, (Hkv, Tk)
         if name == "custom":
             return self._custom(layer, k, p, tk)
-        return torch.zeros(self.n_kv_heads, tk, dtype=torch.float64, device=self.device)  # streaming: position alone decides
+        return torch.zeros(
+            self.n_kv_heads, tk, dtype=torch.float64, device=self.device
+        )  # streaming: position alone decides
 
     def _custom(self, layer, k, p, tk) -> torch.Tensor:
         g = self.n_heads // self.n_kv_heads

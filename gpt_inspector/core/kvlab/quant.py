@@ -72,7 +72,9 @@ class Quantization(Policy):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if what == "group" else 0):
                 raise InspectorError(f"{what} must be a whole number >= {1 if what == 'group' else 0}, got {v!r}")
         if self.fp8 is None and head_dim % self.group:
-            raise InspectorError(f"group {self.group} does not divide the head size {head_dim} (values are grouped along it)")
+            raise InspectorError(
+                f"group {self.group} does not divide the head size {head_dim} (values are grouped along it)"
+            )
         super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device)
 
     def boundaries(self, length: int) -> tuple[int, int]:
@@ -212,7 +214,9 @@ class TransformersQuantization(Quantization):
 
     def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device="cpu") -> None:
         if self.residual < 1:
-            raise InspectorError("residual must be at least 1 in transformers' scheme (it flushes when the window fills)")
+            raise InspectorError(
+                "residual must be at least 1 in transformers' scheme (it flushes when the window fills)"
+            )
         super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device)
 
     def reset(self) -> None:
@@ -296,4 +300,3 @@ class TransformersQuantization(Quantization):
         packed = 2 * math.ceil(numbers * self.bits / 8)
         groups = 2 * (numbers // self.group)  # one scale and one shift each
         return packed + 2 * groups * self.itemsize + 2 * (length - n) * self.n_kv_heads * self.head_dim * self.itemsize
-

@@ -124,7 +124,9 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
         raise InspectorError("no prompts to sweep")
     # every policy is built (and checked against the model) before the first forward
     for name, budget in pairs:
-        build_policy(name, budget, options).bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4)
+        build_policy(name, budget, options).bind(
+            lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4
+        )
     result = SweepResult(lm.name, int(steps), prompts)
     tasks = [(pi, name, budget) for pi in range(len(prompts)) for name, budget in pairs]
     total = len(tasks)
@@ -204,5 +206,7 @@ def _worker_row(task) -> tuple[int, SweepRow]:
 def build_policy(name: str, budget: int | None, options: dict | None = None):
     """``make(name, budget, ...)`` with the options that policy takes (the rest are ignored)."""
     options = options or {}
-    keys = ("group", "residual", "scheme") if name in QUANT else ("sinks", "recent", "window", "kernel", "layer_budgets")
+    keys = (
+        ("group", "residual", "scheme") if name in QUANT else ("sinks", "recent", "window", "kernel", "layer_budgets")
+    )
     return make(name, budget, **{k: v for k, v in options.items() if k in keys and v is not None})

@@ -190,7 +190,9 @@ class ElidedLabel(QLabel):
 
     def _elide(self) -> None:
         width = self.contentsRect().width()
-        super().setText(self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width) if width > 0 else self._full)
+        super().setText(
+            self.fontMetrics().elidedText(self._full, Qt.TextElideMode.ElideRight, width) if width > 0 else self._full
+        )
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 (Qt)
         super().resizeEvent(ev)
@@ -198,7 +200,9 @@ class ElidedLabel(QLabel):
 
     def sizeHint(self) -> QSize:  # noqa: N802 (Qt)
         m = self.contentsMargins()
-        return QSize(self.fontMetrics().horizontalAdvance(self._full) + m.left() + m.right() + 2, super().sizeHint().height())
+        return QSize(
+            self.fontMetrics().horizontalAdvance(self._full) + m.left() + m.right() + 2, super().sizeHint().height()
+        )
 
     def minimumSizeHint(self) -> QSize:  # noqa: N802 (Qt)
         return QSize(0, super().minimumSizeHint().height())

@@ -245,8 +245,7 @@ class BeamTreeView(QGraphicsView):
         lines = [
             f"step {n['step']}: {n['text']!r} (id {n['token_id']})",
             f"from beam {None if n['parent_beam'] is None else n['parent_beam'] + 1}, rank {n['rank'] + 1}",
-            f"log p = {_fmt(n['logprob'])}"
-            + ("" if n["logprob"] is None else f"  (p = {math.exp(n['logprob']):.3f})"),
+            f"log p = {_fmt(n['logprob'])}" + ("" if n["logprob"] is None else f"  (p = {math.exp(n['logprob']):.3f})"),
             f"cumulative score = {_fmt(n['score'])}",
         ]
         if n.get("stopped"):
@@ -293,7 +292,9 @@ class ComparePanel(QWidget):
         self.early = QComboBox(toolTip="early_stopping")
         self.early.addItems(["False", "True", "never"])
         self.sample = QCheckBox("sample", toolTip="also draw one seeded sample")
-        self.temperature = QDoubleSpinBox(minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2, toolTip="sampling temperature")
+        self.temperature = QDoubleSpinBox(
+            minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2, toolTip="sampling temperature"
+        )
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=0, toolTip="sampling seed")
         self.run_button = QPushButton("Compare", clicked=lambda: self.compare_requested.emit(self.settings()))
         self.beams.valueChanged.connect(lambda v: self.returns.setMaximum(v))
@@ -324,7 +325,9 @@ class ComparePanel(QWidget):
             "<span style='color:#3fb950'>green</span>: finished · <span style='color:#4fa3ff'>blue</span>: alive · "
             "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)", rich=True,
         )  # fmt: skip
-        self.split = split = splitter(Qt.Orientation.Vertical, column((self.table, 1), self.summary), column(legend, (self.tree, 1), spacing=1))
+        self.split = split = splitter(
+            Qt.Orientation.Vertical, column((self.table, 1), self.summary), column(legend, (self.tree, 1), spacing=1)
+        )
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)
 

@@ -142,7 +142,9 @@ class KVCacheView(QWidget):
         self.bplot.addItem(self.kept_bars)
         self.bars = pg.BarGraphItem(x=[], height=[], width=0.7, brushes=[])
         self.bplot.addItem(self.bars)
-        self.hplot = bare(self.glw.addPlot(row=1, col=3, title=None, axisItems={"bottom": WholeAxis("bottom")}))  # whole steps
+        self.hplot = bare(
+            self.glw.addPlot(row=1, col=3, title=None, axisItems={"bottom": WholeAxis("bottom")})
+        )  # whole steps
         self.hplot.setLabel("bottom", "step")
         self.kept_curve = self.hplot.plot([], [], pen=pg.mkPen(KEPT_PEN, width=1, style=Qt.PenStyle.DashLine))
         self.hcurve = self.hplot.plot([], [], pen=pg.mkPen("#4fa3ff", width=2), symbol="o", symbolSize=4,
@@ -264,7 +266,8 @@ class KVCacheView(QWidget):
         dims = f"{w // heads} dims" if w == wv else f"{w // heads} dims in K, {wv // heads} in V"
         # the bytes first: at 1366 px the panel shows only the title's first forty characters (all on hover)
         self._set_title(
-            f"layer {layer}: " + cache_bytes_text(snap, layer)
+            f"layer {layer}: "
+            + cache_bytes_text(snap, layer)
             + f" · {t} positions × {heads} KV heads × {dims}, K and V ({snap.dtype})"
             # K and V of every position, as attention receives them: against what is kept of every position
             + cache_note(kept[layer] if more else kvb[layer], t * (w + wv) * _ITEMSIZE.get(snap.dtype, 4))
@@ -344,6 +347,7 @@ class KVCacheView(QWidget):
         self.axis.set_labels(snap.labels[:t])
         self._set_title(
             f"layer {snap.selection.layer}: the model's cache as stored, {t} positions × {n} numbers "
-            f"(a compressed latent, not per-head K and V, {snap.dtype}) · " + cache_bytes_text(snap, snap.selection.layer)
+            f"(a compressed latent, not per-head K and V, {snap.dtype}) · "
+            + cache_bytes_text(snap, snap.selection.layer)
             + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
         )

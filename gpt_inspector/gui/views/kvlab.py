@@ -69,13 +69,17 @@ class KVLabPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.view: LabView | None = None
-        self.policy = QComboBox(toolTip="Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache")
+        self.policy = QComboBox(
+            toolTip="Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache"
+        )
         self.policy.addItems(POLICIES)
         self.policy.setCurrentText("h2o")
         self.budget = QSpinBox(minimum=0, maximum=1_000_000, value=32, specialValueText="unlimited",
                                toolTip="Cache entries kept per KV head (eviction policies); 0 = unlimited")  # fmt: skip
         self.steps = QSpinBox(minimum=1, maximum=4096, value=16, toolTip="Lab steps per Run")
-        self.free = QCheckBox("free-running", toolTip="The policy run chooses its own tokens (default: it is fed the reference's)")
+        self.free = QCheckBox(
+            "free-running", toolTip="The policy run chooses its own tokens (default: it is fed the reference's)"
+        )
         self.run_button = QPushButton("Run", toolTip="Start a lab from this session's prompt and run the steps")
         self.run_button.clicked.connect(self.run_requested)
         # the other buttons act on a lab: off until Run made one
@@ -279,5 +283,7 @@ def create_panel(window) -> KVLabPanel:
     panel.run_requested.connect(run)
     panel.step_requested.connect(lambda: on_lab(lambda lab: lab.step(), "one more lab step…"))
     panel.back_requested.connect(lambda: on_lab(lambda lab: lab.step_back(), "stepping the lab back…"))
-    panel.probe_requested.connect(lambda: on_lab(lambda lab: lab.probe(), "probing the policy's cache for the prompt…", panel.show_privacy))
+    panel.probe_requested.connect(
+        lambda: on_lab(lambda lab: lab.probe(), "probing the policy's cache for the prompt…", panel.show_privacy)
+    )
     return panel

@@ -49,7 +49,9 @@ class LensPanel(QWidget):
         self.result = None
         self.compute_button = QPushButton("Compute", toolTip="The logit lens and head attribution of the current step")
         self.compute_button.clicked.connect(self.compute_requested)
-        self.export_button = QPushButton("Export…", toolTip="Save the lens and the head map as PNG, SVG or PDF", enabled=False)
+        self.export_button = QPushButton(
+            "Export…", toolTip="Save the lens and the head map as PNG, SVG or PDF", enabled=False
+        )
         self.follow = QCheckBox("after every step", checked=True,
                                 toolTip="Recompute after each step while this panel is shown (one extra unembedding per layer)")  # fmt: skip
         self.status = QLabel("run a step, then the lens shows where the prediction formed")
@@ -89,7 +91,9 @@ class LensPanel(QWidget):
         if self.split.orientation() != want:
             self.split.setOrientation(want)
             # under the table the two plots sit side by side: stacked, they would scroll out of a short dock
-            self.plots.setOrientation(Qt.Orientation.Vertical if want == Qt.Orientation.Horizontal else Qt.Orientation.Horizontal)
+            self.plots.setOrientation(
+                Qt.Orientation.Vertical if want == Qt.Orientation.Horizontal else Qt.Orientation.Horizontal
+            )
         QTimer.singleShot(0, self._share)
 
     def _share(self) -> None:
@@ -101,7 +105,12 @@ class LensPanel(QWidget):
             first = int(total * 0.6)
         else:
             t = self.table
-            rows = t.horizontalHeader().height() + sum(t.rowHeight(r) for r in range(t.rowCount())) + 2 * t.frameWidth() + 4
+            rows = (
+                t.horizontalHeader().height()
+                + sum(t.rowHeight(r) for r in range(t.rowCount()))
+                + 2 * t.frameWidth()
+                + 4
+            )
             if t.horizontalScrollBar().isVisible():
                 rows += t.horizontalScrollBar().height()
             first = max(t.minimumHeight(), min(rows, int(total * 0.6)))
@@ -131,7 +140,11 @@ class LensPanel(QWidget):
 
     def _show_status(self) -> None:
         shown = TOP_K - self.hidden_ranks
-        more = f" · top {shown} of {TOP_K} shown: widen the panel for more" if self.hidden_ranks and self.result is not None else ""
+        more = (
+            f" · top {shown} of {TOP_K} shown: widen the panel for more"
+            if self.hidden_ranks and self.result is not None
+            else ""
+        )
         self.status.setText(self._status_text + more)
 
     def clear(self, text: str) -> None:
@@ -319,6 +332,8 @@ def _add_interventions(window) -> None:
              ("Clear knock-outs and patches", lambda: edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared"), None)]  # fmt: skip
     window.tools_menu.addSeparator()
     for text, slot, key in items:
-        window.tools_menu.addAction(window.acts.action(text, slot, key, "Recompute the run with this change, tokens kept"))
+        window.tools_menu.addAction(
+            window.acts.action(text, slot, key, "Recompute the run with this change, tokens kept")
+        )
     for view in (window.overview, window.score_matrix):
         context_actions(view.glw, *((text, slot) for text, slot, _ in items))

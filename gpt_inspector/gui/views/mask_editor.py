@@ -41,7 +41,11 @@ class MaskEditor(QWidget):
         self.clear = QPushButton("Clear all", clicked=lambda: self.edits_replaced.emit([]))
         self.summary = wrapped_label("no edit yet", rich=True)
         self.table = table(["token", "before", "after", "Δ"], QHeaderView.ResizeMode.Stretch)
-        split = splitter(Qt.Orientation.Vertical, column(self.list, hbox(None, self.remove, self.clear, 1)), column(self.summary, self.table))
+        split = splitter(
+            Qt.Orientation.Vertical,
+            column(self.list, hbox(None, self.remove, self.clear, 1)),
+            column(self.summary, self.table),
+        )
         vbox(self, hint, (split, 1), margin=2)
         self.report = None
 

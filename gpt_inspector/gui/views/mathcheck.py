@@ -38,7 +38,9 @@ class MathCheckPanel(QWidget):
         self.check_button = QPushButton("Check selected head",
                                         toolTip="Recompute softmax(qKᵀ·s)·V by hand for the selected head and compare")  # fmt: skip
         self.check_button.clicked.connect(self.check_requested)
-        self.check_all_button = QPushButton("Check every head", toolTip="The same for every layer and head, at every query position")
+        self.check_all_button = QPushButton(
+            "Check every head", toolTip="The same for every layer and head, at every query position"
+        )
         self.check_all_button.clicked.connect(self.check_all_requested)
         self.check = None
         self.report = None
@@ -168,4 +170,3 @@ def create_panel(window) -> MathCheckPanel:
                                     "Recompute softmax(qKᵀ·s)·V by hand and compare with the model"))  # fmt: skip
     window.tools_menu.addAction(act("Check the math of every head", every))
     return panel
-

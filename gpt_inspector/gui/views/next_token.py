@@ -58,7 +58,9 @@ class NextTokenView(QWidget):
         self.plot.addItem(self.bars)
         self.texts: list[pg.TextItem] = []
         self.decoding = info_label("")
-        self.redecide = QPushButton("Re-decide", toolTip="Choose the current token again from the same logits at the current settings")
+        self.redecide = QPushButton(
+            "Re-decide", toolTip="Choose the current token again from the same logits at the current settings"
+        )
         self.redecide.clicked.connect(self.redecide_requested)
         vbox(self, hbox(None, (self.summary, 1), self.redecide), (self.glw, 1), self.decoding, margin=2, spacing=2)
         self.top_ids: list[int] = []  # the kept candidates, best first (the rows drawn are the first ``shown``)

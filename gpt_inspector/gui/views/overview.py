@@ -105,5 +105,7 @@ class OverviewGrid(QWidget):
             self.last_image = snap.thumbs
         bs = snap.thumb_bin_size
         res = f"{snap.thumb_bins}×{snap.thumb_bins} bins" + (f" of {bs} positions" if bs > 1 else "")
-        partial = "" if snap.thumb_rows >= snap.T else f" · {100 * snap.thumb_rows // max(1, snap.T)}% of query rows so far"
+        partial = (
+            "" if snap.thumb_rows >= snap.T else f" · {100 * snap.thumb_rows // max(1, snap.T)}% of query rows so far"
+        )
         self.title.setText(f"Overview: {self.L} layers × {self.H} heads · softmax, {res}{partial}")

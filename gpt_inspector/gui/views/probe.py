@@ -48,7 +48,9 @@ class ProbePanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
-        self.layers = QListWidget(toolTip="the layers to probe; layer 0 needs no model run past the embeddings", maximumHeight=90)
+        self.layers = QListWidget(
+            toolTip="the layers to probe; layer 0 needs no model run past the embeddings", maximumHeight=90
+        )
         self.layers.itemChanged.connect(lambda _item: self._enable())
         self.probe_button = QPushButton("Probe", clicked=lambda: self.probe_requested.emit(self.chosen_layers()))
         self._live = False
@@ -125,9 +127,7 @@ class ProbePanel(QWidget):
             self.text.setText("")
             return
         lp = r.layers[max(0, min(index, len(r.layers) - 1))]
-        self.summary.setText(
-            f"{r.model_name}: {lp.summary()} — {lp.seconds:.2f} s over a vocabulary of {r.vocab_size}"
-        )
+        self.summary.setText(f"{r.model_name}: {lp.summary()} — {lp.seconds:.2f} s over a vocabulary of {r.vocab_size}")
         self.text.setText(f"read back: {r.texts.get(lp.layer, '')!r}")
         self.table.setRowCount(lp.n_positions)
         for row, p in enumerate(lp.positions):

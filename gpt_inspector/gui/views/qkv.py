@@ -111,7 +111,12 @@ class QKVView(QWidget):
     def _set_empty(self, empty: bool) -> None:
         self._empty = empty
         # an empty plot would show pyqtgraph's default axes: "(x0.001)" and −0.4…0.4 for no data
-        for plot, names in ((self.qplot, ("left",)), (self.kplot, ("left",)), (self.vplot, ("left",)), (self.bplot, ("left",))):
+        for plot, names in (
+            (self.qplot, ("left",)),
+            (self.kplot, ("left",)),
+            (self.vplot, ("left",)),
+            (self.bplot, ("left",)),
+        ):
             show_axes(plot, names, not empty)
         for plot in (self.kplot, self.vplot):
             show_axes(plot, ("bottom",), not empty and not self.compact)
@@ -150,7 +155,9 @@ class QKVView(QWidget):
             newest.setRect(QRectF(0, t - 1, d, 1))
         sel = snap.selection
         kv = f" (KV head {snap.kv_head})" if snap.n_kv_heads != snap.n_heads else ""
-        self.title.setText(f"layer {sel.layer} · head {sel.head}{kv} · query {snap.query} “{snap.labels[snap.query]}” · d = {d}")
+        self.title.setText(
+            f"layer {sel.layer} · head {sel.head}{kv} · query {snap.query} “{snap.labels[snap.query]}” · d = {d}"
+        )
         key = self.key
         if not 0 <= key < t or snap.query_allowed is None or not snap.query_allowed[key]:
             key = int(np.argmax(snap.head_rows[sel.head])) if snap.head_rows is not None else t - 1
@@ -177,9 +184,14 @@ class QKVView(QWidget):
             score = math.tanh(score / s.softcap) * s.softcap
         allowed = bool(s.query_allowed[key]) if s.query_allowed is not None else True
         p = float(s.head_rows[s.selection.head, key]) if s.head_rows is not None else float("nan")
-        tail = f"softmax p = <b>{p:.4f}</b>" if allowed else "<span style='color:#ff6b6b'>masked: the softmax never sees it</span>"
+        tail = (
+            f"softmax p = <b>{p:.4f}</b>"
+            if allowed
+            else "<span style='color:#ff6b6b'>masked: the softmax never sees it</span>"
+        )
         self.readout.setText(
             f"q<sub>{s.query}</sub> · k<sub>{key}</sub> “{html.escape(s.labels[key])}”: Σ<sub>i</sub> q<sub>i</sub>k<sub>i</sub> = "
-            f"<b>{raw:.4f}</b> × scaling {s.scaling:.4g}" + ("" if bias is None else f" + bias {bias:+.4g}")
+            f"<b>{raw:.4f}</b> × scaling {s.scaling:.4g}"
+            + ("" if bias is None else f" + bias {bias:+.4g}")
             + f" = score <b>{score:.4f}</b> → {tail}"
         )

@@ -117,7 +117,9 @@ class ScoreMatrix(QWidget):
         for key, text in SCOPES:
             self.scope.addItem(text, key)
         bar.addWidget(self.scope)
-        exp = QToolButton(text="Export…", toolTip="Save this matrix as a figure: PNG, SVG or PDF, with its tokens and colour bar")
+        exp = QToolButton(
+            text="Export…", toolTip="Save this matrix as a figure: PNG, SVG or PDF, with its tokens and colour bar"
+        )
         exp.clicked.connect(self.export_requested)
         bar.addWidget(exp)
         self.title = info_label("")
@@ -147,7 +149,9 @@ class ScoreMatrix(QWidget):
             self.plot.addItem(item)
         self.tile.setLookupTable(CMAP.getLookupTable(nPts=256))
         self._view_sent = None
-        self._view_timer = QTimer(self, singleShot=True, interval=120)  # a wheel zoom sends one request when it settles, not one per notch
+        self._view_timer = QTimer(
+            self, singleShot=True, interval=120
+        )  # a wheel zoom sends one request when it settles, not one per notch
         self._view_timer.timeout.connect(self._send_view)
         self.cbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=CMAP, interactive=False, width=12)
         self.cbar.setImageItem(self.image, insert_in=self.plot)
@@ -156,7 +160,9 @@ class ScoreMatrix(QWidget):
         self.edits = pg.ScatterPlotItem(symbol="x", size=9, pen=pg.mkPen("#ff4040", width=2), brush=None, pxMode=True)
         self.edits.setZValue(12)
         self.plot.addItem(self.edits)
-        self.preview = pg.ScatterPlotItem(symbol="s", size=10, pen=pg.mkPen("#ffffff"), brush=pg.mkBrush(255, 64, 64, 120))
+        self.preview = pg.ScatterPlotItem(
+            symbol="s", size=10, pen=pg.mkPen("#ffffff"), brush=pg.mkBrush(255, 64, 64, 120)
+        )
         self.preview.setZValue(13)
         self.plot.addItem(self.preview)
         self._hint = placeholder_text(self.plot, "press Step (F10) to run the prompt")
@@ -172,7 +178,12 @@ class ScoreMatrix(QWidget):
         (x0, x1), (y0, y1) = self.vb.viewRange()
         t = self.T
         clamp = lambda v: min(max(int(v), 0), t)  # noqa: E731
-        return clamp(math.floor(min(y0, y1))), clamp(math.ceil(max(y0, y1))), clamp(math.floor(x0)), clamp(math.ceil(x1))
+        return (
+            clamp(math.floor(min(y0, y1))),
+            clamp(math.ceil(max(y0, y1))),
+            clamp(math.floor(x0)),
+            clamp(math.ceil(x1)),
+        )
 
     def _send_view(self) -> None:
         """Ask for exact cells where a pooled matrix is zoomed in far enough to show them."""
