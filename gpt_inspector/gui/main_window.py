@@ -16,11 +16,13 @@ Extension points for other panels (comparison, probes, math checks):
 
 from __future__ import annotations
 
+import contextlib
 import sys
 import time
 from dataclasses import replace
 from pathlib import Path
 
+import shiboken6
 from PySide6.QtCore import Qt, QTimer, Signal
 from PySide6.QtWidgets import (
     QLabel,
@@ -271,19 +273,34 @@ class MainWindow(DockLayout, QMainWindow):
         dialog.setAutoReset(False)
         self.restore_dialog = dialog
 
-        def progress(done: int, total: int) -> None:
+        connected = [True]
+
+        def release(*_) -> None:
+            if connected[0]:  # once: a second disconnect makes PySide print a RuntimeWarning
+                connected[0] = False
+                for signal, slot in ((self.controller.progress, progress), (self.controller.done, done)):
+                    with contextlib.suppress(RuntimeError, TypeError):
+                        signal.disconnect(slot)
+
+        # the controller outlives the dialog (and may outlive this window): a signal delivered after
+        # the dialog's C++ side is gone must not reach it (a use after free, not an exception, in PySide6)
+        def progress(done_ops: int, total: int) -> None:
+            if not shiboken6.isValid(dialog):
+                release()
+                return
             dialog.setMaximum(max(total, 1))
-            dialog.setValue(done)
+            dialog.setValue(done_ops)
 
         def done(s: int) -> None:
-            if s == serial:
-                self.controller.progress.disconnect(progress)
-                self.controller.done.disconnect(done)
-                dialog.close()
-                dialog.deleteLater()
+            if s == serial or not shiboken6.isValid(dialog):
+                release()
+                if shiboken6.isValid(dialog):
+                    dialog.close()
+                    dialog.deleteLater()
 
         self.controller.progress.connect(progress)
         self.controller.done.connect(done)
+        dialog.destroyed.connect(release)
         dialog.canceled.connect(self.controller.pause)  # the worker checks between operations
 
     def start_session(self) -> int | None:
