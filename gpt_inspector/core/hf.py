@@ -24,7 +24,7 @@ __all__ = [
     "VERSION", "SUPPORTED", "AttentionInterface", "AttentionMaskInterface", "AutoConfig", "DynamicCache",
     "DynamicLayer", "DynamicSlidingWindowLayer", "EncoderDecoderCache", "LinearAttentionCacheLayerMixin", "sdpa_mask", "cache_kwarg", "call",
     "cache_arg", "family_module", "layer_types", "layer_config", "layer_config_value", "cache_keeps",
-    "causal_lm_types", "quiet", "auto_classes",
+    "causal_lm_types", "quiet", "no_progress_bars", "auto_classes",
     "logits_processors", "bytes_to_unicode", "cache_utils",
 ]  # fmt: skip
 
@@ -111,12 +111,8 @@ def cache_utils():
 
 def layer_types(config) -> list[str]:
     """The cache layer type of every decoder layer, as transformers' own cache would build them."""
-    cu = cache_utils()
-    text = config.get_text_config(decoder=True)
-    if hasattr(cu, "get_layer_types_and_kwargs"):
-        types, _ = cu.get_layer_types_and_kwargs(text)
-        return list(types)
-    raise AttributeError("this transformers has no get_layer_types_and_kwargs")  # pragma: no cover
+    types, _ = cache_utils().get_layer_types_and_kwargs(config.get_text_config(decoder=True))  # 5.14 on
+    return list(types)
 
 
 def layer_config(config, layer: int):
@@ -196,15 +192,16 @@ def bytes_to_unicode() -> dict[int, str]:
     return b2u()
 
 
+def no_progress_bars() -> None:
+    """transformers' own progress bars off: our front ends report loading progress themselves."""
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
+
+
 def quiet() -> None:
     """Keep transformers' own warnings and progress bars from burying our one-line messages."""
     from transformers.utils import logging as hf_logging
 
     hf_logging.set_verbosity_error()
-    hf_logging.disable_progress_bar()
-
-
-def hf_logging() -> Any:
-    from transformers.utils import logging as hf_logging
-
-    return hf_logging
+    no_progress_bars()

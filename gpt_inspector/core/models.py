@@ -286,9 +286,7 @@ def load_model(
 def _load_model(name_or_path, device, dtype, *, allow_pickle, trust_remote_code, allow_unverified, device_map,
                 max_memory, offload_folder) -> LoadedModel:  # fmt: skip
     AutoModelForCausalLM, AutoTokenizer = hf.auto_classes()
-    hf_logging = hf.hf_logging()
-
-    hf_logging.disable_progress_bar()  # our own front ends report progress
+    hf.no_progress_bars()
     source = str(name_or_path) if name_or_path is not None else DEMO_MODEL
     if not source.strip():
         raise InspectorError("empty model name; give a hub id such as gpt2 or a folder")
