@@ -16,7 +16,6 @@ Extension points for other panels (comparison, probes, math checks):
 
 from __future__ import annotations
 
-import contextlib
 import sys
 import time
 from dataclasses import replace
@@ -94,6 +93,8 @@ class MainWindow(DockLayout, QMainWindow):
         self._shown_prompt: str | None = None
         self._shown_text = ""
         self._source_id = 0
+        self.restore_dialog: QProgressDialog | None = None
+        self._restore_serial: int | None = None
 
         self.controller = ctl = Controller(self)
         ctl.snapshot_changed.connect(self._apply)
@@ -264,44 +265,46 @@ class MainWindow(DockLayout, QMainWindow):
         return serial
 
     def _restore_progress(self, serial: int | None) -> None:
-        dialog = QProgressDialog("Restoring the last session…", "Cancel and start fresh", 0, 0, self)
-        dialog.setObjectName("restore_progress")
-        dialog.setWindowTitle("Restoring")
-        dialog.setWindowModality(Qt.WindowModality.WindowModal)
-        dialog.setMinimumDuration(400)  # a quick restore flashes nothing
-        dialog.setAutoClose(False)
-        dialog.setAutoReset(False)
+        if serial is None:  # refused before it started: nothing to show progress for
+            return
+        # One dialog per window, hidden between restores and never deleted from a slot: a window-modal
+        # QProgressDialog.setValue runs a nested event loop, and a dialog deleted inside it (the restore
+        # ending there) is used after free when setValue returns.
+        dialog = self.findChild(QProgressDialog, "restore_progress")
+        if dialog is None:
+            dialog = QProgressDialog("Restoring the last session…", "Cancel and start fresh", 0, 0, self)
+            dialog.setObjectName("restore_progress")
+            dialog.setWindowTitle("Restoring")
+            dialog.setWindowModality(Qt.WindowModality.WindowModal)
+            dialog.setMinimumDuration(400)  # a quick restore flashes nothing
+            dialog.setAutoClose(False)
+            dialog.setAutoReset(False)
+            dialog.canceled.connect(self.controller.pause)  # the worker checks between operations
+            # bound methods of this window: Qt drops the connections when the window goes, so a
+            # controller that outlives it never reaches a deleted dialog
+            self.controller.progress.connect(self._on_restore_progress)
+            self.controller.done.connect(self._on_restore_done)
+        dialog.reset()
+        dialog.setRange(0, 0)
+        dialog.setValue(0)  # starts the minimum-duration timer
         self.restore_dialog = dialog
+        self._restore_serial = serial
 
-        connected = [True]
+    def _on_restore_progress(self, done_ops: int, total: int) -> None:
+        dialog = self.restore_dialog
+        if self._restore_serial is None or dialog is None or not shiboken6.isValid(dialog):
+            return
+        dialog.setMaximum(max(total, 1))
+        dialog.setValue(done_ops)
 
-        def release(*_) -> None:
-            if connected[0]:  # once: a second disconnect makes PySide print a RuntimeWarning
-                connected[0] = False
-                for signal, slot in ((self.controller.progress, progress), (self.controller.done, done)):
-                    with contextlib.suppress(RuntimeError, TypeError):
-                        signal.disconnect(slot)
-
-        # the controller outlives the dialog (and may outlive this window): a signal delivered after
-        # the dialog's C++ side is gone must not reach it (a use after free, not an exception, in PySide6)
-        def progress(done_ops: int, total: int) -> None:
-            if not shiboken6.isValid(dialog):
-                release()
-                return
-            dialog.setMaximum(max(total, 1))
-            dialog.setValue(done_ops)
-
-        def done(s: int) -> None:
-            if s == serial or not shiboken6.isValid(dialog):
-                release()
-                if shiboken6.isValid(dialog):
-                    dialog.close()
-                    dialog.deleteLater()
-
-        self.controller.progress.connect(progress)
-        self.controller.done.connect(done)
-        dialog.destroyed.connect(release)
-        dialog.canceled.connect(self.controller.pause)  # the worker checks between operations
+    def _on_restore_done(self, serial: int) -> None:
+        if serial != self._restore_serial or serial is None:
+            return
+        self._restore_serial = None
+        dialog = self.restore_dialog
+        if dialog is not None and shiboken6.isValid(dialog):
+            dialog.reset()
+            dialog.hide()
 
     def start_session(self) -> int | None:
         return self.controller.new_session(self.session_panel.session_spec())
