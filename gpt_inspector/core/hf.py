@@ -15,6 +15,7 @@ from __future__ import annotations
 import functools
 import importlib
 import inspect
+from collections.abc import Mapping
 from typing import Any
 
 import torch
@@ -61,10 +62,10 @@ _CACHE_NAMES = ("cache", "past_key_values")
 
 
 @functools.lru_cache(maxsize=None)
-def _forward_cache_name(cls: type) -> str:
+def _forward_cache_name(cls: Any) -> str:  # cls: a model class (hashable, the lru_cache key)
     # deprecate_kwarg wraps with functools.wraps, so the signature is the forward's own
     try:
-        params = inspect.signature(cls.forward).parameters
+        params: Mapping[str, inspect.Parameter] = inspect.signature(cls.forward).parameters
     except (TypeError, ValueError):
         params = {}
     for name in _CACHE_NAMES:
@@ -86,7 +87,7 @@ _RELEASE_CACHE_NAME = _release_cache_name()
 
 def cache_kwarg(model) -> str:
     """The keyword ``model``'s forward takes its cache by, on the installed release."""
-    return _forward_cache_name(type(model))
+    return _forward_cache_name(type(model))  # type: ignore[arg-type]  # a class is hashable
 
 
 def call(model, cache, **kwargs):
@@ -152,12 +153,16 @@ def cache_keeps(config) -> list[int | None]:
         return []
     out: list[int | None] = []
     for cl in layers:
+        if not hasattr(cl, "update"):  # a state-space layer: no K/V to hold
+            out.append(None)
+            continue
         try:
             held = []
             for n in (_PROBE_POSITIONS, 1):
                 x = torch.empty((1, 1, n, 0))
                 cl.update(x, x)
-                held.append(cl.keys.shape[-2])
+                # what the layer holds, not what update returns (a sliding layer returns window + new)
+                held.append(cl.keys.shape[-2])  # type: ignore[union-attr]
         except (AttributeError, TypeError, ValueError, NotImplementedError, RuntimeError):
             out.append(None)
             continue

@@ -103,7 +103,7 @@ class KVLayout:
 
         if not isinstance(d, dict) or not isinstance(d.get("layers"), list) or len(d["layers"]) != n_layers:
             raise ValueError(f"kv_layout must describe {n_layers} layers")
-        layers = []
+        layers: list[LayerKV | None] = []
         for x in d["layers"]:
             if x is None:
                 layers.append(None)
@@ -194,7 +194,8 @@ def new_cache(config, own: bool) -> DynamicCache:
         if type(cl) is DynamicSlidingWindowLayer:
             cache.layers[i] = DynamicLayer()
         elif type(cl) is LinearAttentionAndSlidingWindowAttentionLayer:
-            cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=cl.number_of_states)
+            n_states = cl.number_of_states  # type: ignore[union-attr]  # mypy does not narrow on type(x) is
+            cache.layers[i] = LinearAttentionAndFullAttentionLayer(number_of_states=n_states)
     return cache
 
 

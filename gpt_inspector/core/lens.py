@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 import numpy as np
 import torch
@@ -95,9 +96,7 @@ def _install_hooks(model) -> None:
             recs = rec.rows if isinstance(rec, capture.RowRecorders) else [rec]
             for r, one in enumerate(recs):
                 rows = h if len(recs) == 1 else h[r : r + 1]  # (B, n, D)
-                one.__dict__.setdefault("residual", {})[index] = (
-                    rows[:, -1].detach().to("cpu", torch.float32, copy=True)
-                )
+                one.residual[index] = rows[:, -1].detach().to("cpu", torch.float32, copy=True)
                 if index == n - 1:
                     one.residual_length = one.length  # the positions this residual belongs to
 
@@ -125,7 +124,7 @@ def _norm_affine(norm: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
     eps = getattr(norm, "variance_epsilon", getattr(norm, "eps", None))
     if w is None or eps is None:
         raise InspectorError(f"per-head attribution does not know the final norm {type(norm).__name__}")
-    back = x.device
+    back, w_dtype = x.device, w.dtype
     w, x = w.detach().float(), x.to(w.device).float()  # checked where the norm lives, given back where x was
     if isinstance(norm, torch.nn.LayerNorm):
         scale = torch.sqrt(x.var(unbiased=False) + eps)
@@ -135,7 +134,7 @@ def _norm_affine(norm: torch.nn.Module, x: torch.Tensor) -> tuple[torch.Tensor, 
         gain, centers = (1.0 + w if type(norm).__name__.startswith("Gemma") else w) / scale, False
     offset = torch.zeros_like(x) if b is None else b.detach().float()
     with torch.no_grad():
-        want = norm(x.to(norm.weight.dtype)).float()
+        want = norm(x.to(w_dtype)).float()
     got = ((x - x.mean()) if centers else x) * gain + offset
     if not torch.allclose(got, want, atol=1e-4 * max(1.0, float(want.abs().max()))):
         raise InspectorError(f"per-head attribution cannot linearise the final norm {type(norm).__name__}")
@@ -148,15 +147,15 @@ def _residuals(session) -> torch.Tensor:
     lm = session.lm
     _install_hooks(lm.model)
     rec = session.recorder
-    store = getattr(rec, "residual", {})
+    store = rec.residual
     L = lm.n_layers
-    if len(store) != L or getattr(rec, "residual_length", None) != session.cache_length:
+    if len(store) != L or rec.residual_length != session.cache_length:
         # recompute the current position from scratch, with the session's mask and head edits
         store = capture.scratch_forward(lm, session.tokens[: session.cache_length], like=rec).residual
     return torch.stack([store[i][0] for i in range(L)])  # (L, D)
 
 
-def _attn_out_norm(layer: torch.nn.Module) -> torch.nn.Module | None:
+def _attn_out_norm(layer: Any) -> Any:
     """The norm a layer applies to its attention output before adding it to the residual, if any."""
     if hasattr(layer, "pre_feedforward_layernorm"):  # Gemma 2 / 3 sandwich norms
         return layer.post_attention_layernorm

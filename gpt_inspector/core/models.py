@@ -8,6 +8,7 @@ import os
 from collections import Counter
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ class LoadedModel:
     """A model ready for a Session: its shapes are read off a probe forward, not guessed from config."""
 
     model: torch.nn.Module
-    tokenizer: object
+    tokenizer: Any  # a transformers tokenizer (its decode, encode, convert_* and vocabulary)
     name: str
     device: torch.device
     dtype: torch.dtype

@@ -12,7 +12,7 @@ _GROW = 64
 class RowBuffer:
     """A (B, H, capacity, d) CPU tensor that grows along positions."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._t: torch.Tensor | None = None
         # rows copied from an accelerator, not yet placed: (contiguous pinned block, start, its device)
         self._staged: list[tuple[torch.Tensor, int, torch.device]] = []
@@ -58,6 +58,7 @@ class RowBuffer:
 
     def _settle(self) -> None:
         staged, self._staged = self._staged, []
+        assert self._t is not None  # a staged row was written into a buffer that exists
         for dev in {dev for _, _, dev in staged}:  # the copies were queued on the accelerators' streams
             torch.cuda.synchronize(dev)
         with torch.inference_mode():  # the buffer was made by a forward, as an inference tensor
@@ -70,8 +71,9 @@ class RowBuffer:
         return t[:, :, :length]
 
     def reorder(self, index: torch.Tensor) -> None:
-        if self.t is not None:
-            self._t = self._t.index_select(0, index.cpu())
+        t = self.t
+        if t is not None:
+            self._t = t.index_select(0, index.cpu())
 
     def nbytes(self, length: int) -> int:
         if self._t is None:

@@ -11,6 +11,8 @@ Memory: one copy of each state layer's state per forward (step).
 
 from __future__ import annotations
 
+from typing import TypeGuard
+
 import torch
 
 from .hf import DynamicCache, DynamicLayer, LinearAttentionCacheLayerMixin
@@ -69,5 +71,5 @@ class StateCache(DynamicCache):
                 (DynamicLayer.crop if is_state_layer(layer) else type(layer).crop)(layer, -extra)
 
 
-def is_state_layer(layer) -> bool:
+def is_state_layer(layer) -> TypeGuard[LinearAttentionCacheLayerMixin]:
     return isinstance(layer, LinearAttentionCacheLayerMixin)

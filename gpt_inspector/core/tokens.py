@@ -6,7 +6,14 @@ import codecs
 from functools import lru_cache
 
 _HEX_BYTES = "gpt_inspector_hex_bytes"
-codecs.register_error(_HEX_BYTES, lambda e: ("".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end))
+
+
+def _hex_bytes(e: UnicodeError) -> tuple[str, int]:
+    assert isinstance(e, UnicodeDecodeError)  # registered for decoding only
+    return "".join(f"<0x{b:02X}>" for b in e.object[e.start : e.end]), e.end
+
+
+codecs.register_error(_HEX_BYTES, _hex_bytes)
 
 
 @lru_cache(maxsize=1)

@@ -191,10 +191,11 @@ def max_memory(v) -> dict | None:
             items.append((key, size))
     out: dict = {}
     for key, size in items:
-        k = str(key).strip().lower().removeprefix("cuda:")
-        if k.isdigit():
-            k = int(k)
-        elif k not in ("cpu", "mps", "disk"):
+        name = str(key).strip().lower().removeprefix("cuda:")
+        k: str | int = name
+        if name.isdigit():
+            k = int(name)
+        elif name not in ("cpu", "mps", "disk"):
             raise InspectorError(
                 f"--max-memory devices are GPU indices (0, 1, ...), cpu, mps or disk, got {_short(key)}"
             )

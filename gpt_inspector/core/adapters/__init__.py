@@ -55,7 +55,7 @@ def adapt(model, source: str) -> bool:
     Raises InspectorError (one line) when the family's adapter cannot be exact for this config.
     Adapting twice is harmless: a module already wrapped is left as it is.
     """
-    mt = getattr(model.config, "model_type", None)
+    mt = str(getattr(model.config, "model_type", ""))
     fn = ADAPTERS.get(mt)
     if fn is None:
         return False

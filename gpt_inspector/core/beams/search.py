@@ -208,7 +208,9 @@ class BeamSearch(Run):
         ]
 
     def _hypothesis(self, slot: int) -> Hypothesis:
-        n = self.nodes[self._slot_nodes[slot]]
+        node_id = self._slot_nodes[slot]
+        assert node_id is not None, f"hypothesis slot {slot} is empty"
+        n = self.nodes[node_id]
         length = len(self.prompt_ids) + n.step + 1
         toks = self._sequences[0, slot, :length].tolist()
         return Hypothesis(n.id, toks, float(self._beam_scores[0, slot]), n.score, n.step)
@@ -298,7 +300,10 @@ class BeamSearch(Run):
         rec, nl = self.recorder, self.lm.n_layers
         lay = self.lm.kv_layout
         att = range(nl) if lay is None else lay.attention_layers  # a hybrid's state-space layers record nothing
-        q, out, k, v = ([None] * nl for _ in range(4))
+        q: list[torch.Tensor | None] = [None] * nl
+        out: list[torch.Tensor | None] = [None] * nl
+        k: list[torch.Tensor | None] = [None] * nl
+        v: list[torch.Tensor | None] = [None] * nl
         for i in att:
             q[i] = rec.q[i].view(length)[row]  # (H, T, d)
             out[i] = rec.out[i].view(length)[row]
@@ -388,7 +393,7 @@ class BeamSearch(Run):
         # f. kept hypotheses: merge the newly stopped ones among the top num_beams
         did_top_num_beams_just_finished = hits & self._top_num_beam_mask[None, :]
         fin_log_probs = topk_log_probs / ((cur + 1 - p) ** lp)
-        beams_in_batch_are_full = torch.all(self._is_sent_finished, axis=-1, keepdims=True) & (es is True)
+        beams_in_batch_are_full = torch.all(self._is_sent_finished, dim=-1, keepdim=True) & (es is True)
         fin_log_probs += beams_in_batch_are_full.to(torch.float32) * _NEG
         fin_log_probs += (~self._is_early_stop_heuristic_unsatisfied).to(torch.float32) * _NEG
         fin_log_probs += (~did_top_num_beams_just_finished) * _NEG
@@ -513,10 +518,12 @@ class BeamSearch(Run):
             logits = self.steps_done[n.step].logits[n.parent_beam]  # (V,)
             probs = torch.softmax(logits, dim=-1)
             top = top_entries(probs, logits, lambda i: token_label(tok, i))
-            reason = None if not n.stopped else "eos" if n.token_id in self.eos_token_ids else "length"
+            tid = n.token_id
+            assert tid is not None  # only the root has no token, and a path starts below it
+            reason = None if not n.stopped else "eos" if tid in self.eos_token_ids else "length"
             steps.append(
-                Step(n.step, p - 1 + n.step, int(n.token_id), tok.decode([int(n.token_id)]), logits, probs, top,
-                     decoding.entropy(probs), False, 0.0, reason, label=token_label(tok, int(n.token_id)))
+                Step(n.step, p - 1 + n.step, tid, tok.decode([tid]), logits, probs, top,
+                     decoding.entropy(probs), False, 0.0, reason, label=token_label(tok, tid))
             )  # fmt: skip
         return steps
 

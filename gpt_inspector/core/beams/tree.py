@@ -88,6 +88,7 @@ class BeamStep:
 
     def top_for_beam(self, beam: int, n: int = 5) -> list[tuple[int, float, float]]:
         """Beam ``beam``'s own best ``n`` next tokens: (token id, log-prob, cumulative log-prob)."""
+        assert self.logits is not None, "top_for_beam on a step that kept no logits"
         lp = torch.log_softmax(self.logits[beam], dim=-1)  # (V,)
         vals, idx = torch.topk(lp, min(n, lp.shape[0]))
         base = self.parent_scores[beam]
@@ -155,6 +156,6 @@ def refresh_status(nodes: list[BeamNode], running: list[int], kept: list[int | N
     for node in running:
         if node != 0:
             mark(node, "alive")
-    for j, node in enumerate(kept):
-        if node is not None:
-            mark(node, "finished", j if j < n_returned else None)
+    for j, slot_node in enumerate(kept):
+        if slot_node is not None:
+            mark(slot_node, "finished", j if j < n_returned else None)

@@ -92,6 +92,7 @@ class KVPolicy(Intervention):
 
     def after(self, call: Call, out: torch.Tensor) -> torch.Tensor:
         # read with keys per query head and the causal mask that is_causal stood for (probs: None where sdpa ran)
+        assert call.kv_used is not None  # after(): the kernel ran
         k = call.kv_used[0]
         k_seen = k if k.shape[1] == call.n_heads else eq.expand_kv(call.key, call.n_heads)  # (B, H, Tk, d)
         q = call.query
@@ -166,7 +167,7 @@ class HeadEdits(Intervention):
 
 def interventions_for(module, rec, layer: int | None, kwargs: dict) -> list[Intervention]:
     """The interventions one call runs, in order; ``rec``: the active recorder (None: a bare call)."""
-    found = [i for i in (SparseIndices.of(kwargs), KeyBias.of(module)) if i is not None]
+    found: list[Intervention] = [i for i in (SparseIndices.of(kwargs), KeyBias.of(module)) if i is not None]
     # a plain step asks the recorder once: every attention call of every forward comes through here
     if rec is not None and layer is not None and (rec.kv_policy is not None or rec.edits.heads or rec.head_edits):
         more = (KVPolicy.of(rec, layer), MaskEdits.of(rec, layer), HeadEdits.of(rec, layer))

@@ -107,6 +107,7 @@ def attend(call: Call) -> torch.Tensor:
 
 def again(call: Call, rows: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """Query rows ``rows`` (n,) computed again by the sdpa call that ran, with their own mask (B, H, n, Tk)."""
+    assert call.kv_used is not None, "again() after a kernel that ran"
     k, v, kw = call.kv_used
     q_rows = call.query.index_select(2, rows)  # (B, H, n, d)
     return F.scaled_dot_product_attention(q_rows, k, v, attn_mask=mask, scale=call.scaling, **kw)  # (B, H, n, d_v)
@@ -200,7 +201,8 @@ def inspector_mask(*args, dtype: torch.dtype = torch.float32, allow_is_causal_sk
     no mask for one query; anything else (padding, a window that bites, custom overlays) comes back
     materialised and converted exactly as ``eager_mask`` converts it.
     """
-    mask = sdpa_mask(*args, allow_is_causal_skip=allow_is_causal_skip, **kwargs)  # (B, 1, Tq, Tk) bool or None
+    kwargs["allow_is_causal_skip"] = allow_is_causal_skip  # by keyword: sdpa_mask's order is not ours
+    mask = sdpa_mask(*args, **kwargs)  # (B, 1, Tq, Tk) bool or None
     if mask is None:
         return None
     return torch.where(mask, torch.zeros((), device=mask.device, dtype=dtype), torch.finfo(dtype).min)

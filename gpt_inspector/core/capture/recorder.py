@@ -68,6 +68,10 @@ class Recorder:
         self.bias_form: list[tuple[str, torch.Tensor | None] | None] = [None] * n_layers
         self.bias_ref = [RowBuffer() for _ in range(n_layers)]
         self.bias_rows = [RowBuffer() for _ in range(n_layers)]
+        # the logit lens's hooks: the residual after each layer at the newest position (D,) float32,
+        # and the cache length it belongs to
+        self.residual: dict[int, torch.Tensor] = {}
+        self.residual_length: int | None = None
         self.calls = [0] * n_layers
         self.length = 0
         # head outputs are kept from this position on (out[layer] row i is position out_from + i): a
@@ -185,7 +189,7 @@ class Recorder:
         lo = max(q0, self.out_from)  # the first position whose head output is kept
         if lo < tk:
             self.out[layer].write(out[:, :, lo - q0 :].detach(), lo - self.out_from)  # (B, H, tk - lo, d)
-        if self.mirror_kv:
+        if self.k is not None and self.v is not None:  # mirror_kv
             self.k[layer].write(key[:, :, q0:].detach(), q0)
             self.v[layer].write(value[:, :, q0:].detach(), q0)
         if bias is not None:
@@ -198,10 +202,12 @@ class Recorder:
         slopes = None if bias.slopes is None else bias.slopes.detach().float().cpu().clone()  # (H,)
         self.bias_form[layer] = (bias.form, slopes)
         if bias.form == "alibi":
+            assert bias.ref is not None  # an alibi record carries its reference positions
             ref = bias.ref.detach().float().reshape(1, 1, tq, 1)  # (1, 1, Tq, 1)
             self.bias_ref[layer].write(ref.expand(bias.batch, -1, -1, -1), q0)
         else:
             # one value per key: the rows of this forward's new keys (older keys' rows are already kept)
+            assert bias.rows is not None  # a per-key record carries its rows
             self.bias_rows[layer].write(bias.rows[:, :, q0:, None].detach().float(), q0)  # (B, H, Tq, 1)
 
     def _record_mask(self, layer, mask, q0, tq, tk, bias=None) -> None:
