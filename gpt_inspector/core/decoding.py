@@ -33,6 +33,11 @@ class Decoding:
         return {"temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p}
 
 
+# logits / temperature overflows float32 (inf, then NaN probabilities) for temperatures near float32's
+# smallest normal; below this floor a temperature is indistinguishable from greedy anyway
+MIN_TEMPERATURE = 1e-30
+
+
 def validate(temperature, top_k, top_p) -> None:
     try:
         t = float(temperature)
@@ -40,6 +45,8 @@ def validate(temperature, top_k, top_p) -> None:
         raise InspectorError(f"temperature must be a number, got {temperature!r}") from None
     if math.isnan(t) or t < 0 or math.isinf(t):
         raise InspectorError(f"temperature must be a finite number >= 0 (0 = greedy), got {temperature!r}")
+    if 0 < t < MIN_TEMPERATURE:
+        raise InspectorError(f"temperature must be 0 (greedy) or at least {MIN_TEMPERATURE:g}, got {temperature!r}")
     if top_k is not None and (isinstance(top_k, bool) or not isinstance(top_k, int) or top_k < 1):
         raise InspectorError(f"top_k must be an integer >= 1, got {top_k!r}")
     if top_p is not None:

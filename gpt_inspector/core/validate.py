@@ -78,9 +78,16 @@ def length_penalty(v, context_length: int) -> float:
     return lp
 
 
+# every beam is a batch row of every forward and every candidate a node of the tree the window and
+# `compare` draw; far past this a search is minutes of Python per step, not something to step through
+MAX_BEAMS = 1024
+
+
 def beams(lm, num_beams, total_length: int) -> int:
     """A beam count whose KV cache and records fit in memory (an estimate, refused before allocating)."""
     n = integer("num_beams", num_beams, 1)
+    if n > MAX_BEAMS:
+        raise InspectorError(f"num_beams {n} is more than the {MAX_BEAMS} beams this tool steps through")
     itemsize = getattr(lm.dtype, "itemsize", 4)  # a dtype without one: assume float32
     # per beam and position: K and V per KV head, our q and head-output records per query head
     per_token = lm.n_layers * lm.head_dim * (2 * lm.n_kv_heads + 2 * lm.n_heads) * itemsize

@@ -13,6 +13,8 @@ SESSION_ARGS = [
     (dict(temperature=-1.0), "temperature"),
     (dict(temperature=math.nan), "temperature"),
     (dict(temperature=math.inf), "temperature"),
+    (dict(temperature=1e-39), "at least 1e-30"),
+    (dict(temperature=5e-324), "at least 1e-30"),
     (dict(top_p=0.0), "top_p"),
     (dict(top_p=1.5), "top_p"),
     (dict(top_p=math.nan), "top_p"),
@@ -49,6 +51,8 @@ CALLS = [
     (lambda s: s.attention(0, 0, "softmax!"), "kind"),
     (lambda s: s.qkv(2), "layer"),
     (lambda s: s.set_temperature(-0.5), "temperature"),
+    (lambda s: s.set_temperature(1e-39), "at least 1e-30"),
+    (lambda s: s.set_decoding(1e-40, None, None), "at least 1e-30"),
     (lambda s: s.set_top_p(2.0), "top_p"),
     (lambda s: s.set_top_k(0), "top_k"),
     (lambda s: s.force_token(10**9), "token id"),
@@ -126,3 +130,14 @@ def test_corrupt_and_foreign_trace_files(tiny_lm, tmp_path):
         gi.load_trace(foreign)
     with pytest.raises(gi.InspectorError, match="no trace file"):
         gi.load_trace(tmp_path / "missing.safetensors")
+
+
+def test_the_smallest_temperature_samples_the_greedy_tokens(tiny_lm):
+    # at the floor logits / t is still finite in float32: a sample is the argmax, never NaN
+    lm = tiny_lm("gpt2")
+    greedy = gi.Session(lm, "She eats")
+    greedy.run(6)
+    cold = gi.Session(lm, "She eats", temperature=1e-30, seed=3)
+    steps = cold.run(6)
+    assert cold.tokens == greedy.tokens
+    assert all(bool(st.probs.isfinite().all()) for st in steps)

@@ -46,8 +46,9 @@ BEAMS = [
     ("length_penalty -1e308", dict(length_penalty=-1e308), "overflows"),
     ("length_penalty nan", dict(length_penalty=float("nan")), "finite"),
     ("length_penalty text", dict(length_penalty="x"), "number"),
-    ("num_beams 10**9", dict(num_beams=10**9), "GiB"),
-    ("num_beams 10**30", dict(num_beams=10**30), "GiB"),
+    ("num_beams 10**9", dict(num_beams=10**9), "1024 beams"),
+    ("num_beams 10**30", dict(num_beams=10**30), "1024 beams"),
+    ("num_beams 1025", dict(num_beams=1025), "1024 beams"),
     ("num_beams 0", dict(num_beams=0), "num_beams"),
     ("num_beams float", dict(num_beams=2.0), "num_beams"),
     ("surrogate prompt", dict(prompt=SURROGATE), "lone surrogate"),
@@ -69,7 +70,7 @@ COMPARE = [
     ("seed 2**64", dict(sample=True, seed=2**64), "seed"),
     ("surrogate", dict(prompt=SURROGATE), "lone surrogate"),
     ("length_penalty 1e308", dict(length_penalty=1e308), "overflows"),
-    ("num_beams 10**9", dict(num_beams=10**9), "GiB"),
+    ("num_beams 10**9", dict(num_beams=10**9), "1024 beams"),
     ("temperature None", dict(sample=True, temperature=None), "temperature"),
 ]
 
@@ -80,6 +81,17 @@ def test_compare_front_door(tiny_lm, name, kw, match):
     prompt = kw.pop("prompt", "She eats")
     with pytest.raises(gi.InspectorError, match=match):
         compare(tiny_lm("gpt2"), prompt, max_new_tokens=2, **kw)
+
+
+def test_beams_that_do_not_fit_memory_are_refused_from_the_estimate(tiny_lm, monkeypatch):
+    from gpt_inspector.core import validate
+
+    lm = tiny_lm("gpt2")
+    per_beam = 8 * (lm.n_layers * lm.head_dim * (2 * lm.n_kv_heads + 2 * lm.n_heads) * 4 + 8 * lm.vocab_size)
+    monkeypatch.setattr(validate, "memory_bytes", lambda: 16 * per_beam)  # about 16 beams' worth of 8 positions
+    BeamSearch(lm, "She eats", num_beams=4, max_new_tokens=3)  # fits
+    with pytest.raises(gi.InspectorError, match="GiB.*at most about"):
+        BeamSearch(lm, "She eats", num_beams=64, max_new_tokens=3)
 
 
 def test_live_changes_refuse_bad_values_and_keep_the_session(tiny_lm):
