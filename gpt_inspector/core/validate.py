@@ -200,7 +200,7 @@ def max_memory(v) -> dict | None:
     for key, size in items:
         name = str(key).strip().lower().removeprefix("cuda:")
         k: str | int = name
-        if name.isdigit():
+        if name.isascii() and name.isdigit():  # str.isdigit is true for "²", which int() refuses
             k = int(name)
         elif name not in ("cpu", "mps", "disk"):
             raise InspectorError(

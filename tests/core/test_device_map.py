@@ -89,6 +89,9 @@ def test_too_big_for_max_memory_without_an_offload_folder_is_refused_before_load
     ({"device_map": "auto", "max_memory": "gpu=1GiB"}, "GPU indices"),
     ({"device_map": "auto", "max_memory": "cpu=0"}, "above zero"),
     ({"device_map": "auto", "max_memory": "cpu=12 parsecs"}, "a size such as"),
+    ({"device_map": "auto", "max_memory": "0=2²GiB"}, "a size such as"),
+    ({"device_map": "auto", "max_memory": "²=2GiB"}, "GPU indices"),
+    ({"device_map": "auto", "max_memory": "٣=2GiB"}, "GPU indices"),
     ({"device_map": "auto", "device": "cpu"}, "give one of them"),
 ])  # fmt: skip
 def test_bad_placement_arguments_say_what_to_do(tiny_dir, kw, match):
