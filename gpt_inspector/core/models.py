@@ -426,6 +426,11 @@ def _one_line(name: str):
         raise InspectorError(f"{name} cannot be loaded: {_described(e)}") from None
 
 
+# the deepest released decoders have a few hundred layers; a config far past that is damaged or
+# hostile, and each layer is read and then built one by one (10^9 of them hung the load)
+MAX_LAYERS = 4096
+
+
 def _check_shapes(config, source: str) -> None:
     """Shape rules a layer would otherwise enforce with a traceback deep in its constructor.
 
@@ -433,6 +438,8 @@ def _check_shapes(config, source: str) -> None:
     size and KV heads, and refuses to answer for them globally.
     """
     n = getattr(config, "num_hidden_layers", None)
+    if isinstance(n, int) and n > MAX_LAYERS:  # read per layer below, and built per layer by transformers
+        raise InspectorError(f"{source}: its config asks for {n} layers; more than {MAX_LAYERS} is refused")
     layers = range(n) if isinstance(n, int) and not isinstance(n, bool) and n > 0 else [0]
     seen = set()
     for layer in layers:

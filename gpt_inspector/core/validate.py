@@ -5,8 +5,11 @@ One copy of each rule, so a prompt or a count that one path accepts is accepted 
 
 from __future__ import annotations
 
+import contextlib
 import math
 import os
+import sys
+import tempfile
 
 import numpy as np
 
@@ -111,11 +114,53 @@ def early_stopping(v) -> bool | str:
     raise InspectorError(f"early_stopping must be True, False or 'never', got {v!r}")
 
 
+@contextlib.contextmanager
+def _stderr_held():
+    """File descriptor 2 held in a temporary file, replayed unless the block raised.
+
+    A Rust panic prints its own multi-line report straight to fd 2 before Python sees the
+    exception; a refusal is one line, and anything else written there meanwhile is kept.
+    """
+    try:
+        sys.stderr.flush()
+        saved = os.dup(2)
+    except (OSError, ValueError):  # no usable fd 2 (a GUI launched without one): nothing to hold
+        yield
+        return
+    with tempfile.TemporaryFile() as held:
+        os.dup2(held.fileno(), 2)
+        ok = False
+        try:
+            yield
+            ok = True
+        finally:
+            os.dup2(saved, 2)
+            os.close(saved)
+            if ok:
+                held.seek(0)
+                data = held.read()
+                if data:
+                    os.write(2, data)
+
+
+def _tokenize(lm, prompt: str) -> list[int]:
+    try:
+        with _stderr_held():
+            return list(lm.tokenizer(prompt)["input_ids"])
+    except (KeyboardInterrupt, SystemExit, GeneratorExit):
+        raise
+    except BaseException as e:
+        # tokenizers' Rust panics (a pre-tokenizer regex past Oniguruma's backtracking limit) derive
+        # from BaseException, not Exception: the tokenizer files are as untrusted as the config
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise InspectorError(f"the tokenizer failed on this prompt: {type(e).__name__}: {first}") from None
+
+
 def prompt_ids(lm, prompt, ids) -> list[int]:
     """The token ids a run starts from: ``ids`` if given, else ``prompt`` tokenized; BOS for an empty prompt."""
     if ids is None:
         text(prompt)
-        out = list(lm.tokenizer(prompt)["input_ids"]) if prompt else []
+        out = _tokenize(lm, prompt) if prompt else []
     else:
         if isinstance(ids, (str, bytes)):
             raise InspectorError("prompt token ids must be a list of integers, not text")

@@ -90,6 +90,42 @@ def tokenizer_larger_than_vocab(d):
     _save(d, {k: (v[:100].clone() if v.shape[0] == 320 else v) for k, v in _weights(d).items()})
 
 
+def config_null(d):
+    (d / "config.json").write_text("null")
+
+
+def config_nested_deeply(d):  # json's recursion limit, not a crash
+    (d / "config.json").write_text("[" * 100_000 + "]" * 100_000)
+
+
+def model_type_a_list(d):
+    _edit_config(d, model_type=["gpt2"])
+
+
+def layer_count_a_float(d):
+    _edit_config(d, n_layer=2.5)
+
+
+def eos_a_mapping(d):
+    _edit_config(d, eos_token_id={"x": [1]})
+
+
+def layers_200_000(d):  # read, then built, one by one: it hung the load
+    _edit_config(d, n_layer=200_000)
+
+
+def layers_10_to_the_9(d):
+    _edit_config(d, n_layer=10**9)
+
+
+def tokenizer_json_not_a_tokenizer(d):
+    (d / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
+
+
+def tokenizer_json_truncated(d):
+    (d / "tokenizer.json").write_text('{"version": "1.0", "model": {')
+
+
 DAMAGE = [
     (truncated, "cannot load weights"),
     (empty, "cannot load weights"),
@@ -102,6 +138,15 @@ DAMAGE = [
     (wrong_shape, "cannot load weights|do not match"),
     (far_too_large, "GiB of weights.*memory"),
     (tokenizer_larger_than_vocab, "tokenizer has 320 tokens but the model's vocabulary has 100"),
+    (config_null, "cannot read the config"),
+    (config_nested_deeply, "cannot read the config .*RecursionError"),
+    (model_type_a_list, "cannot read the config"),
+    (layer_count_a_float, "cannot read the config .*n_layer"),
+    (eos_a_mapping, "cannot read the config .*eos_token_id"),
+    (layers_200_000, "200000 layers; more than 4096 is refused"),
+    (layers_10_to_the_9, "1000000000 layers; more than 4096 is refused"),
+    (tokenizer_json_not_a_tokenizer, "no usable tokenizer"),
+    (tokenizer_json_truncated, "no usable tokenizer"),
 ]
 
 
@@ -131,7 +176,11 @@ def test_smaller_tokenizer_than_vocab_loads_with_a_warning(tiny_dir, tmp_path):
     assert lm.vocab_size == 384 and any("tokenizer only 320" in w for w in lm.warnings)
 
 
-@pytest.mark.parametrize("damage", [missing_layer, truncated, far_too_large], ids=lambda f: f.__name__)
+@pytest.mark.parametrize(
+    "damage",
+    [missing_layer, truncated, far_too_large, layers_10_to_the_9, config_nested_deeply],
+    ids=lambda f: f.__name__,
+)
 def test_cli_damaged_folder_one_line_in_a_real_process(tiny_dir, tmp_path, damage):
     d = _clone(tiny_dir, tmp_path, damage.__name__)
     damage(d)
@@ -185,3 +234,30 @@ def test_weights_stored_as_integers_are_refused_in_one_line(tiny_dir, tmp_path):
     with pytest.raises(gi.InspectorError) as e:
         gi.load_model(d, device="cpu")
     assert name in str(e.value) and "I32" in str(e.value) and "\n" not in str(e.value)
+
+
+def _backtracking_tokenizer(d):
+    t = json.loads((d / "tokenizer.json").read_text())
+    t["pre_tokenizer"] = {"type": "Split", "pattern": {"Regex": "(a|aa)+$"}, "behavior": "Isolated", "invert": False}
+    (d / "tokenizer.json").write_text(json.dumps(t))
+
+
+def test_a_tokenizer_regex_that_backtracks_is_one_line_and_the_model_stays_usable(tiny_dir, tmp_path):
+    d = _clone(tiny_dir, tmp_path, "regex")
+    _backtracking_tokenizer(d)
+    lm = gi.load_model(d, device="cpu")
+    with pytest.raises(gi.InspectorError, match="tokenizer failed on this prompt: PanicException") as e:
+        gi.Session(lm, "a" * 5000 + "b")  # Oniguruma gives up at its retry limit: bounded, then a Rust panic
+    assert "\n" not in str(e.value)
+    gi.Session(lm, "aab").step()  # a prompt it can split still runs
+
+
+def test_cli_tokenizer_panic_prints_one_line_not_rusts_report(tiny_dir, tmp_path):
+    d = _clone(tiny_dir, tmp_path, "regex")
+    _backtracking_tokenizer(d)
+    env = dict(os.environ, PYTHONPATH=str(Path(gi.__file__).resolve().parents[1]), HF_HUB_OFFLINE="1")
+    r = subprocess.run([sys.executable, "-m", "gpt_inspector", "trace", "--model", str(d), "--device", "cpu",
+                        "--prompt", "a" * 5000 + "b", "--steps", "1", "--out", str(tmp_path / "o.safetensors")],
+                       capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
+    assert r.returncode == 2, r.stderr
+    assert r.stderr.count("\n") == 1 and "panicked" not in r.stderr and "tokenizer failed" in r.stderr, r.stderr
