@@ -56,10 +56,18 @@ def build_parser() -> argparse.ArgumentParser:
         help="with --screenshot: the window's size in pixels (default 1366x768, a laptop screen)",
     )
     sub = p.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    scratch = argparse.ArgumentParser(add_help=False)
+    common.add_model_args(scratch)
+    model_dests = {a.dest for a in scratch._actions}
     for mod in COMMANDS:
         sp = sub.add_parser(mod.NAME, help=mod.HELP, description=mod.HELP)
         mod.add_arguments(sp)
         sp.set_defaults(_run=mod.run)
+        # `gpt-inspector --model M trace ...`: a sub-command's own defaults would silently replace the
+        # model options given before it (argparse's rule), and the demo model would run instead
+        for action in sp._actions:
+            if action.dest in model_dests:
+                action.default = argparse.SUPPRESS
     return p
 
 
