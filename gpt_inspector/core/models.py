@@ -468,7 +468,11 @@ def _check_layer_shape(hidden, heads, head_dim, kv, source: str) -> None:
 
 
 def parameter_bytes(config, dtype: torch.dtype, trust_remote_code: bool = False) -> int | None:
-    """The model's weights in bytes, counted on the meta device (nothing is allocated); None if unknown."""
+    """The model's weights and buffers in bytes, counted on the meta device (nothing is allocated); None if unknown.
+
+    Buffers count because a config can ask for a huge one without any weight growing (a
+    positional table or a causal mask sized by a hostile ``n_positions``).
+    """
     AutoModelForCausalLM, _ = hf.auto_classes()
 
     try:
@@ -478,7 +482,11 @@ def parameter_bytes(config, dtype: torch.dtype, trust_remote_code: bool = False)
         return None
     floats = sum(p.numel() for p in m.parameters() if p.is_floating_point())
     others = sum(p.numel() * p.element_size() for p in m.parameters() if not p.is_floating_point())
-    return floats * dtype.itemsize + others
+    # floating buffers follow the load's dtype only sometimes (rotary tables stay float32): the larger
+    buffers = sum(
+        b.numel() * max(b.element_size(), dtype.itemsize if b.is_floating_point() else 0) for b in m.buffers()
+    )
+    return floats * dtype.itemsize + others + buffers
 
 
 def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_code: bool,
@@ -524,7 +532,7 @@ def _check_fits_in_memory(config, source: str, dtype: torch.dtype, trust_remote_
         return
     hint = "--dtype bfloat16 would halve it" if dtype == torch.float32 and need // 2 <= ram else "use a smaller model"
     raise InspectorError(
-        f"{source}: its config describes about {need / 2**30:.1f} GiB of weights in "
+        f"{source}: its config describes about {need / 2**30:.1f} GiB of weights and buffers in "
         f"{dt}, more than this machine's {ram / 2**30:.1f} GiB of memory; {hint}"
     )
 

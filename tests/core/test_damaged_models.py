@@ -261,3 +261,17 @@ def test_cli_tokenizer_panic_prints_one_line_not_rusts_report(tiny_dir, tmp_path
                        capture_output=True, text=True, env=env, timeout=300)  # fmt: skip
     assert r.returncode == 2, r.stderr
     assert r.stderr.count("\n") == 1 and "panicked" not in r.stderr and "tokenizer failed" in r.stderr, r.stderr
+
+
+def test_a_config_asking_for_a_huge_buffer_is_refused_before_anything_is_built(tmp_path):
+    # CTRL's sinusoidal table is a buffer sized by n_positions: no weight grows, the OOM killer came
+    from tiny_families import build_model
+    from tiny_models import build_tokenizer
+
+    d = tmp_path / "ctrl"
+    build_model("ctrl", 0).save_pretrained(d)
+    build_tokenizer(d)
+    _edit_config(d, n_positions=10**9)
+    with pytest.raises(gi.InspectorError, match="GiB of weights and buffers") as e:
+        gi.load_model(d, device="cpu")
+    assert "\n" not in str(e.value)
