@@ -17,6 +17,11 @@ and model loads included), and the ratio (ideal: 1/N on N free cores).
 
 Runs alternate so machine noise hits every side alike; medians over ``--reps``.
 
+``--policy-alone``: instead, each eviction policy's own calls (attend, observe and the deferred
+batched pass) on GPT-2-small shapes with fixed tensors and no model, ms per decode step, the best of
+``--reps``: the policy's overhead without the forward's noise (compare two checkouts run one after
+the other on the same machine).
+
     python benchmarks/bench_kvlab.py [--reps 3] [--new 32] [--prompts 512] [--policies h2o,streaming,int4]
                                      [--sweep-jobs 2] [--sweep-prompts 4] [--sweep-len 256] [--sweep-steps 16]
                                      [--device cuda]
@@ -60,6 +65,38 @@ def _time_calls(policy) -> list[float]:
 
         setattr(policy, attr, timed)
     return spent
+
+
+def bench_policy_alone(args) -> None:
+    """attend + observe per layer for ``--new`` decode steps after a prompt of ``--prompts`` tokens."""
+    from gpt_inspector.core.kvlab import make
+
+    n_layers, n_heads, d = 12, 12, 64
+    t0, n = int(args.prompts.split(",")[0]), args.new
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, n_heads, t0 + n + 1, d, generator=g) for _ in range(3))  # (1, H, T, d)
+    prompt_probs = torch.softmax(torch.randn(1, n_heads, t0, t0, generator=g), -1)  # (1, H, T0, T0)
+    row = torch.softmax(torch.randn(1, n_heads, 1, t0 + n + 1, generator=g), -1)  # (1, H, 1, T), cut per step
+
+    def once(name) -> float:
+        p = make(name, args.budget)
+        p.bind(n_layers, n_heads, n_heads, d, 1024, 4)
+        for layer in range(n_layers):
+            p.attend(layer, k[:, :, :t0], v[:, :, :t0], 0, n_heads)
+            p.observe(layer, q[:, :, :t0], k[:, :, :t0], None, d**-0.5, None, prompt_probs)
+        start = time.perf_counter()
+        for tk in range(t0 + 1, t0 + n + 1):
+            for layer in range(n_layers):
+                p.attend(layer, k[:, :, :tk], v[:, :, :tk], tk - 1, n_heads)
+                probs = row[..., :tk] if p.reads_probs else None
+                p.observe(layer, q[:, :, tk - 1 : tk], k[:, :, :tk], None, d**-0.5, None, probs)
+        _ = p.evicted_at  # reading it runs the last step's deferred pass
+        return (time.perf_counter() - start) / n
+
+    names = [x for x in args.policies.split(",") if not x.startswith(("int", "fp8"))]
+    best = {name: min(once(name) for _ in range(args.reps)) for name in names}
+    print(f"policy alone, {n_layers} layers x {n_heads} heads, prompt {t0}, budget {args.budget}: "
+          + ", ".join(f"{name} {ms * 1e3:.2f} ms/step" for name, ms in best.items()))  # fmt: skip
 
 
 def bench_sweep(lm, folder, args) -> None:
@@ -108,9 +145,13 @@ def main() -> None:
     ap.add_argument("--sweep-steps", type=int, default=16)
     ap.add_argument("--device", default="cpu", help="cpu (default) or cuda: the lab, the plain session and generate")
     ap.add_argument("--only-sweep", action="store_true", help="skip the per-token measures")
+    ap.add_argument("--policy-alone", action="store_true", help="only the eviction policies' own calls, no model")
     args = ap.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.policy_alone:
+        bench_policy_alone(args)
+        return
 
     from transformers import AutoModelForCausalLM
 

@@ -7,13 +7,11 @@ import json
 import sys
 
 from ..core.errors import InspectorError
+from ..core.kvlab.registry import NAMES as POLICIES  # the registry's names import no torch (--help stays light)
 from . import common
 
 NAME = "kv-lab"
 HELP = "what a KV cache policy (eviction, quantization) costs in bytes, fidelity and privacy, step by step"
-
-# the names the engine offers, written out so --help never imports torch (a test keeps them equal)
-POLICIES = ("streaming", "h2o", "snapkv", "tova", "keynorm", "int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
 
 
 def add_arguments(p):

@@ -1,13 +1,32 @@
 """The KV cache lab: what a cache policy costs in bytes, fidelity and privacy, step by step.
 
-``policies`` simulates eviction and quantization inside the inspector's attention function,
-``lab`` runs a policy beside the full-cache reference, ``sweep`` maps budgets and policies to a
-frontier.
+``policy`` simulates eviction (one policy running a scorer from ``scorers``) and quantization
+(``quant``) inside the inspector's attention function, ``registry`` names every policy, ``lab``
+runs a policy beside the full-cache reference, ``sweep`` maps budgets and policies to a frontier.
+
+Names load on first use (PEP 562), so ``registry``'s names cost no torch import (the CLI's --help).
 """
 
-from .lab import KVLab, LabStep, PrivacyResult, kl_divergence, policy_rows, row_error
-from .policies import EVICTION, NAMES, QUANT, Eviction, Policy, make
-from .quant import SCHEMES, Quantization, quantize_groups
+from __future__ import annotations
 
-__all__ = ["EVICTION", "NAMES", "QUANT", "SCHEMES", "Eviction", "KVLab", "LabStep", "Policy", "PrivacyResult", "Quantization",
-           "kl_divergence", "make", "policy_rows", "quantize_groups", "row_error"]  # fmt: skip
+import importlib
+
+_NAMES = {
+    "KVLab": "lab", "LabStep": "lab", "PrivacyResult": "lab", "kl_divergence": "lab", "policy_rows": "lab",
+    "row_error": "lab", "EVICTION": "registry", "NAMES": "registry", "QUANT": "registry", "register": "registry",
+    "Eviction": "policy", "Policy": "policy", "make": "policy", "Scorer": "scorers", "Seen": "scorers",
+    "SCHEMES": "quant", "Quantization": "quant", "quantize_groups": "quant",
+}  # fmt: skip
+__all__ = sorted(_NAMES)
+
+
+def __getattr__(name: str):
+    if name in _NAMES:
+        value = getattr(importlib.import_module(f".{_NAMES[name]}", __name__), name)
+        globals()[name] = value
+        return value
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
+def __dir__():
+    return sorted(set(globals()) | set(_NAMES))

@@ -31,7 +31,7 @@ from ..capture import Recorder, Unpairable
 from ..errors import InspectorError, StepFailed
 from ..session import Session, interrupts_deferred
 from .pair import PairStepper
-from .policies import Policy
+from .policy import Policy
 
 
 @dataclass

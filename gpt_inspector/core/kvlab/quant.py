@@ -1,4 +1,4 @@
-"""Quantized KV caches, simulated inside the attention function (see ``policies`` for the hook).
+"""Quantized KV caches, simulated inside the attention function (see ``policy`` for the hook).
 
 Two schemes:
 
@@ -27,7 +27,7 @@ import numpy as np
 import torch
 
 from ..errors import InspectorError
-from .policies import QUANT, Policy
+from .policy import QUANT, Policy
 
 SCHEMES = ("kivi", "transformers")
 

@@ -19,8 +19,9 @@ import numpy as np
 
 from ..errors import InspectorError
 from ..session import Session
+from . import registry
 from .lab import KVLab
-from .policies import QUANT, make
+from .policy import make
 
 TABLE_FORMAT = "gpt-inspector-kvlab-sweep/1"
 
@@ -84,7 +85,7 @@ def plan(policies: Sequence[str], budgets: Sequence[int | None]) -> list[tuple[s
         raise InspectorError("no policies to sweep")
     out = []
     for name in policies:
-        if name in QUANT:
+        if not registry.takes_budget(name):
             out.append((name, None))
         else:
             if not budgets:
@@ -204,9 +205,7 @@ def _worker_row(task) -> tuple[int, SweepRow]:
 
 
 def build_policy(name: str, budget: int | None, options: dict | None = None):
-    """``make(name, budget, ...)`` with the options that policy takes (the rest are ignored)."""
+    """``make(name, budget, ...)`` with the options that policy takes (``registry.options``; the rest are ignored)."""
     options = options or {}
-    keys = (
-        ("group", "residual", "scheme") if name in QUANT else ("sinks", "recent", "window", "kernel", "layer_budgets")
-    )
+    keys = registry.options(name)
     return make(name, budget, **{k: v for k, v in options.items() if k in keys and v is not None})

@@ -24,13 +24,12 @@ from PySide6.QtWidgets import (
 )
 
 from ...core.errors import InspectorError
+from ...core.kvlab.registry import NAMES as POLICIES  # the registry imports no torch: neither does the panel
+from ...core.kvlab.registry import QUANT
 from .common import FlowLayout, group, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
-# the engine's policy names (core.kvlab.NAMES), written out so building the panel imports no torch
-POLICIES = ("streaming", "h2o", "snapkv", "tova", "keynorm", "int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
-QUANT = ("int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
 WIDE = 640  # px: from this width the KL plot and the bytes table sit side by side
 
 

@@ -1,6 +1,7 @@
-"""KV cache policies, simulated exactly inside the inspector's attention function.
+"""The KV cache policy: one ``Intervention`` that runs any eviction scorer, simulated exactly inside the
+inspector's attention function (the same hooks serve ``quant``'s quantizations).
 
-A policy is attached to a session's recorder (``attach``); ``capture.inspector_attention`` then
+A policy is attached to a session's recorder (``attach``); capture's ``KVPolicy`` intervention then
 makes two calls per layer and forward:
 
 - ``attend(layer, key, value, q0, n_heads)`` before attention: the K/V the policy's cache would
@@ -11,23 +12,21 @@ makes two calls per layer and forward:
   to the budget. An entry evicted after the forward whose last query is position p - 1 is
   masked from query p on (``evicted_at``).
 
-Conventions (the same for every eviction policy): the prompt's forward attends in full, as
-H2O, SnapKV and TOVA's reference code and HF's SinkCache do; the cache is then cut to the budget
-and after every later step again. A budget counts entries per KV head (what a cache stores);
-query heads sharing a KV head (GQA) share its evictions, scores are summed over the group.
+Where an eviction is decided: ``Eviction.observe`` asks the scorer (``scorers``) for a score per
+entry, and ``Eviction._evict`` keeps, per KV head, the protected entries (sinks, recent window)
+and the best-scoring rest up to the budget. On a decode step ``observe`` defers both to
+``_flush``, which does the same for all layers of the forward in one batched pass.
 
-Quantization (KIVI): keys per channel over groups of ``group`` tokens, values per token over
-groups of ``group`` channels, asymmetric min-max rounding to ``bits``; the newest ``residual``
-entries stay in full precision, and a key group is quantized once all its tokens have left the
-residual window. The prompt's forward attends in full precision (as KIVI and HF's quantized cache
-do); from the next step on attention reads the dequantized entries. fp8 casts each element to
-float8 (e4m3fn or e5m2) and back, no scale, with the same residual window.
+Conventions (the same for every scorer): the prompt's forward attends in full, as H2O, SnapKV and
+TOVA's reference code and HF's SinkCache do; the cache is then cut to the budget and after every
+later step again. A budget counts entries per KV head (what a cache stores); query heads sharing
+a KV head (GQA) share its evictions, scores are summed over the group.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 
 import numpy as np
 import torch
@@ -35,15 +34,13 @@ import torch.nn.functional as F
 
 from .. import attention as eq
 from ..errors import InspectorError
+from . import registry
+from .registry import EVICTION, NAMES, QUANT
+from .scorers import ScoreFunction, Scorer, Seen, checked
+
+__all__ = ["EVICTION", "NAMES", "NEVER", "QUANT", "Eviction", "Policy", "make"]
 
 NEVER = torch.iinfo(torch.long).max  # evicted_at of an entry still held
-
-EVICTION = ("streaming", "h2o", "snapkv", "tova", "keynorm", "custom")
-QUANT = ("int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
-NAMES = EVICTION[:-1] + QUANT  # what the CLI offers (custom takes a Python function)
-
-# a user scoring function: (layer, keys (Hkv, T, d), probs (H, Tq, T) of this forward) -> (Hkv, T), higher keeps
-Scorer = Callable[[int, torch.Tensor, torch.Tensor], torch.Tensor]
 
 
 def _to_length(ev: torch.Tensor, n: int) -> torch.Tensor:
@@ -173,27 +170,32 @@ class Policy:
 
 
 class Eviction(Policy):
-    """Keep ``sinks`` first entries and ``recent`` newest ones, then the best-scoring rest.
+    """Keep ``sinks`` first entries and ``recent`` newest ones, then the rest its scorer rates best.
 
-    ``budget``: entries per KV head (None: unlimited); ``layer_budgets``: ``{layer: n}`` or
-    ``{layer: [n per KV head]}`` overriding it.
+    ``name``: a registered scorer's name (``registry``) or a ``Scorer``; ``budget``: entries per KV
+    head (None: unlimited); ``layer_budgets``: ``{layer: n}`` or ``{layer: [n per KV head]}``
+    overriding it. ``window`` and ``kernel`` go to a scorer that takes them (SnapKV), ``scorer`` (a
+    function) to ``custom``.
     """
 
-    def __init__(self, name: str, budget: int | None, *, sinks: int | None = None, recent: int | None = None,
+    def __init__(self, name: str | Scorer, budget: int | None, *, sinks: int | None = None, recent: int | None = None,
                  layer_budgets: Mapping | None = None, window: int = 8, kernel: int = 5,
-                 scorer: Scorer | None = None):  # fmt: skip
-        if name not in EVICTION:
-            raise InspectorError(f"unknown eviction policy {name!r}; use one of {', '.join(EVICTION)}")
-        if name == "custom" and not callable(scorer):
-            raise InspectorError("the custom policy needs a scoring function: scorer(layer, keys, probs) -> (Hkv, T)")
-        self.name, self.budget, self.sinks, self.recent = name, budget, sinks, recent
+                 scorer: ScoreFunction | None = None):  # fmt: skip
+        if isinstance(name, Scorer):
+            rule = name
+        else:
+            cls = registry.scorer_class(name)
+            given = {"window": window, "kernel": kernel, "scorer": scorer}
+            rule = cls(**{k: given[k] for k in cls.options})
+        self.scorer = rule
+        self.name, self.budget, self.sinks, self.recent = rule.name or type(rule).__name__, budget, sinks, recent
         self.layer_budgets = dict(layer_budgets or {})
-        self.window, self.kernel, self.scorer = window, kernel, scorer
+        self.window, self.kernel = window, kernel
 
     @property
     def reads_probs(self) -> bool:
-        """Whether each decode step's scoring reads the attention weights (see capture.inspector_attention)."""
-        return self.name in ("h2o", "tova", "custom")
+        """Whether each decode step's scoring reads the attention weights (see capture's ``KVPolicy``)."""
+        return self.scorer.needs_attention and not self.scorer.prompt_only
 
     def describe(self) -> str:
         return f"{self.name} budget {'unlimited' if self.budget is None else self.budget}"
@@ -221,24 +223,23 @@ class Eviction(Policy):
         bad = [layer for layer in self.layer_budgets if not (isinstance(layer, int) and 0 <= layer < n_layers)]
         if bad:
             raise InspectorError(f"layer budgets name layers {bad}; the model has layers 0..{n_layers - 1}")
-        if self.sinks is None:  # StreamingLLM's 4 attention sinks (fewer under a tiny budget); none elsewhere
-            low = min((int(b.min()) for b in self.budgets if b is not None), default=5)
-            self.sinks = min(4, low - 1) if self.name == "streaming" else 0
+        if self.sinks is None:
+            self.sinks = self.scorer.default_sinks(
+                min((int(b.min()) for b in self.budgets if b is not None), default=5)
+            )
         for layer, b in enumerate(self.budgets):
             if b is None:
                 continue
             low = int(b.min())
-            protected = self.sinks if self.name == "streaming" else self.sinks + self._recent(low)
+            # a recent window that is whatever the sinks leave needs no room of its own
+            protected = self.sinks + (0 if self.scorer.recent_is_the_rest else self._recent(low))
             if low <= protected:
                 raise InspectorError(f"layer {layer}: a budget of {low} leaves no room beyond the {protected} "
                                      "protected entries (sinks + recent window); raise the budget")  # fmt: skip
         super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device)
 
     def _recent(self, budget: int) -> int:
-        if self.recent is not None:
-            return self.recent
-        # StreamingLLM: what the sinks leave is the window; H2O: half heavy hitters, half recent
-        return {"streaming": budget - self.sinks, "h2o": budget // 2, "snapkv": self.window}.get(self.name, 0)
+        return self.recent if self.recent is not None else self.scorer.default_recent(budget, self.sinks)
 
     def _recent_rows(self, layer: int, budget: torch.Tensor) -> torch.Tensor:
         """(Hkv,) the recent window of each KV head of ``layer`` (budgets are fixed once bound)."""
@@ -251,12 +252,13 @@ class Eviction(Policy):
         self._evicted_at = [
             torch.empty(self.n_kv_heads, 0, dtype=torch.long, device=self.device) for _ in range(self.n_layers)
         ]
+        # per layer (Hkv, T) float64: the sum so far of an accumulating scorer (H2O); empty for the others
         self.scores = [
             torch.empty(self.n_kv_heads, 0, dtype=torch.float64, device=self.device) for _ in range(self.n_layers)
         ]
         # a decode step's scoring and eviction, deferred to one batched pass over its layers (``_flush``):
         # per layer it is a dozen tiny tensor operations, whose fixed cost is most of their time
-        self._pending: dict[int, tuple[int, torch.Tensor | None]] = {}  # layer -> (Tk, (H or Hkv, Tk) what scores it)
+        self._pending: dict[int, tuple[int, torch.Tensor | None]] = {}  # layer -> (Tk, what scores it)
         # what the next decode forward's attend reads, made by that flush: (Tk, {layer: (grown evicted_at, block)})
         self._next: tuple[int, dict] | None = None
 
@@ -268,13 +270,13 @@ class Eviction(Policy):
 
     def snapshot(self):
         # evicted_at needs no copy: an entry evicted after the forward that left the cache at n keys
-        # holds n, so the state at n is the first n columns with every later eviction undone. Only
-        # H2O's accumulated scores cannot be rebuilt (float sums do not subtract back): those of the
+        # holds n, so the state at n is the first n columns with every later eviction undone. Only an
+        # accumulating scorer's sums cannot be rebuilt (float sums do not subtract back): those of the
         # entries still held are kept (at most the budget per KV head, so a step costs O(budget), not
         # O(T)); an evicted entry's score never decides anything again. A layer without a budget
         # evicts nothing: its scores are kept whole
         lengths = [ev.shape[1] for ev in self.evicted_at]  # (the property flushes a deferred eviction)
-        if self.name != "h2o":
+        if not self.scorer.accumulates:
             return lengths, None
         held = [self.scores[i].clone() if b is None else self.scores[i][self._held(i)].clone()
                 for i, b in enumerate(self.budgets)]  # fmt: skip
@@ -332,30 +334,26 @@ class Eviction(Policy):
 
     # -- scoring and eviction, after the layer's attention ---------------------------------------
     def observe(self, layer, query, k, mask, scaling, softcap, probs) -> None:
-        budget = self.budgets[layer]
+        budget, rule = self.budgets[layer], self.scorer
         tq, tk = query.shape[2], k.shape[2]
-        q0 = tk - tq
-        if self.name == "snapkv" and q0 > 0:
-            return  # SnapKV compresses the prompt once; generated entries are all kept
-        if budget is None and self.name != "h2o":
+        if rule.prompt_only and tk > tq:
+            return  # the prompt was compressed once; generated entries are all kept
+        if budget is None and not rule.accumulates:
             return  # unlimited: nothing is ever evicted, no score needed
-        # the query rows whose attention scores the keys (None: the policy reads no attention)
-        rows = {"h2o": range(tq), "custom": range(tq), "tova": range(tq - 1, tq),
-                "snapkv": range(max(0, tq - self.window), tq)}.get(self.name)  # fmt: skip
-        p = None if rows is None else self._probs(query, k, mask, scaling, softcap, probs, rows)  # (H, n, Tk) float32
-        if (
-            tq == 1
-            and budget is not None
-            and self.name in ("h2o", "tova", "keynorm", "streaming")
-            and self._uniform_budget(layer)
-        ):
-            # a decode step under one budget per head: scored and evicted with the forward's other layers
-            what = p[:, 0] if p is not None else self._score(layer, k, None, tk) if self.name == "keynorm" else None
-            self._pending[layer] = (tk, what)  # (H, Tk) attention, (Hkv, Tk) key scores, or None
+        # the attention rows the scorer reads, (H, n, Tk) float32
+        p = self._probs(query, k, mask, scaling, softcap, probs, rule.rows(tq)) if rule.needs_attention else None
+        if tq == 1 and budget is not None and rule.batched and self._uniform_budget(layer):
+            # a decode step under one budget per head: scored and evicted with the forward's other layers. A
+            # scorer of keys scores now (the forward's keys are not kept); one of attention rows in that pass
+            what = self._scored(layer, k, p, tk) if rule.reads_keys else p  # (Hkv, Tk), (H, 1, Tk) or None
+            self._pending[layer] = (tk, what)
             return
         self._flush()
         self._next = None
-        score = self._score(layer, k, p, tk)  # (Hkv, Tk) float64
+        score = self._scored(layer, k, p, tk)  # (Hkv, Tk) float64
+        if rule.accumulates:
+            acc = self.scores[layer]  # the sum so far, (Hkv, Tk - 1) or longer after a step back
+            score = self.scores[layer] = F.pad(acc[:, :tk], (0, max(0, tk - acc.shape[1]))) + score
         if budget is not None:
             self._evict(layer, score, budget, tk)
 
@@ -363,10 +361,19 @@ class Eviction(Policy):
         self._recent_rows(layer, self.budgets[layer])
         return self._uniform[layer]
 
+    def _scored(self, layer: int, k: torch.Tensor, p: torch.Tensor | None, tk: int) -> torch.Tensor:
+        """(Hkv, Tk) float64: what the scorer makes of this forward of ``layer`` (before any accumulation)."""
+        rule = self.scorer
+        keys = k[0, :: self.n_heads // self.n_kv_heads] if rule.reads_keys else None  # (Hkv, Tk, d)
+        return self._ask(Seen(layer, keys, p, (self.n_kv_heads, tk), self.device))
+
+    def _ask(self, seen: Seen) -> torch.Tensor:
+        return self.scorer.score(seen) if self.scorer.trusted else checked(self.scorer, seen)
+
     def _flush(self) -> None:
         """Score and evict the deferred decode step, every layer of it in one pass (see ``observe``).
 
-        The same operations as ``_score`` and ``_evict``'s steady state, batched over layers; then
+        The same operations as ``observe`` and ``_evict``'s steady state, batched over layers; then
         what the next decode forward's ``attend`` reads (each layer's evictions grown by the new
         position, and the block for its query), so that it costs no operation per layer either.
         """
@@ -376,22 +383,22 @@ class Eviction(Policy):
         layers, tk = list(pend), next(iter(pend.values()))[0]
         n, hkv = len(layers), self.n_kv_heads
         ev = torch.stack([self._evicted_at[layer][:, :tk] for layer in layers])  # (n, Hkv, Tk)
-        if self.name in ("h2o", "tova"):
-            rows = torch.stack([pend[layer][1] for layer in layers])  # (n, H, Tk): this forward's attention rows
-            score = rows.reshape(n, hkv, -1, tk).sum(2).double()  # (n, Hkv, Tk), summed over each group
-            if self.name == "h2o":  # accumulated attention
-                acc = [self.scores[layer] for layer in layers]
-                if all(a.shape[1] == tk - 1 for a in acc):
-                    acc = torch.cat([torch.stack(acc), score.new_zeros(n, hkv, 1)], 2)  # (n, Hkv, Tk)
-                else:
-                    acc = torch.stack([F.pad(a[:, :tk], (0, max(0, tk - a.shape[1]))) for a in acc])
-                score = acc + score
-                for i, layer in enumerate(layers):
-                    self.scores[layer] = score[i]
-        elif self.name == "keynorm":
-            score = torch.stack([pend[layer][1] for layer in layers])  # (n, Hkv, Tk)
+        rule = self.scorer
+        got = [pend[layer][1] for layer in layers]
+        if rule.reads_keys:
+            score = torch.stack(got)  # (n, Hkv, Tk): scored as each layer ran
         else:
-            score = ev.new_zeros(n, hkv, tk, dtype=torch.float64)  # streaming: position alone decides
+            rows = torch.stack(got) if rule.needs_attention else None  # (n, H, 1, Tk): this forward's attention rows
+            score = self._ask(Seen(layers, None, rows, (n, hkv, tk), self.device))  # (n, Hkv, Tk)
+        if rule.accumulates:
+            acc = [self.scores[layer] for layer in layers]
+            if all(a.shape[1] == tk - 1 for a in acc):
+                acc = torch.cat([torch.stack(acc), score.new_zeros(n, hkv, 1)], 2)  # (n, Hkv, Tk)
+            else:
+                acc = torch.stack([F.pad(a[:, :tk], (0, max(0, tk - a.shape[1]))) for a in acc])
+            score = acc + score
+            for i, layer in enumerate(layers):
+                self.scores[layer] = score[i]
         for i, layer in enumerate(layers):
             self._evicted_at[layer] = ev[i]
         budget = torch.stack([self.budgets[layer] for layer in layers])  # (n, Hkv)
@@ -417,53 +424,6 @@ class Eviction(Policy):
         if mask is not None:
             s = s + mask[0, :, r0:r1].float()  # (H or 1, n, Tk) additive, the mask attention used
         return torch.softmax(s, dim=-1)
-
-    def _group_sum(self, x: torch.Tensor) -> torch.Tensor:
-        # (H, ...) -> (Hkv, ...): the query heads that read one KV head
-        return x.reshape(self.n_kv_heads, -1, *x.shape[1:]).sum(1)
-
-    def _score(self, layer, k, p, tk) -> torch.Tensor:
-        name = self.name
-        if name == "h2o":
-            acc = self.scores[layer]  # accumulated attention, (Hkv, Tk)
-            acc = F.pad(acc[:, :tk], (0, max(0, tk - acc.shape[1]))) + self._group_sum(p.sum(1)).double()
-            self.scores[layer] = acc
-            return acc
-        if name == "tova":
-            return self._group_sum(p[:, -1]).double()  # the newest query's attention, (Hkv, Tk)
-        if name == "snapkv":
-            s = self._group_sum(p.sum(1)).double()  # (Hkv, Tk) observation-window votes
-            n = max(0, tk - p.shape[1])  # the prefix before the window (the window itself is kept)
-            kern = max(1, self.kernel)
-            pooled = torch.zeros_like(s)
-            if n:  # pooled over the prefix only, as SnapKV does, so the window's own votes do not bleed in
-                pooled[:, :n] = F.avg_pool1d(s[:, None, :n], kern, stride=1, padding=kern // 2,
-                                             count_include_pad=False)[:, 0, :n]  # fmt: skip
-            return pooled
-        if name == "keynorm":
-            g = self.n_heads // self.n_kv_heads
-            return -k[0, ::g].double().norm(dim=-1)  # low key norm = kept, (Hkv, Tk)
-        if name == "custom":
-            return self._custom(layer, k, p, tk)
-        return torch.zeros(
-            self.n_kv_heads, tk, dtype=torch.float64, device=self.device
-        )  # streaming: position alone decides
-
-    def _custom(self, layer, k, p, tk) -> torch.Tensor:
-        g = self.n_heads // self.n_kv_heads
-        try:
-            out = self.scorer(layer, k[0, ::g].detach().clone(), p.detach().clone())
-        except Exception as e:  # noqa: BLE001  (user code may raise anything; it becomes one clear message)
-            raise InspectorError(f"the scoring function raised {type(e).__name__}: {e}") from None
-        if not isinstance(out, torch.Tensor):
-            out = torch.as_tensor(np.asarray(out))
-        if tuple(out.shape) != (self.n_kv_heads, tk):
-            raise InspectorError(f"the scoring function returned shape {tuple(out.shape)}; "
-                                 f"expected (kv_heads, positions) = ({self.n_kv_heads}, {tk})")  # fmt: skip
-        out = out.detach().to(self.device, torch.float64)
-        if not bool(torch.isfinite(out).all()):
-            raise InspectorError("the scoring function returned NaN or infinite scores")
-        return out
 
     def _drop_one(self, ev, score, held, excess, recent, tk: int) -> None:
         """The steady state, each head at most one over its budget: it drops its lowest-scoring
@@ -501,23 +461,24 @@ class Eviction(Policy):
         ev[held & ~keep & over[:, None]] = tk  # masked from the next query position on
 
 
-def make(name: str, budget: int | None = None, **options) -> Policy:
-    """A policy by name: an eviction policy with ``budget`` entries per KV head, or a quantization.
+def make(name: str | Scorer, budget: int | None = None, **options) -> Policy:
+    """A policy by name (``registry``): an eviction policy with ``budget`` entries per KV head, or a
+    quantization; or the eviction policy running a ``Scorer`` of one's own.
 
     Options: eviction ``sinks``, ``recent``, ``layer_budgets``, ``window`` and ``kernel`` (SnapKV),
     ``scorer`` (custom); quantization ``group``, ``residual`` and ``scheme`` (kivi or transformers).
     """
+    if isinstance(name, Scorer):
+        return Eviction(name, budget, **options)
     if not isinstance(name, str):
         raise InspectorError(f"policy must be a name, got {name!r}")
-    if name in QUANT:
-        from .quant import SCHEMES, Quantization, TransformersQuantization
-
-        if budget is not None:
-            raise InspectorError(f"{name} is a quantization; it takes no budget (its knobs are group and residual)")
-        scheme = options.pop("scheme", "kivi")
-        if scheme not in SCHEMES:
-            raise InspectorError(f"unknown quantization scheme {scheme!r}; use {' or '.join(SCHEMES)}")
-        return (TransformersQuantization if scheme == "transformers" else Quantization)(name, **options)
-    if name in EVICTION:
+    if registry.takes_budget(name):  # (an unknown name is refused here)
         return Eviction(name, budget, **options)
-    raise InspectorError(f"unknown policy {name!r}; use one of {', '.join(NAMES)} (or custom with a scorer)")
+    from .quant import SCHEMES, Quantization, TransformersQuantization
+
+    if budget is not None:
+        raise InspectorError(f"{name} is a quantization; it takes no budget (its knobs are group and residual)")
+    scheme = options.pop("scheme", "kivi")
+    if scheme not in SCHEMES:
+        raise InspectorError(f"unknown quantization scheme {scheme!r}; use {' or '.join(SCHEMES)}")
+    return (TransformersQuantization if scheme == "transformers" else Quantization)(name, **options)
