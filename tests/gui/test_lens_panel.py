@@ -122,8 +122,10 @@ def test_the_lens_costs_nothing_while_its_tab_is_behind_another(make_window, wai
     click_tab(win, "KV cache")  # behind again: steps run no lens
     n = len(jobs)
     press()
+    # the panels hear of a step with the snapshot that shows it: once it is on screen, a lens job
+    # would already have been asked for
     wait_idle(win)
-    qtbot.wait(200)
+    qtbot.waitUntil(lambda: win.snapshot.n_steps == 3, timeout=10000)
     assert len(jobs) == n and panel.result.step == 1
 
 
