@@ -51,7 +51,11 @@ def test_hostile_autosaves_are_set_aside_and_the_window_starts_fresh(qtbot, monk
         win.close()
 
 
-def test_escape_on_the_restore_progress_cancels_and_starts_fresh(make_window, wait_idle, qtbot, tiny_lm):
+def test_escape_on_the_restore_progress_cancels_and_starts_fresh(make_window, wait_idle, qtbot, tiny_lm, monkeypatch):
+    from gpt_inspector.core import session as session_mod
+
+    # a long restore: every op replayed (compacting would fold these cycles into two recomputes)
+    monkeypatch.setattr(session_mod, "compact_ops", lambda ops, shape=None: list(ops))
     win = make_window("gpt2")
     s = gi.Session(tiny_lm("gpt2"), "She eats an apple. He reads")
     s.run(40)
