@@ -9,6 +9,8 @@ mask positions inside the context) is checked by the replay itself, which refuse
 
 from __future__ import annotations
 
+import contextlib
+
 from . import decoding, validate
 from .edits import HeadEdit, MaskEdit
 from .errors import InspectorError
@@ -192,7 +194,7 @@ def edit_shape(lm) -> Shape | None:
 def push_op(ops: list[dict], op: dict, shape: Shape | None = None) -> list[dict]:
     """``ops`` with ``op`` after them, as a new list (the old one is left as it was, for an atomic swap)."""
     out = list(ops)
-    _push(out, op, shape)
+    _push(out, op, shape, {})
     return out
 
 
@@ -201,12 +203,13 @@ def compact_ops(ops: list[dict], shape: Shape | None = None) -> list[dict]:
 
     Without the model's ``shape`` mask and head edits are kept as they are."""
     out: list[dict] = []
+    memo: dict = {}  # states already worked out, so compacting stays about linear in the ops
     for op in ops:
-        _push(out, op, shape)
+        _push(out, op, shape, memo)
     return out
 
 
-def _push(ops: list[dict], op: dict, shape: Shape | None) -> None:
+def _push(ops: list[dict], op: dict, shape: Shape | None, memo: dict) -> None:
     """Append ``op`` to ``ops``, cancelling what an undo made moot and what ``op`` supersedes.
 
     A step back removes its step together with the forces and decoding changes made on that step
@@ -214,7 +217,7 @@ def _push(ops: list[dict], op: dict, shape: Shape | None) -> None:
     before it, and a redecide any one (it chooses again from the step's own sampler state); a force
     replaces a force just before it. A mask or head edit replaces the edits and step/back groups
     before it whose recomputes it recomputes again (``_wash``). Replaying the result gives the very
-    state the whole list gives, in fewer forwards.
+    state the whole list gives, in fewer forwards. Only the end of ``ops`` ever changes.
     """
     kind = op.get("op")
     last = ops[-1].get("op") if ops else None
@@ -225,7 +228,7 @@ def _push(ops: list[dict], op: dict, shape: Shape | None) -> None:
                 decided = [o for o in ops[i + 1 :] if o.get("op") == "decoding"]
                 del ops[i:]
                 if decided:
-                    _push(ops, {**decided[-1], "redecide": False}, shape)
+                    _push(ops, {**decided[-1], "redecide": False}, shape, memo)
                 return
             if k not in ("force", "decoding"):
                 break
@@ -234,11 +237,12 @@ def _push(ops: list[dict], op: dict, shape: Shape | None) -> None:
     elif kind == "force" and last == "force":
         ops.pop()
     elif kind in ("mask", "heads") and shape is not None:
-        _wash(ops, op, shape)
+        with contextlib.suppress(InspectorError):  # an edit the replay will refuse: kept, and refused as before
+            _wash(ops, op, shape, memo)
     ops.append(op)
 
 
-def _wash(ops: list[dict], x: dict, shape: Shape) -> None:
+def _wash(ops: list[dict], x: dict, shape: Shape, memo: dict) -> None:
     """Take out of ``ops`` the tail that edit ``x``, about to follow, makes moot.
 
     ``x`` recomputes every position from its reach (the earliest it changes) on. A tail of edits and
@@ -247,55 +251,79 @@ def _wash(ops: list[dict], x: dict, shape: Shape) -> None:
     the tail can become the last mask op and the last head op in it (where they changed the edits):
     those reach no lower than the tail did, so ``x`` overwrites them too and reaches as far as before.
     """
-    cuts, depth = [], 0  # where a tail may start: no step of it left standing
+    cuts, edits, depth, low = [], [], 0, len(ops)  # where a tail may start: no step of it left standing
     for i in range(len(ops) - 1, max(-1, len(ops) - 1 - WINDOW), -1):
         k = ops[i].get("op")
         if k == "step_back":
             depth += 1
         elif k == "step" and depth:
             depth -= 1
-        elif not (k in ("mask", "heads") or (k == "force" and depth)):
+        elif k in ("mask", "heads"):
+            edits.append(i)
+        elif not (k == "force" and depth):
             break  # a step or force that stays, or a decoding change (its setting stays)
+        low = i
         if depth == 0:
             cuts.append(i)
     if not cuts:
         return
-    start = cuts[-1]
-    try:
-        state = {k: _state_before(ops, start, k, shape) for k in ("mask", "heads")}
-        before, reach = [], {}
-        for i in range(start, len(ops)):
-            before.append(dict(state))
-            k = ops[i].get("op")
-            if k in ("mask", "heads"):
-                new = _state_of(ops[i], shape)
-                reach[i], state[k] = _reach(k, state[k], new), new
-        mine = _reach(x["op"], state[x["op"]], _state_of(x, shape))
-    except InspectorError:
-        return  # an edit the replay will refuse: keep every op, so it is refused as before
-    below = max((i for i, r in reach.items() if r < mine), default=-1)
-    cut = min((c for c in cuts if c > below), default=len(ops))
+
+    def before(n: int, kind: str) -> tuple:  # the edits of ``kind`` in force before ops[edits[n]] (or at ``low``)
+        j = next((j for j in edits[n:] if j < (edits[n - 1] if n else len(ops)) and ops[j]["op"] == kind), None)
+        return _state_of(ops[j], shape, memo) if j is not None else _state_before(ops, low, kind, shape, memo)
+
+    mine = _reach(x["op"], before(0, x["op"]), _state_of(x, shape, memo))
+    bound = -1  # walking back: the last edit that reached below x; the tail starts after it
+    for n, i in enumerate(edits):
+        k = ops[i]["op"]
+        if _reach(k, before(n + 1, k), _state_of(ops[i], shape, memo)) < mine:
+            bound = i
+            break
+    cut = min((c for c in cuts if c > bound), default=len(ops))
     if cut == len(ops):
         return
-    at = before[cut - start]
+    first_left = next((n for n, i in enumerate(edits) if i < cut), len(edits))  # edits[first_left:] stay
     kept = []
     for k in ("mask", "heads"):
-        last = max((i for i in range(cut, len(ops)) if ops[i].get("op") == k), default=None)
-        if last is not None and state[k][0] != at[k][0]:
+        last = next((i for i in edits if ops[i]["op"] == k), None)
+        if last is not None and last >= cut and _state_of(ops[last], shape, memo)[0] != before(first_left, k)[0]:
             kept.append(last)
     ops[cut:] = [ops[i] for i in sorted(kept)]
 
 
-def _state_before(ops: list[dict], end: int, kind: str, shape: Shape) -> tuple:
+def _state_before(ops: list[dict], end: int, kind: str, shape: Shape, memo: dict) -> tuple:
+    """The edits of ``kind`` in force after ``ops[:end]``. Remembered by the op that ends the prefix
+    (the object itself, so its id is never reused, and its place): only the end of ``ops`` changes,
+    so while that op sits at that place the prefix before it is the same."""
+    key = (kind, id(ops[end - 1]), end) if end else None
+    if key in memo and memo[key][0] is ops[end - 1]:
+        return memo[key][1]
+    state = ((), frozenset())  # a session starts with no edits
     for i in range(end - 1, -1, -1):
         if ops[i].get("op") == kind:
-            return _state_of(ops[i], shape)
-    return ((), frozenset())  # a session starts with no edits
+            state = _state_of(ops[i], shape, memo)
+            break
+        hit = memo.get((kind, id(ops[i]), i + 1))
+        if hit is not None and hit[0] is ops[i]:
+            state = hit[1]
+            break
+    if key is not None:
+        memo[key] = (ops[end - 1], state)
+    return state
 
 
-def _state_of(op: dict, shape: Shape) -> tuple:
+def _state_of(op: dict, shape: Shape, memo: dict) -> tuple:
     """The edits an op leaves in force, as the session keeps them, and the (layer, head, query, key)
     cells they block (mask ops); InspectorError where the live session would refuse the op."""
+    hit = memo.get(id(op))
+    if hit is not None and hit[0] is op:
+        return hit[1]
+    state = _edits_of(op, shape)
+    memo[id(op)] = (op, state)
+    return state
+
+
+def _edits_of(op: dict, shape: Shape) -> tuple:
     n_layers, n_heads, context, vocab = shape
     if op["op"] == "heads":
         heads = tuple(HeadEdit.from_json(e) for e in op["edits"])
