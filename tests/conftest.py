@@ -40,6 +40,20 @@ def tiny_lm(tiny_dir):
     return get
 
 
+@pytest.fixture
+def as_trace(tmp_path):
+    """``as_trace(source)``: the run saved as a trace file and opened again (read-only)."""
+    from gpt_inspector import load_trace
+
+    saved = []
+
+    def reopen(source):
+        saved.append(tmp_path / f"as-trace-{len(saved)}.safetensors")
+        return load_trace(source.save_trace(saved[-1]))
+
+    return reopen
+
+
 def _hf_models(tiny_dir, attn_implementation):
     from transformers import AutoModelForCausalLM
 

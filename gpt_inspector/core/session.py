@@ -15,7 +15,7 @@ from .edits import HeadEdit, MaskEdit
 from .errors import Cancelled, InspectorError, StepFailed, check_index
 from .forward import Run, crop_cache, forward_with_rollback, interrupts_deferred, undo
 from .models import LoadedModel
-from .recipe_check import RECIPE_FORMAT, check_recipe
+from .recipe_check import MAX_RECOMPUTES, RECIPE_FORMAT, check_recipe, compact_ops, edit_shape, push_op
 from .session_edits import EditingMixin, MaskEditReport
 from .source import ModelShape, RunSource
 from .step import TOP_N, Step, TopEntry
@@ -393,12 +393,15 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
                cancelled: Callable[[], bool] | None = None) -> Session:  # fmt: skip
         """Rebuild a session from ``recipe()`` output; the same model gives the same tokens.
 
-        The recipe is checked whole first, and step/back cycles are dropped (``compact_ops``).
+        The recipe is checked whole first, and what later operations cancel or supersede is dropped
+        (``compact_ops``: the same state in fewer model runs).
         ``progress(done, total)`` hears of each operation replayed; when ``cancelled()`` turns true
         between two, ``Cancelled`` is raised (the half-replayed session is dropped).
         """
         check_recipe(recipe)  # whole, before anything runs: a file from outside
-        ops = compact_ops(recipe["ops"])
+        ops = compact_ops(recipe["ops"], edit_shape(lm))
+        if sum(op["op"] in ("mask", "heads") for op in ops) > MAX_RECOMPUTES:
+            raise InspectorError(f"more than {MAX_RECOMPUTES} mask or head edit operations")
         d = recipe["initial_decoding"]
         s = cls(lm, recipe["prompt"], d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"), recipe["seed"],
                 prompt_ids=list(recipe["prompt_ids"]))  # fmt: skip
@@ -422,47 +425,6 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             if progress is not None:
                 progress(n + 1, len(ops))
         return s
-
-
-def push_op(ops: list[dict], op: dict) -> list[dict]:
-    """``ops`` with ``op`` after them, as a new list (the old one is left as it was, for an atomic swap)."""
-    out = list(ops)
-    _push(out, op)
-    return out
-
-
-def compact_ops(ops: list[dict]) -> list[dict]:
-    """A recipe's operations with every cancelled cycle taken out (see ``_push``)."""
-    out: list[dict] = []
-    for op in ops:
-        _push(out, op)
-    return out
-
-
-def _push(ops: list[dict], op: dict) -> None:
-    """Append ``op`` to ``ops``, cancelling what an undo made moot.
-
-    A step back removes its step together with the forces and decoding changes made on that step
-    (the last decoding change stays, as a plain one); a decoding change replaces a plain one just
-    before it. Replaying the result gives the very state the whole list gives, in fewer forwards:
-    the step back puts the generator back, and a mask or head edit (which recomputes earlier
-    positions) stops the collapse.
-    """
-    kind = op.get("op")
-    if kind == "step_back":
-        for i in range(len(ops) - 1, -1, -1):
-            k = ops[i].get("op")
-            if k == "step":
-                decided = [o for o in ops[i + 1 :] if o.get("op") == "decoding"]
-                del ops[i:]
-                if decided:
-                    _push(ops, {**decided[-1], "redecide": False})
-                return
-            if k not in ("force", "decoding"):
-                break
-    elif kind == "decoding" and ops and ops[-1].get("op") == "decoding" and not ops[-1].get("redecide"):
-        ops.pop()
-    ops.append(op)
 
 
 __all__ = ["Session", "Step", "TopEntry", "MaskEdit", "MaskEditReport", "KINDS", "TOP_N"]

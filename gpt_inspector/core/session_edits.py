@@ -14,6 +14,7 @@ from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import Cancelled, InspectorError
 from .forward import crop_cache, interrupts_deferred, save_state, undo
+from .recipe_check import edit_shape, push_op
 
 # positions per forward of a recompute: the points where progress is reported and a cancel can
 # land, and a bound on the (chunk x T) mask a forward over a kept prefix needs
@@ -108,10 +109,10 @@ class EditingMixin:
         """Put ``edits`` in ``self.<own>`` and ``compiled`` in ``recorder.<rec>``, recompute from
         ``earliest`` and record ``op``; all of it is put back on a fault or a cancel."""
         prev, prev_compiled = getattr(self, own), getattr(self.recorder, rec)
-        committed = []
+        committed, ops = [], push_op(self._ops, op, edit_shape(self.lm))
 
         def commit():
-            self._ops.append(op)
+            self._ops = ops
             committed.append(True)
 
         try:

@@ -76,6 +76,19 @@ def xcb_problem() -> str | None:
             f"install them with: sudo apt-get install -y {' '.join(missing)}")  # fmt: skip
 
 
+def _sweep_leftovers() -> None:
+    """The temporaries a killed save left (kill -9 mid-write) in the folders this tool writes to, the
+    autosaves' and the recent traces', go at the next start (a write sweeps its own folder too)."""
+    from pathlib import Path
+
+    from ..core.outfile import remove_leftovers
+    from . import autosave, settings
+    from .actions import RECENT_TRACES
+
+    for folder in {autosave.path().parent, *(Path(p).expanduser().parent for p in settings.recent(RECENT_TRACES))}:
+        remove_leftovers(folder)
+
+
 def _offer_restore(win) -> dict | None:
     """Ask whether to bring back the autosaved session; a no discards it."""
     from PySide6.QtWidgets import QMessageBox
@@ -151,6 +164,7 @@ def run(args) -> int:
     app = QApplication.instance() or QApplication(sys.argv[:1])
     app.setOrganizationName("gpt-inspector")
     app.setApplicationName("gpt-inspector")
+    _sweep_leftovers()  # where the autosaves live is known once the names are set
     apply_theme(app)
     steps = _get(args, "steps")
     win = MainWindow(restore_layout=not screenshot)  # screenshots always show the default layout

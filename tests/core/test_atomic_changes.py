@@ -15,6 +15,7 @@ from interrupting import interrupted_at_line, lines_run
 
 import gpt_inspector as gi
 from gpt_inspector.core import MaskEdit, capture
+from gpt_inspector.core.edits import HeadEdit
 
 PROMPT = "She eats an apple"
 KW = dict(temperature=1.0, top_k=50, seed=3)  # sampling: the generator state must be exact too
@@ -44,6 +45,7 @@ def _state(s):
         "records": s.recorder.length,
         "rng": s.generator.get_state().tolist(),
         "masks": s.mask_edits,
+        "heads": s.head_edits,
     }
 
 
@@ -73,6 +75,7 @@ OPS = {
     "force": lambda s: s.force_token(5),
     "step": lambda s: s.step(),
     "mask": lambda s: s.set_mask_edits([MaskEdit(3, 1, layer=0)]),
+    "knock-out": lambda s: s.set_head_edits([HeadEdit(1, 0)]),
 }
 
 

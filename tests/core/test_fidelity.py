@@ -36,20 +36,20 @@ def test_a_silently_wrong_model_is_refused_in_one_line(oss_dir):
     assert "max |diff|" in msg and "at probe position" in msg and "--unverified" in msg and "\n" not in msg
 
 
-def test_allow_unverified_loads_and_marks_every_reader(oss_dir, tmp_path):
+def test_allow_unverified_loads_and_marks_every_reader(oss_dir, as_trace):
     with attention_that_drops_sinks():
         lm = gi.load_model(oss_dir, device="cpu", allow_unverified=True)
         assert lm.unverified and "max |diff|" in lm.unverified
         s = gi.Session(lm, "She eats")
         s.run(2)
         assert s.unverified == lm.unverified
-        t = gi.load_trace(s.save_trace(tmp_path / "u.safetensors"))
+        t = as_trace(s)
     assert t.unverified == lm.unverified
     lm_ok = gi.load_model(oss_dir, device="cpu")
     s_ok = gi.Session(lm_ok, "She eats")
     s_ok.run(2)
     assert s_ok.unverified is None
-    assert gi.load_trace(s_ok.save_trace(tmp_path / "v.safetensors")).unverified is None
+    assert as_trace(s_ok).unverified is None
 
 
 def test_cli_refuses_with_exit_2_and_loads_with_unverified(oss_dir, tmp_path, capsys):
@@ -121,7 +121,7 @@ def test_refused_family_from_config_alone(tmp_path):
     assert time.perf_counter() - t0 < 5
 
 
-def test_every_figure_of_an_unverified_run_carries_the_band(oss_dir, tmp_path):
+def test_every_figure_of_an_unverified_run_carries_the_band(oss_dir, tmp_path, as_trace):
     from gpt_inspector import figures
     from gpt_inspector.core.lens import lens
 
@@ -129,7 +129,7 @@ def test_every_figure_of_an_unverified_run_carries_the_band(oss_dir, tmp_path):
         lm = gi.load_model(oss_dir, device="cpu", allow_unverified=True)
         s = gi.Session(lm, "She eats")
         s.run(2)
-        t = gi.load_trace(s.save_trace(tmp_path / "u.safetensors"))
+        t = as_trace(s)
         made = [figures.head_figure(s, 0, 1), figures.grid_figure(t, None), figures.grid_figure(s, 0),
                 figures.lens_figure(lens(s), lm.name, unverified=s.unverified)]  # fmt: skip
     for fig in made:

@@ -199,10 +199,10 @@ def test_single_head_and_report_agree_cell_by_cell_on_a_partial_inf(tiny_lm, tmp
             assert not any(singles)
 
 
-def test_a_trace_checks_from_the_prompts_last_position_and_says_so(tiny_lm, tmp_path):
+def test_a_trace_checks_from_the_prompts_last_position_and_says_so(tiny_lm, as_trace):
     """A trace keeps head outputs where steps decide tokens; earlier rows are refused, not made up."""
     s = _session(tiny_lm("gpt2"), steps=3)
-    tr = gi.load_trace(s.save_trace(tmp_path / "t.safetensors"))
+    tr = as_trace(s)
     start = len(s.prompt_ids) - 1
     assert tr.head_outputs_from == tr.head_output_start == start and s.head_outputs_from == 0
     r = check_all(tr)

@@ -16,7 +16,6 @@ import torch
 import gpt_inspector as gi
 from gpt_inspector.core import MaskEdit, lens, mathcheck, session, session_edits
 from gpt_inspector.core.errors import Cancelled
-from gpt_inspector.core.trace import load_trace
 
 PROMPT = "She eats an apple. He reads"
 
@@ -107,9 +106,9 @@ def test_a_mask_edit_and_its_rollback_keep_the_window_exact(pair, monkeypatch):
         _close(s.head_outputs(layer), ref.head_outputs(layer))
 
 
-def test_a_saved_trace_has_every_generated_row(pair, tmp_path):
+def test_a_saved_trace_has_every_generated_row(pair, as_trace):
     s, ref = pair("llama")
-    t = load_trace(s.save_trace(tmp_path / "w.safetensors"))
+    t = as_trace(s)
     assert t.head_output_start == ref.head_output_start
     for layer in s.attention_layers:
         _close(t.head_outputs(layer)[:, t.head_output_start :], ref.head_outputs(layer)[:, ref.head_output_start :])

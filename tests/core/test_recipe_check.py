@@ -7,8 +7,9 @@ import json
 import pytest
 
 import gpt_inspector as gi
+from gpt_inspector.core import session as session_mod
 from gpt_inspector.core.errors import InspectorError
-from gpt_inspector.core.recipe_check import MAX_OPS, check_recipe
+from gpt_inspector.core.recipe_check import MAX_EDIT_OPS, MAX_OPS, MAX_RECOMPUTES, check_recipe
 from gpt_inspector.core.session import compact_ops
 
 GOOD = {"format": "gpt-inspector-recipe/1", "model": None, "prompt": "She eats", "prompt_ids": [1, 2], "seed": 0,
@@ -33,6 +34,7 @@ BAD = [
     {"ops": [{"op": "mask", "edits": 5}]},
     {"ops": [{"op": "heads", "edits": [{"layer": 0, "patch_from": "abc"}]}]},
     {"ops": [{"op": "step"}] * (MAX_OPS + 1)},
+    {"ops": [{"op": "mask", "edits": []}] * (MAX_EDIT_OPS + 1)},
     {"load": [1]},
     {"load": {"device": 5}},
     {"tokens": {"a": 1}},
@@ -52,3 +54,17 @@ def test_a_bad_recipe_is_refused_in_one_line_before_any_model_runs(change, tiny_
 def test_a_good_recipe_passes():
     assert check_recipe(dict(GOOD)) == GOOD
     assert compact_ops([{"op": "step"}, {"op": "force", "token_id": 3}, {"op": "step_back"}]) == []
+
+
+def test_more_recomputes_than_the_limit_after_compaction_are_refused_before_any_forward(tiny_lm, monkeypatch):
+    # a decoding change between edits keeps each of them (its setting stays): nothing folds
+    edit = {"op": "mask", "edits": [{"query": 1, "key": 0, "layer": None, "head": None, "blocked": True}]}
+    cycle = [edit, {"op": "decoding", "temperature": 0.5}, {"op": "mask", "edits": []}, {"op": "decoding"}]
+    ops = [{"op": "step"}] + cycle * (MAX_RECOMPUTES // 2 + 1)
+    recipe = {**GOOD, "ops": ops}
+    assert check_recipe(recipe) is recipe  # within what a file may hold
+    lm = tiny_lm("gpt2")
+    assert len(session_mod.compact_ops(ops, session_mod.edit_shape(lm))) == len(ops)
+    monkeypatch.setattr(session_mod.Session, "_forward", lambda *a: pytest.fail("a forward ran"))
+    with pytest.raises(InspectorError, match=f"more than {MAX_RECOMPUTES} mask or head edit operations"):
+        gi.Session.replay(lm, recipe)

@@ -52,9 +52,9 @@ def test_v2_stores_primitives_and_derives_the_rest(tiny_lm, tmp_path, family):
     _same_run(gi.load_trace(path), s)
 
 
-def test_reopened_trace_shows_candidate_words_not_ids(tiny_lm, tmp_path):
+def test_reopened_trace_shows_candidate_words_not_ids(tiny_lm, as_trace):
     s = _session(tiny_lm("gpt2"), edit=False)
-    tr = gi.load_trace(s.save_trace(tmp_path / "t.safetensors"))
+    tr = as_trace(s)
     for a, b in zip(tr.steps_done, s.steps_done):
         assert [(e.token_id, e.label) for e in a.top] == [(e.token_id, e.label) for e in b.top]
         assert not any(e.label.startswith("#") for e in a.top)
@@ -62,10 +62,10 @@ def test_reopened_trace_shows_candidate_words_not_ids(tiny_lm, tmp_path):
 
 
 @pytest.mark.parametrize("family", ["gemma2", "gpt2"])
-def test_a_reopened_trace_saves_again_as_the_same_run(tiny_lm, tmp_path, family):
+def test_a_reopened_trace_saves_again_as_the_same_run(tiny_lm, as_trace, family):
     # a trace someone sent can be saved again (save_trace is every run source's): nothing is lost
     s = _session(tiny_lm(family))
-    tr = gi.load_trace(gi.load_trace(s.save_trace(tmp_path / "a.safetensors")).save_trace(tmp_path / "b.safetensors"))
+    tr = as_trace(as_trace(s))
     _same_run(tr, s)
     for a, b in zip(tr.steps_done, s.steps_done):
         assert [(e.token_id, e.label) for e in a.top] == [(e.token_id, e.label) for e in b.top]

@@ -192,13 +192,12 @@ def test_kv_matrix_export(tiny_lm, tmp_path):
     assert all(figures.clean_label(x) in texts for x in labels)
 
 
-def test_trace_round_trip_renders_the_same_files(tiny_lm, tmp_path):
-    from gpt_inspector import Session, load_trace
+def test_trace_round_trip_renders_the_same_files(tiny_lm, tmp_path, as_trace):
+    from gpt_inspector import Session
 
     s = Session(tiny_lm("gpt2"), "The cat sat on the mat <&>")
     s.run(3)
-    s.save_trace(tmp_path / "t.safetensors")
-    tr = load_trace(tmp_path / "t.safetensors")
+    tr = as_trace(s)
     for kind in ("probs", "masked_scores", "scores"):
         a = export.render_heatmap(s, 1, 2, kind, tmp_path / f"live-{kind}.png")
         b = export.render_heatmap(tr, 1, 2, kind, tmp_path / f"trace-{kind}.png")

@@ -126,3 +126,26 @@ def click_tab(qtbot):
         raise AssertionError(f"no tab titled {title!r}")
 
     return click
+
+
+@pytest.fixture
+def reopened_as_trace(qtbot, wait_idle, tmp_path):
+    """``reopened_as_trace(win, steps=1)``: ``steps`` steps with F10, File ▸ Save trace, then the trace
+    opened in the window (read-only); returns the snapshots shown before the save and after the open."""
+    from PySide6.QtCore import Qt
+    from PySide6.QtWidgets import QApplication
+
+    def reopen(win, steps=1):
+        for _ in range(steps):
+            qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+            wait_idle(win)
+        live = win.snapshot
+        path = tmp_path / "t.safetensors"  # beside the window's autosave and settings, as the tests always had it
+        win.save_trace(str(path))
+        wait_idle(win)
+        assert path.is_file(), win.errors
+        win.open_trace(str(path))
+        qtbot.waitUntil(lambda: win.snapshot is not None and win.snapshot.read_only, timeout=20000)
+        return live, wait_idle(win)
+
+    return reopen

@@ -167,9 +167,12 @@ def test_controls_fit_a_narrow_dock(qtbot, result):
     assert panel.minimumSizeHint().width() <= 430 and panel.width() == 430
     # a wide bottom dock keeps them on one line, leaving the height to the table and tree
     panel.resize(1400, 520)
-    qtbot.wait(20)
-    tops = {w.mapTo(panel, w.rect().topLeft()).y() for w in (panel.beams, panel.seed, panel.run_button)}
-    assert max(tops) - min(tops) < panel.run_button.height()
+
+    def one_line():
+        tops = {w.mapTo(panel, w.rect().topLeft()).y() for w in (panel.beams, panel.seed, panel.run_button)}
+        assert max(tops) - min(tops) < panel.run_button.height()
+
+    qtbot.waitUntil(one_line, timeout=3000)
 
 
 def test_tree_is_fitted_and_legible_after_a_comparison(qtbot, result):
@@ -195,14 +198,20 @@ def test_tree_is_fitted_and_legible_after_a_comparison(qtbot, result):
     assert any(shown.contains(i.sceneBoundingRect().center()) for i in best)
     # the dock growing refits; a user's zoom is left alone
     panel.resize(1200, 1000)
-    qtbot.wait(20)
-    vp = tree.viewport().rect()
-    want = max(_MIN_SCALE, min(1.0, vp.width() / scene.width(), vp.height() / scene.height()))
-    assert tree.zoom == pytest.approx(want, rel=1e-3)
+    qtbot.waitUntil(lambda: tree.viewport().height() > vp.height(), timeout=3000)
+
+    def refitted():
+        vp = tree.viewport().rect()
+        assert tree.zoom == pytest.approx(
+            max(_MIN_SCALE, min(1.0, vp.width() / scene.width(), vp.height() / scene.height())), rel=1e-3
+        )
+
+    qtbot.waitUntil(refitted, timeout=3000)
+    want, grown = tree.zoom, tree.viewport().height()
     tree.scale(2, 2)
     tree._auto_fit = False  # what a wheel turn does
     panel.resize(1200, 700)
-    qtbot.wait(20)
+    qtbot.waitUntil(lambda: tree.viewport().height() < grown, timeout=3000)
     assert tree.zoom == pytest.approx(2 * want, rel=1e-3)
 
 

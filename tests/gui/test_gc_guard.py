@@ -44,7 +44,7 @@ def test_collections_run_only_on_the_gui_thread(shown, wait_idle, qtbot, dialogs
             wait_idle(win)
             qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
             qtbot.waitUntil(lambda: bool(targets) and targets[-1].is_file(), timeout=20000)
-        qtbot.wait(1200)  # at least one tick of the GUI thread's collector
+        qtbot.waitUntil(lambda: bool(where), timeout=5000)  # the GUI thread's collector ticks about every second
     finally:
         gc.callbacks.remove(watch)
     gui = threading.get_ident()

@@ -81,20 +81,12 @@ def test_run_step_and_probe_show_the_labs_numbers(make_window, wait_idle, qtbot,
     qtbot.waitUntil(lambda: "outside the lab" in panel.status.text(), timeout=10000)
 
 
-def test_quantization_disables_the_budget_and_a_trace_is_refused(make_window, wait_idle, qtbot, tmp_path, no_dialogs):
-    from PySide6.QtWidgets import QApplication
-
+def test_quantization_disables_the_budget_and_a_trace_is_refused(make_window, qtbot, reopened_as_trace, no_dialogs):
     win = make_window(prompt=PROMPT)
     panel = _dock(win)
     panel.policy.setCurrentText("int4")
     assert not panel.budget.isEnabled() and panel.settings()[1] is None
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
-    wait_idle(win)
-    path = tmp_path / "t.safetensors"
-    win.save_trace(str(path))
-    wait_idle(win)
-    win.open_trace(str(path))
-    wait_idle(win)
+    reopened_as_trace(win)
     qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: "live session" in panel.status.text(), timeout=10000)
     assert no_dialogs and "live session" in no_dialogs[-1][1]

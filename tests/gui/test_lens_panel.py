@@ -52,15 +52,9 @@ def test_lens_follows_steps_and_a_click_selects_the_head(make_window, wait_idle,
     assert not no_dialogs and not win.errors
 
 
-def test_lens_on_a_trace_says_it_needs_a_live_session(make_window, wait_idle, qtbot, tmp_path, no_dialogs):
+def test_lens_on_a_trace_says_it_needs_a_live_session(make_window, reopened_as_trace, no_dialogs):
     win = make_window()
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
-    wait_idle(win)
-    path = tmp_path / "t.safetensors"
-    win.save_trace(str(path))
-    wait_idle(win)
-    win.open_trace(str(path))
-    wait_idle(win)
+    reopened_as_trace(win)
     assert win.snapshot.read_only
     assert "live session" in win.lens_panel.status.text()
 
@@ -122,8 +116,10 @@ def test_the_lens_costs_nothing_while_its_tab_is_behind_another(make_window, wai
     click_tab(win, "KV cache")  # behind again: steps run no lens
     n = len(jobs)
     press()
+    # the panels hear of a step with the snapshot that shows it: once it is on screen, a lens job
+    # would already have been asked for
     wait_idle(win)
-    qtbot.wait(200)
+    qtbot.waitUntil(lambda: win.snapshot.n_steps == 3, timeout=10000)
     assert len(jobs) == n and panel.result.step == 1
 
 

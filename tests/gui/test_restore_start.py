@@ -51,7 +51,11 @@ def test_hostile_autosaves_are_set_aside_and_the_window_starts_fresh(qtbot, monk
         win.close()
 
 
-def test_escape_on_the_restore_progress_cancels_and_starts_fresh(make_window, wait_idle, qtbot, tiny_lm):
+def test_escape_on_the_restore_progress_cancels_and_starts_fresh(make_window, wait_idle, qtbot, tiny_lm, monkeypatch):
+    from gpt_inspector.core import session as session_mod
+
+    # a long restore: every op replayed (compacting would fold these cycles into two recomputes)
+    monkeypatch.setattr(session_mod, "compact_ops", lambda ops, shape=None: list(ops))
     win = make_window("gpt2")
     s = gi.Session(tiny_lm("gpt2"), "She eats an apple. He reads")
     s.run(40)
@@ -69,3 +73,34 @@ def test_escape_on_the_restore_progress_cancels_and_starts_fresh(make_window, wa
     assert "Restore cancelled" in win.statusBar().currentMessage()
     kept = list(autosave.path().parent.glob("autosave-*.json.rejected-*"))
     assert len(kept) == 1 and json.loads(kept[0].read_text())["ops"] == recipe["ops"]  # the session is kept
+
+
+def test_a_killed_saves_temporaries_are_removed_at_the_next_start(qtbot, monkeypatch, tmp_path, wait_idle):
+    import subprocess
+    import sys
+
+    from gpt_inspector.core import outfile
+    from gpt_inspector.gui import app, settings
+    from gpt_inspector.gui.actions import RECENT_TRACES
+    from gpt_inspector.gui.main_window import MainWindow
+
+    dead = subprocess.Popen([sys.executable, "-c", "pass"])
+    dead.wait()  # a writer that is gone, as after a kill -9 in the middle of a save
+    traces = tmp_path / "traces"
+    traces.mkdir()
+    settings.remember(RECENT_TRACES, str(traces / "t.safetensors"))
+    left = [traces / f".t.safetensors{outfile.MARK}{dead.pid}-0123abcd.tmp",
+            autosave.path().parent / f".autosave-x.json{outfile.MARK}{dead.pid}-4567abcd.tmp"]  # fmt: skip
+    alive = traces / f".u.safetensors{outfile.MARK}{os.getpid()}-89abcdef.tmp"  # a save in progress: kept
+    for p in (*left, alive):
+        p.write_bytes(b"half" * 1000)
+    monkeypatch.setattr(QApplication, "exec", lambda *a: 0)  # the start only
+    assert app.run(SimpleNamespace(model=None, prompt=None, steps=None, screenshot=None)) == 0
+    win = next(w for w in QApplication.topLevelWidgets() if isinstance(w, MainWindow) and w.isVisible())
+    qtbot.addWidget(win)
+    try:
+        wait_idle(win, timeout=120000)
+        assert not any(p.exists() for p in left) and alive.exists()
+    finally:
+        win.worker.stop()
+        win.close()

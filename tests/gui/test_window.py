@@ -282,17 +282,10 @@ def test_the_worker_never_runs_on_the_gui_thread(make_window, wait_idle):
     assert win.worker.thread_idents == {results[0][1]}
 
 
-def test_trace_opens_read_only(make_window, wait_idle, tmp_path):
+def test_trace_opens_read_only(make_window, reopened_as_trace):
     win = make_window()
-    win.run(3)
-    live = wait_idle(win)
-    path = tmp_path / "t.safetensors"
-    win.save_trace(str(path))
-    wait_idle(win)
-    assert path.is_file()
-    win.show_source(str(path))
-    snap = wait_idle(win)
-    assert snap.read_only and snap.T == live.T and snap.labels == live.labels
+    live, snap = reopened_as_trace(win, steps=3)
+    assert snap.read_only and live.n_steps == 3 and snap.T == live.T and snap.labels == live.labels
     np.testing.assert_allclose(np.nan_to_num(snap.matrix), np.nan_to_num(live.matrix), atol=1e-6)
     np.testing.assert_allclose(snap.thumbs, live.thumbs, atol=1e-6)
     assert not win.acts.step.isEnabled() and not win.acts.run.isEnabled() and not win.acts.save.isEnabled()

@@ -60,10 +60,13 @@ def test_every_panel_fits_at(qtbot, size):
     win.show()
     win.resize(*size)  # as a user (or the window manager) would: maximise, drag the corner
     qtbot.waitUntil(lambda: win.size().width() == size[0], timeout=3000)
-    qtbot.wait(50)
-    check_layout(win)
-    # the room goes to the plots, not to the Session controls
-    assert win.docks["scores"].width() > win.docks["session"].width()
+
+    def fits():  # once the docks have followed the resize
+        check_layout(win)
+        # the room goes to the plots, not to the Session controls
+        assert win.docks["scores"].width() > win.docks["session"].width()
+
+    qtbot.waitUntil(fits, timeout=3000)
     win.worker.stop()
 
 
