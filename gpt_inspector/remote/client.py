@@ -24,7 +24,9 @@ from ..core.step import TOP_N, TopEntry
 from . import wire
 
 # the client pings the server this often and gives up on a silent link after PING_TIMEOUT more
-PING_INTERVAL, PING_TIMEOUT = 1.0, 3.0
+PING_INTERVAL, PING_TIMEOUT = 1.0, 4.0
+# and waits no longer than this for a dead link's closing handshake
+CLOSE_TIMEOUT = 1.0
 
 
 class LinkLost(InspectorError):
@@ -125,8 +127,10 @@ class RemoteSession:
         from websockets.sync.client import connect as ws_connect
 
         try:
-            self._conn = ws_connect(self.url, open_timeout=self.timeout, compression=None, proxy=None,
-                                    max_size=None, ping_interval=PING_INTERVAL, ping_timeout=PING_TIMEOUT)  # fmt: skip
+            # the context-manager entry opens the link; our close() is its exit (the object outlives a block)
+            self._conn = ws_connect(self.url, open_timeout=self.timeout, compression=None, proxy=None, max_size=None,
+                                    ping_interval=PING_INTERVAL, ping_timeout=PING_TIMEOUT, close_timeout=CLOSE_TIMEOUT,
+                                    logger=wire.quiet_logger()).__enter__()  # fmt: skip
         except InvalidStatus as e:
             body = (e.response.body or b"").decode("utf-8", "replace").strip() or f"HTTP {e.response.status_code}"
             raise RemoteRefused(f"the engine at {self.where} refused the connection: {body.splitlines()[0]}") from None

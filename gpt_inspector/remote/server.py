@@ -212,7 +212,7 @@ class Server:
         self._client = None
         self.ws = serve(self._connection, host, port, process_request=self._admit, compression=None,
                         max_size=wire.MAX_REQUEST_BYTES + 1024, ping_interval=PING_INTERVAL,
-                        ping_timeout=PING_TIMEOUT, logger=_quiet_logger())  # fmt: skip
+                        ping_timeout=PING_TIMEOUT, logger=wire.quiet_logger())  # fmt: skip
         self.host, self.port = self.ws.socket.getsockname()[:2]
 
     @property
@@ -255,7 +255,7 @@ class Server:
             result, tensors = self.engine.handle(op, args)
             head, frames = wire.reply(rid, result, tensors)
         except (InspectorError, StepFailed) as e:
-            head, frames = wire.reply(rid, error=_one_line(e))
+            head, frames = wire.reply(getattr(e, "rid", None) if rid is None else rid, error=_one_line(e))
         except KeyboardInterrupt:
             raise
         except Exception as e:  # a bug of ours: one line to the client, the stack to the server's terminal
@@ -281,16 +281,6 @@ def _closed(e: BaseException) -> bool:
     from websockets.exceptions import ConnectionClosed
 
     return isinstance(e, (ConnectionClosed, OSError))
-
-
-def _quiet_logger():
-    """websockets' logger, silenced: a failed handshake (a port scanner, a bad token) is not worth a traceback."""
-    import logging
-
-    log = logging.getLogger("gpt_inspector.remote.websockets")
-    log.setLevel(logging.CRITICAL + 1)
-    log.propagate = False
-    return log
 
 
 def save_recipe(engine: Engine, path) -> str | None:

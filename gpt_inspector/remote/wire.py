@@ -45,7 +45,11 @@ _WIRE_NAME = {t: name for name, (t, _) in DTYPES.items()}
 
 
 class WireError(InspectorError):
-    """A message that breaks the protocol: refused in one line, the connection goes on."""
+    """A message that breaks the protocol: refused in one line, the connection goes on.
+
+    ``rid``: the request's id where it could be read, so the refusal answers that request."""
+
+    rid: int | None = None
 
 
 # ---------------------------------------------------------------------- argument schema
@@ -173,10 +177,14 @@ def check_request(data) -> tuple[str, int, dict]:
     rid = obj["id"]
     if isinstance(rid, bool) or not isinstance(rid, int) or not 0 <= rid <= MAX_ID:
         raise WireError(f'"id" must be an integer in [0, {MAX_ID}]')
-    op = obj["op"]
-    if not isinstance(op, str) or op not in OPS:
-        raise WireError(f"unknown op {str(op)[:40]!r}")
-    return op, rid, _check_obj(f"op {op!r}", obj["args"], OPS[op])
+    try:
+        op = obj["op"]
+        if not isinstance(op, str) or op not in OPS:
+            raise WireError(f"unknown op {str(op)[:40]!r}")
+        return op, rid, _check_obj(f"op {op!r}", obj["args"], OPS[op])
+    except WireError as e:
+        e.rid = rid
+        raise
 
 
 def _no_constant(name):  # NaN and Infinity are not JSON, and no argument takes them
@@ -260,3 +268,14 @@ def tensor_from(frame, dtype: str, shape: tuple[int, ...], nbytes: int) -> torch
     arr = np.frombuffer(frame, dtype=np.dtype(np_dtype)).astype(np.dtype(np_dtype).newbyteorder("="), copy=True)
     t = torch.from_numpy(arr).reshape(shape)
     return t.view(torch.bfloat16) if torch_dtype == torch.bfloat16 else t
+
+
+def quiet_logger():
+    """websockets' logger, silenced: a failed handshake or a lost link is
+    reported once, by us, in one line, not as a traceback."""
+    import logging
+
+    log = logging.getLogger("gpt_inspector.remote.websockets")
+    log.setLevel(logging.CRITICAL + 1)
+    log.propagate = False
+    return log
