@@ -119,6 +119,11 @@ class RemoteSession:
         self.tokens: list[int] = []
         self._labels: list[str] = []
         self.steps_done: list[RemoteStep] = []
+        # until a session is open on the server (connect(url, prompt=...))
+        self.prompt, self.prompt_ids, self.seed, self.attention_layers = None, [], 0, []
+        self.cache_length, self.finished, self.decoding = 0, None, Decoding()
+        self.mask_edits: list[MaskEdit] = []
+        self.head_edits: list[HeadEdit] = []
         self._attach()
 
     # ------------------------------------------------------------------ the link
@@ -201,13 +206,15 @@ class RemoteSession:
                     self.bytes_received += len(frame)
                     tensors.append(wire.tensor_from(frame, dtype, shape, nbytes))
             except (closed, OSError, TimeoutError) as e:
-                self._conn = None
+                self.close()
                 raise LinkLost(
                     f"lost the link to the engine at {self.where} ({_one_line(e)}); the server keeps the "
                     "session: call reconnect()"
                 ) from None
-            except wire.WireError:
-                self._conn = None  # out of step with the server: this link cannot be trusted further
+            except BaseException:
+                # a garbled reply, or Ctrl+C between a request and its reply: this link is out of step
+                # with the server and cannot be trusted further (reconnect() starts a clean one)
+                self.close()
                 raise
         if not head["ok"]:
             raise InspectorError(str(head.get("error", "the engine refused the request"))[:500])
