@@ -52,6 +52,9 @@ def prompt_of(lm, t: int) -> str:
 def one_step(s) -> None:
     s.step()
     t = s.cache_length
+    if hasattr(s, "layers_attention_rows"):  # remote: every layer's newest rows in one request
+        s.layers_attention_rows(range(s.n_layers), t - 1, t)  # (L, H, 1, T)
+        return
     for layer in range(s.n_layers):
         s.attention_rows(layer, t - 1, t)  # (H, 1, T): the newest row of every head
 
@@ -95,7 +98,7 @@ def main(lengths: list[int]) -> None:
                 r.step()
                 remote, nbytes = timed(r, STEPS, lambda: r.bytes_sent + r.bytes_received)
                 assert r.tokens == s.tokens  # the same run on both sides
-                requests = 1 + lm.n_layers
+                requests = 2  # the step, then every layer's newest rows
                 link = remote + requests * RTT_S + nbytes / RATE
                 print(f"{s.cache_length:>6} {local * 1e3:>9.1f} {remote * 1e3:>10.1f} {remote / local:>6.2f} "
                       f"{nbytes:>11.0f} {requests:>9} {link * 1e3:>15.0f}")  # fmt: skip

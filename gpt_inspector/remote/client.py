@@ -370,6 +370,16 @@ class RemoteSession:
         heads = None if heads is None else [int(h) for h in heads]
         return self._call_t("attention_rows", layer=layer, p0=p0, p1=p1, kind=kind, heads=heads, keys=keys)[1][0]
 
+    def layers_attention_rows(self, layers, p0: int, p1: int, kind: str = "probs", heads=None,
+                              keys: int | None = None) -> torch.Tensor:  # fmt: skip
+        """``attention_rows`` of several layers in one request, stacked: (L, h, n, T). A window repaints
+        the newest row of every layer after a step with this: one round trip instead of one per layer."""
+        self._require()
+        heads = None if heads is None else [int(h) for h in heads]
+        layers = [int(i) for i in layers]
+        out = self._call_t("layers_attention_rows", layers=layers, p0=p0, p1=p1, kind=kind, heads=heads, keys=keys)
+        return out[1][0]
+
     def attention(self, layer: int, head: int, kind: str = "probs"):
         """The whole (T, T) float32 numpy matrix of one head: asked for, so it travels whole."""
         self._require()

@@ -170,6 +170,13 @@ class Engine:
     def op_attention_rows(self, layer, p0, p1, kind="probs", heads=None, keys=None):
         return None, [self._s().attention_rows(layer, p0, p1, kind, heads=heads, keys=keys)]  # (h, n, keys)
 
+    def op_layers_attention_rows(self, layers, p0, p1, kind="probs", heads=None, keys=None):
+        s = self._s()
+        if not layers:
+            raise InspectorError("layers is empty: name at least one layer")
+        rows = [s.attention_rows(i, p0, p1, kind, heads=heads, keys=keys) for i in layers]  # each (h, n, keys)
+        return None, [torch.stack(rows)]  # (L, h, n, keys): one request for every layer a step repaints
+
     def op_attention(self, layer, head, kind="probs"):
         return None, [torch.from_numpy(self._s().attention(layer, head, kind))]  # (T, T): asked for whole
 

@@ -58,6 +58,8 @@ def test_every_number_read_remotely_is_the_local_sessions(server, local_lm):
         t = s.cache_length
         assert torch.equal(r.attention_rows(1, t - 3, t, "scores", heads=[3, 0], keys=t),
                            s.attention_rows(1, t - 3, t, "scores", heads=[3, 0], keys=t))  # fmt: skip
+        stacked = torch.stack([s.attention_rows(i, t - 1, t, heads=[2]) for i in (1, 0)])  # (2, 1, 1, T)
+        assert torch.equal(r.layers_attention_rows([1, 0], t - 1, t, heads=[2]), stacked)
         assert torch.equal(r.queries(0, 2, 5, heads=[1, 3]), s.queries(0)[[1, 3]][:, 2:5])
         assert torch.equal(r.keys(1, 0, 4, heads=[1]), s.keys(1)[[1]][:, 0:4])
         assert (r.attention(0, 2, "probs") == s.attention(0, 2, "probs")).all()
