@@ -27,6 +27,8 @@ from . import wire
 PING_INTERVAL, PING_TIMEOUT = 1.0, 4.0
 # and waits no longer than this for a dead link's closing handshake
 CLOSE_TIMEOUT = 1.0
+# how long a new connection waits for the slot of a client that is just closing
+BUSY_GRACE = 1.0
 
 
 class LinkLost(InspectorError):
@@ -124,7 +126,8 @@ class RemoteSession:
         self.cache_length, self.finished, self.decoding = 0, None, Decoding()
         self.mask_edits: list[MaskEdit] = []
         self.head_edits: list[HeadEdit] = []
-        self._attach()
+        # a client that has just closed frees the server's slot a moment after its close returns
+        self._attach_retrying(BUSY_GRACE, busy_only=True)
 
     # ------------------------------------------------------------------ the link
     def _attach(self) -> None:
@@ -156,15 +159,21 @@ class RemoteSession:
         link is gone answers "another client" for a moment.
         """
         self.close()
-        deadline = time.monotonic() + timeout
+        self._attach_retrying(timeout, busy_only=False)
+        return self
+
+    def _attach_retrying(self, seconds: float, busy_only: bool) -> None:
+        """``_attach``, tried again for ``seconds`` while the server is busy (or, unless ``busy_only``,
+        unreachable); a wrong token is never retried."""
+        deadline = time.monotonic() + seconds
         while True:
             try:
-                self._attach()
-                return self
+                return self._attach()
             except (LinkLost, RemoteRefused) as e:
-                if time.monotonic() > deadline or "token" in str(e):
+                busy = isinstance(e, RemoteRefused) and "another client" in str(e)
+                if time.monotonic() > deadline or not (busy or (not busy_only and isinstance(e, LinkLost))):
                     raise
-                time.sleep(0.25)
+                time.sleep(0.1)
 
     def close(self) -> None:
         conn, self._conn = self._conn, None
@@ -193,7 +202,10 @@ class RemoteSession:
                 raise LinkLost(f"not connected to the engine at {self.where}: call reconnect()")
             self._next_id += 1
             rid = self._next_id
-            msg = wire.request(op, rid, args)
+            try:
+                msg = wire.request(op, rid, args)
+            except (TypeError, ValueError) as e:  # before anything is sent: the link stays as it was
+                raise InspectorError(f"{op}: arguments must be plain numbers, strings and lists ({e})") from None
             try:
                 self._conn.send(msg)
                 self.bytes_sent += len(msg.encode())

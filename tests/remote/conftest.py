@@ -60,7 +60,7 @@ class Served:
             self.proc.wait(timeout=30)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
     """A saved tiny Llama (grouped-query attention: 4 query heads read 2 KV heads)."""
     import tiny_models
@@ -83,15 +83,16 @@ def serve(tmp_path_factory, tiny_llama):
         s.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def server(tmp_path_factory, tiny_llama):
-    """One server for a whole test module (tests close their clients: it takes one at a time)."""
+    """One server for every remote test that needs no server of its own (each test opens its own
+    session and closes its client: the server takes one at a time)."""
     s = Served(tiny_llama, tmp_path_factory.mktemp("serve"))
     yield s
     s.kill()
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def local_lm(tiny_llama):
     from gpt_inspector import load_model
 

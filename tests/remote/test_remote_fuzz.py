@@ -8,12 +8,13 @@ client side's reply parsing is fuzzed directly (truncated tensors, lying shapes 
 from __future__ import annotations
 
 import json
+import time
 
 import pytest
 import torch
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
-from websockets.exceptions import ConnectionClosed
+from websockets.exceptions import ConnectionClosed, InvalidStatus
 from websockets.sync.client import connect
 
 from gpt_inspector.remote import wire
@@ -37,7 +38,15 @@ requests = st.fixed_dictionaries(
 
 
 def _ws(url):
-    return connect(url, compression=None, proxy=None, max_size=None, open_timeout=30)
+    """A raw connection; the last test's client may hold the slot for a moment after its close."""
+    deadline = time.monotonic() + 10
+    while True:
+        try:
+            return connect(url, compression=None, proxy=None, max_size=None, open_timeout=30)
+        except InvalidStatus as e:
+            if e.response.status_code != 409 or time.monotonic() > deadline:
+                raise
+            time.sleep(0.1)
 
 
 def _answer(ws) -> dict:
