@@ -19,7 +19,12 @@ def add_arguments(p):
         help="HOST:PORT to listen on (default 127.0.0.1 and a free port); another host than localhost "
         "lets anyone who can reach it and has the token drive the model: prefer an SSH tunnel",
     )  # fmt: skip
-    p.add_argument("--prompt", default=None, help="open a session on this prompt at start (a client can open one)")
+    start = p.add_mutually_exclusive_group()
+    start.add_argument("--prompt", default=None, help="open a session on this prompt at start (a client can open one)")
+    start.add_argument(
+        "--restore", default=None, type=common.user_path,
+        help="start from a recipe a stopped server saved (--recipe-out): the session replays to where it stopped",
+    )  # fmt: skip
     common.add_decoding_args(p)
     p.add_argument(
         "--recipe-out", default=None, type=common.user_path,
@@ -37,6 +42,20 @@ def _bind(text: str) -> tuple[str, int]:
     return host, int(port)
 
 
+def _read_recipe(path) -> dict:
+    import json
+
+    from ..core.errors import InspectorError
+    from ..core.recipe_check import check_recipe
+
+    try:
+        with open(path, encoding="utf-8") as f:
+            recipe = json.load(f)
+    except (OSError, ValueError) as e:
+        raise InspectorError(f"cannot read the recipe {path}: {getattr(e, 'strerror', None) or e}") from None
+    return check_recipe(recipe)
+
+
 def run(args) -> int:
     import secrets
 
@@ -49,10 +68,13 @@ def run(args) -> int:
         common.check_run_args(args)
     recipe_out = args.recipe_out or f"gpt-inspector-session-{time.strftime('%Y%m%d-%H%M%S')}.json"
     common.check_out(recipe_out)
+    recipe = None if args.restore is None else _read_recipe(args.restore)  # a bad file: refused before the load
     lm = common.load(args)  # the self-test runs here, before any client can connect
     session = None
     if args.prompt is not None:
         session = Session(lm, args.prompt, args.temperature, args.top_k, args.top_p, args.seed)
+    elif args.restore is not None:
+        session = Session.replay(lm, recipe)
     engine = Engine(lm, session)
     try:
         server = Server(engine, host, port, secrets.token_urlsafe(32))

@@ -294,4 +294,5 @@ def save_recipe(engine: Engine, path) -> str | None:
     """Write the session's recipe to ``path`` (JSON); None if no session was ever opened."""
     if engine.session is None:
         return None
-    return str(outfile.write_text(path, json.dumps(engine.session.recipe(), ensure_ascii=False, indent=1) + "\n"))
+    text = json.dumps(engine.session.recipe(), ensure_ascii=False, indent=1) + "\n"
+    return str(outfile.write_text(path, text, mode=0o600))  # the prompt and the text: the user's only

@@ -36,3 +36,15 @@ def test_connect_refuses_what_is_not_a_serve_url_and_an_engine_that_is_not_there
     with pytest.raises(LinkLost, match="cannot reach the engine") as e:
         gi.connect(f"ws://127.0.0.1:{port}/?token=secret", timeout=5)
     assert "\n" not in str(e.value) and "secret" not in str(e.value)
+
+
+def test_serve_refuses_a_recipe_it_cannot_read_before_loading_anything(tmp_path, capsys):
+    bad = tmp_path / "r.json"
+    bad.write_text('{"format": "something else"}')
+    for path, words in (
+        (tmp_path / "missing.json", "cannot read the recipe"),
+        (bad, "not a gpt-inspector session recipe"),
+    ):
+        assert main(["serve", "--restore", str(path), "--model", "/no/such/model"]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err

@@ -112,5 +112,11 @@ def test_ctrl_c_stops_the_server_cleanly_and_saves_the_recipe(serve, local_lm):
     recipe = json.loads(srv.recipe.read_text())
     again = gi.Session.replay(local_lm, recipe)
     assert again.tokens == tokens
+    assert srv.recipe.stat().st_mode & 0o077 == 0  # the prompt is the user's: not readable by others
     with pytest.raises(LinkLost):
         gi.connect(srv.url, timeout=5)
+    # a new server started from the recipe serves the very session the stopped one had
+    back = serve("--restore", str(srv.recipe))
+    with gi.connect(back.url) as r:
+        assert r.tokens == tokens and r.mask_edits == [gi.MaskEdit(query=5, key=1, layer=1)]
+        assert r.decoding == again.decoding
