@@ -228,7 +228,9 @@ def reply(rid: int, result=None, tensors=(), error: str | None = None) -> tuple[
         head["result"] = result
     else:
         head["error"] = error
-    return json.dumps(head, allow_nan=False), frames
+    # a reply may carry -inf (a logit a model masks out of its vocabulary): JSON's NaN/Infinity words,
+    # which Python's reader takes; requests stay strict
+    return json.dumps(head), frames
 
 
 def tensor_meta(meta) -> tuple[str, tuple[int, ...], int]:
