@@ -28,7 +28,8 @@ from . import wire
 BUSY = "another client is connected to this engine; close it first (one client at a time)"
 BAD_TOKEN = "a valid token is required: use the whole URL that gpt-inspector serve printed"
 # pings: a client that vanished without closing (a cut cable) frees the slot within this many seconds
-PING_INTERVAL, PING_TIMEOUT = 5.0, 10.0
+# (after PING_INTERVAL + PING_TIMEOUT + CLOSE_TIMEOUT at most: about 17 s)
+PING_INTERVAL, PING_TIMEOUT, CLOSE_TIMEOUT = 5.0, 10.0, 2.0
 
 
 def step_json(s) -> dict:
@@ -219,7 +220,7 @@ class Server:
         self._client = None
         self.ws = serve(self._connection, host, port, process_request=self._admit, compression=None,
                         max_size=wire.MAX_REQUEST_BYTES + 1024, ping_interval=PING_INTERVAL,
-                        ping_timeout=PING_TIMEOUT, logger=wire.quiet_logger())  # fmt: skip
+                        ping_timeout=PING_TIMEOUT, close_timeout=CLOSE_TIMEOUT, logger=wire.quiet_logger())  # fmt: skip
         self.host, self.port = self.ws.socket.getsockname()[:2]
 
     @property
