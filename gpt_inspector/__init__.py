@@ -18,7 +18,7 @@ _NAMES = {
     "DEMO_MODEL": ".core.models", "InspectorError": ".core.errors", "LoadedModel": ".core.models",
     "MaskEdit": ".core.capture", "Session": ".core.session", "Step": ".core.step", "StepFailed": ".core.errors",
     "Trace": ".core.trace", "load_model": ".core.models", "load_trace": ".core.trace", "save_trace": ".core.trace",
-    "compare": ".core.compare", "Comparison": ".core.compare", "render_heatmap": ".export", "render_grid": ".export",
+    "compare": ".core.compare", "connect": ".remote.client", "Comparison": ".core.compare", "render_heatmap": ".export", "render_grid": ".export",
 }  # fmt: skip
 __all__ = sorted(_NAMES)
 

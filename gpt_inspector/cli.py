@@ -9,10 +9,10 @@ import argparse
 import sys
 
 from . import __version__
-from .commands import compare, export, kv_lab, lens, math_check, probe_cache, trace
+from .commands import compare, export, kv_lab, lens, math_check, probe_cache, serve, trace
 
 # sub-commands in help order; each module imports the engine only when its command runs
-COMMANDS = (trace, compare, export, probe_cache, math_check, lens, kv_lab)
+COMMANDS = (trace, compare, export, probe_cache, math_check, lens, kv_lab, serve)
 
 
 class _Parser(argparse.ArgumentParser):

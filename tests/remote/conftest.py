@@ -1,0 +1,169 @@
+"""A real ``gpt-inspector serve`` process on 127.0.0.1, a free port, and a tiny checkpoint the tests saved.
+
+The server runs on one thread like the tests (conftest sets torch to one), so a local session on the
+same checkpoint computes the very same bits. Every process started here is killed in a finalizer.
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import signal
+import socket
+import subprocess
+import sys
+import threading
+from pathlib import Path
+
+import pytest
+from on_device import DEVICE
+
+START_TIMEOUT = 180  # a loaded 2-core machine: importing torch and the self-test take their time
+ROOT = Path(__file__).resolve().parents[2]
+
+
+class Served:
+    """One server process: its URL (the line it printed), its stderr so far, and a way to stop it."""
+
+    def __init__(self, model: Path, workdir: Path, *extra: str):
+        env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1", HF_HUB_OFFLINE="1", PYTHONUNBUFFERED="1")
+        self.recipe = workdir / "recipe.json"
+        cmd = [sys.executable, "-m", "gpt_inspector", "serve", "--model", str(model), "--device", DEVICE,
+               "--bind", "127.0.0.1:0", "--recipe-out", str(self.recipe), *extra]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, cwd=workdir,
+                                     env=env)  # fmt: skip
+        self.lines: queue.Queue = queue.Queue()
+        self.err: list[str] = []
+        threading.Thread(target=self._pump, args=(self.proc.stdout, self.lines.put), daemon=True).start()
+        threading.Thread(target=self._pump, args=(self.proc.stderr, self.err.append), daemon=True).start()
+        try:
+            self.url = self.lines.get(timeout=START_TIMEOUT).strip()
+        except queue.Empty:
+            self.kill()
+            raise AssertionError(
+                f"serve printed no URL within {START_TIMEOUT} s; stderr: {''.join(self.err)}"
+            ) from None
+        self.port = int(self.url.split(":")[2].split("/")[0])
+
+    @staticmethod
+    def _pump(stream, put):
+        for line in stream:
+            put(line)
+
+    def interrupt(self, timeout: float = 60) -> int:
+        self.proc.send_signal(signal.SIGINT)
+        return self.proc.wait(timeout=timeout)
+
+    def kill(self) -> None:
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(timeout=30)
+
+
+@pytest.fixture(scope="session")
+def tiny_llama(tmp_path_factory):
+    """A saved tiny Llama (grouped-query attention: 4 query heads read 2 KV heads)."""
+    import tiny_models
+
+    return tiny_models.build(tmp_path_factory.mktemp("remote-model") / "llama", "llama")
+
+
+@pytest.fixture
+def serve(tmp_path_factory, tiny_llama):
+    """``serve(*extra_flags)`` starts a server on the tiny Llama; each is killed when the test ends."""
+    started = []
+
+    def start(*extra: str) -> Served:
+        s = Served(tiny_llama, tmp_path_factory.mktemp("serve"), *extra)
+        started.append(s)
+        return s
+
+    yield start
+    for s in started:
+        s.kill()
+
+
+@pytest.fixture(scope="session")
+def server(tmp_path_factory, tiny_llama):
+    """One server for every remote test that needs no server of its own (each test opens its own
+    session and closes its client: the server takes one at a time)."""
+    s = Served(tiny_llama, tmp_path_factory.mktemp("serve"))
+    yield s
+    s.kill()
+
+
+@pytest.fixture(scope="session")
+def local_lm(tiny_llama):
+    from gpt_inspector import load_model
+
+    return load_model(tiny_llama, device=DEVICE)
+
+
+class Proxy:
+    """A TCP relay on loopback between a client and the server, whose link the test can stall or cut."""
+
+    def __init__(self, port: int):
+        self.upstream = port
+        self.listener = socket.create_server(("127.0.0.1", 0))
+        self.port = self.listener.getsockname()[1]
+        self.stalled = threading.Event()  # bytes are swallowed, the sockets stay open: a silent link
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.closed = False
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def url(self, url: str) -> str:
+        return url.replace(f":{self.upstream}/", f":{self.port}/")
+
+    def _accept(self):
+        while not self.closed:
+            try:
+                a, _ = self.listener.accept()
+            except OSError:
+                return
+            b = socket.create_connection(("127.0.0.1", self.upstream))
+            self.pairs.append((a, b))
+            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(b, a), daemon=True).start()
+
+    def _pipe(self, src: socket.socket, dst: socket.socket):
+        try:
+            while data := src.recv(65536):
+                if not self.stalled.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self):
+        """Close every link relayed so far (both ends see the connection end)."""
+        for a, b in self.pairs:
+            for s in (a, b):
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    s.close()
+                except OSError:
+                    pass
+        self.pairs.clear()
+
+    def close(self):
+        self.closed = True
+        self.cut()
+        self.listener.close()
+
+
+@pytest.fixture
+def proxy():
+    made = []
+
+    def make(port: int) -> Proxy:
+        p = Proxy(port)
+        made.append(p)
+        return p
+
+    yield make
+    for p in made:
+        p.close()
