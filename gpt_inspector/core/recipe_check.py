@@ -298,7 +298,7 @@ def _state_before(ops: list[dict], end: int, kind: str, shape: Shape, memo: dict
     key = (kind, id(ops[end - 1]), end) if end else None
     if key in memo and memo[key][0] is ops[end - 1]:
         return memo[key][1]
-    state = ((), frozenset())  # a session starts with no edits
+    state: tuple = ((), frozenset())  # a session starts with no edits
     for i in range(end - 1, -1, -1):
         if ops[i].get("op") == kind:
             state = _state_of(ops[i], shape, memo)
@@ -327,10 +327,10 @@ def _edits_of(op: dict, shape: Shape) -> tuple:
     n_layers, n_heads, context, vocab = shape
     if op["op"] == "heads":
         heads = tuple(HeadEdit.from_json(e) for e in op["edits"])
-        for e in heads:
-            if not 0 <= e.layer < n_layers or not (e.head is None or 0 <= e.head < n_heads):
+        for h in heads:
+            if not 0 <= h.layer < n_layers or not (h.head is None or 0 <= h.head < n_heads):
                 raise InspectorError("a head edit outside the model")
-            if e.patch_from is not None and (e.head is None or not all(0 <= t < vocab for t in e.patch_from)):
+            if h.patch_from is not None and (h.head is None or not all(0 <= t < vocab for t in h.patch_from)):
                 raise InspectorError("a patch the session refuses")
         return heads, frozenset()
     blocked: dict[tuple, MaskEdit] = {}
