@@ -15,7 +15,7 @@ import statistics
 
 import numpy as np
 
-MASKING_STAGES = ("masked_scores", "probs")  # the stages that hide what the mask removes
+from .attention import MASKING_KINDS
 
 EXACT_BUDGET = 1 << 32  # multiply-adds the exact block maxima of a whole figure may cost (~a few s on a CPU)
 ROWS_BUDGET = 1 << 23  # numbers per evaluation (32 MB of float32)
@@ -106,7 +106,7 @@ def head_blocks(source, layer: int, kind: str, block: int, sampled: int | None =
     out = np.full((H, nb, nb), -np.inf, dtype=np.float32)
     lo = np.full(H, np.inf)
     hi = np.full(H, -np.inf)
-    masking = kind in MASKING_STAGES
+    masking = kind in MASKING_KINDS
     pad = nb * block - t
     step = max(1, ROWS_BUDGET // max(1, H * t))
     with one_thread():

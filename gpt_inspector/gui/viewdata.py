@@ -20,18 +20,15 @@ import numpy as np
 import torch
 
 from ..core import attention as eq
-from ..core.attention import KINDS
+from ..core.attention import KIND_LABELS, KINDS
 from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
 from ..core.pooling import ThreadChooser, one_thread, torch_threads
 from ..core.source import RunSource
-from ..core.stages import STAGE_LABELS
 from ..core.step import Step
 from .pooled import PooledMatrix, Thumbnails, block_for
 
 __all__ = ["KIND_LABELS", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails", "ViewModel", "full_thumbnails"]
-
-KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
 
 
 _SOURCE_IDS = itertools.count(1)
