@@ -21,6 +21,7 @@ row chunks: ``head_figure(..., full_resolution=True)``) and ``output`` (format c
 from __future__ import annotations
 
 from ..core.attention import KIND_TITLES, KINDS
+from ..core.pooling import pool_max
 from . import fullres as fullres
 from .drawing import (
     HATCH_COLOR,
@@ -33,7 +34,7 @@ from .drawing import (
     matrix_figure,
 )
 from .kvlab import frontier_figure, lab_figure
-from .labels import clean_label, pool_max
+from .labels import clean_label
 from .lens import lens_figure
 from .output import FORMATS, cell_center, check_format, check_scale, close, pixel_size, save, scale_to_dpi, to_bytes
 

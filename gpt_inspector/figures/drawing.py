@@ -25,11 +25,9 @@ from ..core.errors import InspectorError, check_index
 from . import fullres
 from .labels import (
     _finite_span,
-    _pool_for,
     _ticks,
     clean_label,
     display_model_name,
-    pool_max,
     ticks,
     token_labels,
     value_range,
@@ -312,8 +310,8 @@ def matrix_figure(
     if block > 1:
         k, values, pm = block, np.where(mask, 0.0, m), mask
     else:
-        k = max(_pool_for(nr, h, dpi), _pool_for(nc, w, dpi))
-        values, pm = pool_max(m, mask, k, k)
+        k = max(pooling.fit_block(nr, h * dpi), pooling.fit_block(nc, w * dpi))
+        values, pm = pooling.pool_max(m, mask, k, k)
     if subtitle is None or subtitle == "":
         subtitle = f"{nr} × {nc}"
     if k > 1:
@@ -362,7 +360,7 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     subtitle = f"{_KIND_NOTES[kind]} · {_positions_text(t)}"
     if full_resolution:
         return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector)
-    k = _pool_for(t, fullres.usual_side(t), float(dpi))  # as matrix_figure will choose
+    k = pooling.fit_block(t, fullres.usual_side(t) * float(dpi))  # as matrix_figure will choose
     masking, block, lo, hi = kind in MASKING_KINDS, 1, None, None
     if k > 1 and hasattr(source, "attention_rows"):
         # block maxima from row chunks: attention(layer, head) would build the (T, T) matrix and the
@@ -381,7 +379,7 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
 
 def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, vector) -> HeatmapFigure:
     t = len(labels)
-    block = fullres.block_for(t)
+    block = pooling.fit_block(t, fullres.MAX_CELLS)
     cmap = _cmap()
     rgba, norm, any_masked = fullres.head_cells(source, layer, head, kind, block, cmap, kind in MASKING_KINDS)
     nb = rgba.shape[0]  # (nb, nb, 4)
@@ -440,7 +438,7 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
         columns = H if H <= 6 else -(-H // -(-H // 6))
         gap_x, gap_y, font = 0.25, 0.45, 7.0
     rows = -(-len(layers) * H // columns)
-    k = _pool_for(t, side, dpi)
+    k = pooling.fit_block(t, side * dpi)
     panels, spans, any_masked = [], [], False
     sampled = k
     if t * t * H * len(layers) > LONG_GRID_CELLS and hasattr(source, "attention_rows"):
@@ -457,7 +455,7 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
             for h in range(H):
                 v, m = fullres.head_matrix(source, l, h, kind, kind in MASKING_KINDS)
                 spans.append(_finite_span(v, m))
-                pv, pm = pool_max(v, m, k, k)
+                pv, pm = pooling.pool_max(v, m, k, k)
                 any_masked = any_masked or bool(pm.any())
                 panels.append((l, h, pv, pm))
     lo, hi = value_range(spans, kind)

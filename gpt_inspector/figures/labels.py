@@ -1,4 +1,4 @@
-"""Labels, colour-bar ticks and value pooling for the heatmaps: plain text and numpy, no drawing."""
+"""Labels and colour-bar ticks for the heatmaps: plain text and numpy, no drawing (pooling: core/pooling.py)."""
 
 from __future__ import annotations
 
@@ -98,31 +98,6 @@ def ticks(vmin: float, vmax: float, n: int = 5) -> list[tuple[float, str]]:
 
 
 # ---------------------------------------------------------------------- values
-def pool_max(values: np.ndarray, masked: np.ndarray, kr: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
-    """Block maximum over ``kr`` x ``kc`` cells, ignoring masked ones; a block is masked if all are.
-
-    The maximum keeps a single strong attention weight visible in a thumbnail; a mean would wash it out.
-    """
-    if kr == 1 and kc == 1:
-        return values, masked
-    r, c = values.shape
-    R, C = -(-r // kr), -(-c // kc)
-    v = np.asarray(values)
-    dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float64
-    pad = np.full((R * kr, C * kc), -np.inf, dtype=dtype)
-    pad[:r, :c] = v
-    pad[:r, :c][masked | np.isnan(v)] = -np.inf
-    pooled = pad.reshape(R, kr, C, kc).max(axis=(1, 3))
-    pmask = np.isneginf(pooled)
-    return np.where(pmask, 0.0, pooled), pmask
-
-
-def _pool_for(n: int, extent_in: float, dpi: float) -> int:
-    """The block size that keeps a cell at least one pixel wide at ``dpi``."""
-    px = max(1.0, extent_in * dpi)
-    return max(1, math.ceil(n / px))
-
-
 def _finite_span(values: np.ndarray, masked: np.ndarray):
     ok = np.isfinite(values) & ~masked
     if not ok.any():

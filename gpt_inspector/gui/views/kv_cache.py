@@ -22,7 +22,7 @@ from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QPushButton, QWidget
 
 from ...core.kv_layout import human_bytes
-from ..viewdata import pool_rows
+from ...core.pooling import pool_rows
 from .common import (
     BAR_BRUSH,
     CHOSEN_BRUSH,
