@@ -131,9 +131,6 @@ class CompiledEdits:
         return offsets, block
 
 
-_CompiledEdits = CompiledEdits  # the name it had while only capture read it
-
-
 def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, CompiledEdits]:
     """Blocked edits expanded to concrete (layer, head, query, key) cells, and compiled for capture."""
     cells = set()
