@@ -117,7 +117,8 @@ def check_shapes(config, source: str) -> None:
             return
         if shape not in seen:
             seen.add(shape)
-            _check_layer_shape(*shape, source)
+            hidden, heads, head_dim, kv = shape
+            _check_layer_shape(hidden, heads, head_dim, kv, source)
 
 
 def _check_layer_shape(hidden, heads, head_dim, kv, source: str) -> None:

@@ -227,7 +227,7 @@ class Thumbnails:
         self.sums = np.zeros((self.L, self.H, self.B, self.B), dtype=np.float64)
         self.counts = np.zeros(self.B, dtype=np.int64)
         self.have = np.zeros(0, dtype=bool)
-        self._image = None
+        self._image: np.ndarray | None = None
 
     @property
     def bins(self) -> int:
