@@ -14,7 +14,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from . import figures
-from .figures import FORMATS, KINDS, MASKED_RGB, STAGES, check_format, check_scale, clean_label, pool_max
+from .figures import FORMATS, KIND_TITLES, KINDS, MASKED_RGB, check_format, check_scale, clean_label, pool_max
 
 
 def _write(build, path, scale: float) -> Path:
@@ -73,6 +73,6 @@ def render_matrix(
 
 
 __all__ = [
-    "FORMATS", "KINDS", "MASKED_RGB", "STAGES", "check_format", "check_scale", "clean_label", "pool_max",
+    "FORMATS", "KIND_TITLES", "KINDS", "MASKED_RGB", "check_format", "check_scale", "clean_label", "pool_max",
     "render_grid", "render_heatmap", "render_matrix",
 ]  # fmt: skip

@@ -6,13 +6,13 @@ import argparse
 import sys
 from pathlib import Path
 
+from ..core.attention import KIND_TITLES
 from ..core.errors import InspectorError
-from ..core.stages import STAGE_TITLES
 from . import common
 
 NAME = "export"
 HELP = "render attention heatmaps (one head, a layer's heads or the whole model) to PNG, SVG or PDF"
-EXPORT_KINDS = ("probs", "masked_scores", "scores", "raw")  # core/stages.py STAGES, most used first
+EXPORT_KINDS = ("probs", "masked_scores", "scores", "raw")  # core/attention.py KINDS, most used first
 
 
 def _index_or_all(text: str):
@@ -42,7 +42,7 @@ def add_arguments(p):
                       help="head index, or 'all' for every head of --layer in one image")  # fmt: skip
     what.add_argument("--kind", choices=EXPORT_KINDS, default="probs",
                       help="stage of the attention equation, named as in the window: "
-                      + ", ".join(f"{k} = {STAGE_TITLES[k]}" for k in EXPORT_KINDS) + " (default probs)")  # fmt: skip
+                      + ", ".join(f"{k} = {KIND_TITLES[k]}" for k in EXPORT_KINDS) + " (default probs)")  # fmt: skip
     p.add_argument("--out", required=True, type=common.user_path, help="PATH.png, PATH.svg or PATH.pdf")
     p.add_argument("--scale", type=float, default=None,
                    help="PNG pixels per unit, 1 = 100 dpi (default 2 for one head, 1 for grids); ignored for SVG and PDF")  # fmt: skip

@@ -13,16 +13,36 @@ Every reader of a run (sessions, beams, traces, views, figures, the CLI) derives
 here, and the capture path computes its written-out (soft-capped) attention with ``scores``, so
 there is one place for this arithmetic to be right. ``mathcheck`` keeps its own float64 copy on
 purpose: it is the independent check.
+
+The kind vocabulary (which of these four a caller asks for) lives here too. Figures and the CLI's
+argument parsing read it without loading the engine, so torch is imported inside the functions
+that compute, not at the top (a module-level import would load it for ``--help``).
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
-import torch
+from .errors import InspectorError
 
-from .stages import KINDS, STAGE_TITLES, STAGES, check_stage  # noqa: F401  (the vocabulary, re-exported)
+if TYPE_CHECKING:
+    import torch
+
+KINDS = ("raw", "scores", "masked_scores", "probs")
+KIND_TITLES = {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
+# the name a user types on the command line with what it means: "scores (scaled)"; the window's
+# buttons and menus show these, so a kind seen there maps to ``--kind`` at once
+KIND_LABELS = {k: t if t.split()[0] == k else f"{k} ({t})" for k, t in KIND_TITLES.items()}
+# the kinds that hide what the mask removes; the pre-mask ones show every value
+MASKING_KINDS = ("masked_scores", "probs")
+
+
+def check_kind(kind: str) -> str:
+    if kind not in KINDS:
+        raise InspectorError(f"unknown kind {kind!r}; use one of {', '.join(KINDS)}")
+    return kind
 
 
 def kv_head_of(head: int, n_heads: int, n_kv_heads: int) -> int:
@@ -59,6 +79,8 @@ class ScoreBias:
 
     def block(self, p0: int, p1: int, t: int, heads: torch.Tensor | None = None) -> torch.Tensor:
         """The bias for query rows p0..p1 against keys 0..t: (h, n, t) float32."""
+        import torch
+
         if self.form == "alibi":
             slopes = self.slopes if heads is None else self.slopes[heads]  # (h,)
             dist = torch.arange(t, dtype=torch.float32)[None, :] - self.ref[p0:p1, None].float()  # (n, t)
@@ -79,6 +101,8 @@ def scores(
     ``bias`` (broadcastable to (..., n, T)) is the model's additive score bias, added to the
     scaled scores before any soft-cap.
     """
+    import torch
+
     # in place on the product, which nobody else holds: the same operations in the same order (so
     # the same numbers) without a fresh (..., n, T) buffer per operation
     s = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)  # (..., n, T)
@@ -108,6 +132,8 @@ def equation(
     first key column ``allowed`` covers (it is then (..., n, T - masked_from)), every key before
     it being allowed. Returns (..., n, T) float32.
     """
+    import torch
+
     q, k = q.float(), k.float()
     if kind == "raw":
         return torch.matmul(q, k.transpose(-1, -2))  # (..., n, T)
@@ -123,4 +149,4 @@ def equation(
             return torch.softmax(masked, dim=-1)
         col = sink.float()[..., None, None].expand(*masked.shape[:-1], 1)  # (..., n, 1)
         return torch.softmax(torch.cat([masked, col], dim=-1), dim=-1)[..., :-1]  # (..., n, T)
-    return check_stage(kind)
+    return check_kind(kind)

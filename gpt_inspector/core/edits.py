@@ -1,6 +1,8 @@
 """Edits a user makes to a run, and what they change: mask edits (block or re-allow a query→key cell),
 knock-outs and patches of head outputs, their compiled per-layer form the attention function reads,
-and the keys each query row may attend to once the model's own mask and the edits are applied.
+the keys each query row may attend to once the model's own mask and the edits are applied, and the
+front-end decisions about editing (what a click on a cell toggles, when Restart needs a new session),
+kept here so every front end makes them the same way.
 
 Kept apart from ``capture`` (the attention function and its records) so the readers of a run can
 ask what was allowed without the machinery that recorded it.
@@ -129,9 +131,6 @@ class CompiledEdits:
         return offsets, block
 
 
-_CompiledEdits = CompiledEdits  # the name it had while only capture read it
-
-
 def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, CompiledEdits]:
     """Blocked edits expanded to concrete (layer, head, query, key) cells, and compiled for capture."""
     cells = set()
@@ -183,3 +182,49 @@ def allowed_rows(
         else:
             allowed[h, i - p0, j] = False
     return allowed
+
+
+SCOPES = ("head", "layer", "all")
+
+
+def toggle_cells(edits: Iterable[MaskEdit], cells: Iterable[tuple[int, int]], layer: int, head: int,
+                 scope: str = "head", block: bool | None = None) -> list[MaskEdit]:  # fmt: skip
+    """The mask edits after clicking (or dragging over) ``cells`` = [(query, key), ...].
+
+    ``scope`` says what a click blocks: the selected head, every head of the selected layer, or
+    every layer. ``block=None`` toggles: the first cell decides, so a drag that starts on a
+    blocked cell unblocks all it crosses and one that starts on a free cell blocks them all.
+    Cells above the diagonal are dropped (the causal mask already hides them); the edits of
+    other scopes are kept.
+    """
+    if scope not in SCOPES:
+        raise InspectorError(f"mask edit scope must be one of {', '.join(SCOPES)}, got {scope!r}")
+    lay = None if scope == "all" else layer
+    hd = head if scope == "head" else None
+    cells = [(int(q), int(k)) for q, k in cells if k <= q]
+    edits = list(edits)
+    if not cells:
+        return edits
+    present = {e.scope() for e in edits}
+    if block is None:
+        q, k = cells[0]
+        block = (lay, hd, q, k) not in present
+    if block:
+        added = []
+        for q, k in cells:
+            if (lay, hd, q, k) not in present:
+                present.add((lay, hd, q, k))  # a drag may cross the same cell twice
+                added.append(MaskEdit(q, k, lay, hd, True))
+        return edits + added
+    drop = {(lay, hd, q, k) for q, k in cells}
+    return [e for e in edits if e.scope() not in drop]
+
+
+def restart_starts_new_session(session, wanted) -> bool:
+    """Whether Restart must build a new session rather than step back to the prompt.
+
+    ``wanted`` is anything with ``prompt`` and ``seed`` (the controls' values) or None. A changed
+    prompt or seed cannot be reached by stepping back; changed decoding settings can, so they
+    are applied to the restarted session instead.
+    """
+    return wanted is not None and (wanted.prompt != session.prompt or wanted.seed != session.seed)

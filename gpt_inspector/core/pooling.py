@@ -1,9 +1,23 @@
-"""Every head of a layer as block maxima, computed in row chunks: the zoomed-out picture at any T.
+"""Attention zoomed out: block maxima and means, computed where the user looks, never T x T for all heads.
 
-An exact block maximum needs every q·k of the block; for a whole model at T = 8,192 that is
-L*H*T*T*d multiply-adds (275 G for 8 layers x 8 heads, d = 64), minutes on a CPU. Past a work
-budget the blocks are therefore taken over a *sample* of their query rows (the last
-``rows_per_block`` rows of each block, every key), and the caller says so on the figure.
+The one home of pooling for the window, the figures and the CLI (numpy; torch only inside the
+functions that compute rows). Quadratic work is the enemy at long contexts: a model with L x H heads
+has L*H*T*T attention weights, 275 G multiply-adds for a small 8-layer model at T = 8,192. So:
+
+- block sizes: :func:`pow2_block` for the window (powers of two, so a growing T regroups 2 x 2
+  blocks without recomputing a cell) and :func:`fit_block` for figures (the smallest block that fits);
+- :func:`pool_max` (block maxima, masked cells ignored) and :func:`pool_rows` (row-block means);
+- :func:`head_blocks`, every head of a layer as block maxima: past a work budget over a *sample*
+  of each block's query rows (the last ``rows_per_block`` rows, every key), and the caller says so;
+- :class:`Thumbnails` (the L x H overview) keeps binned sums and adds query rows in any order. A
+  step adds its one new row (O(L*H*T*d)); a first build or a rebuild after a mask edit is a
+  stream of row chunks in *refinement order* (a few rows of every bin first, then the rest), so
+  the whole overview is readable after a small share of the work and is exact once complete.
+- :class:`PooledMatrix` is one head's T x T matrix at display resolution: the maximum over
+  ``block`` x ``block`` cells (a single strong weight stays visible), one row block per step;
+- the torch thread count for these small chunks of work (:func:`one_thread`, :class:`ThreadChooser`).
+
+All compute rows through the run source's one equation, in chunks.
 """
 
 from __future__ import annotations
@@ -12,15 +26,63 @@ import collections
 import contextlib
 import math
 import statistics
+import warnings
 
 import numpy as np
 
-MASKING_STAGES = ("masked_scores", "probs")  # the stages that hide what the mask removes
+from . import attention as eq
+from .attention import MASKING_KINDS
 
 EXACT_BUDGET = 1 << 32  # multiply-adds the exact block maxima of a whole figure may cost (~a few s on a CPU)
-ROWS_BUDGET = 1 << 23  # numbers per evaluation (32 MB of float32)
+ROWS_BUDGET = 1 << 23  # numbers per evaluation of a chunk of rows (32 MB of float32)
+CHUNK_ROWS = 16  # rows per streamed chunk of the overview: the unit of its refinement order
+FILL_NUMBERS = 1 << 21  # rows x heads x keys per layer in a chunk once the overview is readable (~0.1 s at T = 8,192)
 
 
+# ------------------------------------------------------------------------------- block sizes
+def pow2_block(t: int, max_cells: int) -> int:
+    """The smallest power of two ``b`` with ceil(t / b) <= max_cells (the window's rule: see the module)."""
+    b = 1
+    while -(-t // b) > max_cells:
+        b *= 2
+    return b
+
+
+def fit_block(t: int, max_cells: float) -> int:
+    """The smallest block ``b`` with ceil(t / b) <= max_cells, any size (the figures' rule: 1 when t fits)."""
+    return max(1, math.ceil(t / max(1.0, max_cells)))
+
+
+# ------------------------------------------------------------------------------ reductions
+def pool_max(values: np.ndarray, masked: np.ndarray, kr: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
+    """Block maximum over ``kr`` x ``kc`` cells, ignoring masked ones; a block is masked if all are.
+
+    The maximum keeps a single strong attention weight visible in a thumbnail; a mean would wash it out.
+    """
+    if kr == 1 and kc == 1:
+        return values, masked
+    r, c = values.shape
+    R, C = -(-r // kr), -(-c // kc)
+    v = np.asarray(values)
+    dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float64
+    pad = np.full((R * kr, C * kc), -np.inf, dtype=dtype)
+    pad[:r, :c] = v
+    pad[:r, :c][masked | np.isnan(v)] = -np.inf
+    pooled = pad.reshape(R, kr, C, kc).max(axis=(1, 3))
+    pmask = np.isneginf(pooled)
+    return np.where(pmask, 0.0, pooled), pmask
+
+
+def pool_rows(a: np.ndarray, block: int, dtype=np.float32) -> np.ndarray:
+    """(T, w) -> (ceil(T / block), w): the mean of each block of rows (the last block may be short)."""
+    if block == 1:
+        return a
+    starts = np.arange(0, a.shape[0], block)
+    counts = np.diff(np.append(starts, a.shape[0]))[:, None]
+    return np.ascontiguousarray(np.add.reduceat(a, starts, axis=0) / counts, dtype=dtype)
+
+
+# ------------------------------------------------------------------------------ threads
 @contextlib.contextmanager
 def torch_threads(n: int):
     """Run the block with ``n`` torch threads (process-wide), then put the count back."""
@@ -84,6 +146,7 @@ class ThreadChooser:
         self.times[threads].append(seconds / max(1, numbers))
 
 
+# --------------------------------------------------------------------- a layer's heads
 def rows_per_block(n_heads_total: int, t: int, d: int, block: int, budget: int | None = None) -> int:
     """How many query rows of each block of ``block`` rows fit the budget (``block``: all of them, exact)."""
     budget = EXACT_BUDGET if budget is None else budget
@@ -106,7 +169,7 @@ def head_blocks(source, layer: int, kind: str, block: int, sampled: int | None =
     out = np.full((H, nb, nb), -np.inf, dtype=np.float32)
     lo = np.full(H, np.inf)
     hi = np.full(H, -np.inf)
-    masking = kind in MASKING_STAGES
+    masking = kind in MASKING_KINDS
     pad = nb * block - t
     step = max(1, ROWS_BUDGET // max(1, H * t))
     with one_thread():
@@ -129,3 +192,250 @@ def head_blocks(source, layer: int, kind: str, block: int, sampled: int | None =
     masked = np.isneginf(out)
     spans = [(float(a), float(b)) if math.isfinite(a) else None for a, b in zip(lo, hi)]
     return np.where(masked, 0.0, out).astype(np.float32), masked, spans
+
+
+# ------------------------------------------------------------------ the window's overview
+def _spread(n: int) -> list[int]:
+    """0..n-1 in an order that halves the gaps first (0, n/2, n/4, 3n/4, ...): coarse to fine."""
+    order, seen, step = [], set(), 1 << max(0, (n - 1).bit_length())
+    while step >= 1:
+        for i in range(0, n, step):
+            if i not in seen:
+                seen.add(i)
+                order.append(i)
+        step //= 2
+    return order
+
+
+class Thumbnails:
+    """L x H downsampled attention patterns, kept as binned sums of query rows.
+
+    Positions fall into fixed bins of ``size`` positions (a power of two, doubled when T
+    outgrows ``max_bins`` bins, never shrunk until a reset). Each thumbnail cell is the mean,
+    over the bin's query rows added so far, of the attention mass the row gives the key bin, so
+    every thumbnail row sums to 1 like the matrix it summarises. ``have[p]`` says whether query
+    row p is in the sums; rows may be added in any order (see :meth:`pending`).
+    """
+
+    def __init__(self, n_layers: int, n_heads: int, max_bins: int = 32):
+        self.L, self.H, self.B = n_layers, n_heads, max_bins
+        self.reset()
+
+    def reset(self) -> None:
+        self.size = 1
+        self.T = 0
+        self.sums = np.zeros((self.L, self.H, self.B, self.B), dtype=np.float64)
+        self.counts = np.zeros(self.B, dtype=np.int64)
+        self.have = np.zeros(0, dtype=bool)
+        self._image: np.ndarray | None = None
+
+    @property
+    def bins(self) -> int:
+        return max(1, -(-self.T // self.size))
+
+    @property
+    def rows_done(self) -> int:
+        return int(self.counts.sum())
+
+    @property
+    def complete(self) -> bool:
+        return self.rows_done >= self.T
+
+    def _grow(self, t: int) -> None:
+        while -(-t // self.size) > self.B:
+            b2 = self.B // 2
+            s = self.sums.reshape(self.L, self.H, b2, 2, b2, 2).sum(axis=(3, 5))
+            self.sums = np.zeros_like(self.sums)
+            self.sums[:, :, :b2, :b2] = s
+            c = self.counts.reshape(b2, 2).sum(axis=1)
+            self.counts = np.zeros_like(self.counts)
+            self.counts[:b2] = c
+            self.size *= 2
+
+    def extend(self, t: int) -> None:
+        """The run now has ``t`` positions; rows >= the old T are pending until added."""
+        if t <= self.T:
+            return
+        self._grow(t)
+        self.have = np.concatenate([self.have, np.zeros(t - self.T, dtype=bool)])
+        self.T = t
+
+    def add_rows(self, rows_of, p0: int, p1: int) -> None:
+        """Add query rows p0..p1, none added before.
+
+        ``rows_of(layer, p0, p1)`` -> (H, n, k) probs over the first k keys, p1 <= k <= T (the
+        keys it leaves out have probability 0: rows never attend past themselves).
+        """
+        if p1 <= p0:
+            return
+        self.extend(p1)
+        assert not self.have[p0:p1].any(), (p0, p1)
+        s, t = self.size, self.T
+        key_starts = np.arange(0, t, s)
+        # rows in chunks, so a first build at long T never holds H x T x T for a layer at once
+        chunk = max(1, ROWS_BUDGET // max(1, self.H * t))
+        for layer in range(self.L):
+            for c0 in range(p0, p1, chunk):
+                c1 = min(p1, c0 + chunk)
+                rb = np.arange(c0, c1) // s
+                row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
+                r = rows_of(layer, c0, c1)  # (H, n, k)
+                ks = key_starts[key_starts < r.shape[2]]
+                if (
+                    len(row_starts) == 1
+                ):  # the usual chunk, inside one row bin: sum its rows first (n times less to bin)
+                    kb = np.add.reduceat(r.sum(axis=1, keepdims=True), ks, axis=2)  # (H, 1, nbk)
+                else:
+                    kb = np.add.reduceat(np.add.reduceat(r, ks, axis=2), row_starts, axis=1)  # (H, n_rowbins, nbk)
+                first_bin = int(rb[0])
+                self.sums[layer, :, first_bin : first_bin + kb.shape[1], : kb.shape[2]] += kb
+        np.add.at(self.counts, np.arange(p0, p1) // s, 1)
+        self.have[p0:p1] = True
+        self._image = None
+
+    def truncate(self, t: int) -> None:
+        """Forget rows >= t (step back, mask edits); the rest of the bin that t cuts through becomes pending.
+
+        Rows before t keep their sums: a causal row p < t never attends to a key >= t.
+        """
+        if t >= self.T:
+            return
+        if t <= 0:
+            self.reset()
+            return
+        b = t // self.size
+        self.sums[:, :, b:] = 0.0
+        self.counts[b:] = 0
+        self.have = self.have[:t].copy()
+        self.have[b * self.size :] = False
+        self.T = t
+        self._image = None
+
+    def pending(self, max_chunks: int | None = None) -> list[tuple[int, int]]:
+        """Row chunks not added yet, in refinement order: a chunk of every bin, then the next, ...
+
+        Once every bin has rows (the overview is readable) the rest comes in longer runs: a call
+        per 16 rows cost 1.7x the work of the rows themselves at T = 4,096.
+        """
+        if self.T and bool((self.counts[: self.bins] > 0).all()):
+            return self._runs(max_chunks)
+        s, c = self.size, min(self.size, CHUNK_ROWS)
+        order = _spread(s // c if s >= c else 1)
+        out: list[tuple[int, int]] = []
+        for j in order:
+            for b in range(self.bins):
+                p0 = b * s + j * c
+                p1 = min(p0 + c, (b + 1) * s, self.T)
+                if p0 < p1 and not self.have[p0:p1].all():
+                    # a chunk may be partly added (a step added its newest row): take its missing run
+                    missing = np.flatnonzero(~self.have[p0:p1])
+                    out.append((p0 + int(missing[0]), p0 + int(missing[-1]) + 1))
+                    if max_chunks is not None and len(out) >= max_chunks:
+                        return out
+        return out
+
+    def _runs(self, max_chunks: int | None) -> list[tuple[int, int]]:
+        """The missing rows as contiguous runs of at most FILL_NUMBERS / (H x T) rows, in order."""
+        n = max(CHUNK_ROWS, FILL_NUMBERS // max(1, self.H * self.T))
+        missing = np.flatnonzero(~self.have)
+        out: list[tuple[int, int]] = []
+        if not len(missing):
+            return out
+        breaks = np.flatnonzero(np.diff(missing) > 1)
+        for a, b in zip(np.concatenate([[0], breaks + 1]), np.concatenate([breaks, [len(missing) - 1]])):
+            for p0 in range(int(missing[a]), int(missing[b]) + 1, n):
+                out.append((p0, min(p0 + n, int(missing[b]) + 1)))
+                if max_chunks is not None and len(out) >= max_chunks:
+                    return out
+        return out
+
+    def image(self) -> np.ndarray:
+        """(L*nb, H*nb) float32 in [0, 1], each thumbnail scaled by its own maximum."""
+        if self._image is not None:
+            return self._image
+        nb = self.bins
+        c = np.maximum(self.counts[:nb], 1)[None, None, :, None]
+        m = self.sums[:, :, :nb, :nb] / c  # (L, H, nb, nb)
+        mx = m.max(axis=(2, 3), keepdims=True)
+        m = np.sqrt(m / np.where(mx > 0, mx, 1.0))  # sqrt: faint structure stays visible next to a sink
+        self._image = np.ascontiguousarray(m.transpose(0, 2, 1, 3).reshape(self.L * nb, self.H * nb), dtype=np.float32)
+        return self._image
+
+
+class PooledMatrix:
+    """One head's T x T matrix at one stage, as the maximum over ``block`` x ``block`` cells.
+
+    NaN where every cell of a block is masked (the masked stages). A step recomputes only the
+    last row block (and, for the stages that show future keys, the newest key block of the
+    earlier rows); ``invalidate(p)`` makes rows >= p stale.
+    """
+
+    def __init__(self, layer: int, head: int, kind: str, block: int):
+        self.layer, self.head, self.kind, self.block = layer, head, kind, block
+        self.T = 0  # positions at the last update
+        self.done = 0  # query rows computed (a first build at long T comes in several updates)
+        self.img = np.zeros((0, 0), dtype=np.float32)
+        self.dirty = 0
+
+    @property
+    def complete(self) -> bool:
+        return self.done >= self.T
+
+    def regroup(self, block: int) -> None:
+        """Double the block size (T grew past a power of two): the maximum of 2 x 2 maxima is the
+        maximum of the bigger block, so no cell is recomputed; the last, partial blocks are."""
+        assert block == 2 * self.block, (block, self.block)
+        n = self.img.shape[0] // 2  # whole new blocks; a trailing odd block row is recomputed
+        m = self.img[: 2 * n, : 2 * n].reshape(n, 2, n, 2)
+        with np.errstate(invalid="ignore"), warnings.catch_warnings():
+            warnings.simplefilter("ignore", RuntimeWarning)  # all-NaN blocks stay NaN (masked)
+            self.img = np.nanmax(m, axis=(1, 3)).astype(np.float32)
+        self.block = block
+        self.T = min(self.T, n * block)
+        self.done = min(self.done, self.T)
+        self.dirty = min(self.dirty, self.T)
+
+    def invalidate(self, position: int) -> None:
+        self.dirty = min(self.dirty, position)
+
+    def update(self, source, budget: int | None = None) -> np.ndarray:
+        """Bring the image up to ``source.cache_length``, computing at most about ``budget``
+        numbers of rows (one chunk at least; None: all); returns a new (owned) array, NaN in
+        the rows not computed yet (``done``)."""
+        t, s = source.cache_length, self.block
+        nb = -(-t // s)
+        r0 = min(self.dirty, self.done, self.T, t) // s  # first row block to recompute
+        img = np.full((nb, nb), np.nan, dtype=np.float32)
+        keep = min(r0, self.img.shape[0])
+        img[:keep, : min(nb, self.img.shape[1])] = self.img[:keep, :nb]
+        masked = self.kind in ("masked_scores", "probs")
+        layer, head = self.layer, self.head
+        chunk = max(s, (ROWS_BUDGET // max(1, t)) // s * s)
+        if budget is not None:
+            chunk = min(chunk, max(s, (budget // max(1, t)) // s * s))
+        done = t
+        for p0 in range(r0 * s, t, chunk):
+            if budget is not None and p0 > r0 * s:
+                done = p0  # the rest comes with the next updates
+                break
+            p1 = min(t, p0 + chunk)
+            # the masked stages hide every key past the chunk's last row: those whole blocks stay NaN
+            kt = min(t, -(-p1 // s) * s) if masked else t
+            rows = source.attention_rows(layer, p0, p1, self.kind, heads=(head,), keys=kt)[0].numpy()  # (n, kt)
+            hidden = ~source.allowed_rows(layer, p0, p1, kt)[head].numpy() if masked else np.zeros(rows.shape, bool)
+            pv, pm = pool_max(rows, hidden, s, s)  # (n/s, kt/s)
+            img[p0 // s : p0 // s + pv.shape[0], : pv.shape[1]] = np.where(pm, np.nan, pv)
+        if not masked and keep and t != self.T:
+            # the raw stages show every key: the earlier rows gain the new keys' columns (or, after
+            # a step back, lose the cut ones from their last key block)
+            c0 = (min(self.T, t) // s) * s
+            q = source.queries(layer)[head, : keep * s]  # (keep*s, d)
+            k = source.keys(layer)[source.kv_head_of(head, layer), c0:t]  # (t - c0, d)
+            every = np.ones((q.shape[0], k.shape[0]), dtype=bool)
+            import torch
+
+            cols = eq.equation(q, k, source.scaling(layer), source.softcap(layer), torch.from_numpy(every), self.kind)
+            pv, _ = pool_max(cols.numpy(), np.zeros(every.shape, bool), s, s)  # (keep, nb - c0/s)
+            img[:keep, c0 // s :] = pv
+        self.img, self.T, self.dirty, self.done = img, t, t, done
+        return img

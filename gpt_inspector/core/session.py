@@ -16,7 +16,7 @@ from .errors import Cancelled, InspectorError, StepFailed, check_index
 from .forward import Run, crop_cache, forward_with_rollback, interrupts_deferred, undo
 from .models import LoadedModel
 from .recipe_check import MAX_RECOMPUTES, RECIPE_FORMAT, check_recipe, compact_ops, edit_shape, push_op
-from .session_edits import EditingMixin, MaskEditReport
+from .recompute import EditingMixin, MaskEditReport
 from .source import ModelShape, RunSource
 from .step import TOP_N, Step, TopEntry
 

@@ -274,7 +274,7 @@ class RunSource:
         attend past themselves, so ``keys=p1`` drops only cells that are masked at every stage
         from ``masked_scores`` on, and halves the work of a pass over all rows.
         """
-        eq.check_stage(kind)
+        eq.check_kind(kind)
         kt = self._key_span(p0, p1, keys)
         layer = self.check_attention_layer(layer)
         allowed, c = self._allowed_from(layer, p0, p1, kt)  # (H, n, kt - c): keys before c all allowed
@@ -306,7 +306,7 @@ class RunSource:
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
         """(T, T) float32 over all processed positions; kind: raw, scores, masked_scores or probs."""
         layer, head = self.check_attention_layer(layer), self.check_head(head)
-        eq.check_stage(kind)
+        eq.check_kind(kind)
         t = self.require_positions()
         return self.attention_rows(layer, 0, t, kind, heads=(head,))[0].numpy()
 

@@ -22,7 +22,7 @@ import numpy as np
 import torch
 
 from . import decoding, outfile
-from .attention import STAGES, ScoreBias
+from .attention import ScoreBias
 from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
 from .kv_layout import KVLayout
@@ -31,7 +31,6 @@ from .step import TOP_N, Step
 
 FORMAT = "gpt-inspector-trace/2"
 FORMAT_V1 = "gpt-inspector-trace/1"
-KINDS = STAGES
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 _MAX_JSON = 64 << 20  # bytes of one metadata value; larger is not a trace we wrote
 _SHAPE = ("n_layers", "n_heads", "n_kv_heads", "head_dim", "context_length", "vocab_size")  # ints >= 1

@@ -20,13 +20,13 @@ row chunks: ``head_figure(..., full_resolution=True)``) and ``output`` (format c
 
 from __future__ import annotations
 
-from ..core.stages import KINDS
+from ..core.attention import KIND_TITLES, KINDS
+from ..core.pooling import pool_max
 from . import fullres as fullres
 from .drawing import (
     HATCH_COLOR,
     MASKED_COLOR,
     MASKED_RGB,
-    STAGES,
     HeatmapFigure,
     grid_figure,
     head_figure,
@@ -34,7 +34,7 @@ from .drawing import (
     matrix_figure,
 )
 from .kvlab import frontier_figure, lab_figure
-from .labels import clean_label, pool_max
+from .labels import clean_label
 from .lens import lens_figure
 from .output import FORMATS, cell_center, check_format, check_scale, close, pixel_size, save, scale_to_dpi, to_bytes
 
@@ -47,7 +47,7 @@ from .output import MAX_PIXELS as MAX_PIXELS, MAX_SCALE as MAX_SCALE, MAX_SIDE a
 from .output import MAX_FULL_PIXELS as MAX_FULL_PIXELS, MIN_SCALE as MIN_SCALE  # isort: skip
 
 __all__ = [
-    "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "STAGES", "cell_center",
+    "FORMATS", "HATCH_COLOR", "HeatmapFigure", "KINDS", "MASKED_COLOR", "MASKED_RGB", "KIND_TITLES", "cell_center",
     "check_format", "check_scale", "clean_label", "close", "frontier_figure", "grid_figure", "head_figure",
     "lab_figure", "lens_figure", "mark_unverified", "matrix_figure",
     "pixel_size", "pool_max", "save", "scale_to_dpi", "to_bytes",

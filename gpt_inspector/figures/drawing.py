@@ -20,27 +20,18 @@ from matplotlib.patches import Patch, PathPatch
 from matplotlib.path import Path as MplPath
 
 from ..core import pooling
+from ..core.attention import KIND_LABELS, KIND_TITLES, MASKING_KINDS, check_kind
 from ..core.errors import InspectorError, check_index
-from ..core.stages import STAGE_LABELS, STAGE_TITLES, check_stage
 from . import fullres
 from .labels import (
     _finite_span,
-    _pool_for,
     _ticks,
     clean_label,
     display_model_name,
-    pool_max,
     ticks,
     token_labels,
     value_range,
 )
-
-# one vocabulary for the attention stages, shared with the window and the CLI: titles name the stage as
-# the CLI and the window do ("probs (softmax)"); STAGES keeps core's stage -> short title mapping
-# (core.attention.STAGES is the tuple of stage names, figures.KINDS)
-STAGES = STAGE_TITLES
-# pre-mask stages show every value: hiding the cells the mask removes would defeat their purpose
-MASKING_KINDS = ("masked_scores", "probs")
 
 CMAP_NAME = "viridis"
 # viridis never comes within ~165 RGB units of this light grey, and the hatching sets it apart
@@ -248,7 +239,7 @@ def _fit(fig: Figure, pad_in: float = 0.15) -> None:
         a.set_position(((p.x0 * W + dx) / nw, (p.y0 * H + dy) / nh, p.width * W / nw, p.height * H / nh))
 
 
-_STAGE_NOTES = {
+_KIND_NOTES = {
     "probs": "softmax probabilities",
     "masked_scores": "scaled scores after the mask",
     "scores": "scaled scores before the mask",
@@ -319,8 +310,8 @@ def matrix_figure(
     if block > 1:
         k, values, pm = block, np.where(mask, 0.0, m), mask
     else:
-        k = max(_pool_for(nr, h, dpi), _pool_for(nc, w, dpi))
-        values, pm = pool_max(m, mask, k, k)
+        k = max(pooling.fit_block(nr, h * dpi), pooling.fit_block(nc, w * dpi))
+        values, pm = pooling.pool_max(m, mask, k, k)
     if subtitle is None or subtitle == "":
         subtitle = f"{nr} × {nc}"
     if k > 1:
@@ -358,18 +349,18 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     takes; with ``vector=True`` (SVG, PDF) the page keeps its usual size and embeds the T x T image
     unresampled. Past ``fullres.MAX_CELLS`` positions per side it pools, with the block size in the subtitle.
     """
-    check_stage(kind)
+    check_kind(kind)
     layer = check_index(layer, source.n_layers, "layer")
     head = check_index(head, source.n_heads, "head")
     t = _positions(source)
     labels = token_labels(source, t)
     if title is None:
-        title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {STAGE_LABELS[kind]}"
+        title = (f"{display_model_name(source.model_name)} · layer {layer} · head {head} · {KIND_LABELS[kind]}"
                  f" · step {source.n_steps}")  # fmt: skip
-    subtitle = f"{_STAGE_NOTES[kind]} · {_positions_text(t)}"
+    subtitle = f"{_KIND_NOTES[kind]} · {_positions_text(t)}"
     if full_resolution:
         return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector)
-    k = _pool_for(t, fullres.usual_side(t), float(dpi))  # as matrix_figure will choose
+    k = pooling.fit_block(t, fullres.usual_side(t) * float(dpi))  # as matrix_figure will choose
     masking, block, lo, hi = kind in MASKING_KINDS, 1, None, None
     if k > 1 and hasattr(source, "attention_rows"):
         # block maxima from row chunks: attention(layer, head) would build the (T, T) matrix and the
@@ -381,14 +372,14 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
         values, masked = fullres.head_matrix(source, layer, head, kind, masking)
     fig = matrix_figure(
         values, labels, labels, title, subtitle, "key", row_title="query", masked=masked if masking else None,
-        vmin=lo, vmax=hi, value_label=STAGES[kind], kind=kind, dpi=dpi, block=block,
+        vmin=lo, vmax=hi, value_label=KIND_TITLES[kind], kind=kind, dpi=dpi, block=block,
     )  # fmt: skip
     return mark_unverified(fig, getattr(source, "unverified", None))
 
 
 def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, vector) -> HeatmapFigure:
     t = len(labels)
-    block = fullres.block_for(t)
+    block = pooling.fit_block(t, fullres.MAX_CELLS)
     cmap = _cmap()
     rgba, norm, any_masked = fullres.head_cells(source, layer, head, kind, block, cmap, kind in MASKING_KINDS)
     nb = rgba.shape[0]  # (nb, nb, 4)
@@ -415,7 +406,7 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
         ax.set_ylabel("query", fontsize=9, color=_DIM, style="italic")
         ax.set_xlabel("key", fontsize=9, color=_DIM, style="italic")
         bar = min(side, 4.0)
-        _colorbar(fig, 2.2 + side + 0.2, 1.8 + side - bar, bar, norm, cmap, STAGES[kind],
+        _colorbar(fig, 2.2 + side + 0.2, 1.8 + side - bar, bar, norm, cmap, KIND_TITLES[kind],
                   any_masked or kind in MASKING_KINDS, hatch=None)  # fmt: skip
         # no value array is kept: the cells exist only as colours (the one T x T buffer)
         fig.heatmaps, fig.panel_values, fig.pool, fig.has_masked = [ax], [], block, any_masked
@@ -432,7 +423,7 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
 
 def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = DPI) -> HeatmapFigure:
     """Every head of ``layer``, or with ``layer=None`` every layer x head, as labelled thumbnails."""
-    check_stage(kind)
+    check_kind(kind)
     if layer is not None:
         layer = check_index(layer, source.n_layers, "layer")
     t = _positions(source)
@@ -447,7 +438,7 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
         columns = H if H <= 6 else -(-H // -(-H // 6))
         gap_x, gap_y, font = 0.25, 0.45, 7.0
     rows = -(-len(layers) * H // columns)
-    k = _pool_for(t, side, dpi)
+    k = pooling.fit_block(t, side * dpi)
     panels, spans, any_masked = [], [], False
     sampled = k
     if t * t * H * len(layers) > LONG_GRID_CELLS and hasattr(source, "attention_rows"):
@@ -464,15 +455,15 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
             for h in range(H):
                 v, m = fullres.head_matrix(source, l, h, kind, kind in MASKING_KINDS)
                 spans.append(_finite_span(v, m))
-                pv, pm = pool_max(v, m, k, k)
+                pv, pm = pooling.pool_max(v, m, k, k)
                 any_masked = any_masked or bool(pm.any())
                 panels.append((l, h, pv, pm))
     lo, hi = value_range(spans, kind)
     labels = token_labels(source, t)
     name = display_model_name(source.model_name)
     where = f"all {L} layers × {H} heads" if layer is None else f"layer {layer} · all {H} heads"
-    title = f"{name} · {where} · {STAGE_LABELS[kind]} · step {source.n_steps}"
-    subtitle = f"{_STAGE_NOTES[kind]} · {_positions_text(t)} · rows: query, columns: key"
+    title = f"{name} · {where} · {KIND_LABELS[kind]} · step {source.n_steps}"
+    subtitle = f"{_KIND_NOTES[kind]} · {_positions_text(t)} · rows: query, columns: key"
     if k > 1:
         subtitle += f" · {_pool_text(k)}"
     if sampled < k:
@@ -510,7 +501,7 @@ def grid_figure(source, layer: int | None, kind: str = "probs", *, dpi: float = 
             fig.heatmaps.append(ax)
             fig.panel_values.append(pv)
         bar_h = min(grid_h, 4.0)
-        _colorbar(fig, left + grid_w + 0.25, bottom + grid_h - bar_h, bar_h, norm, cmap, STAGES[kind],
+        _colorbar(fig, left + grid_w + 0.25, bottom + grid_h - bar_h, bar_h, norm, cmap, KIND_TITLES[kind],
                   any_masked or kind in MASKING_KINDS)  # fmt: skip
         fig.pool, fig.has_masked = k, any_masked
         fig.row_labels = fig.col_labels = labels

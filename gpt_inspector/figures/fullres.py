@@ -23,16 +23,11 @@ from matplotlib.colors import Normalize
 from matplotlib.transforms import Affine2D
 
 from ..core.errors import InspectorError
-from .labels import _finite_span, pool_max, value_range
+from ..core.pooling import fit_block, pool_max
+from .labels import _finite_span, value_range
 
 MAX_CELLS = 16384  # cells per side drawn one by one; past it, b x b block maxima
 ROWS_BUDGET = 1 << 23  # numbers per row chunk (32 MB of float32) across every head of the layer
-
-
-def block_for(t: int, max_cells: int | None = None) -> int:
-    """1 when T fits ``max_cells`` per side, else the smallest block size that makes it fit."""
-    limit = MAX_CELLS if max_cells is None else int(max_cells)
-    return max(1, math.ceil(t / limit))
 
 
 def head_matrix(source, layer: int, head: int, kind: str, masking: bool) -> tuple[np.ndarray, np.ndarray]:
@@ -126,7 +121,7 @@ def png_layout(t: int, dpi: float) -> tuple[int, int, int]:
     As many pixels per cell as the usual side allows, at least one: past ~7 x ``dpi`` positions
     the heatmap grows to one pixel per cell.
     """
-    block = block_for(t)
+    block = fit_block(t, MAX_CELLS)
     n = -(-t // block)
     return block, n, max(1, int(usual_side(n) * dpi // n))
 

@@ -1,4 +1,4 @@
-"""Labels, colour-bar ticks and value pooling for the heatmaps: plain text and numpy, no drawing."""
+"""Labels and colour-bar ticks for the heatmaps: plain text and numpy, no drawing (pooling: core/pooling.py)."""
 
 from __future__ import annotations
 
@@ -42,35 +42,29 @@ def token_labels(source, t: int) -> list[str]:
     return labels + [str(i) for i in range(len(labels), t)]
 
 
-def _label_step(n: int, pitch_pt: float, room_pt: float) -> int:
-    """Show every k-th label (k = 1, 2, 5, 10, 20, ...) so labels ``pitch_pt`` apart get ``room_pt``."""
-    if n <= 1 or pitch_pt >= room_pt:
-        return 1
-    k, need = 1, room_pt / pitch_pt
-    while k < need:
-        k = k * 5 // 2 if str(k)[0] == "2" else k * 2
-    return k
+def nice_step(x: float, mantissas: tuple[float, ...] = (1.0, 2.0, 5.0)) -> float:
+    """The smallest m x 10^e >= x, m one of ``mantissas`` (ascending, in [1, 10)): every tick step.
+
+    The window's axes and the figures' label thinning take every k-th label (1, 2, 5, 10, 20, ...;
+    ``int(nice_step(max(1.0, x)))``); the colour bars' value ticks also allow 2.5.
+    """
+    e = math.floor(math.log10(x))
+    for m in mantissas:
+        if m * 10.0**e >= x * (1 - 1e-9):
+            return m * 10.0**e
+    return 10.0 ** (e + 1)
 
 
 def _ticks(labels: Sequence[str], extent_in: float, fontsize: float, numbered: bool) -> tuple[list[int], list[str]]:
     n = len(labels)
-    step = _label_step(n, extent_in * 72.0 / max(n, 1), fontsize * 1.25)
+    # every step-th label, so labels a pitch apart get the room their font needs
+    pitch, room = extent_in * 72.0 / max(n, 1), fontsize * 1.25
+    step = 1 if n <= 1 else int(nice_step(max(1.0, room / pitch)))
     pos = list(range(0, n, step))
     text = [_elide(clean_label(labels[i])) for i in pos]
     if step > 1 and numbered:  # a thinned label says which position it belongs to
         text = [f"{i} {s}" for i, s in zip(pos, text)]
     return pos, text
-
-
-def _nice_step(raw: float) -> tuple[float, int, bool]:
-    """The smallest 1, 2, 2.5 or 5 x 10^e step >= raw, the decimals its multiples need, and if it is 2.5 x 10^e."""
-    e = math.floor(math.log10(raw))
-    for m in (1.0, 2.0, 2.5, 5.0, 10.0):
-        if m * 10.0**e >= raw * (1 - 1e-9):
-            break
-    if m == 10.0:
-        m, e = 1.0, e + 1
-    return m * 10.0**e, max(0, -e + (1 if m == 2.5 else 0)), m == 2.5
 
 
 def ticks(vmin: float, vmax: float, n: int = 5) -> list[tuple[float, str]]:
@@ -80,7 +74,10 @@ def ticks(vmin: float, vmax: float, n: int = 5) -> list[tuple[float, str]]:
         return [(vmin, f"{vmin:.4g}")]
     raw = span / max(1, n - 1)
     while True:
-        step, decimals, quarter = _nice_step(raw)
+        step = nice_step(raw, (1.0, 2.0, 2.5, 5.0))
+        e = math.floor(math.log10(step) + 1e-9)
+        quarter = round(step / 10.0**e, 6) == 2.5
+        decimals = max(0, -e + quarter)  # the decimals its multiples need
         first, last = math.ceil(vmin / step - 1e-9), math.floor(vmax / step + 1e-9)
         if last - first + 1 >= 3:
             break
@@ -98,31 +95,6 @@ def ticks(vmin: float, vmax: float, n: int = 5) -> list[tuple[float, str]]:
 
 
 # ---------------------------------------------------------------------- values
-def pool_max(values: np.ndarray, masked: np.ndarray, kr: int, kc: int) -> tuple[np.ndarray, np.ndarray]:
-    """Block maximum over ``kr`` x ``kc`` cells, ignoring masked ones; a block is masked if all are.
-
-    The maximum keeps a single strong attention weight visible in a thumbnail; a mean would wash it out.
-    """
-    if kr == 1 and kc == 1:
-        return values, masked
-    r, c = values.shape
-    R, C = -(-r // kr), -(-c // kc)
-    v = np.asarray(values)
-    dtype = v.dtype if v.dtype in (np.float32, np.float64) else np.float64
-    pad = np.full((R * kr, C * kc), -np.inf, dtype=dtype)
-    pad[:r, :c] = v
-    pad[:r, :c][masked | np.isnan(v)] = -np.inf
-    pooled = pad.reshape(R, kr, C, kc).max(axis=(1, 3))
-    pmask = np.isneginf(pooled)
-    return np.where(pmask, 0.0, pooled), pmask
-
-
-def _pool_for(n: int, extent_in: float, dpi: float) -> int:
-    """The block size that keeps a cell at least one pixel wide at ``dpi``."""
-    px = max(1.0, extent_in * dpi)
-    return max(1, math.ceil(n / px))
-
-
 def _finite_span(values: np.ndarray, masked: np.ndarray):
     ok = np.isfinite(values) & ~masked
     if not ok.any():

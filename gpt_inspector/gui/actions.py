@@ -69,7 +69,7 @@ class WindowActions(QObject):
         self.prev_head = A("Previous head", lambda: ctl.select(head=sel().head - 1), "[")
         self.next_head = A("Next head", lambda: ctl.select(head=sel().head + 1), "]")
         self.follow = A("Follow the newest position", lambda: ctl.select_query(None), "End")
-        self.stages = [
+        self.kinds = [
             A(f"Stage: {KIND_LABELS[k]}", lambda k=k: ctl.select(kind=k), f"Ctrl+{i + 1}") for i, k in enumerate(KINDS)
         ]
         debug = (self.step, self.run, self.pause, self.back, self.restart, self.run_to)
@@ -88,7 +88,7 @@ class WindowActions(QObject):
             self.next_head,
             self.follow,
             None,
-            *self.stages,
+            *self.kinds,
         )
         self.tools_menu = mb.addMenu("&Tools")
         self.workspace_menu = QMenu("&Workspace", w)

@@ -35,8 +35,8 @@ from PySide6.QtWidgets import (
 
 from .. import figures
 from ..core import outfile
+from ..core.attention import KIND_LABELS
 from ..core.errors import InspectorError, StepFailed
-from ..core.stages import STAGE_LABELS
 from ..figures import fullres
 from .views.common import hbox, vbox
 
@@ -300,7 +300,7 @@ def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> in
         lambda source: figures.head_figure(source, layer, head, kind, dpi=scale * figures.DPI),
         f"attention-L{layer}-H{head}-{kind}.png",
         scale,
-        f"Layer {layer}, head {head}, {STAGE_LABELS.get(kind, kind)}",
+        f"Layer {layer}, head {head}, {KIND_LABELS.get(kind, kind)}",
         on_done,
         write_full,
     )
@@ -309,7 +309,7 @@ def export_view(window, layer: int, head: int, kind: str, *, on_done=None) -> in
 def export_grid(window, layer: int | None, kind: str, *, on_done=None) -> int | None:
     """Export every head of ``layer``, or with None every layer x head, as one image."""
     name = f"attention-L{layer}-all-heads-{kind}.png" if layer is not None else f"attention-all-layers-{kind}.png"
-    stage = STAGE_LABELS.get(kind, kind)  # the CLI's word with its title, as on the stage buttons
+    stage = KIND_LABELS.get(kind, kind)  # the CLI's word with its title, as on the stage buttons
     what = f"Layer {layer}, all heads, {stage}" if layer is not None else f"All layers × heads, {stage}"
     return _in_worker(window, lambda source: figures.grid_figure(source, layer, kind), name, 1.0, what, on_done)
 

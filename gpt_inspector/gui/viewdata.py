@@ -20,18 +20,14 @@ import numpy as np
 import torch
 
 from ..core import attention as eq
-from ..core.attention import KINDS
+from ..core.attention import KIND_LABELS, KINDS
 from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
-from ..core.pooling import ThreadChooser, one_thread, torch_threads
+from ..core.pooling import PooledMatrix, ThreadChooser, Thumbnails, one_thread, pool_rows, pow2_block, torch_threads
 from ..core.source import RunSource
-from ..core.stages import STAGE_LABELS
 from ..core.step import Step
-from .pooled import PooledMatrix, Thumbnails, block_for
 
 __all__ = ["KIND_LABELS", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails", "ViewModel", "full_thumbnails"]
-
-KIND_LABELS = STAGE_LABELS  # "scores (scaled)": the CLI's name with its title
 
 
 _SOURCE_IDS = itertools.count(1)
@@ -163,15 +159,6 @@ def full_thumbnails(source: RunSource, max_bins: int = 32) -> Thumbnails:
     th = Thumbnails(source.n_layers, source.n_heads, max_bins)
     th.add_rows(_probs_rows(source), 0, source.cache_length)
     return th
-
-
-def pool_rows(a: np.ndarray, block: int, dtype=np.float32) -> np.ndarray:
-    """(T, w) -> (ceil(T / block), w): the mean of each block of rows (the last block may be short)."""
-    if block == 1:
-        return a
-    starts = np.arange(0, a.shape[0], block)
-    counts = np.diff(np.append(starts, a.shape[0]))[:, None]
-    return np.ascontiguousarray(np.add.reduceat(a, starts, axis=0) / counts, dtype=dtype)
 
 
 # ---------------------------------------------------------------------------------------- the model
@@ -442,7 +429,7 @@ class ViewModel:
 
     def _pooled_matrix(self, layer: int, head: int, kind: str) -> tuple[np.ndarray, int]:
         t = self.obj.cache_length
-        block = block_for(t, DISPLAY_CELLS)
+        block = pow2_block(t, DISPLAY_CELLS)
         p = self._pooled
         if p is not None and (p.layer, p.head, p.kind) == (layer, head, kind) and block == 2 * p.block:
             p.regroup(block)  # T crossed a power of two: merge blocks rather than recompute T x T
@@ -502,7 +489,7 @@ class ViewModel:
             levels = (lo, hi if hi > lo else lo + 1.0)
         kvh = o.kv_head_of(head, layer)
         keys, values = o.keys(layer), o.values(layer)  # (Hkv, T, d)
-        kv_block = block_for(t, EXACT_LIMIT)
+        kv_block = pow2_block(t, EXACT_LIMIT)
         bias = o.bias_rows(
             layer, query, query + 1, (head,)
         )  # (1, 1, T): the model's additive score bias (ALiBi, doge), or None

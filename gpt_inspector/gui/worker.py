@@ -22,7 +22,7 @@ from dataclasses import asdict
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from ..core.breakpoints import Breakpoints, finish, run_until
-from ..core.editing import restart_starts_new_session, toggle_cells
+from ..core.edits import restart_starts_new_session, toggle_cells
 from ..core.errors import Cancelled, InspectorError, StepFailed
 from ..core.recipe_check import check_recipe
 from ..core.session import Session

@@ -2,7 +2,10 @@
 
 - core and figures never import Qt (every front door, scripts included, can use them headless);
 - views never import the window (each panel is a thin view over snapshots and a controller);
-- nothing outside core imports a name starting with ``_`` from core (core's privates stay private).
+- nothing outside core imports a name starting with ``_`` from core (core's privates stay private);
+- no name starting with ``_`` is imported across rooms (core, figures, gui, commands, cli, export):
+  a private name is its room's to change;
+- no module is over 600 lines.
 """
 
 from __future__ import annotations
@@ -86,6 +89,56 @@ def test_nothing_outside_core_imports_core_privates():
         return None
 
     assert not _violations(outside, bad)
+
+
+def _room(parts: tuple[str, ...]) -> str:
+    """The room of a module path below gpt_inspector: its first folder, or a top-level module's own name."""
+    return parts[0] if parts else "__init__"
+
+
+def _private(name: str) -> bool:
+    return name.startswith("_") and not (name.startswith("__") and name.endswith("__"))
+
+
+def _cross_room_privates(files) -> list[str]:
+    out = []
+    for f in files:
+        room = _room(f.relative_to(PKG).with_suffix("").parts)
+        for mod, names in _imports(f):
+            parts = mod.split(".")
+            if parts[0] != "gpt_inspector" or _room(tuple(parts[1:])) == room:
+                continue
+            private = [p for p in parts if _private(p)] + [n for n in names if _private(n)]
+            if private:
+                out.append(f"{f.relative_to(PKG.parent)}: imports {private} from {mod}")
+    return out
+
+
+def test_no_private_name_is_imported_across_rooms():
+    files = sorted(PKG.rglob("*.py"))
+    assert len(files) >= 50
+    assert not _cross_room_privates(files)
+
+
+def test_the_cross_room_check_can_fail():
+    # a private name imported from another room (relative and absolute), a private module, and the
+    # same names inside their own room, which stay allowed
+    probe = PKG / "gui" / "views" / "_contract_probe_rooms.py"
+    probe.write_text(
+        "from ...figures.drawing import _style\nimport gpt_inspector.core.adapters._common\n"
+        "from ..viewdata import _heads_side_by_side\nfrom ...figures import __doc__\n"
+    )
+    try:
+        found = _cross_room_privates([probe])
+    finally:
+        probe.unlink()
+    assert len(found) == 2, found
+    assert "['_style']" in found[0] and "['_common']" in found[1]
+
+
+def test_no_module_is_over_600_lines():
+    long = {str(f.relative_to(PKG)): n for f in PKG.rglob("*.py") if (n := len(f.read_text().splitlines())) > 600}
+    assert not long
 
 
 def test_the_checks_can_fail(tmp_path):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import argparse
 
 from gpt_inspector.cli import build_parser, quiet_transformers
-from gpt_inspector.core.stages import STAGE_LABELS, STAGE_TITLES, STAGES
+from gpt_inspector.core.attention import KIND_LABELS, KIND_TITLES, KINDS
 
 
 def _actions(parser, name="gpt-inspector"):
@@ -26,10 +26,10 @@ def test_every_option_has_help_text():
 def test_export_kind_names_the_stages_as_the_window_does():
     parser = build_parser()
     kind = next(a for cmd, a in _actions(parser) if cmd == "export" and a.dest == "kind")
-    assert set(kind.choices) == set(STAGES)
-    for k in STAGES:
-        assert f"{k} = {STAGE_TITLES[k]}" in kind.help
-    assert STAGE_LABELS == {"raw": "raw QKᵀ", "scores": "scores (scaled)", "masked_scores": "masked_scores (masked)",
+    assert set(kind.choices) == set(KINDS)
+    for k in KINDS:
+        assert f"{k} = {KIND_TITLES[k]}" in kind.help
+    assert KIND_LABELS == {"raw": "raw QKᵀ", "scores": "scores (scaled)", "masked_scores": "masked_scores (masked)",
                             "probs": "probs (softmax)"}  # fmt: skip
 
 

@@ -135,7 +135,7 @@ def _assert_same(a, b, exact=True):
 
 
 def test_chunked_recompute_reports_progress_and_equals_one_forward(tiny_lm, monkeypatch):
-    from gpt_inspector.core import session_edits
+    from gpt_inspector.core import recompute
 
     lm = tiny_lm("llama")
     one, chunked = gi.Session(lm, PROMPT), gi.Session(lm, PROMPT)
@@ -144,7 +144,7 @@ def test_chunked_recompute_reports_progress_and_equals_one_forward(tiny_lm, monk
     edits = [gi.MaskEdit(query=2, key=1, layer=1), gi.MaskEdit(query=9, key=4, head=3)]
     one.set_mask_edits(edits)
     seen = []
-    monkeypatch.setattr(session_edits, "RECOMPUTE_CHUNK", 3)
+    monkeypatch.setattr(recompute, "RECOMPUTE_CHUNK", 3)
     report = chunked.set_mask_edits(edits, progress=lambda done, total: seen.append((done, total)))
     total = chunked.cache_length - 2
     assert report.earliest_position == 2 and report.recomputed == total
@@ -158,7 +158,7 @@ def test_chunked_recompute_reports_progress_and_equals_one_forward(tiny_lm, monk
 
 @pytest.mark.parametrize("stop_after", [0, 1, 2])
 def test_cancel_puts_the_session_back_exactly(tiny_lm, monkeypatch, stop_after):
-    from gpt_inspector.core import session_edits
+    from gpt_inspector.core import recompute
     from gpt_inspector.core.errors import Cancelled
 
     lm = tiny_lm("llama")
@@ -167,7 +167,7 @@ def test_cancel_puts_the_session_back_exactly(tiny_lm, monkeypatch, stop_after):
         x.run(6)
         x.set_mask_edits([gi.MaskEdit(query=4, key=0)])
     before = _state(s)
-    monkeypatch.setattr(session_edits, "RECOMPUTE_CHUNK", 3)
+    monkeypatch.setattr(recompute, "RECOMPUTE_CHUNK", 3)
     chunks = []
     with pytest.raises(Cancelled):
         s.set_mask_edits([gi.MaskEdit(query=1, key=0, layer=0)], progress=lambda d, t: chunks.append(d),
@@ -180,14 +180,14 @@ def test_cancel_puts_the_session_back_exactly(tiny_lm, monkeypatch, stop_after):
 
 
 def test_a_fault_halfway_through_a_recompute_puts_the_session_back_exactly(tiny_lm, monkeypatch):
-    from gpt_inspector.core import session_edits
+    from gpt_inspector.core import recompute
     from gpt_inspector.core.errors import StepFailed
 
     lm = tiny_lm("gpt2")
     s = gi.Session(lm, PROMPT)
     s.run(6)
     before = _state(s)
-    monkeypatch.setattr(session_edits, "RECOMPUTE_CHUNK", 4)
+    monkeypatch.setattr(recompute, "RECOMPUTE_CHUNK", 4)
     real, calls = lm.model.forward, []
 
     def failing(*a, **k):

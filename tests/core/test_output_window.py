@@ -14,7 +14,7 @@ import pytest
 import torch
 
 import gpt_inspector as gi
-from gpt_inspector.core import MaskEdit, lens, mathcheck, session, session_edits
+from gpt_inspector.core import MaskEdit, lens, mathcheck, recompute, session
 from gpt_inspector.core.errors import Cancelled
 
 PROMPT = "She eats an apple. He reads"
@@ -89,7 +89,7 @@ def test_step_back_past_the_window_then_on(pair):
 
 def test_a_mask_edit_and_its_rollback_keep_the_window_exact(pair, monkeypatch):
     s, ref = pair("gpt2")
-    monkeypatch.setattr(session_edits, "RECOMPUTE_CHUNK", 3)
+    monkeypatch.setattr(recompute, "RECOMPUTE_CHUNK", 3)
     before = [s.head_outputs(layer).clone() for layer in s.attention_layers]
     out_from = s.recorder.out_from
     chunks = []  # cancel the edit after its first chunk: the rollback must be exact

@@ -9,7 +9,7 @@ import pytest
 
 from gpt_inspector import MaskEdit, Session
 from gpt_inspector.core.breakpoints import Breakpoints, Progress, Stopped, finish, run_until
-from gpt_inspector.core.editing import restart_starts_new_session, toggle_cells
+from gpt_inspector.core.edits import restart_starts_new_session, toggle_cells
 from gpt_inspector.core.errors import InspectorError
 
 

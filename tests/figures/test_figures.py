@@ -73,11 +73,11 @@ def test_title_names_model_layer_head_stage_and_step(known, tmp_path):
     _, texts = _svg_text(figures.save(fig, tmp_path / "t.svg"))
     assert fig.heading in texts
     assert "masked (not attended)" in texts
-    assert figures.STAGES == {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
-    from gpt_inspector.core.stages import STAGE_LABELS
+    assert figures.KIND_TITLES == {"raw": "raw QKᵀ", "scores": "scaled", "masked_scores": "masked", "probs": "softmax"}
+    from gpt_inspector.core.attention import KIND_LABELS
 
-    for kind in figures.STAGES:  # titles name the stage as the CLI and the window do
-        assert f" · {STAGE_LABELS[kind]} · " in figures.head_figure(known, 1, 2, kind).heading
+    for kind in figures.KIND_TITLES:  # titles name the stage as the CLI and the window do
+        assert f" · {KIND_LABELS[kind]} · " in figures.head_figure(known, 1, 2, kind).heading
 
 
 # ---------------------------------------------------------------------- masked cells

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-import gpt_inspector.gui.pooled as pooled_mod
+import gpt_inspector.core.pooling as pooled_mod
 import gpt_inspector.gui.viewdata as vd
 from gpt_inspector import MaskEdit, Session
 from gpt_inspector.gui.viewdata import Selection, ViewModel, full_thumbnails
@@ -54,7 +54,11 @@ def test_pooled_matrix_is_the_block_maximum_through_steps_backs_and_edits(tiny_l
 
     s.step()
     t0 = s.cache_length  # display cells chosen so that the block size doubles within the steps below
-    cells = next(c for c in range(2, t0) if vd.block_for(t0, c) != vd.block_for(t0 + 4, c) and vd.block_for(t0, c) > 1)
+    cells = next(
+        c
+        for c in range(2, t0)
+        if pooled_mod.pow2_block(t0, c) != pooled_mod.pow2_block(t0 + 4, c) and pooled_mod.pow2_block(t0, c) > 1
+    )
     monkeypatch.setattr(vd, "DISPLAY_CELLS", cells)
     blocks = {check().matrix_block}
     for _ in range(5):  # the incremental path: one row block per step, blocks merged as T doubles

@@ -13,7 +13,7 @@ import pytest
 from PySide6.QtCore import QPointF, Qt
 from PySide6.QtWidgets import QApplication
 
-import gpt_inspector.gui.pooled as pooled_mod
+import gpt_inspector.core.pooling as pooled_mod
 import gpt_inspector.gui.viewdata as vd
 import gpt_inspector.gui.worker as worker_mod
 from gpt_inspector import Session

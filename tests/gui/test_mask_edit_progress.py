@@ -9,9 +9,9 @@ import torch
 
 
 def test_mask_edit_shows_progress_and_pause_cancels_it(make_window, wait_idle, qtbot, monkeypatch):
-    from gpt_inspector.core import session_edits
+    from gpt_inspector.core import recompute
 
-    monkeypatch.setattr(session_edits, "RECOMPUTE_CHUNK", 2)
+    monkeypatch.setattr(recompute, "RECOMPUTE_CHUNK", 2)
     win = make_window()
     win.run(8)
     wait_idle(win)

@@ -6,7 +6,7 @@ import pytest
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QApplication
 
-from gpt_inspector.core.stages import STAGE_LABELS, STAGES
+from gpt_inspector.core.attention import KIND_LABELS, KINDS
 from gpt_inspector.gui.views.common import apply_theme
 from gpt_inspector.gui.views.score_matrix import ScoreMatrix
 
@@ -50,9 +50,9 @@ def test_the_selected_stage_stands_out_and_uses_the_cli_names(qtbot):
     qtbot.addWidget(view)
     view.resize(700, 500)
     view.show()
-    assert [view.kind_buttons[k].text() for k in STAGES] == [STAGE_LABELS[k] for k in STAGES]
+    assert [view.kind_buttons[k].text() for k in KINDS] == [KIND_LABELS[k] for k in KINDS]
     assert view.kind_buttons["scores"].text() == "scores (scaled)"
-    for kind in STAGES:  # each CLI word appears on its button
+    for kind in KINDS:  # each CLI word appears on its button
         assert kind in view.kind_buttons[kind].text()
     qtbot.mouseClick(view.kind_buttons["scores"], Qt.MouseButton.LeftButton)
     assert view.kind_buttons["scores"].isChecked()

@@ -94,7 +94,7 @@ def test_selected_matrix_grows_by_one_row_and_matches_the_engine(tiny_lm, kind):
 
 def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch):
     """A first build at long T goes through rows in chunks; the bins are the same as in one pass."""
-    import gpt_inspector.gui.pooled as pooled_mod
+    import gpt_inspector.core.pooling as pooled_mod
 
     s = Session(tiny_lm("llama"), "She eats an apple. He reads a book every evening.")
     s.step()

@@ -24,6 +24,7 @@ from PySide6.QtWidgets import (
 )
 
 from ...core.errors import InspectorError
+from ...figures.labels import nice_step
 
 # row-major: a (T, T) array displays with rows as rows, like the matrix it is
 pg.setConfigOptions(imageAxisOrder="row-major", background="#1b1e24", foreground="#c8ccd4", antialias=False)
@@ -68,17 +69,6 @@ def symmetric_levels(a: np.ndarray) -> tuple[float, float]:
     return (-m, m) if m > 0 else (-1.0, 1.0)
 
 
-def nice_stride(x: float) -> int:
-    """Smallest of 1, 2, 5, 10, 20, 50, ... that is >= x."""
-    if x <= 1:
-        return 1
-    mag = 10 ** math.floor(math.log10(x))
-    for m in (1, 2, 5, 10):
-        if m * mag >= x:
-            return int(m * mag)
-    return int(10 * mag)
-
-
 class TokenAxis(pg.AxisItem):
     """An axis labelled with tokens at pixel centres, thinned so labels never overlap, at any zoom."""
 
@@ -103,7 +93,7 @@ class TokenAxis(pg.AxisItem):
         px_per = size / (maxVal - minVal)
         vertical = self.orientation in ("left", "right")
         need = 13.0 if vertical else 7.0 * min(self.chars, max((len(s) for s in self.labels), default=1)) + 8
-        stride = nice_stride(need / px_per)
+        stride = int(nice_step(max(1.0, need / px_per)))
         lo = max(0, int(math.floor(minVal)))
         hi = min(n - 1, int(math.ceil(maxVal)))
         start = (lo // stride) * stride
@@ -151,7 +141,7 @@ class IndexAxis(pg.AxisItem):
         if self.n == 0 or size <= 0 or maxVal <= minVal:
             return []
         px_per = size / (maxVal - minVal)
-        stride = nice_stride((14.0 if self.orientation in ("left", "right") else 28.0) / px_per)
+        stride = int(nice_step(max(1.0, (14.0 if self.orientation in ("left", "right") else 28.0) / px_per)))
         return [(stride, [i + 0.5 for i in range(0, self.n, stride)])]
 
     def tickStrings(self, values, scale, spacing):

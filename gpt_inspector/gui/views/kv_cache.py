@@ -22,7 +22,8 @@ from PySide6.QtCore import QRectF, Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QPushButton, QWidget
 
 from ...core.kv_layout import human_bytes
-from ..viewdata import pool_rows
+from ...core.pooling import pool_rows
+from ...figures.labels import nice_step
 from .common import (
     BAR_BRUSH,
     CHOSEN_BRUSH,
@@ -34,7 +35,6 @@ from .common import (
     bare,
     hbox,
     info_label,
-    nice_stride,
     outline,
     placeholder_text,
     show_axes,
@@ -216,7 +216,7 @@ class KVCacheView(QWidget):
         top = max(float(hist.max()) if len(hist) else 1.0, float(kept_hist.max()) if len(kept_hist) else 0.0)
         # steps and bytes from 0 (auto-ranging a lone first point spanned ±0.2 "(x0.001)" steps), to the
         # next 1-2-5 bound: the axes change now and then, not on every step (each change costs a relayout)
-        ranges = (nice_stride(len(hist) - 1), nice_stride(top))
+        ranges = (int(nice_step(max(1.0, len(hist) - 1))), int(nice_step(max(1.0, top))))
         if ranges != self._hist_range:
             self._hist_range = ranges
             self.hplot.setRange(xRange=(0, ranges[0]), yRange=(0, ranges[1]), padding=0.05)
