@@ -389,6 +389,11 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
         for e in edits:  # a mask edit's layer may be None (every layer), a head edit's never is
             if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
                 raise InspectorError(f"{name}: {what} {e.to_json()} is outside the model's layers or heads")
+            # positions and token ids become tensor indices: a huge one overflowed in torch, not here
+            if isinstance(e, MaskEdit) and not 0 <= e.key <= e.query < shape["context_length"]:
+                raise InspectorError(f"{name}: mask edit at ({e.query}, {e.key}) is outside the model's context")
+            if isinstance(e, HeadEdit) and e.patch_from is not None and not all(0 <= t < V for t in e.patch_from):
+                raise InspectorError(f"{name}: a head edit patches from token ids outside the vocabulary")
         out[key] = [e.to_json() for e in edits]
     labels = _json(name, meta, "token_labels", list)
     steps = _json(name, meta, "steps", list)

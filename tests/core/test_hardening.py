@@ -132,6 +132,42 @@ def test_fuzz_trace_metadata(good_trace, tmp_path_factory, key, value):
         pass
 
 
+WRONG_VALUES = ['["x"]', "5", "1e400", str(10**30), "-1", '{"a": 1}', '"x"', "null", "[[[[[]]]]]", "[1, 2, 3]", "",
+                "true", '[{"query": 10000000000000000000, "key": 0, "blocked": true}]',
+                '[{"layer": 0, "head": 0, "patch_from": [-5]}]']  # fmt: skip
+
+
+def test_every_metadata_field_with_every_wrong_type_is_refused_or_readable(good_trace, tmp_path):
+    """Each field of a trace's metadata, replaced by each value of a wrong type or range: either our one
+    refusal, or a trace every reader can read (a list where a string belongs and a mask edit at a
+    position past 2^63 reached the window as TypeError and "Overflow when unpacking long")."""
+    from safetensors import safe_open
+    from safetensors.numpy import save_file
+
+    src = tmp_path / "good.safetensors"
+    src.write_bytes(good_trace)
+    with safe_open(str(src), "np") as f:
+        meta = dict(f.metadata())
+        tensors = {k: f.get_tensor(k) for k in f.keys()}
+    refused = 0
+    for key in meta:
+        for value in WRONG_VALUES:
+            dst = tmp_path / "bad.safetensors"
+            save_file(tensors, str(dst), metadata={**meta, key: value})
+            try:
+                tr = gi.load_trace(dst)
+            except gi.InspectorError as e:
+                assert "\n" not in str(e)
+                refused += 1
+                continue
+            tr.token_labels, tr.steps_done, tr.text, tr.prompt, tr.decoding, tr.kv_cache_bytes, tr.label(0)
+            for layer in tr.attention_layers:
+                tr.qkv(layer)
+                for head in range(tr.n_heads):
+                    tr.attention(layer, head, "probs")
+    assert refused > len(meta) * 5  # most of them are refused, not read around
+
+
 def _rss_mib() -> float:
     with open(f"/proc/{os.getpid()}/statm") as f:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE") / 2**20
