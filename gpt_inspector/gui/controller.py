@@ -96,8 +96,8 @@ class Controller(QObject):
 
     @property
     def live(self) -> bool:
-        """A session (not a read-only trace) is shown."""
-        return self.has_source and not self.read_only
+        """The run shown can be stepped (a session, not a trace or a beam)."""
+        return self.snapshot is not None and self.snapshot.live.can("step")
 
     @property
     def finished(self) -> bool:

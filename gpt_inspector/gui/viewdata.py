@@ -24,7 +24,7 @@ from ..core.attention import KINDS
 from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
 from ..core.pooling import ThreadChooser, one_thread, torch_threads
-from ..core.source import RunSource
+from ..core.source import Live, RunSource
 from ..core.stages import STAGE_LABELS
 from ..core.step import Step
 from .pooled import PooledMatrix, Thumbnails, block_for
@@ -132,6 +132,8 @@ class Snapshot:
     kv_kept: tuple[int, ...] = ()
     kv_kept_history: tuple[int, ...] = ()  # total of kv_kept after each step
     kv_positions: tuple[int, ...] = ()  # per layer, the positions the model's own cache holds
+    # what can be executed on the source shown (core.source.Live): every "can I run this here"
+    live: Live = Live.nothing("no run is shown")
 
     def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
         return [
@@ -187,7 +189,7 @@ class ViewModel:
         self.obj = source
         self.read_only = source.read_only
         self.L, self.H = source.n_layers, source.n_heads
-        lm = getattr(source, "lm", None)
+        lm = source.lm
         self.device = str(lm.device) if lm is not None else "trace"
         self.dtype = source.cache_dtype  # a model's dtype, or what a trace's cache held
         self.thumbs = Thumbnails(self.L, self.H, max_bins)
@@ -374,7 +376,8 @@ class ViewModel:
             source_id=self.source_id,
             state_version=self.version,
             read_only=self.read_only,
-            unverified=getattr(o, "unverified", None),
+            unverified=o.unverified,
+            live=o.live,
             n_layers=self.L,
             n_heads=self.H,
             device=self.device,

@@ -438,7 +438,7 @@ class Worker(QObject):
 
     @handles(C.Show)
     def _do_show(self, serial, cmd: C.Show) -> None:
-        lm = getattr(cmd.obj, "lm", None)
+        lm = cmd.obj.lm  # a run source's model; None: a trace
         if lm is not None:
             self.lm = lm
             self.loaded.emit(self._describe())

@@ -234,8 +234,7 @@ def create_panel(window) -> KVLabPanel:
         def job(src):
             from ...core.kvlab import KVLab, make
 
-            if getattr(src, "read_only", True) or not hasattr(src, "lm"):
-                raise InspectorError("the KV cache lab needs a live session (a trace or a beam has no model to run)")
+            src.live.require("kvlab")
             d = src.decoding
             lab = KVLab(src.lm, policy=make(name, budget), prompt_ids=list(src.prompt_ids), free_running=free,
                         temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=src.seed)  # fmt: skip

@@ -235,8 +235,7 @@ def create_panel(window) -> LensPanel:
         from ...core.lens import lens
 
         def job(src, waiting=None):
-            if getattr(src, "read_only", True) or not hasattr(src, "recorder"):
-                raise InspectorError("the logit lens needs a live session (a trace or a beam has no model to run)")
+            src.live.require("lens")
             return lens(src, stop=waiting)
 
         if state["busy"]:  # one at a time: snapshots published during a run must not queue a backlog
@@ -251,9 +250,9 @@ def create_panel(window) -> LensPanel:
     def on_snapshot(snap, revealed: bool = False) -> None:
         if snap is None:
             return
-        if snap.read_only or snap.n_steps == 0:
-            panel.clear("the logit lens needs a live session with a step" if snap.read_only else
-                        "run a step, then the lens shows where the prediction formed")  # fmt: skip
+        refused = snap.live.why_not("lens")
+        if refused is not None or snap.n_steps == 0:
+            panel.clear(refused or "run a step, then the lens shows where the prediction formed")
             state["version"] = None
             return
         key = (snap.state_version, snap.n_steps)
@@ -288,7 +287,7 @@ def _add_interventions(window) -> None:
 
     def edit(change, what: str) -> None:
         def job(s):
-            if getattr(s, "read_only", True):
+            if not s.live.can("step"):  # they change the run, as a step does
                 raise InspectorError("knock-out and patching need a live session (a trace or a beam is read-only)")
             change(s)
             return what
