@@ -21,7 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import hbox, submit, table, vbox, wrapped_label
+from .common import dialog_job, hbox, table, vbox, wrapped_label
 
 PANEL_TITLE = "Cache probe"
 PANEL_AREA = "right"
@@ -47,6 +47,7 @@ class ProbePanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
+        self.job = None  # a PanelJob, set by create_panel; GUI thread only
         self.layers = QListWidget(
             toolTip="the layers to probe; layer 0 needs no model run past the embeddings", maximumHeight=90
         )
@@ -168,6 +169,7 @@ class ProbePanel(QWidget):
 def create_panel(window) -> ProbePanel:
     """Dock hook for the main window: the Probe button and Tools ▸ Probe run on its worker thread."""
     panel = ProbePanel()
+    run = dialog_job(window, panel, "Cache probe failed")
 
     def request(layers) -> None:
         layers = list(layers) or [0]
@@ -183,7 +185,7 @@ def create_panel(window) -> ProbePanel:
 
             return probe_session(src, layers=layers)  # refuses in one line where the source's live says so
 
-        submit(window, panel, job, panel.show_result, "Cache probe failed")
+        run(job, panel.show_result)
 
     panel.probe_requested.connect(request)
     window.snapshot_changed.connect(panel.set_snapshot)
