@@ -81,10 +81,6 @@ class Live:
         if not self.can(what):
             raise InspectorError(self.refused[what])
 
-    def refusing(self, **more: str) -> Live:
-        """This capability set with ``more`` refused too (capability=reason)."""
-        return Live({**self.refused, **more})
-
 
 @runtime_checkable
 class RunRecords(Protocol):
