@@ -129,3 +129,12 @@ def test_a_math_check_error_is_a_dialog(on_screen, wait_idle, qtbot, no_dialogs)
     title, text = no_dialogs[-1]
     assert title == "Math check failed" and "is not kept" in text and "\n" not in text
     assert win.mathcheck_panel.check is None
+
+
+def test_stepping_a_beam_is_refused_in_the_beams_own_words(on_screen, wait_idle, qtbot, no_dialogs):
+    win, mine = on_screen("beam")
+    assert not win.acts.step.isEnabled() and not win.controller.live
+    win.controller.step()  # what a script or a stale shortcut would post
+    qtbot.waitUntil(lambda: bool(no_dialogs), timeout=20000)
+    assert no_dialogs[-1][1] == mine.live.why_not("step") and "a beam is read-only" in no_dialogs[-1][1]
+    assert wait_idle(win).n_steps == mine.n_steps  # the beam is shown as it was
