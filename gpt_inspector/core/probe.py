@@ -34,6 +34,7 @@ from . import hf
 from .capture import Recorder
 from .errors import InspectorError, check_index
 from .models import LoadedModel
+from .source import RunSource
 from .tokens import token_label
 from .validate import json_number
 
@@ -404,32 +405,18 @@ def probe_cache(
     return result
 
 
-def probe_session(session, layers: Iterable[int] | int = (0,), **kwargs) -> ProbeResult:
+def probe_session(session: RunSource, layers: Iterable[int] | int = (0,), **kwargs) -> ProbeResult:
     """Probe a run's KV cache (a live session's, or a beam's as it ran) and score the recovery against the
     tokens it processed."""
     t = session.cache_length
     if t == 0:
         raise InspectorError("nothing cached yet: run a step first")
-    lm = getattr(session, "lm", None)
-    if lm is None:  # a trace file: the probe replays candidates through the model, which a file does not carry
-        raise InspectorError("the cache probe runs the model on candidate tokens; a trace file has no model: "
-                             "load the model and re-run the prompt to probe its cache")  # fmt: skip
-    lay = getattr(session.lm, "kv_layout", None)  # what the cache holds (core.kv_layout)
-    if lay is not None and (lay.state_layers or lay.mirrored or lay.kind == "shared"):
-        if lay.state_layers:
-            held = "state-space layers keep a running state"
-        elif lay.kind == "shared":  # and a replay through its layers is not the model's (gemma3n's AltUp streams)
-            held = "later layers read earlier layers' caches (KV sharing)"
-        else:
-            held = f"the cache holds a {lay.kind} form"
-        raise InspectorError(
-            f"the cache probe replays per-head K/V of every layer; in {session.lm.name} {held}, not those"
-        )
+    session.live.require("probe")  # the probe replays candidates through the run's model
     # the K/V every reader of the run sees: a session's are its cache's, a beam's the rows recorded on its path
     kv = {i: (session.keys(i)[:, :t], session.values(i)[:, :t]) for i in range(session.n_layers)}  # (Hkv, T, d) each
     # deeper layers saw the session's mask edits when the cache was filled; so must the candidates
-    edits = getattr(getattr(session, "recorder", None), "edits", None)
-    return probe_cache(session.lm, kv, layers, true_tokens=session.processed_tokens, _edits=edits, **kwargs)
+    return probe_cache(session.lm, kv, layers, true_tokens=session.processed_tokens, _edits=session.records.edits,
+                       **kwargs)  # fmt: skip
 
 
 def _method(layer: int, context: str, have: dict) -> str:

@@ -17,11 +17,69 @@ from .forward import Run, crop_cache, forward_with_rollback, interrupts_deferred
 from .models import LoadedModel
 from .recipe_check import MAX_RECOMPUTES, RECIPE_FORMAT, check_recipe, compact_ops, edit_shape, push_op
 from .recompute import EditingMixin, MaskEditReport
-from .source import ModelShape, RunSource
+from .source import Live, ModelShape, RunRecords, RunSource, model_refusals
 from .step import TOP_N, Step, TopEntry
 
 # head outputs kept for the newest 128 to 256 positions (see Session._window_outputs)
 OUTPUT_WINDOW = 128
+
+
+class _SessionRecords(RunRecords):
+    """A session's run-source records: its recorder's rows, K/V from its cache (or our mirror)."""
+
+    def __init__(self, session: Session):
+        self._s = session
+
+    @property
+    def head_output_start(self) -> int:
+        return self._s.recorder.out_floor
+
+    @property
+    def edits(self):
+        return self._s.recorder.edits
+
+    def queries(self, layer: int) -> torch.Tensor:
+        s = self._s
+        return s.recorder.q[layer].view(s.cache_length)[0]  # (H, T, d)
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self._s._kv_rows(layer, self._s.cache_length)[0]  # (Hkv, T, d)
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self._s._kv_rows(layer, self._s.cache_length)[1]  # (Hkv, T, d)
+
+    def head_outputs(self, layer: int) -> torch.Tensor:
+        s, rec = self._s, self._s.recorder
+        kept = rec.out[layer].view(s.cache_length - rec.out_from)[0]  # (H, T - out_from, d)
+        if rec.out_from <= rec.out_floor:
+            return kept
+        middle = s._recomputed_outputs(layer)[:, rec.out_floor :]  # (H, out_from - floor, d)
+        return torch.cat([middle, kept], dim=1)  # (H, T - floor, d)
+
+    def head_output_row(self, layer: int, position: int) -> torch.Tensor | None:
+        # the kept row; the rows between the floor and out_from are recomputed (with every earlier one)
+        s, rec = self._s, self._s.recorder
+        if position < rec.out_from:
+            return None
+        return rec.out[layer].view(s.cache_length - rec.out_from)[0, :, position - rec.out_from]  # (H, d)
+
+    def recomputed_head_outputs(self, layer: int) -> torch.Tensor:
+        return self._s._recomputed_outputs(layer)[:, : self._s.recorder.out_floor]  # (H, floor, d)
+
+    def mask_rows(self, layer: int) -> dict:
+        return self._s.recorder.mask_rows[layer]
+
+    def scaling(self, layer: int) -> float:
+        return self._s.recorder.scaling[layer]
+
+    def softcap(self, layer: int) -> float | None:
+        return self._s.recorder.softcap[layer]
+
+    def sink(self, layer: int) -> torch.Tensor | None:
+        return self._s.recorder.sinks[layer]
+
+    def score_bias(self, layer: int):
+        return self._s.recorder.score_bias(layer, self._s.cache_length)
 
 
 class Session(EditingMixin, ModelShape, RunSource, Run):
@@ -69,6 +127,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         # head outputs where steps decide tokens (see Recorder.out_from), the newest OUTPUT_WINDOW of them
         self.recorder.out_from = self.recorder.out_floor = len(ids) - 1
         self._early_outputs: tuple | None = None  # the rows before out_from, recomputed on demand
+        self.records = _SessionRecords(self)
 
     # ------------------------------------------------------------------ state
     @property
@@ -289,22 +348,25 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             return None
         return torch.cat([x[0, :, :t].transpose(0, 1).reshape(t, -1) for x in held], dim=1)  # (T, cache numbers)
 
-    def _queries(self, layer: int) -> torch.Tensor:
-        return self.recorder.q[layer].view(self.cache_length)[0]  # (H, T, d)
-
-    def _keys(self, layer: int) -> torch.Tensor:
-        return self._kv_rows(layer, self.cache_length)[0]  # (Hkv, T, d)
-
-    def _values(self, layer: int) -> torch.Tensor:
-        return self._kv_rows(layer, self.cache_length)[1]
+    @property
+    def kv_policy(self):
+        return self.recorder.kv_policy
 
     @property
-    def head_output_start(self) -> int:
-        return self.recorder.out_floor
-
-    @property
-    def head_outputs_from(self) -> int:
-        return 0
+    def live(self) -> Live:
+        """Everything runs on a session; under a KV cache policy (the lab's policy run) what would
+        run the model without replaying its evictions is refused."""
+        refused = model_refusals(self.lm)
+        if self.recorder.kv_policy is not None:
+            refused.update(
+                probe="the cache probe would read every row back; the policy's cache has dropped some: "
+                "use the KV cache lab's Probe, which reads what the policy holds",
+                recompute="a policy run keeps every head output it computed; a recompute would not replay "
+                "the policy's evictions",
+                lens="the logit lens recomputes residuals without the policy's evictions: "
+                "run it on the reference session",
+            )  # fmt: skip
+        return Live(refused)
 
     def _window_outputs(self) -> None:
         """Keep the head outputs of the newest OUTPUT_WINDOW to 2 * OUTPUT_WINDOW positions only.
@@ -335,32 +397,6 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
                 {i: rec.out[i].view(start + 1)[0, :, :start].clone() for i in self.attention_layers},
             )
         return self._early_outputs[1][layer]
-
-    def _early_head_outputs(self, layer: int) -> torch.Tensor:
-        return self._recomputed_outputs(layer)[:, : self.recorder.out_floor]  # (H, floor, d)
-
-    def _head_outputs(self, layer: int) -> torch.Tensor:
-        rec = self.recorder
-        kept = rec.out[layer].view(self.cache_length - rec.out_from)[0]  # (H, T - out_from, d)
-        if rec.out_from <= rec.out_floor:
-            return kept
-        middle = self._recomputed_outputs(layer)[:, rec.out_floor :]  # (H, out_from - floor, d)
-        return torch.cat([middle, kept], dim=1)  # (H, T - floor, d)
-
-    def _head_output_row(self, layer: int, position: int) -> torch.Tensor:
-        # the kept row; recomputed (with every earlier one) only if it left the window
-        rec = self.recorder
-        if position < rec.out_from:
-            return self.head_outputs(layer)[:, position]
-        return rec.out[layer].view(self.cache_length - rec.out_from)[0, :, position - rec.out_from]  # (H, d)
-
-    def _mask_rows(self, layer: int) -> dict:
-        return self.recorder.mask_rows[layer]
-
-    _edits = property(lambda self: self.recorder.edits)
-    _scaling = property(lambda self: self.recorder.scaling)
-    _softcap = property(lambda self: self.recorder.softcap)
-    _sinks = property(lambda self: self.recorder.sinks)
 
     def record_bytes(self) -> int:
         """Bytes our own records hold beyond the cache (q, attention outputs, KV mirror on GPUs)."""

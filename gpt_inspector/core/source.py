@@ -1,21 +1,21 @@
 """The run-source protocol: what a run *is*, and one reader that derives everything else from it.
 
 A run source is anything that holds a processed sequence: the live ``Session``, one beam of a
-search (``BeamView``), a saved ``Trace``. Each implements only the primitives, the things the
-model's attention function received or produced:
+search (``BeamView``), a saved ``Trace``, the KV lab's policy run (a ``Session`` under a cache
+policy). Each implements only the primitives:
 
 - shapes (``n_layers``, ``n_heads``, ``n_kv_heads``, ``head_dim``, ``context_length``,
-  ``vocab_size``), ``model_name``, ``read_only``;
+  ``vocab_size``), ``model_name``, ``read_only``, ``kv_itemsize``, ``cache_length``;
 - ``tokens``, ``prompt_ids``, ``prompt``, ``steps_done`` (``Step`` records), ``finished``,
   ``decoding``, ``mask_edits``, ``seed``, and ``label(token_id)`` for readable token text;
-- ``cache_length`` and, per layer, ``_queries`` (H, T, d), ``_keys`` / ``_values`` (Hkv, T, d),
-  ``_head_outputs`` (H, T - head_output_start, d) (``head_output_start``: 0 unless the source
-  keeps head outputs only from a later position on, as a session does), ``_mask_rows`` (the model's own mask where it is not plain
-  causal), ``_edits`` (compiled mask edits or None), ``_scaling`` / ``_softcap`` lists, and
-  ``kv_itemsize`` (bytes per cached number, the model's dtype); optionally ``_sinks`` (per layer
-  None or the (H,) attention-sink logits), ``_score_bias(layer)`` (the model's additive score
-  bias, an ``attention.ScoreBias``, or None) and ``unverified`` (why the load's fidelity
-  self-test could not vouch for the numbers, or None).
+- ``records``: a ``RunRecords``, what the model's attention function received or produced per
+  layer (queries, keys, values, head outputs, mask rows, edits, scaling, soft-cap, sinks, score
+  bias);
+- ``live``: a ``Live``, what can be executed on the source (stepping, the cache probe, the
+  recompute of head outputs it did not keep, the logit lens, the KV lab), each refusal one line;
+- ``lm``, the loaded model, or None (a trace); optionally ``unverified`` (why the load's fidelity
+  self-test could not vouch for the numbers) and ``kv_policy`` (core.kvlab's policy the forwards ran
+  under).
 
 ``RunSource`` turns those into the public accessors every reader uses (``attention``,
 ``attention_rows``, ``qkv``, ``allowed``, ``kv_cache_bytes``, ...) through the one equation in
@@ -25,12 +25,120 @@ never in a second adapter.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Protocol, runtime_checkable
+
 import numpy as np
 import torch
 
 from . import attention as eq
 from .edits import allowed_rows
 from .errors import InspectorError, check_index
+
+if TYPE_CHECKING:
+    from .edits import CompiledEdits
+    from .models import LoadedModel
+
+# what a source may be able to execute, and how a refusal names it
+CAPABILITIES: dict[str, str] = {
+    "step": "stepping",
+    "probe": "the cache probe",
+    "recompute": "recomputing the head outputs the run did not keep",
+    "lens": "the logit lens",
+    "kvlab": "the KV cache lab",
+}
+
+
+@dataclass(frozen=True)
+class Live:
+    """What can be executed on a run source: every capability in ``CAPABILITIES`` but the refused
+    ones, each refusal the one line a front end shows. Qt-free and small: snapshots carry it."""
+
+    refused: Mapping[str, str] = field(default_factory=dict)  # capability -> why not
+
+    def __post_init__(self) -> None:
+        unknown = set(self.refused) - set(CAPABILITIES)
+        if unknown:
+            raise ValueError(f"unknown capabilities {sorted(unknown)}; known: {list(CAPABILITIES)}")
+
+    @classmethod
+    def nothing(cls, why: str) -> Live:
+        """A source on which nothing runs (a trace file): every refusal says ``why``."""
+        return cls({c: f"{name} needs a live session: {why}" for c, name in CAPABILITIES.items()})
+
+    def can(self, what: str) -> bool:
+        if what not in CAPABILITIES:
+            raise ValueError(f"unknown capability {what!r}; known: {list(CAPABILITIES)}")
+        return what not in self.refused
+
+    def why_not(self, what: str) -> str | None:
+        """The one-line reason ``what`` cannot run here, or None where it can."""
+        return None if self.can(what) else self.refused[what]
+
+    def require(self, what: str) -> None:
+        """Raise ``InspectorError`` with the one-line reason where ``what`` cannot run here."""
+        if not self.can(what):
+            raise InspectorError(self.refused[what])
+
+
+@runtime_checkable
+class RunRecords(Protocol):
+    """What a run recorded per layer, as the model's attention function received or produced it.
+
+    T is the source's ``cache_length``. Tensors are zero-copy views where the source can give them:
+    read them on the thread that changes the source and only until its next change; do not modify.
+    Implementations may subclass this protocol for the defaults (no sink, no score bias, nothing
+    recomputed).
+    """
+
+    # the first position whose attention output per head is kept (a session keeps them from the
+    # prompt's last position on, where the steps decide tokens: the positions the lens looks at)
+    head_output_start: int
+    # the compiled mask edits the forwards ran under, or None
+    edits: CompiledEdits | None
+
+    def queries(self, layer: int) -> torch.Tensor:
+        """(H, T, d) q of every processed position."""
+        ...
+
+    def keys(self, layer: int) -> torch.Tensor:
+        """(H_kv, T, d)."""
+        ...
+
+    def values(self, layer: int) -> torch.Tensor:
+        """(H_kv, T, d)."""
+        ...
+
+    def head_outputs(self, layer: int) -> torch.Tensor:
+        """(H, T - head_output_start, d): the attention output per head, before the output projection."""
+        ...
+
+    def mask_rows(self, layer: int) -> dict[int, torch.Tensor]:
+        """position -> (T,) or (H, T) bool: the model's own mask where a row is not plain causal."""
+        ...
+
+    def scaling(self, layer: int) -> float: ...
+
+    def softcap(self, layer: int) -> float | None: ...
+
+    def sink(self, layer: int) -> torch.Tensor | None:
+        """(H,) the attention-sink logits, or None (most models have none)."""
+        return None
+
+    def score_bias(self, layer: int) -> eq.ScoreBias | None:
+        """The model's additive score bias (ALiBi, doge's dynamic mask), or None."""
+        return None
+
+    def head_output_row(self, layer: int, position: int) -> torch.Tensor | None:
+        """(H, d) the kept head outputs of one position at or after ``head_output_start``, read
+        without assembling the others; None: the reader takes the row from ``head_outputs``."""
+        return None
+
+    def recomputed_head_outputs(self, layer: int) -> torch.Tensor | None:
+        """(H, head_output_start, d): the rows before ``head_output_start`` from the model run again,
+        or None where the source cannot (its ``live`` refuses "recompute")."""
+        return None
 
 
 def to_numpy(t: torch.Tensor) -> np.ndarray:
@@ -41,13 +149,26 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
 class RunSource:
     """The shared reader over a run's primitives (see the module docstring)."""
 
-    # the first position whose attention output per head is kept (a session keeps them from the
-    # prompt's last position on, where the steps decide tokens: the positions the lens looks at)
-    head_output_start: int = 0
-
+    records: RunRecords
     read_only: bool = True
     # the reason the model's fidelity self-test failed (loaded with --unverified), or None
     unverified: str | None = None
+    # the loaded model the run ran on, or None (a trace file)
+    lm: LoadedModel | None = None
+    # the KV cache policy (core.kvlab) this run's forwards run under, or None
+    kv_policy = None
+    # knock-outs and patches (core.edits.HeadEdit) the run's forwards ran under
+    head_edits: Sequence = ()
+
+    @property
+    def live(self) -> Live:
+        """What can be executed on this source; a source without a model runs nothing."""
+        return Live.nothing("it has no model; load the model and re-run the prompt")
+
+    @property
+    def head_output_start(self) -> int:
+        """The first position whose head output the source keeps (see ``RunRecords``)."""
+        return self.records.head_output_start
 
     @property
     def source_name(self) -> str:
@@ -119,43 +240,38 @@ class RunSource:
     # thread that changes the source, and only until its next change (do not modify)
     def queries(self, layer: int) -> torch.Tensor:
         """q of every processed position as attention received it, (H, T, d)."""
-        return self._queries(self._checked(layer)[0])
+        return self.records.queries(self._checked(layer)[0])
 
     def keys(self, layer: int) -> torch.Tensor:
         """The cached keys, (H_kv, T, d)."""
-        return self._keys(self._checked(layer)[0])
+        return self.records.keys(self._checked(layer)[0])
 
     def values(self, layer: int) -> torch.Tensor:
         """The cached values, (H_kv, T, d)."""
-        return self._values(self._checked(layer)[0])
+        return self.records.values(self._checked(layer)[0])
 
     def head_outputs(self, layer: int) -> torch.Tensor:
         """The attention output per head, (H, T, d), before the output projection.
 
-        Rows before ``head_output_start`` were not kept: a live session has the model recompute
-        them (one forward of the prompt, on the first call after a change); elsewhere they are NaN,
-        never a made-up number.
+        Rows before ``head_output_start`` were not kept: where ``live`` allows "recompute" (a live
+        session) the model recomputes them (one forward of the prompt, on the first call after a
+        change); elsewhere they are NaN, never a made-up number.
         """
         layer, t = self._checked(layer)
-        kept = self._head_outputs(layer)  # (H, T - start, d)
+        kept = self.records.head_outputs(layer)  # (H, T - start, d)
         start = self.head_output_start
         if start == 0:
             return kept
         full = torch.full((kept.shape[0], t, kept.shape[2]), float("nan"), dtype=kept.dtype)  # (H, T, d)
         full[:, start:] = kept
-        early = self._early_head_outputs(layer)  # (H, start, d) or None
-        if early is not None:
-            full[:, :start] = early
+        if self.live.can("recompute"):
+            full[:, :start] = self.records.recomputed_head_outputs(layer)  # (H, start, d)
         return full
 
     @property
     def head_outputs_from(self) -> int:
         """The first position whose head output ``head_outputs`` can give (recomputed or kept)."""
-        return self.head_output_start
-
-    def _early_head_outputs(self, layer: int) -> torch.Tensor | None:
-        """Rows before ``head_output_start``, where the source can have the model recompute them."""
-        return None
+        return 0 if self.live.can("recompute") else self.head_output_start
 
     def cached_rows(self, layer: int) -> torch.Tensor | None:
         """(T, n) the model's own cache rows for ``layer`` where they are not the per-head K and V
@@ -167,21 +283,26 @@ class RunSource:
         layer, t = self._checked(layer)
         if not 0 <= position < t:
             raise InspectorError(f"position must lie in [0, {t}), got {position}")
-        return self._head_output_row(layer, position)
-
-    def _head_output_row(self, layer: int, position: int) -> torch.Tensor:
-        return self.head_outputs(layer)[:, position]
+        start = self.head_output_start
+        if position < start:
+            return self.head_outputs(layer)[:, position]
+        row = self.records.head_output_row(layer, position)  # (H, d) or None
+        return self.records.head_outputs(layer)[:, position - start] if row is None else row
 
     def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
         """(start, (H, T - start, d)): the head outputs the source holds, from position ``start`` on."""
-        return self.head_output_start, self._head_outputs(self._checked(layer)[0])
+        return self.head_output_start, self.records.head_outputs(self._checked(layer)[0])
+
+    def mask_rows(self, layer: int) -> dict[int, torch.Tensor]:
+        """position -> (T,) or (H, T) bool: the model's own mask where a row is not plain causal."""
+        return self.records.mask_rows(self.check_attention_layer(layer))
 
     def scaling(self, layer: int) -> float:
-        return float(self._scaling[self.check_attention_layer(layer)])
+        return float(self.records.scaling(self.check_attention_layer(layer)))
 
     def softcap(self, layer: int) -> float | None:
         """The layer's attention-logit soft-cap (tanh(x / cap) * cap), or None."""
-        cap = self._softcap[self.check_layer(layer)]
+        cap = self.records.softcap(self.check_layer(layer))
         return None if cap is None else float(cap)
 
     def sink(self, layer: int) -> torch.Tensor | None:
@@ -190,9 +311,7 @@ class RunSource:
         A sink takes a share of each softmax row and contributes no value, so that row's
         probabilities sum to 1 - sink mass.
         """
-        layer = self.check_layer(layer)
-        sinks = getattr(self, "_sinks", None)  # a source of a model without sinks need not have it
-        return None if sinks is None else sinks[layer]
+        return self.records.sink(self.check_layer(layer))
 
     def score_bias(self, layer: int) -> eq.ScoreBias | None:
         """The additive bias the model put on this layer's scores (ALiBi, doge's dynamic mask), or None.
@@ -200,12 +319,7 @@ class RunSource:
         Compact (slopes and reference positions, or one value per head and key); ``bias_rows``
         gives it as matrix rows. The "scores" stage already includes it.
         """
-        layer = self.check_layer(layer)
-        own = getattr(self, "_score_bias", None)
-        if own is not None:
-            return own(layer)
-        rec = getattr(self, "recorder", None)  # a live session: the recorder holds it
-        return None if rec is None else rec.score_bias(layer, self.cache_length)
+        return self.records.score_bias(self.check_layer(layer))
 
     def bias_rows(self, layer: int, p0: int, p1: int, heads=None) -> torch.Tensor | None:
         """Query rows p0..p1 of the model's additive score bias, (h, n, T) float32, or None if it adds none."""
@@ -224,7 +338,7 @@ class RunSource:
         """
         layer = self.check_attention_layer(layer)
         t = self._key_span(p0, p1, keys)
-        allowed = allowed_rows(self._mask_rows(layer), t, p0, p1, self._edits, layer, None, self.n_heads)
+        allowed = allowed_rows(self.records.mask_rows(layer), t, p0, p1, self.records.edits, layer, None, self.n_heads)
         evicted = self._kv_evicted(layer, p0, p1, t)  # (H, n, T) or None
         return allowed if evicted is None else allowed & ~evicted
 
@@ -232,8 +346,8 @@ class RunSource:
         """(allowed (H, n, t - c), c): ``allowed_rows`` from key column c on; every key before c is
         allowed to every row and head. Plain causal rows (no mask row of the model's own, no edit,
         no cache policy) have c = p0 + 1, so the equation masks n x n cells instead of n x t."""
-        plain = not any(p0 <= p < p1 for p in self._mask_rows(layer))
-        edits = self._edits
+        plain = not any(p0 <= p < p1 for p in self.records.mask_rows(layer))
+        edits = self.records.edits
         if plain and edits is not None and layer in edits.heads:
             rows = edits.rows[layer]
             plain = not bool(((rows >= p0) & (rows < p1)).any())
@@ -243,11 +357,6 @@ class RunSource:
             tail = torch.arange(c, t)[None, :] <= pos[:, None]  # (n, t - c) causal
             return tail.expand(self.n_heads, -1, -1), c
         return self.allowed_rows(layer, p0, p1, t), 0
-
-    @property
-    def kv_policy(self):
-        """The KV cache policy (core.kvlab) this run's forwards run under, or None."""
-        return getattr(getattr(self, "recorder", None), "kv_policy", None)
 
     def _kv_evicted(self, layer: int, p0: int, p1: int, t: int) -> torch.Tensor | None:
         """(H, p1 - p0, T) bool: entries a KV cache policy (core.kvlab) had evicted when those rows ran."""
@@ -278,8 +387,8 @@ class RunSource:
         kt = self._key_span(p0, p1, keys)
         layer = self.check_attention_layer(layer)
         allowed, c = self._allowed_from(layer, p0, p1, kt)  # (H, n, kt - c): keys before c all allowed
-        q = self._queries(layer)[:, p0:p1]  # (H, n, d)
-        keys = self._keys(layer)[:, :kt]  # (Hkv, kt, d)
+        q = self.records.queries(layer)[:, p0:p1]  # (H, n, d)
+        keys = self.records.keys(layer)[:, :kt]  # (Hkv, kt, d)
         sink = self.sink(layer)  # (H,) or None
         bias = self.score_bias(layer)
         scaling, softcap = self.scaling(layer), self.softcap(layer)
@@ -314,7 +423,8 @@ class RunSource:
         """(T, T) bool: keys each query could attend to (the model's own mask and the edits in force)."""
         layer, head = self.check_attention_layer(layer), self.check_head(head)
         t = self.require_positions()
-        allowed = allowed_rows(self._mask_rows(layer), t, 0, t, self._edits, layer, head, self.n_heads)  # (T, T)
+        records = self.records
+        allowed = allowed_rows(records.mask_rows(layer), t, 0, t, records.edits, layer, head, self.n_heads)  # (T, T)
         evicted = self._kv_evicted(layer, 0, t, t)  # (H, T, T) or None: only while a cache policy is attached
         return (allowed if evicted is None else allowed & ~evicted[head]).numpy()
 
@@ -409,6 +519,21 @@ class RunSource:
 def _from_lm(name: str, *default) -> property:
     """``self.lm.<name>`` as a property (``default`` where a model object may lack it)."""
     return property(lambda self: getattr(self.lm, name, *default))
+
+
+def model_refusals(lm) -> dict[str, str]:
+    """What the model itself rules out on any source it ran: the cache probe replays per-head K/V
+    of every layer, which some caches do not hold."""
+    lay = lm.kv_layout  # what the cache holds (core.kv_layout), or None: per-head K/V
+    if lay is None or not (lay.state_layers or lay.mirrored or lay.kind == "shared"):
+        return {}
+    if lay.state_layers:
+        held = "state-space layers keep a running state"
+    elif lay.kind == "shared":  # and a replay through its layers is not the model's (gemma3n's AltUp streams)
+        held = "later layers read earlier layers' caches (KV sharing)"
+    else:
+        held = f"the cache holds a {lay.kind} form"
+    return {"probe": f"the cache probe replays per-head K/V of every layer; in {lm.name} {held}, not those"}
 
 
 class ModelShape:

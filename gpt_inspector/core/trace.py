@@ -26,7 +26,7 @@ from .attention import ScoreBias
 from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
 from .kv_layout import KVLayout
-from .source import RunSource, to_numpy
+from .source import Live, RunRecords, RunSource, to_numpy
 from .step import TOP_N, Step
 
 FORMAT = "gpt-inspector-trace/2"
@@ -60,7 +60,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
             tensors[f"layers.{layer}.{name}"] = x  # q (H, T, d), k and v (H_kv, T, d)
         start, out = source.kept_head_outputs(layer)
         tensors[f"layers.{layer}.attn_out"] = to_numpy(out)  # (H, T - start, d)
-        rows = source._mask_rows(layer)
+        rows = source.mask_rows(layer)
         if rows:
             pos = sorted(p for p in rows if p < t)
             per_head = any(rows[p].dim() >= 2 for p in pos)  # a mask per head (doge's dynamic top-k)
@@ -94,7 +94,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "prompt_length": str(source.prompt_length),
         "decoding": json.dumps(source.decoding.to_json()),
         "mask_edits": json.dumps([e.to_json() for e in source.mask_edits]),
-        "head_edits": json.dumps([e.to_json() for e in getattr(source, "head_edits", [])]),
+        "head_edits": json.dumps([e.to_json() for e in source.head_edits]),
         "seed": str(source.seed),
         "text": source.text,
         "token_labels": json.dumps(source.token_labels()),
@@ -143,8 +143,49 @@ def _write_atomically(path: Path, write) -> None:
     outfile.write_with(path, write, mode=0o600)  # the prompt and the run's numbers: private, as autosaves are
 
 
+class _TraceRecords(RunRecords):
+    """The run-source records a trace file holds, as ``load_trace`` validated them."""
+
+    def __init__(self, tensors: dict[str, torch.Tensor], meta: dict, edits, mask_rows: list, biases: list):
+        self._t = tensors
+        self.head_output_start: int = meta["attn_out_start"]
+        self.edits = edits
+        self._scaling: list[float] = meta["scaling"]
+        self._softcap: list[float | None] = meta["softcap"]
+        self._sinks = [None if s is None else torch.tensor(s, dtype=torch.float32) for s in meta["sinks"]]
+        self._mask_rows, self._biases = mask_rows, biases
+
+    def queries(self, layer: int) -> torch.Tensor:
+        return self._t[f"layers.{layer}.q"]
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self._t[f"layers.{layer}.k"]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self._t[f"layers.{layer}.v"]
+
+    def head_outputs(self, layer: int) -> torch.Tensor:
+        return self._t[f"layers.{layer}.attn_out"]
+
+    def mask_rows(self, layer: int) -> dict[int, torch.Tensor]:
+        return self._mask_rows[layer]
+
+    def scaling(self, layer: int) -> float:
+        return self._scaling[layer]
+
+    def softcap(self, layer: int) -> float | None:
+        return self._softcap[layer]
+
+    def sink(self, layer: int) -> torch.Tensor | None:
+        return self._sinks[layer]
+
+    def score_bias(self, layer: int) -> ScoreBias | None:
+        return self._biases[layer]
+
+
 class Trace(RunSource):
-    """A saved run, read-only, with every accessor of a live Session; no model needed."""
+    """A saved run, read-only, with every accessor of a live Session; no model needed (``live``
+    refuses everything that runs one, in one line)."""
 
     def __init__(self, path: Path, tensors: dict[str, torch.Tensor], meta: dict):
         self.path = path
@@ -171,14 +212,10 @@ class Trace(RunSource):
             self.decoding = decoding.Decoding(d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"))
         except (InspectorError, AttributeError, TypeError):  # settings from a newer version: show the raw distribution
             self.decoding = decoding.Decoding()
-        self._scaling: list[float] = meta["scaling"]
-        self._softcap: list[float | None] = meta["softcap"]
-        self._sinks = [None if s is None else torch.tensor(s, dtype=torch.float32) for s in meta["sinks"]]
-        self._biases = [self._layer_bias(layer, b) for layer, b in enumerate(meta["score_bias"])]
         self.unverified: str | None = meta["unverified"]
-        self.head_output_start: int = meta["attn_out_start"]
-        self._edits = compile_edits(self.mask_edits, self.n_layers, self.n_heads)[1] if self.mask_edits else None
-        self._rows = [self._layer_mask_rows(layer) for layer in range(self.n_layers)]
+        edits = compile_edits(self.mask_edits, self.n_layers, self.n_heads)[1] if self.mask_edits else None
+        self.records = _TraceRecords(tensors, meta, edits, [self._layer_mask_rows(layer) for layer in range(self.n_layers)],
+                                     [self._layer_bias(layer, b) for layer, b in enumerate(meta["score_bias"])])  # fmt: skip
         self._labels = dict(zip(self.tokens, meta["token_labels"]))
         for s in meta["steps"]:
             for tid, lab in s.get("top", ()):
@@ -200,9 +237,6 @@ class Trace(RunSource):
                              ref=self._t[f"layers.{layer}.bias_ref"])  # fmt: skip
         return ScoreBias("key", rows=self._t[f"layers.{layer}.bias_rows"])
 
-    def _score_bias(self, layer: int) -> ScoreBias | None:
-        return self._biases[layer]
-
     def _step(self, i: int, s: dict) -> Step:
         logits = self._t["step_logits"][i].float()  # (V,)
         st = Step(s["index"], s["position"], s["token_id"], "", logits, logits, [], 0.0, s["forced"], 0.0,
@@ -220,6 +254,10 @@ class Trace(RunSource):
         return str(self.path)
 
     @property
+    def live(self) -> Live:
+        return Live.nothing("a trace file has no model; load the model and re-run the prompt")
+
+    @property
     def cache_length(self) -> int:
         return self._t["layers.0.q"].shape[1]
 
@@ -230,22 +268,6 @@ class Trace(RunSource):
     @property
     def step_logits(self) -> np.ndarray:
         return self._t["step_logits"].numpy()
-
-    # run-source primitives
-    def _queries(self, layer: int) -> torch.Tensor:
-        return self._t[f"layers.{layer}.q"]
-
-    def _keys(self, layer: int) -> torch.Tensor:
-        return self._t[f"layers.{layer}.k"]
-
-    def _values(self, layer: int) -> torch.Tensor:
-        return self._t[f"layers.{layer}.v"]
-
-    def _head_outputs(self, layer: int) -> torch.Tensor:
-        return self._t[f"layers.{layer}.attn_out"]
-
-    def _mask_rows(self, layer: int) -> dict[int, torch.Tensor]:
-        return self._rows[layer]
 
 
 # ------------------------------------------------------------------------------------------ loading

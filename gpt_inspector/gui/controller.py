@@ -96,8 +96,8 @@ class Controller(QObject):
 
     @property
     def live(self) -> bool:
-        """A session (not a read-only trace) is shown."""
-        return self.has_source and not self.read_only
+        """The run shown can be stepped (a session, not a trace or a beam)."""
+        return self.snapshot is not None and self.snapshot.live.can("step")
 
     @property
     def finished(self) -> bool:
@@ -108,7 +108,7 @@ class Controller(QObject):
         return self.snapshot.n_steps if self.snapshot is not None else 0
 
     # ------------------------------------------------------------------ posting
-    def post(self, command) -> int | None:
+    def post(self, command) -> int:
         """Queue a command for the worker; returns its serial."""
         serial = self.worker.post(command)
         self.pending.add(serial)
@@ -118,11 +118,11 @@ class Controller(QObject):
         self.state_changed.emit()
         return serial
 
-    def run_in_worker(self, fn, callback=None, idle: bool = False) -> int | None:
+    def run_in_worker(self, fn, callback=None, idle: bool = False) -> int:
         """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one.
         ``idle``: give way to later commands (see ``commands.Call``)."""
         serial = self.post(Call(fn, idle))
-        if serial is not None and callback is not None:
+        if callback is not None:
             self._callbacks[serial] = callback
         return serial
 
@@ -135,29 +135,29 @@ class Controller(QObject):
             self._idle_waiters.append(callback)
 
     # ------------------------------------------------------------------ commands
-    def load(self, model: ModelSpec, session: SessionSpec) -> int | None:
+    def load(self, model: ModelSpec, session: SessionSpec) -> int:
         return self.post(Load(model, session))
 
-    def restore(self, recipe: dict) -> int | None:
+    def restore(self, recipe: dict) -> int:
         return self.post(Restore(recipe))
 
-    def new_session(self, session: SessionSpec) -> int | None:
+    def new_session(self, session: SessionSpec) -> int:
         return self.post(NewSession(session))
 
-    def restart(self, session: SessionSpec | None = None) -> int | None:
+    def restart(self, session: SessionSpec | None = None) -> int:
         return self.post(Restart(session))
 
-    def step(self, session: SessionSpec | None = None) -> int | None:
+    def step(self, session: SessionSpec | None = None) -> int:
         return self.post(Step(session))
 
-    def step_back(self) -> int | None:
+    def step_back(self) -> int:
         return self.post(StepBack())
 
     def run(self, max_steps: int | None, breakpoints: Breakpoints | None = None,
-            session: SessionSpec | None = None) -> int | None:  # fmt: skip
+            session: SessionSpec | None = None) -> int:  # fmt: skip
         return self.post(Run(max_steps=max_steps, breakpoints=breakpoints, session=session))
 
-    def run_to(self, target: int, breakpoints: Breakpoints | None = None) -> int | None:
+    def run_to(self, target: int, breakpoints: Breakpoints | None = None) -> int:
         return self.post(Run(target=int(target), breakpoints=breakpoints))
 
     def pause(self) -> bool:
@@ -168,25 +168,25 @@ class Controller(QObject):
     def set_decoding(self, temperature: float, top_k: int | None, top_p: float | None, redecide: bool = False):
         return self.post(SetDecoding(temperature, top_k, top_p, redecide))
 
-    def force_token(self, token_id: int) -> int | None:
+    def force_token(self, token_id: int) -> int:
         return self.post(ForceToken(int(token_id)))
 
-    def edit_cells(self, cells, scope: str = "head", block: bool | None = None) -> int | None:
+    def edit_cells(self, cells, scope: str = "head", block: bool | None = None) -> int:
         """Toggle blocks on (query, key) cells of the selected head, its layer or every layer."""
         sel = self.selection
         cells = tuple((int(q), int(k)) for q, k in cells)
         return self.post(EditCells(cells, sel.layer, sel.head, scope, block))
 
-    def set_mask_edits(self, edits) -> int | None:
+    def set_mask_edits(self, edits) -> int:
         return self.post(SetMaskEdits(tuple(edits)))
 
-    def open_trace(self, path: str) -> int | None:
+    def open_trace(self, path: str) -> int:
         return self.post(OpenTrace(str(path)))
 
-    def save_trace(self, path: str) -> int | None:
+    def save_trace(self, path: str) -> int:
         return self.post(SaveTrace(str(path)))
 
-    def show(self, obj) -> int | None:
+    def show(self, obj) -> int:
         return self.post(Show(obj))
 
     # ------------------------------------------------------------------ selection

@@ -14,125 +14,33 @@ from __future__ import annotations
 import copy
 import itertools
 import time
-from dataclasses import dataclass, field, replace
+from dataclasses import replace
 
 import numpy as np
 import torch
 
 from ..core import attention as eq
 from ..core.attention import KIND_LABELS, KINDS
-from ..core.capture import MaskEdit
 from ..core.kvlab import policy_rows
 from ..core.pooling import PooledMatrix, ThreadChooser, Thumbnails, one_thread, pool_rows, pow2_block, torch_threads
 from ..core.source import RunSource
-from ..core.step import Step
+from .snapshot import (
+    KVCachePart,
+    MaskPart,
+    MaskReportInfo,
+    OverviewPart,
+    QKVPart,
+    QueryRowPart,
+    ScoreMatrixPart,
+    Selection,
+    Snapshot,
+    TokensPart,
+)
 
 __all__ = ["KIND_LABELS", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails", "ViewModel", "full_thumbnails"]
 
 
 _SOURCE_IDS = itertools.count(1)
-# Snapshot fields that are the run source's attributes of the same name, taken as they are
-_SOURCE_FIELDS = ("source_name", "model_name", "n_kv_heads", "head_dim", "context_length", "n_steps", "finished")
-
-
-@dataclass(frozen=True)
-class Selection:
-    layer: int = 0
-    head: int = 0
-    query: int | None = None  # None: follow the newest position
-    kind: str = "probs"
-    # (q0, q1, k0, k1): the part of a pooled score matrix the view shows, for exact cells there
-    view: tuple[int, int, int, int] | None = None
-
-
-@dataclass(frozen=True)
-class MaskReportInfo:
-    earliest_position: int | None
-    recomputed: int
-    total_variation: float
-    # (label, prob before, prob after) for the tokens that lead either distribution
-    rows: tuple[tuple[str, float, float], ...]
-    before: np.ndarray | None = field(default=None, repr=False)  # (V,)
-    after: np.ndarray | None = field(default=None, repr=False)  # (V,)
-
-
-@dataclass(frozen=True)
-class Snapshot:
-    """Everything every view needs after one change; arrays are owned copies (float32, C order)."""
-
-    serial: int
-    state_version: int  # bumps whenever the session's numbers change (not on selection changes)
-    read_only: bool
-    source_name: str
-    model_name: str
-    n_layers: int
-    n_heads: int
-    n_kv_heads: int
-    head_dim: int
-    context_length: int
-    device: str
-    dtype: str
-    T: int  # positions in the KV cache
-    token_ids: tuple[int, ...]  # prompt + chosen (the last chosen one is not in the cache yet)
-    labels: tuple[str, ...]
-    prompt_len: int
-    token_probs: tuple[float | None, ...]  # per token: probability it was chosen with (None: prompt)
-    n_steps: int
-    finished: str | None
-    step: Step | None  # a copy of the newest step (its tensors are never modified in place)
-    decoding: dict
-    kv_bytes: tuple[int, ...]  # per layer, what the model's own cache holds (sliding-window layers: their window)
-    kv_history: tuple[int, ...]  # total of kv_bytes after each step
-    mask_edits: tuple[MaskEdit, ...]
-    mask_report: MaskReportInfo | None
-    selection: Selection
-    query: int  # the resolved query position (-1 when T == 0)
-    # selection-dependent arrays (None when T == 0)
-    matrix: np.ndarray | None = (
-        None  # (T, T) float32, NaN where masked (masked/softmax stages); pooled past EXACT_LIMIT
-    )
-    allowed: np.ndarray | None = None  # (T, T) bool; None when the matrix is pooled
-    matrix_block: int = 1  # positions per matrix cell: > 1 means each cell is the maximum over block x block
-    matrix_rows: int = 0  # query rows of a pooled matrix computed so far (its first build streams in)
-    tile: np.ndarray | None = None  # exact cells of the zoomed-in part of a pooled matrix, NaN where masked
-    tile_origin: tuple[int, int] = (0, 0)  # (query, key) of tile[0, 0]
-    query_allowed: np.ndarray | None = None  # (T,) bool: the keys the selected query may attend to
-    query_bias: np.ndarray | None = None  # (T,) the model's additive score bias on that row (ALiBi), or None
-    kv_cached: np.ndarray | None = (
-        None  # (T, n) the layer's cache rows as stored, where not per-head K/V (MLA's latent)
-    )
-    levels: tuple[float, float] = (0.0, 1.0)
-    head_rows: np.ndarray | None = None  # (H, T) softmax row of the query, every head of the layer
-    q: np.ndarray | None = None  # (d,) query vector of the selected head at the query position
-    k: np.ndarray | None = None  # (T, d) keys of the head's KV head
-    v: np.ndarray | None = None  # (T, d)
-    scaling: float = 1.0
-    softcap: float | None = None
-    kv_k: np.ndarray | None = None  # (T, Hkv*d) the selected layer's K cache
-    kv_v: np.ndarray | None = None
-    thumbs: np.ndarray | None = None  # (L*nb, H*nb) float32 in [0, 1]
-    thumb_bins: int = 0  # nb: bins per side of one thumbnail
-    thumb_bin_size: int = 1  # positions per bin
-    thumb_rows: int = 0  # query rows in the overview so far: fewer than T while a first build streams in
-    kv_block: int = 1  # positions per row of kv_k / kv_v (mean over each block) past EXACT_LIMIT
-    kv_head: int = 0  # the KV head the selected head reads
-    # a run under a KV cache policy (core.kvlab), else None: the layer's rows the policy's cache no
-    # longer holds, (Hkv, T) bool, and each row's quantization error (keys, values), (2, Hkv, T) float32
-    kv_evicted: np.ndarray | None = None
-    kv_error: np.ndarray | None = None
-    t_model_done: float = 0.0  # perf_counter() when the model work behind this snapshot ended
-    t_built: float = 0.0
-    source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
-    unverified: str | None = None  # why the load's fidelity self-test could not vouch for the numbers
-    # per layer, what the inspector keeps for inspection: every position, so more than kv_bytes on windowed layers
-    kv_kept: tuple[int, ...] = ()
-    kv_kept_history: tuple[int, ...] = ()  # total of kv_kept after each step
-    kv_positions: tuple[int, ...] = ()  # per layer, the positions the model's own cache holds
-
-    def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
-        return [
-            e for e in self.mask_edits if (e.layer is None or e.layer == layer) and (e.head is None or e.head == head)
-        ]
 
 
 def _probs_rows(source: RunSource):
@@ -174,7 +82,7 @@ class ViewModel:
         self.obj = source
         self.read_only = source.read_only
         self.L, self.H = source.n_layers, source.n_heads
-        lm = getattr(source, "lm", None)
+        lm = source.lm
         self.device = str(lm.device) if lm is not None else "trace"
         self.dtype = source.cache_dtype  # a model's dtype, or what a trace's cache held
         self.thumbs = Thumbnails(self.L, self.H, max_bins)
@@ -353,42 +261,56 @@ class ViewModel:
         tokens = list(o.tokens)
         prompt_len = o.prompt_length
         query = -1 if t == 0 else (t - 1 if sel.query is None else min(max(sel.query, 0), t - 1))
-        arrays = self._selection_arrays(sel, query) if t > 0 else {}
+        parts = self._selection_parts(sel, query) if t > 0 else {"kv": {}}
         cur = o.current
         self.serial += 1
+        shape = parts.pop("shape", {"n_kv_heads": o.n_kv_heads, "head_dim": o.head_dim})  # the selected layer's
         return Snapshot(
             serial=self.serial,
             source_id=self.source_id,
             state_version=self.version,
             read_only=self.read_only,
-            unverified=getattr(o, "unverified", None),
+            unverified=o.unverified,
+            live=o.live,
+            source_name=o.source_name,
+            model_name=o.model_name,
             n_layers=self.L,
             n_heads=self.H,
+            context_length=o.context_length,
             device=self.device,
             dtype=self.dtype,
             T=t,
-            token_ids=tuple(tokens),
-            labels=self._labels_of(tuple(tokens)),
-            prompt_len=prompt_len,
-            token_probs=self._token_probs(prompt_len, len(tokens)),
-            step=None if cur is None else copy.copy(cur),
-            decoding=o.decoding.to_json(),
-            kv_bytes=tuple(int(o.kv_cache_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
-            kv_history=tuple(h[0] for h in self._kv_hist),
-            kv_kept=tuple(int(o.kv_kept_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
-            kv_kept_history=tuple(h[1] for h in self._kv_hist),
-            kv_positions=tuple(o.kv_cache_positions(i) for i in range(self.L)),
-            mask_edits=tuple(o.mask_edits),
-            mask_report=self.mask_report,
             selection=sel,
             query=query,
-            thumbs=self.thumbs.image() if t else None,
-            thumb_bins=self.thumbs.bins if t else 0,
-            thumb_bin_size=self.thumbs.size,
-            thumb_rows=self.thumbs.rows_done if t else 0,
+            tokens=TokensPart(
+                token_ids=tuple(tokens),
+                labels=self._labels_of(tuple(tokens)),
+                prompt_len=prompt_len,
+                token_probs=self._token_probs(prompt_len, len(tokens)),
+                n_steps=o.n_steps,
+                finished=o.finished,
+                step=None if cur is None else copy.copy(cur),
+                decoding=o.decoding.to_json(),
+            ),
+            mask=MaskPart(tuple(o.mask_edits), self.mask_report),
+            kv=KVCachePart(
+                kv_bytes=tuple(int(o.kv_cache_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
+                kv_history=tuple(h[0] for h in self._kv_hist),
+                kv_kept=tuple(int(o.kv_kept_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
+                kv_kept_history=tuple(h[1] for h in self._kv_hist),
+                kv_positions=tuple(o.kv_cache_positions(i) for i in range(self.L)),
+                **parts.pop("kv"),
+            ),
+            overview=OverviewPart(
+                thumbs=self.thumbs.image() if t else None,
+                thumb_bins=self.thumbs.bins if t else 0,
+                thumb_bin_size=self.thumbs.size,
+                thumb_rows=self.thumbs.rows_done if t else 0,
+            ),
             t_model_done=self.t_model_done,
             t_built=time.perf_counter(),
-            **{**{name: getattr(o, name) for name in _SOURCE_FIELDS}, **arrays},
+            **shape,
+            **parts,
         )
 
     def _matrix(self, layer: int, head: int, kind: str) -> tuple[np.ndarray, np.ndarray]:
@@ -467,7 +389,9 @@ class ViewModel:
         self._tile = (key, q1, k1, tile)
         return tile, (q0, k0)
 
-    def _selection_arrays(self, sel: Selection, query: int) -> dict:
+    def _selection_parts(self, sel: Selection, query: int) -> dict:
+        """The selection's parts of a snapshot (the KV part's selection fields as a dict), and the
+        selected layer's ``shape``."""
         o = self.obj
         layer, head, kind = sel.layer, sel.head, sel.kind
         t = o.cache_length
@@ -496,31 +420,38 @@ class ViewModel:
         cached = o.cached_rows(layer)  # (T, n) or None
         evicted, error = policy_rows(o, layer) or (None, None)  # a run under a KV cache policy, else None
         return dict(
-            matrix=m,
-            allowed=allowed,
-            matrix_block=block,
-            matrix_rows=t if self._pooled is None else self._pooled.done,
-            tile=tile,
-            tile_origin=origin,
-            query_allowed=o.allowed_rows(layer, query, query + 1)[head, 0].numpy().copy(),
-            levels=levels,
-            head_rows=np.ascontiguousarray(o.attention_rows(layer, query, query + 1)[:, 0, :].numpy()),
-            q=o.queries(layer)[head, query].float().numpy().copy(),  # (d,)
-            k=keys[kvh].float().numpy().copy(),  # (T, d)
-            v=values[kvh].float().numpy().copy(),
-            scaling=o.scaling(layer),
-            softcap=o.softcap(layer),
-            query_bias=None if bias is None else bias[0, 0].numpy().copy(),
-            kv_k=pool_rows(_heads_side_by_side(keys), kv_block),
-            kv_v=pool_rows(_heads_side_by_side(values), kv_block),
-            kv_block=kv_block,
-            kv_cached=None if cached is None else pool_rows(cached.float().numpy(), kv_block),
-            kv_head=kvh,
+            scores=ScoreMatrixPart(
+                matrix=m,
+                allowed=allowed,
+                matrix_block=block,
+                matrix_rows=t if self._pooled is None else self._pooled.done,
+                tile=tile,
+                tile_origin=origin,
+                levels=levels,
+            ),
+            query_row=QueryRowPart(
+                query_allowed=o.allowed_rows(layer, query, query + 1)[head, 0].numpy().copy(),
+                query_bias=None if bias is None else bias[0, 0].numpy().copy(),
+                head_rows=np.ascontiguousarray(o.attention_rows(layer, query, query + 1)[:, 0, :].numpy()),
+            ),
+            qkv=QKVPart(
+                q=o.queries(layer)[head, query].float().numpy().copy(),  # (d,)
+                k=keys[kvh].float().numpy().copy(),  # (T, d)
+                v=values[kvh].float().numpy().copy(),
+                scaling=o.scaling(layer),
+                softcap=o.softcap(layer),
+                kv_head=kvh,
+            ),
+            kv=dict(
+                kv_k=pool_rows(_heads_side_by_side(keys), kv_block),
+                kv_v=pool_rows(_heads_side_by_side(values), kv_block),
+                kv_block=kv_block,
+                kv_cached=None if cached is None else pool_rows(cached.float().numpy(), kv_block),
+                kv_evicted=None if evicted is None else np.ascontiguousarray(evicted),
+                kv_error=None if error is None else np.ascontiguousarray(error),
+            ),
             # the selected layer's own: Gemma 4's full-attention layers have their own head size and KV heads
-            n_kv_heads=int(keys.shape[0]),
-            head_dim=int(keys.shape[-1]),
-            kv_evicted=None if evicted is None else np.ascontiguousarray(evicted),
-            kv_error=None if error is None else np.ascontiguousarray(error),
+            shape=dict(n_kv_heads=int(keys.shape[0]), head_dim=int(keys.shape[-1])),
         )
 
 

@@ -219,10 +219,9 @@ class Worker(QObject):
                 self.error.emit("Autosave failed", str(e), "user")
 
     def _session(self):
-        if not isinstance(self.obj, Session):
-            if self.obj is None:
-                raise InspectorError("no model loaded: choose a model and press Load")
-            raise InspectorError("a trace is open (read-only); load a model to step")
+        if self.obj is None:
+            raise InspectorError("no model loaded: choose a model and press Load")
+        self.obj.live.require("step")  # a trace or a beam says why not, in one line
         return self.obj
 
     def _show(self, obj) -> None:
@@ -438,7 +437,7 @@ class Worker(QObject):
 
     @handles(C.Show)
     def _do_show(self, serial, cmd: C.Show) -> None:
-        lm = getattr(cmd.obj, "lm", None)
+        lm = cmd.obj.lm  # a run source's model; None: a trace
         if lm is not None:
             self.lm = lm
             self.loaded.emit(self._describe())

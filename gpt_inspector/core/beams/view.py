@@ -7,8 +7,9 @@ from typing import TYPE_CHECKING
 import torch
 
 from .. import decoding
+from ..attention import ScoreBias
 from ..models import LoadedModel
-from ..source import ModelShape, RunSource
+from ..source import Live, ModelShape, RunRecords, RunSource, model_refusals
 from ..step import Step
 
 if TYPE_CHECKING:
@@ -22,6 +23,50 @@ class _Rows:
 
     def __init__(self, q, out, k, v, bias, masks):
         self.q, self.out, self.k, self.v, self.bias, self.masks = q, out, k, v, bias, masks
+
+
+class _BeamRecords(RunRecords):
+    """The run-source records of one beam: its own rows, the search's per-layer constants."""
+
+    head_output_start = 0  # a beam keeps every head output
+    edits = None  # a search runs without mask edits
+
+    def __init__(self, search: BeamSearch, rows: _Rows | None):
+        rec = search.recorder
+        self._rows = rows
+        self._scaling, self._softcap, self._sinks = list(rec.scaling), list(rec.softcap), list(rec.sinks)
+        self._mask_rows_of = rec.mask_rows
+
+    def queries(self, layer: int) -> torch.Tensor:
+        return self._rows.q[layer]
+
+    def keys(self, layer: int) -> torch.Tensor:
+        return self._rows.k[layer]
+
+    def values(self, layer: int) -> torch.Tensor:
+        return self._rows.v[layer]
+
+    def head_outputs(self, layer: int) -> torch.Tensor:
+        return self._rows.out[layer]
+
+    def scaling(self, layer: int) -> float:
+        return self._scaling[layer]
+
+    def softcap(self, layer: int) -> float | None:
+        return self._softcap[layer]
+
+    def sink(self, layer: int) -> torch.Tensor | None:
+        return self._sinks[layer]
+
+    def score_bias(self, layer: int) -> ScoreBias | None:
+        return None if self._rows is None else self._rows.bias[layer]
+
+    def mask_rows(self, layer: int) -> dict:
+        own = None if self._rows is None else self._rows.masks[layer]
+        if not own:
+            return self._mask_rows_of[layer]
+        shared = {p: m for p, m in self._mask_rows_of[layer].items() if m.dim() < 3}  # positional (sliding windows)
+        return {**shared, **own}
 
 
 class BeamView(ModelShape, RunSource):
@@ -43,16 +88,23 @@ class BeamView(ModelShape, RunSource):
         self.decoding = decoding.Decoding(0.0)
         self.seed = 0
         self.mask_edits: list = []
-        self._scaling = list(search.recorder.scaling)
-        self._softcap = list(search.recorder.softcap)
-        self._sinks = list(search.recorder.sinks)
-        self._mask_rows_of = search.recorder.mask_rows
-        self._edits = None
+        self.records = _BeamRecords(search, rows)
         self._steps: list[Step] | None = None
 
     @property
     def source_name(self) -> str:
         return f"{self.name} of a beam search"
+
+    @property
+    def live(self) -> Live:
+        """The model is at hand (the probe and the KV lab run it); the beam itself is read-only."""
+        return Live({
+            **model_refusals(self.lm),
+            "step": "stepping needs a live session: a beam is read-only (it shows the search as it ran)",
+            "recompute": "a beam keeps every head output: nothing to recompute",
+            "lens": "the logit lens needs a live session: a beam keeps no residual stream",
+            "kvlab": "the KV cache lab needs a live session: it runs a session's prompt and decoding, not a beam's",
+        })  # fmt: skip
 
     @property
     def cache_length(self) -> int:
@@ -68,29 +120,6 @@ class BeamView(ModelShape, RunSource):
     def finished(self) -> str | None:
         cur = self.current
         return cur.finish_reason if cur else None
-
-    # run-source primitives
-    def _queries(self, layer: int) -> torch.Tensor:
-        return self._rows.q[layer]
-
-    def _keys(self, layer: int) -> torch.Tensor:
-        return self._rows.k[layer]
-
-    def _values(self, layer: int) -> torch.Tensor:
-        return self._rows.v[layer]
-
-    def _head_outputs(self, layer: int) -> torch.Tensor:
-        return self._rows.out[layer]
-
-    def _score_bias(self, layer: int):
-        return None if self._rows is None else self._rows.bias[layer]
-
-    def _mask_rows(self, layer: int) -> dict:
-        own = None if self._rows is None else self._rows.masks[layer]
-        if not own:
-            return self._mask_rows_of[layer]
-        shared = {p: m for p, m in self._mask_rows_of[layer].items() if m.dim() < 3}  # positional (sliding windows)
-        return {**shared, **own}
 
     def record_bytes(self) -> int:
         r = self._rows

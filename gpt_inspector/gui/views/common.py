@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import pyqtgraph as pg
@@ -293,28 +294,55 @@ def report_error(window, title: str, error: BaseException) -> None:
     window.show_error(title, str(error), "user" if isinstance(error, InspectorError) else "internal")
 
 
-def submit(window, panel, job, show, title: str) -> None:
-    """Run ``job`` on the window's worker with ``panel`` busy; then ``show(result)`` and bring the
-    panel to the front, or report the error under ``title``."""
+class PanelJob:
+    """A feature panel's worker job, one at a time: ``submit`` marks the panel busy and posts the job;
+    the result or the error comes back on the GUI thread, where the panel is made idle again before
+    ``done`` or ``failed`` sees it. Only the GUI thread touches it."""
 
-    if getattr(panel, "submitted", False):  # its Tools menu entry stays enabled while the button is not
-        window.statusBar().showMessage(f"{title.removesuffix(' failed')} is still running", 5000)
-        return
+    def __init__(self, window, busy: Callable[[bool, str], None], failed: Callable[[BaseException], None]):
+        self._window, self._busy, self._failed = window, busy, failed
+        self.running = False
 
-    def done(result, error) -> None:
-        panel.submitted = False
-        panel.set_busy(False)
-        if error is not None:
-            report_error(window, title, error)
-            return
-        show(result)
-        window.raise_panel(panel)
+    def submit(self, job, done, text: str = "", idle: bool = False) -> bool:
+        """Run ``job(source)`` on the worker, then ``done(result)`` here; False, nothing posted, while
+        the panel's last job still runs (``idle``: it gives way to later commands, see ``commands.Call``)."""
+        if self.running:
+            return False
+        self.running = True
+        self._busy(True, text)
 
-    panel.submitted = True
-    panel.set_busy(True)
-    if window.run_in_worker(job, done) is None:  # held back while an export reads the session
-        panel.submitted = False
-        panel.set_busy(False)
+        def finish(result, error) -> None:
+            self.running = False
+            self._busy(False, "")
+            if error is None:
+                done(result)
+            else:
+                self._failed(error)
+
+        # idle only where asked: the window's run_in_worker takes (fn, callback) and idle as a third
+        self._window.run_in_worker(*((job, finish, True) if idle else (job, finish)))
+        return True
+
+
+def dialog_job(window, panel, title: str) -> Callable:
+    """``run(job, show)`` for a panel whose errors are dialogs under ``title``: ``show(result)`` and the
+    panel brought to the front; while its last job runs, the status bar says so (its Tools menu entry
+    stays enabled while its button is not)."""
+
+    def failed(error) -> None:
+        report_error(window, title, error)
+
+    panel.job = PanelJob(window, lambda busy, _text: panel.set_busy(busy), failed)
+
+    def run(job, show) -> None:
+        def done(result) -> None:
+            show(result)
+            window.raise_panel(panel)
+
+        if not panel.job.submit(job, done):
+            window.statusBar().showMessage(f"{title.removesuffix(' failed')} is still running", 5000)
+
+    return run
 
 
 def legend_swatch(color: QColor, text: str) -> QWidget:

@@ -32,7 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import FlowLayout, column, elide, group, splitter, vbox, wrapped_label
+from .common import FlowLayout, PanelJob, column, elide, group, splitter, vbox, wrapped_label
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -282,6 +282,7 @@ class ComparePanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result: Comparison | None = None
+        self.job: PanelJob | None = None  # set by create_panel; GUI thread only
         self.row_names: list[str] = []
 
         self.beams = QSpinBox(minimum=1, maximum=32, value=2, toolTip="num_beams")
@@ -476,16 +477,13 @@ def create_panel(window) -> ComparePanel:
     hands the beam to ``window.show_source``."""
     panel = ComparePanel()
 
-    def done(result, error) -> None:
-        if error is not None:
-            panel.show_error(str(error).splitlines()[0] if str(error) else type(error).__name__)
-        else:
-            panel.show_result(result)
+    def failed(error) -> None:
+        panel.show_error(str(error).splitlines()[0] if str(error) else type(error).__name__)
+
+    panel.job = PanelJob(window, panel.set_busy, failed)
 
     def request(settings: dict) -> None:
-        panel.set_busy(True, "Comparing…")
-        if window.run_in_worker(_compare_job(settings), done) is None:
-            panel.set_busy(False, "The window is busy; try again in a moment.")
+        panel.job.submit(_compare_job(settings), panel.show_result, "Comparing…")
 
     def inspect(r: int) -> None:
         result = panel.result

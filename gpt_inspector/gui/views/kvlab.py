@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from ...core.errors import InspectorError
 from ...core.kvlab.registry import NAMES as POLICIES  # the registry imports no torch: neither does the panel
 from ...core.kvlab.registry import QUANT
-from .common import FlowLayout, group, report_error, table, vbox, wrapped_label
+from .common import FlowLayout, PanelJob, group, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
@@ -68,6 +68,13 @@ class KVLabPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.view: LabView | None = None
+        # GUI thread only: the lab (its sessions belong to the worker; the reference is handed to jobs),
+        # the panel's job, and the source ids around "Show in window" that the panel follows
+        self.lab = None
+        self.job: PanelJob | None = None
+        self.shown_from: int | None = None  # the window's source before it showed the policy run
+        self.shown_id: int | None = None  # the policy run's source id once the window shows it
+        self.following = False  # the policy run was handed to the window
         self.policy = QComboBox(
             toolTip="Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache"
         )
@@ -203,78 +210,64 @@ class KVLabPanel(QWidget):
 def create_panel(window) -> KVLabPanel:
     """Dock hook: the lab lives on the worker; Run starts it from the shown session's prompt."""
     panel = KVLabPanel()
-    # the lab object is only ever touched inside worker jobs; the GUI thread keeps the reference
-    state = {"lab": None, "busy": False}
 
-    def submit(job, done, text) -> None:
-        if state["busy"]:
-            return
-        state["busy"] = True
-        panel.set_busy(True, text)
+    def failed(error) -> None:
+        panel.status.setText(str(error))
+        report_error(window, "Cannot run the KV cache lab", error)
 
-        def finish(result, error) -> None:
-            state["busy"] = False
-            if error is not None:
-                panel.set_busy(False)
-                panel.status.setText(str(error))
-                report_error(window, "Cannot run the KV cache lab", error)
-                return
-            done(result)
-
-        if window.run_in_worker(job, finish) is None:
-            state["busy"] = False
-            panel.set_busy(False)
+    panel.job = PanelJob(window, panel.set_busy, failed)
 
     def run() -> None:
         name, budget, n, free = panel.settings()
-        if not state["busy"]:
-            state.pop("before", None)  # a fresh lab: not the one shown in the window
+        if not panel.job.running:
+            panel.following = False  # a fresh lab: not the one shown in the window
 
         def job(src):
             from ...core.kvlab import KVLab, make
 
-            if getattr(src, "read_only", True) or not hasattr(src, "lm"):
-                raise InspectorError("the KV cache lab needs a live session (a trace or a beam has no model to run)")
+            src.live.require("kvlab")
             d = src.decoding
             lab = KVLab(src.lm, policy=make(name, budget), prompt_ids=list(src.prompt_ids), free_running=free,
                         temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=src.seed)  # fmt: skip
-            state["lab"] = lab
             lab.run_steps(n)
-            return LabView.of(lab)
+            return lab, LabView.of(lab)
 
-        submit(job, panel.show_view, f"running {name} for {n} steps beside the full cache…")
+        def done(result) -> None:
+            panel.lab, view = result
+            panel.show_view(view)
+
+        panel.job.submit(job, done, f"running {name} for {n} steps beside the full cache…")
 
     def on_lab(act, what: str, show=None) -> None:
         """Run ``act(lab)`` on the worker, then ``show`` what it returned, or (no ``show``) the lab as it is."""
+        lab = panel.lab  # read here, on the GUI thread; the job only uses it on the worker
 
         def job(_src):
-            lab = state["lab"]
             if lab is None:
                 raise InspectorError("no lab yet: press Run first")
             out = act(lab)
             return out if show is not None else LabView.of(lab)
 
-        submit(job, show or panel.show_view, what)
+        panel.job.submit(job, show or panel.show_view, what)
 
     def show() -> None:
-        lab = state["lab"]
-        if lab is None or state["busy"]:
+        if panel.lab is None or panel.job.running:
             return
         # the worker owns the lab's sessions already; from here the window steps the policy run itself
         snap = window.snapshot
-        state["before"], state["shown"] = (None if snap is None else snap.source_id), None
-        window.show_source(lab.run)
+        panel.following, panel.shown_from, panel.shown_id = True, None if snap is None else snap.source_id, None
+        window.show_source(panel.lab.run)
         panel.status.setText("the policy run is shown in the window; its Step back undoes lab steps too")
 
     def follow(snap) -> None:
         # the window's Step back on the shown policy run undoes lab steps (the lab follows its run's
         # events): show the steps that remain, read off the view already here, not the lab
-        if state["lab"] is None or snap is None or "before" not in state:
+        if panel.lab is None or snap is None or not panel.following:
             return
-        if state["shown"] is None and snap.source_id != state["before"]:
-            state["shown"] = snap.source_id
+        if panel.shown_id is None and snap.source_id != panel.shown_from:
+            panel.shown_id = snap.source_id
         v = panel.view
-        if snap.source_id == state["shown"] and v is not None and not state["busy"] and snap.n_steps < len(v.steps):
+        if snap.source_id == panel.shown_id and v is not None and not panel.job.running and snap.n_steps < len(v.steps):
             panel.show_view(v.first(snap.n_steps))
 
     panel.show_requested.connect(show)

@@ -22,6 +22,7 @@ from PySide6.QtWidgets import (
 from ...core.errors import Cancelled, InspectorError
 from ..deferred import on_screen
 from .common import (
+    PanelJob,
     column,
     context_actions,
     hbox,
@@ -47,6 +48,8 @@ class LensPanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
+        self.job: PanelJob | None = None  # set by create_panel; GUI thread only
+        self.computed_for: tuple | None = None  # (state version, steps) the shown or running lens is of
         self.compute_button = QPushButton("Compute", toolTip="The logit lens and head attribution of the current step")
         self.compute_button.clicked.connect(self.compute_requested)
         self.export_button = QPushButton(
@@ -217,49 +220,39 @@ class LensPanel(QWidget):
 def create_panel(window) -> LensPanel:
     """Dock hook: compute on the worker after each step while shown, or on the button."""
     panel = LensPanel()
-    state = {"version": None, "busy": False}
 
-    def done(result, error) -> None:
-        state["busy"] = False
-        panel.set_busy(False)
+    def failed(error) -> None:
         if isinstance(error, Cancelled):  # gave way to a step: compute for wherever the user stops
-            state["version"] = None
+            panel.computed_for = None
             window.when_idle(lambda: on_snapshot(window.snapshot))
             return
-        if error is not None:
-            panel.clear(str(error))
-            return
-        panel.show_result(result)
+        panel.clear(str(error))
+
+    panel.job = PanelJob(window, lambda busy, _text: panel.set_busy(busy), failed)
 
     def compute(idle: bool = False) -> None:
         from ...core.lens import lens
 
         def job(src, waiting=None):
-            if getattr(src, "read_only", True) or not hasattr(src, "recorder"):
-                raise InspectorError("the logit lens needs a live session (a trace or a beam has no model to run)")
+            src.live.require("lens")
             return lens(src, stop=waiting)
 
-        if state["busy"]:  # one at a time: snapshots published during a run must not queue a backlog
-            return
-        state["busy"] = True
-        panel.set_busy(True)
-        # after a step the lens is idle work: it costs about a step, so it never holds the next one up
-        if window.run_in_worker(job, done, idle) is None:
-            state["busy"] = False
-            panel.set_busy(False)
+        # one at a time: snapshots published during a run must not queue a backlog; after a step the
+        # lens is idle work: it costs about a step, so it never holds the next one up
+        panel.job.submit(job, panel.show_result, idle=idle)
 
     def on_snapshot(snap, revealed: bool = False) -> None:
         if snap is None:
             return
-        if snap.read_only or snap.n_steps == 0:
-            panel.clear("the logit lens needs a live session with a step" if snap.read_only else
-                        "run a step, then the lens shows where the prediction formed")  # fmt: skip
-            state["version"] = None
+        refused = snap.live.why_not("lens")
+        if refused is not None or snap.n_steps == 0:
+            panel.clear(refused or "run a step, then the lens shows where the prediction formed")
+            panel.computed_for = None
             return
         key = (snap.state_version, snap.n_steps)
         # on screen: a tab behind another is "visible" to Qt, and the lens costs about a step
-        if panel.follow.isChecked() and (revealed or on_screen(panel)) and key != state["version"]:
-            state["version"] = key
+        if panel.follow.isChecked() and (revealed or on_screen(panel)) and key != panel.computed_for:
+            panel.computed_for = key
             compute(idle=True)
 
     def export() -> None:
@@ -288,7 +281,7 @@ def _add_interventions(window) -> None:
 
     def edit(change, what: str) -> None:
         def job(s):
-            if getattr(s, "read_only", True):
+            if not s.live.can("step"):  # they change the run, as a step does
                 raise InspectorError("knock-out and patching need a live session (a trace or a beam is read-only)")
             change(s)
             return what

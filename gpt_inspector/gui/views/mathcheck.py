@@ -18,7 +18,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import hbox, splitter, submit, table, vbox, wrapped_label
+from .common import dialog_job, hbox, splitter, table, vbox, wrapped_label
 
 PANEL_TITLE = "Math check"
 PANEL_AREA = "right"
@@ -44,6 +44,7 @@ class MathCheckPanel(QWidget):
         self.check_all_button.clicked.connect(self.check_all_requested)
         self.check = None
         self.report = None
+        self.job = None  # a PanelJob, set by create_panel; GUI thread only
         self.formula = wrapped_label("", rich=True)
         self.verdict = wrapped_label("no check run yet", selectable=True)
 
@@ -150,18 +151,19 @@ class MathCheckPanel(QWidget):
 def create_panel(window) -> MathCheckPanel:
     """Dock hook for the main window: the buttons and Tools ▸ Check run on its worker thread."""
     panel = MathCheckPanel()
+    run = dialog_job(window, panel, "Math check failed")
 
     def one() -> None:
         from ...core.mathcheck import check
 
         sel, snap = window.selection, window.snapshot
         pos = None if sel.query is None or snap is None else snap.query
-        submit(window, panel, lambda src: check(src, sel.layer, sel.head, pos), panel.show_result, "Math check failed")
+        run(lambda src: check(src, sel.layer, sel.head, pos), panel.show_result)
 
     def every() -> None:
         from ...core.mathcheck import check_all
 
-        submit(window, panel, lambda src: check_all(src), panel.show_report, "Math check failed")
+        run(lambda src: check_all(src), panel.show_report)
 
     panel.check_requested.connect(one)
     panel.check_all_requested.connect(every)

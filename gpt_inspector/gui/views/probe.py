@@ -21,8 +21,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ...core.errors import InspectorError
-from .common import hbox, submit, table, vbox, wrapped_label
+from .common import dialog_job, hbox, table, vbox, wrapped_label
 
 PANEL_TITLE = "Cache probe"
 PANEL_AREA = "right"
@@ -48,12 +47,13 @@ class ProbePanel(QWidget):
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
         self.result = None
+        self.job = None  # a PanelJob, set by create_panel; GUI thread only
         self.layers = QListWidget(
             toolTip="the layers to probe; layer 0 needs no model run past the embeddings", maximumHeight=90
         )
         self.layers.itemChanged.connect(lambda _item: self._enable())
         self.probe_button = QPushButton("Probe", clicked=lambda: self.probe_requested.emit(self.chosen_layers()))
-        self._live = False
+        self._refused: str | None = "no run is shown"  # why the probe cannot run on the source shown
         self._busy = False
         self.title = QLabel("<b>Cache privacy probe</b>")
         self.layer_box = QComboBox(toolTip="probed layer")
@@ -77,7 +77,7 @@ class ProbePanel(QWidget):
 
     # ------------------------------------------------------------------ public
     def set_snapshot(self, snap) -> None:
-        """One checkable row per layer of the model shown; a trace has no model to probe with."""
+        """One checkable row per layer of the model shown; the probe runs where the source's ``live`` allows it."""
         if self.layers.count() != snap.n_layers:
             checked = set(self.chosen_layers()) or {0}
             with QSignalBlocker(self.layers):
@@ -88,7 +88,7 @@ class ProbePanel(QWidget):
                     item.setFlags(item.flags() | Qt.ItemIsUserCheckable)
                     item.setCheckState(Qt.Checked if i in checked else Qt.Unchecked)
                     self.layers.addItem(item)
-        self._live = not snap.read_only
+        self._refused = snap.live.why_not("probe")
         self._enable()
 
     def chosen_layers(self) -> list[int]:
@@ -113,11 +113,17 @@ class ProbePanel(QWidget):
     def clear(self) -> None:
         self.show_result(None)
 
+    def show_refusal(self, reason: str) -> None:
+        """The one line saying why the probe cannot run on the source shown, instead of a result."""
+        self.show_result(None)
+        self.summary.setText(reason)
+
     # ------------------------------------------------------------------ internals
     def _enable(self) -> None:
-        self.probe_button.setEnabled(self._live and not self._busy and bool(self.chosen_layers()))
+        live = self._refused is None
+        self.probe_button.setEnabled(live and not self._busy and bool(self.chosen_layers()))
         self.probe_button.setToolTip("Read the prompt back from the cached keys and values of the checked layers"
-                                     if self._live else "The probe needs a live session: load a model")  # fmt: skip
+                                     if live else self._refused)  # fmt: skip
 
     def _show_layer(self, index: int) -> None:
         r = self.result
@@ -163,18 +169,23 @@ class ProbePanel(QWidget):
 def create_panel(window) -> ProbePanel:
     """Dock hook for the main window: the Probe button and Tools ▸ Probe run on its worker thread."""
     panel = ProbePanel()
+    run = dialog_job(window, panel, "Cache probe failed")
 
     def request(layers) -> None:
         layers = list(layers) or [0]
+        snap = window.snapshot
+        refused = "no run is shown: load a model" if snap is None else snap.live.why_not("probe")
+        if refused is not None:  # not an error: the panel says why, in one line
+            panel.show_refusal(refused)
+            window.raise_panel(panel)
+            return
 
         def job(src):
             from ...core.probe import probe_session
 
-            if not hasattr(src, "lm"):
-                raise InspectorError("the cache probe needs a live session: load a model (a trace has no model)")
-            return probe_session(src, layers=layers)
+            return probe_session(src, layers=layers)  # refuses in one line where the source's live says so
 
-        submit(window, panel, job, panel.show_result, "Cache probe failed")
+        run(job, panel.show_result)
 
     panel.probe_requested.connect(request)
     window.snapshot_changed.connect(panel.set_snapshot)
