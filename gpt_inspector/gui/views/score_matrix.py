@@ -300,6 +300,10 @@ class ScoreMatrix(QWidget):
     def _hover(self, pos) -> None:
         self._readout(self._cell(pos))
 
+    def hovered_cell(self) -> tuple[int, int] | None:
+        """(query, key) under the pointer, or None (Help's page writes that cell's arithmetic out)."""
+        return self._hovered
+
     def _readout(self, cell) -> None:
         self._hovered = cell
         s = self.snap
