@@ -15,7 +15,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
-from PySide6.QtCore import QEvent, QObject
+from PySide6.QtCore import QEvent, QObject, QTimer
 from PySide6.QtGui import QAction, QCursor, QKeySequence
 from PySide6.QtWidgets import (
     QApplication,
@@ -30,13 +30,10 @@ from PySide6.QtWidgets import (
 )
 
 from .viewdata import KIND_LABELS
+from .views.token_strip import GLYPHS
 
 # the token strip's legend: what the label glyphs stand for (core/tokens.py makes them)
-TOKEN_LEGEND = (
-    "␣ a space (GPT-2's pieces carry their leading space: “␣eats” is one token) · ↵ a newline · ⇥ a tab · "
-    "␍ a carriage return · &lt;0xNN&gt; one byte of a character split over several tokens (an emoji, an "
-    "accented letter: not valid UTF-8 on its own) · ∅ a token with no text"
-)
+TOKEN_LEGEND = " · ".join(html.escape(m) if g == "<0x" else f"{g} {html.escape(m)}" for g, m in GLYPHS)
 
 
 @dataclass(frozen=True)
@@ -463,27 +460,31 @@ class DockTips(QObject):
     def __init__(self, win):
         super().__init__(win)
         self.win = win
-        for key, d in win.docks.items():
-            self.tip(key, d)
+        self._pending = False
+        self._late()
         win.installEventFilter(self)
-        for bar in win.findChildren(QTabBar):
+
+    def _late(self) -> None:
+        self._pending = False
+        self.tip_all()
+        for bar in self.win.findChildren(QTabBar):
+            bar.removeEventFilter(self)  # installed once
             bar.installEventFilter(self)
 
-    def tip(self, key: str, dock: QDockWidget) -> None:
-        page = PAGES.get(key)
-        if page is not None and not dock.toolTip():
-            dock.setToolTip(f"{page.tip} (F1: what am I looking at)")
-            dock.installEventFilter(self)
+    def tip_all(self) -> None:
+        for key, dock in self.win.docks.items():
+            page = PAGES.get(key)
+            if page is not None and not dock.toolTip():
+                dock.setToolTip(f"{page.tip} (F1: what am I looking at)")
+                dock.installEventFilter(self)
 
     def eventFilter(self, obj, ev) -> bool:  # noqa: N802 (Qt)
         t = ev.type()
-        if t == QEvent.Type.ChildAdded and obj is self.win:
-            child = ev.child()
-            if isinstance(child, QTabBar):  # a new dock group's tabs
-                child.installEventFilter(self)
-            elif isinstance(child, QDockWidget) and child.objectName():  # a panel added later
-                key = next((k for k, d in self.win.docks.items() if d is child), child.objectName())
-                self.tip(key, child)
+        if t == QEvent.Type.ChildAdded and obj is self.win and not self._pending:
+            # a new dock group's tab bar, a panel's dock (add_panel): seen here mid-construction, before
+            # they are what they will be (a plain QWidget, no name), so looked at once control returns
+            self._pending = True
+            QTimer.singleShot(0, self, self._late)
         elif t == QEvent.Type.ToolTip and isinstance(obj, QTabBar):
             i = obj.tabAt(ev.pos())
             dock = next((d for d in self.win.docks.values() if i >= 0 and d.windowTitle() == obj.tabText(i)), None)

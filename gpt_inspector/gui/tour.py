@@ -2,7 +2,7 @@
 next token → the cache grows, each stage on the real panel (its dock raised and framed) with the
 numbers of the session shown.
 
-Help ▸ Tour starts it; the first start offers it once (a persisted setting). Keys, while the tour's
+Help ▸ Tour starts it; the first start offers it once, on a card (a persisted setting). Keys, while the tour's
 card has the focus: → / Enter next, ← / Backspace back, Esc ends it. The tour drives the window
 only through what a user could do: the stage buttons' selection, Step (F10) for the prefill when
 nothing has run yet and once more for "the cache grows".
@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from PySide6.QtCore import QEvent, QObject, QRect, Qt
-from PySide6.QtWidgets import QFrame, QLabel, QMessageBox, QPushButton, QWidget
+from PySide6.QtWidgets import QFrame, QLabel, QPushButton, QWidget
 
 from . import help as _help
 from . import settings as _settings
@@ -199,7 +199,25 @@ class Tour(QObject):
         acts = self.win.acts
         return acts.step.isEnabled()
 
+    def offer(self) -> None:
+        """The welcome card: Next (or Enter) starts the tour, End (or Esc) closes it."""
+        self.index = -1
+        self.card.title.setText("Welcome to gpt-inspector")
+        self.card.count.setText("")
+        self.card.body.setText(
+            "Take a guided tour of one step of the model on this prompt? Tokens, Q/K/V, the scores, the mask, "
+            "softmax, the weighted values, the next token and the KV cache, each on its own panel with its real "
+            "numbers.<br><br>The tour is always in <b>Help ▸ Tour</b>; F1 explains the panel you are in."
+        )
+        self.card.back.setEnabled(False)
+        self.card.next.setText("Start the tour")
+        self.card.end.setText("Not now")
+        self.card.show()
+        self._place()
+        self.card.setFocus(Qt.FocusReason.OtherFocusReason)
+
     def start(self) -> None:
+        self.card.end.setText("End tour")
         self.index = -1
         self.before = None
         self.kind_before = self.win.selection.kind
@@ -231,7 +249,9 @@ class Tour(QObject):
         self.card.setFocus(Qt.FocusReason.OtherFocusReason)
 
     def next(self) -> None:
-        if self.index >= len(STAGES) - 1:
+        if self.index < 0:  # the welcome card
+            self.start()
+        elif self.index >= len(STAGES) - 1:
             self.end()
         else:
             self.go(self.index + 1)
@@ -287,7 +307,11 @@ class Tour(QObject):
         w, h = self.card.width(), self.card.sizeHint().height()
         area = win.rect().adjusted(12, win.menuBar().height() + 40, -12, -30)
         corners = [QRect(x, y, w, h) for x in (area.left(), area.right() - w) for y in (area.top(), area.bottom() - h)]
-        target = dock.geometry() if dock is not None else QRect()
+        if dock is None:  # the welcome card: in the middle
+            self.card.setGeometry(QRect(area.center().x() - w // 2, area.center().y() - h // 2, w, h))
+            self.card.raise_()
+            return
+        target = dock.geometry()
 
         def overlap(r: QRect) -> int:
             i = r.intersected(target)
@@ -317,19 +341,10 @@ def start(win) -> Tour:
 
 
 def offer_at_start(win) -> bool:
-    """Ask once, ever, whether to take the tour; True when it was started (once the model is in)."""
+    """Offer the tour once, ever (a card, not a modal question); True when it was offered now."""
     st = _settings.settings()
     if st.value(OFFERED, False, type=bool):
         return False
     st.setValue(OFFERED, True)
-    answer = QMessageBox.question(
-        win, "Take the tour?",
-        "A guided tour of one step of the model on this prompt: tokens, Q/K/V, the scores, the mask, softmax, "
-        "the next token and the KV cache, each on its panel with its real numbers.\n\n"
-        "It is always in Help ▸ Tour. Take it now?",
-        QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes,
-    )  # fmt: skip
-    if answer != QMessageBox.StandardButton.Yes:
-        return False
-    win.when_idle(lambda: start(win))
+    win.when_idle(lambda: tour(win).offer())  # once the model is in: the tour needs its numbers
     return True
