@@ -306,6 +306,9 @@ class Tour(QObject):
         self.card.adjustSize()
         w, h = self.card.width(), self.card.sizeHint().height()
         area = win.rect().adjusted(12, win.menuBar().height() + 40, -12, -30)
+        strip = win.docks["tokens"]
+        if dock is not strip and strip.isVisible() and not strip.isFloating():  # keep the tokens in sight
+            area.setTop(max(area.top(), strip.geometry().bottom() + 8))
         corners = [QRect(x, y, w, h) for x in (area.left(), area.right() - w) for y in (area.top(), area.bottom() - h)]
         if dock is None:  # the welcome card: in the middle
             self.card.setGeometry(QRect(area.center().x() - w // 2, area.center().y() - h // 2, w, h))

@@ -289,6 +289,15 @@ def outline(plot, pen, z: float = 10) -> QGraphicsRectItem:
     return r
 
 
+def under(plot, images, cmap=DIVERGING) -> pg.ColorBarItem:
+    """A thin horizontal colour bar under ``plot`` giving ``images``' scale (levels set with setLevels)."""
+    bar = pg.ColorBarItem(values=(-1.0, 1.0), colorMap=cmap, interactive=False, width=6, orientation="horizontal")
+    bar.setImageItem(images, insert_in=plot)
+    plot.layout.setRowFixedHeight(4, 1)  # pyqtgraph leaves 10 px between plot and bar
+    bar.getAxis("bottom").setHeight(16)
+    return bar
+
+
 def context_actions(widget: QWidget, *items) -> None:
     """Right-click menu entries ``(text, slot)`` on ``widget``."""
     widget.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)

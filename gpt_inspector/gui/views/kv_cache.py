@@ -39,6 +39,7 @@ from .common import (
     placeholder_text,
     show_axes,
     symmetric_levels,
+    under,
     vbox,
 )
 
@@ -81,7 +82,9 @@ class HeadAxis(pg.AxisItem):
     def __init__(self, orientation: str = "top", **kw):
         super().__init__(orientation, **kw)
         self.heads, self.d = 0, 1
-        self.setStyle(tickLength=0)
+        self.short = False  # labels "kv n" where "kv head n" does not fit
+        self.setStyle(tickLength=0, hideOverlappingLabels=False)  # "kv 0" sits at the left edge: keep it
+        self.setToolTip("The kv heads side by side: each takes head_dim columns (kv n: kv head n)")
 
     def set_heads(self, heads: int, d: int) -> None:
         if (heads, d) != (self.heads, self.d):
@@ -94,11 +97,13 @@ class HeadAxis(pg.AxisItem):
         if self.heads == 0 or size <= 0 or maxVal <= minVal:
             return []
         per_head = size / (maxVal - minVal) * self.d  # pixels
-        stride = nice_stride(66.0 / per_head)  # "kv head 10" needs ~60 px
+        # "kv head 10" needs ~60 px; narrower heads get "kv 10" (the tooltip says what it means), then fewer
+        self.short = per_head < 66
+        stride = nice_stride((30.0 if self.short else 66.0) / per_head)
         return [(stride * self.d, [(h + 0.5) * self.d for h in range(0, self.heads, stride)])]
 
     def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph)
-        return [f"kv head {int(v // self.d)}" for v in values]
+        return [f"kv {int(v // self.d)}" if self.short else f"kv head {int(v // self.d)}" for v in values]
 
 
 def _pool_share(evicted: np.ndarray, block: int) -> np.ndarray:
@@ -155,8 +160,7 @@ class KVCacheView(QWidget):
         self.bars_kv = []  # each image its colour scale
         for p, img, name in ((self.kplot, self.kimg, "K"), (self.vplot, self.vimg, "V")):
             p.showAxis("top")
-            bar = pg.ColorBarItem(values=(-1.0, 1.0), colorMap=DIVERGING, interactive=False, width=8)
-            bar.setImageItem(img, insert_in=p)
+            bar = under(p, img)  # under the image: beside it, two bars squeezed K and V to ~50 px
             bar.setToolTip(f"Colour scale of this layer's {name} cache: blue negative, red positive, centred on 0")
             self.bars_kv.append(bar)
         self.vplot.setYLink(self.kplot)

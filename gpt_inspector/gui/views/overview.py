@@ -48,6 +48,7 @@ class OverviewGrid(QWidget):
         # each thumbnail is scaled by its own largest cell, under a square root (pooled.Thumbnails.image)
         self.cbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=CMAP, interactive=False, width=8)
         self.cbar.setImageItem(self.image, insert_in=self.plot)
+        self.cbar.getAxis("right").setTicks([[(0.0, "0"), (0.5, ".5"), (1.0, "1")]])  # a short panel: three ticks
         self.cbar.setToolTip("Colour scale: √(attention ÷ the thumbnail's largest cell), 0 to 1, so faint "
                              "structure stays visible beside a strong sink")  # fmt: skip
         self.grid = pg.PlotCurveItem(pen=pg.mkPen("#1b1e24", width=2), connect="pairs")

@@ -26,6 +26,7 @@ from .common import (
     placeholder_text,
     show_axes,
     symmetric_levels,
+    under,
     vbox,
     wrapped_label,
 )
@@ -77,11 +78,11 @@ class QKVView(QWidget):
             bare(p, invert=True)
             p.setMinimumHeight(80)  # with its axis: rows a reader can still point at
             self.rows.append((outline(p, NEWEST_PEN), outline(p, SELECTED_PEN)))
-        # q and K share one diverging scale (q·k multiplies them); V has its own
-        self.kbar = pg.ColorBarItem(values=(-1.0, 1.0), colorMap=DIVERGING, interactive=False, width=8)
-        self.kbar.setImageItem([self.qimg, self.kimg], insert_in=self.kplot)
-        self.vbar = pg.ColorBarItem(values=(-1.0, 1.0), colorMap=DIVERGING, interactive=False, width=8)
-        self.vbar.setImageItem(self.vimg, insert_in=self.vplot)
+        # q and K share one diverging scale (q·k multiplies them); V has its own. Under the images, not
+        # beside them: on a laptop the panel is ~300 px wide, and two upright bars left K and V 35 px each
+        self.kbar, self.vbar = (
+            under(p, imgs) for p, imgs in ((self.kplot, [self.qimg, self.kimg]), (self.vplot, self.vimg))
+        )
         self.kbar.setToolTip("Colour scale of q and K: blue negative, red positive, centred on 0")
         self.vbar.setToolTip("Colour scale of V: blue negative, red positive, centred on 0")
         self.vplot.setYLink(self.kplot)
