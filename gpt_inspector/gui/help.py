@@ -356,7 +356,7 @@ class HelpDialog(QDialog):
         lay = QVBoxLayout(self)
         lay.addWidget(self.text, 1)
         lay.addWidget(buttons)
-        self.resize(640, 520)
+        self.resize(600, 500)
         win.snapshot_changed.connect(self.refresh)
         win.score_matrix.key_hovered.connect(lambda *_: self.refresh())
 
@@ -395,9 +395,16 @@ def _dialog(win) -> HelpDialog:
 
 
 def show_page(win, key: str | None = None) -> HelpDialog:
-    """Open the page of dock ``key`` (default: F1's panel)."""
+    """Open the page of dock ``key`` (default: F1's panel), beside that panel rather than over it."""
     d = _dialog(win)
-    d.show_page(key or panel_in_question(win))
+    key = key or panel_in_question(win)
+    d.show_page(key)
+    dock = win.docks.get(key)
+    if dock is not None and dock.isVisible() and not dock.isFloating():
+        frame = win.frameGeometry()
+        left_half = dock.geometry().center().x() < win.width() // 2
+        x = frame.right() - d.frameGeometry().width() - 8 if left_half else frame.left() + 8
+        d.move(max(frame.left(), x), frame.top() + 80)
     return d
 
 
