@@ -12,7 +12,9 @@ from PySide6.QtCore import QObject, Qt
 from PySide6.QtGui import QAction, QActionGroup, QKeySequence
 from PySide6.QtWidgets import QFileDialog, QInputDialog, QMenu, QToolBar
 
+from . import help as _help
 from . import settings as _settings
+from . import tour as _tour
 from .layout import WORKSPACES
 from .viewdata import KIND_LABELS, KINDS
 
@@ -106,6 +108,17 @@ class WindowActions(QObject):
         )
         self.panels_end = self.view_menu.addSeparator()  # panels added later go above this line
         self.view_menu.addAction(self.reset_layout)
+        self.help_page = A("What am I looking at", lambda: _help.show_page(w), "F1",
+                           "The panel with the focus explained, its equation with the selection's numbers")  # fmt: skip
+        self.tour = A(
+            "Tour", lambda: _tour.start(w), None, "A guided tour of one step, panel by panel, with its numbers"
+        )
+        self.keys_help = A("Keyboard shortcuts", lambda: _help.show_keyboard(w), None, "Every key and mouse gesture")
+        self.about = A("About", lambda: _help.show_about(w), None, "Version, licence, what gpt-inspector is")
+        self.pages_menu = QMenu("Panels", w)  # one page per dock, the panels added later included
+        self.pages_menu.aboutToShow.connect(self._fill_pages)
+        _fill(mb.addMenu("&Help"), self.help_page, self.pages_menu, self.tour, None, self.keys_help, self.about)
+        _help.install(w)
 
         tb = QToolBar("Debug")
         tb.setObjectName("toolbar_debug")
@@ -166,6 +179,12 @@ class WindowActions(QObject):
         path, _ = QFileDialog.getSaveFileName(self.win, "Save trace", "trace.safetensors", "Traces (*.safetensors)")
         if path:
             self.win.save_trace(path)
+
+    def _fill_pages(self) -> None:
+        self.pages_menu.clear()
+        for key, d in self.win.docks.items():
+            if key in _help.PAGES:
+                self.pages_menu.addAction(d.windowTitle(), lambda key=key: _help.show_page(self.win, key))
 
     def _fill_recent_traces(self) -> None:
         self.recent_menu.clear()

@@ -152,7 +152,7 @@ def run(args) -> int:
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
-    from . import _pyside_fix
+    from . import _pyside_fix, tour
 
     _pyside_fix.install()  # before the first signal: the bug it guards against counts from the start
 
@@ -192,6 +192,8 @@ def run(args) -> int:
         win.restore(recipe)
     else:
         win.load_model(spec, SessionSpec(prompt, t, k, p, win.session_panel.seed.value()))
+        if not screenshot:
+            tour.offer_at_start(win)
     n = steps if steps is not None else (DEFAULT_STEPS if screenshot else None)
     if n:
         win.run(n)

@@ -47,9 +47,9 @@ class SessionPanel(QWidget):
         browse = QPushButton("…", toolTip="Choose a local model folder", clicked=self._browse)
         browse.setFixedWidth(28)
         f.addRow(hbox(None, (self.model, 1), browse))
-        self.device = QComboBox(editable=True)
+        self.device = QComboBox(editable=True, toolTip="Where the model runs: auto picks a GPU when there is one")
         self.device.addItems(["auto", "cpu", "cuda", "mps"])
-        self.dtype = QComboBox()
+        self.dtype = QComboBox(toolTip="The weights' precision: float32 is exact; float16 / bfloat16 halve memory")
         self.dtype.addItems(["float32", "float16", "bfloat16"])
         f.addRow("device / dtype", hbox(None, (self.device, 1), (self.dtype, 1)))
         self.device_map = QComboBox(toolTip="Spread the layers over the GPUs, the CPU and disk (accelerate); "
@@ -71,13 +71,14 @@ class SessionPanel(QWidget):
                                           "from its own attention (the load-time self-test failed); every view is marked UNVERIFIED")  # fmt: skip
         for box in (self.allow_pickle, self.trust_code, self.allow_unverified):
             f.addRow(box)
-        self.load_button = QPushButton("Load model")
+        self.load_button = QPushButton("Load model", toolTip="Load the model above and start on the prompt (Ctrl+L)")
         self.load_button.clicked.connect(self.load_requested)
         f.addRow(self.load_button)
         lay.addWidget(g)
 
         g = QGroupBox("Prompt")
-        self.prompt = QPlainTextEdit(DEFAULT_PROMPT, maximumHeight=80)
+        self.prompt = QPlainTextEdit(DEFAULT_PROMPT, maximumHeight=80,
+                                     toolTip="The text the model continues; Start (or Step after an edit) runs it")  # fmt: skip
         self.start_button = QPushButton(
             "Start from this prompt", toolTip="New session with this prompt and seed (mask edits are kept)"
         )
@@ -89,14 +90,18 @@ class SessionPanel(QWidget):
         f = QFormLayout(g)
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=10.0, singleStep=0.05, decimals=2,
                                           toolTip="0 = greedy (the distribution is then shown at temperature 1)")  # fmt: skip
-        self.temp_slider = QSlider(Qt.Orientation.Horizontal, minimum=0, maximum=200)
+        self.temp_slider = QSlider(Qt.Orientation.Horizontal, minimum=0, maximum=200,
+                                   toolTip="Temperature 0 to 2: p = softmax(logits / T); higher flattens the distribution")  # fmt: skip
         f.addRow("temperature", hbox(None, self.temperature, (self.temp_slider, 1)))
-        self.top_k = QSpinBox(minimum=0, maximum=1_000_000, specialValueText="off")
+        self.top_k = QSpinBox(minimum=0, maximum=1_000_000, specialValueText="off",
+                              toolTip="Keep only the k most likely tokens (0 = off)")  # fmt: skip
         self.top_p = QDoubleSpinBox(
             minimum=0.01, maximum=1.0, singleStep=0.05, value=1.0, decimals=2, toolTip="1.00 = off"
         )
         f.addRow("top-k / top-p", hbox(None, self.top_k, self.top_p))
-        self.seed = QSpinBox(minimum=0, maximum=2**31 - 1)
+        self.seed = QSpinBox(
+            minimum=0, maximum=2**31 - 1, toolTip="The sampler's seed: the same seed samples the same tokens"
+        )
         self.max_steps = QSpinBox(
             minimum=1, maximum=1_000_000, value=32, toolTip="Run (F5) stops after this many steps at most"
         )
@@ -194,16 +199,18 @@ class BreakpointsPanel(QWidget):
         super().__init__(parent)
         f = QFormLayout(self)
         f.setContentsMargins(6, 6, 6, 6)
-        self.on_text = QCheckBox("token contains")
-        self.text = QLineEdit(placeholderText="e.g. .")
+        self.on_text = QCheckBox("token contains", toolTip="Stop after a step whose chosen token contains this text")
+        self.text = QLineEdit(placeholderText="e.g. .", toolTip="The text to look for in the chosen token")
         self.text.textEdited.connect(lambda s: self.on_text.setChecked(bool(s)))
         f.addRow(self.on_text, self.text)
-        self.on_prob = QCheckBox("probability below")
-        self.prob = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05, decimals=3, value=0.1)
+        self.on_prob = QCheckBox("probability below", toolTip="Stop after a step whose chosen token was this unlikely")
+        self.prob = QDoubleSpinBox(minimum=0.0, maximum=1.0, singleStep=0.05, decimals=3, value=0.1,
+                                   toolTip="The probability threshold (0 to 1)")  # fmt: skip
         self.prob.valueChanged.connect(lambda _: self.on_prob.setChecked(True))
         f.addRow(self.on_prob, self.prob)
-        self.on_entropy = QCheckBox("entropy above")
-        self.entropy = QDoubleSpinBox(minimum=0.0, maximum=100.0, singleStep=0.25, value=3.0, suffix=" nats")
+        self.on_entropy = QCheckBox("entropy above", toolTip="Stop after a step whose distribution was this flat")
+        self.entropy = QDoubleSpinBox(minimum=0.0, maximum=100.0, singleStep=0.25, value=3.0, suffix=" nats",
+                                      toolTip="−Σ p ln p of the next-token distribution; ln 2 ≈ 0.69 is a coin toss")  # fmt: skip
         self.entropy.valueChanged.connect(lambda _: self.on_entropy.setChecked(True))
         f.addRow(self.on_entropy, self.entropy)
 

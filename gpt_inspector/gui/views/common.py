@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
-from PySide6.QtGui import QAction, QColor, QPalette
+from PySide6.QtGui import QAction, QColor, QFont, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -278,6 +278,20 @@ def outline(plot, pen, z: float = 10) -> QGraphicsRectItem:
     r.setZValue(z)
     plot.addItem(r)
     return r
+
+
+def under(plot, images, cmap=DIVERGING) -> pg.ColorBarItem:
+    """A thin horizontal colour bar under ``plot`` giving ``images``' scale (levels set with setLevels)."""
+    bar = pg.ColorBarItem(values=(-1.0, 1.0), colorMap=cmap, interactive=False, width=5, orientation="horizontal")
+    bar.setImageItem(images, insert_in=plot)
+    plot.layout.setRowFixedHeight(4, 0)  # pyqtgraph leaves 10 px between plot and bar
+    # small numbers in a short strip: on a laptop the heatmap above keeps its rows (~70 px)
+    axis = bar.getAxis("bottom")
+    font = QFont(axis.font())
+    font.setPixelSize(9)
+    axis.setStyle(tickFont=font, tickTextOffset=0, tickLength=2, hideOverlappingLabels=False)
+    axis.setHeight(13)
+    return bar
 
 
 def context_actions(widget: QWidget, *items) -> None:

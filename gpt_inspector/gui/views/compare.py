@@ -297,7 +297,11 @@ class ComparePanel(QWidget):
             minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2, toolTip="sampling temperature"
         )
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=0, toolTip="sampling seed")
-        self.run_button = QPushButton("Compare", clicked=lambda: self.compare_requested.emit(self.settings()))
+        self.run_button = QPushButton(
+            "Compare",
+            toolTip="Run greedy, beam search and sampling on this prompt side by side",
+            clicked=lambda: self.compare_requested.emit(self.settings()),
+        )
         self.beams.valueChanged.connect(lambda v: self.returns.setMaximum(v))
         self.sample.toggled.connect(self.temperature.setEnabled)
         self.sample.toggled.connect(self.seed.setEnabled)

@@ -39,6 +39,7 @@ from .common import (
     placeholder_text,
     show_axes,
     symmetric_levels,
+    under,
     vbox,
 )
 
@@ -75,6 +76,36 @@ def cache_bytes_text(snap, layer: int) -> str:
     return text
 
 
+class HeadAxis(pg.AxisItem):
+    """ "kv head n" over the middle of each head's columns (heads side by side, d columns each), thinned to fit."""
+
+    def __init__(self, orientation: str = "top", **kw):
+        super().__init__(orientation, **kw)
+        self.heads, self.d = 0, 1
+        self.short = False  # labels "kv n" where "kv head n" does not fit
+        self.setStyle(tickLength=0, hideOverlappingLabels=False)  # "kv 0" sits at the left edge: keep it
+        self.setToolTip("The kv heads side by side: each takes head_dim columns (kv n: kv head n)")
+
+    def set_heads(self, heads: int, d: int) -> None:
+        if (heads, d) != (self.heads, self.d):
+            self.heads, self.d = heads, max(1, d)
+            self.picture = None
+            self.update()
+
+    def tickValues(self, minVal, maxVal, size):  # noqa: N802, N803 (pyqtgraph)
+        minVal, maxVal = min(minVal, maxVal), max(minVal, maxVal)
+        if self.heads == 0 or size <= 0 or maxVal <= minVal:
+            return []
+        per_head = size / (maxVal - minVal) * self.d  # pixels
+        # "kv head 10" needs ~60 px; narrower heads get "kv 10" (the tooltip says what it means), then fewer
+        self.short = per_head < 66
+        stride = nice_stride((30.0 if self.short else 66.0) / per_head)
+        return [(stride * self.d, [(h + 0.5) * self.d for h in range(0, self.heads, stride)])]
+
+    def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph)
+        return [f"kv {int(v // self.d)}" if self.short else f"kv head {int(v // self.d)}" for v in values]
+
+
 def _pool_share(evicted: np.ndarray, block: int) -> np.ndarray:
     """(Hkv, T) bool -> (ceil(T / block), Hkv): the share of each row block's positions evicted."""
     return pool_rows(evicted.T.astype(np.float32), block, np.float64)  # the veil's alpha rounds the float64 share
@@ -98,8 +129,10 @@ class KVCacheView(QWidget):
         self.glw = pg.GraphicsLayoutWidget()
         vbox(self, head, (self.glw, 1), margin=2, spacing=2)
         self.axis = TokenAxis("left", chars=8)
-        self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title=None, axisItems={"left": self.axis})
-        self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title=None)
+        self.heads_axes = (HeadAxis("top"), HeadAxis("top"))
+        self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title=None,
+                                      axisItems={"left": self.axis, "top": self.heads_axes[0]})  # fmt: skip
+        self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title=None, axisItems={"top": self.heads_axes[1]})
         self.kimg = pg.ImageItem(axisOrder="row-major")
         self.vimg = pg.ImageItem(axisOrder="row-major")
         self.newest = []
@@ -124,6 +157,12 @@ class KVCacheView(QWidget):
             mark.setZValue(7)
             p.addItem(mark)
             self.evicted_marks.append(mark)
+        self.bars_kv = []  # each image its colour scale
+        for p, img, name in ((self.kplot, self.kimg, "K"), (self.vplot, self.vimg, "V")):
+            p.showAxis("top")
+            bar = under(p, img)  # under the image: beside it, two bars squeezed K and V to ~50 px
+            bar.setToolTip(f"Colour scale of this layer's {name} cache: blue negative, red positive, centred on 0")
+            self.bars_kv.append(bar)
         self.vplot.setYLink(self.kplot)
         self.vplot.hideAxis("left")
         # a quantizing policy's error per row of the selected KV head (hidden otherwise)
@@ -172,6 +211,10 @@ class KVCacheView(QWidget):
     def _set_empty(self, empty: bool) -> None:
         # no bytes to scale: pyqtgraph would label an empty axis "(mB)" and run it from −400 to 400
         show_axes(self.kplot, ("left",), not empty)
+        for p in (self.kplot, self.vplot):
+            show_axes(p, ("top",), not empty)
+        for bar in self.bars_kv:
+            bar.setVisible(not empty)
         for p in (self.bplot, self.hplot):
             show_axes(p, ("left", "bottom"), not empty)
         for r in self.newest:
@@ -241,11 +284,17 @@ class KVCacheView(QWidget):
         t = snap.T  # past the exact limit a row of the image is the mean of kv_block positions
         wv = snap.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)
         if self._last is not snap.kv_k:
-            for img, a, width in ((self.kimg, snap.kv_k, w), (self.vimg, snap.kv_v, wv)):
+            for img, bar, a, width in (
+                (self.kimg, self.bars_kv[0], snap.kv_k, w),
+                (self.vimg, self.bars_kv[1], snap.kv_v, wv),
+            ):
                 img.setImage(a, autoLevels=False, levels=symmetric_levels(a))
                 img.setRect(QRectF(0, 0, width, rows * snap.kv_block))
+                bar.setLevels(symmetric_levels(a))
             self._last = snap.kv_k
         heads = max(1, snap.n_kv_heads)
+        for ax, width in zip(self.heads_axes, (w, wv)):
+            ax.set_heads(heads, width // heads)
         if (t, w, wv) != self.shape:
             for sep, width in zip(self.seps, (w, wv)):
                 d = width // heads
@@ -337,6 +386,8 @@ class KVCacheView(QWidget):
         t = snap.T
         self.kimg.setImage(a, autoLevels=False, levels=symmetric_levels(a))
         self.kimg.setRect(QRectF(0, 0, n, rows * snap.kv_block))
+        self.bars_kv[0].setLevels(symmetric_levels(a))
+        self.heads_axes[0].set_heads(0, 1)  # a latent's columns are no heads
         self._last, self.shape = None, (0, 0, 0)
         for sep in self.seps:
             sep.setData([], [])

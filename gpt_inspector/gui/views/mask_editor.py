@@ -36,11 +36,19 @@ class MaskEditor(QWidget):
         self.edits: list = []
         hint = wrapped_label("Turn on <b>Edit mask</b> above the score matrix, then click or drag cells.")
         hint.setStyleSheet(f"color: {DIM};")
-        self.list = QListWidget(selectionMode=QAbstractItemView.SelectionMode.ExtendedSelection)
-        self.remove = QPushButton("Remove selected", clicked=self._remove)
-        self.clear = QPushButton("Clear all", clicked=lambda: self.edits_replaced.emit([]))
+        self.list = QListWidget(
+            selectionMode=QAbstractItemView.SelectionMode.ExtendedSelection,
+            toolTip="The mask edits in force: layer, head, query ↛ key; select some to remove them",
+        )
+        self.remove = QPushButton(
+            "Remove selected", clicked=self._remove, toolTip="Undo the selected edits (the model re-runs)"
+        )
+        self.clear = QPushButton(
+            "Clear all", clicked=lambda: self.edits_replaced.emit([]), toolTip="Undo every mask edit"
+        )
         self.summary = wrapped_label("no edit yet", rich=True)
         self.table = table(["token", "before", "after", "Δ"], QHeaderView.ResizeMode.Stretch)
+        self.table.setToolTip("The next-token probabilities before and after the last edit")
         split = splitter(
             Qt.Orientation.Vertical,
             column(self.list, hbox(None, self.remove, self.clear, 1)),

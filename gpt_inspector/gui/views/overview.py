@@ -32,6 +32,7 @@ class OverviewGrid(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.title = info_label("Overview")
+        self.title.setToolTip("Every layer (rows, L) × head (columns, H): click a thumbnail to select that head")
         exp = QToolButton(text="Export…", toolTip="Export the grid of attention patterns",
                           clicked=lambda: self.export_requested.emit(None))  # fmt: skip
         self.glw = pg.GraphicsLayoutWidget()
@@ -44,6 +45,12 @@ class OverviewGrid(QWidget):
         self.image = pg.ImageItem(axisOrder="row-major")
         self.image.setLookupTable(CMAP.getLookupTable(nPts=256))
         self.plot.addItem(self.image)
+        # each thumbnail is scaled by its own largest cell, under a square root (pooled.Thumbnails.image)
+        self.cbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=CMAP, interactive=False, width=8)
+        self.cbar.setImageItem(self.image, insert_in=self.plot)
+        self.cbar.getAxis("right").setTicks([[(0.0, "0"), (0.5, ".5"), (1.0, "1")]])  # a short panel: three ticks
+        self.cbar.setToolTip("Colour scale: √(attention ÷ the thumbnail's largest cell), 0 to 1, so faint "
+                             "structure stays visible beside a strong sink")  # fmt: skip
         self.grid = pg.PlotCurveItem(pen=pg.mkPen("#1b1e24", width=2), connect="pairs")
         self.plot.addItem(self.grid)
         self.sel = outline(self.plot, pg.mkPen("#ffffff", width=2.5))

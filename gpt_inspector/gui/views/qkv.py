@@ -26,6 +26,7 @@ from .common import (
     placeholder_text,
     show_axes,
     symmetric_levels,
+    under,
     vbox,
     wrapped_label,
 )
@@ -77,11 +78,23 @@ class QKVView(QWidget):
             bare(p, invert=True)
             p.setMinimumHeight(80)  # with its axis: rows a reader can still point at
             self.rows.append((outline(p, NEWEST_PEN), outline(p, SELECTED_PEN)))
+        # q and K share one diverging scale (q·k multiplies them); V has its own. Under the images, not
+        # beside them: on a laptop the panel is ~300 px wide, and two upright bars left K and V 35 px each
+        self.kbar, self.vbar = (
+            under(p, imgs) for p, imgs in ((self.kplot, [self.qimg, self.kimg]), (self.vplot, self.vimg))
+        )
+        self.kbar.setToolTip("Colour scale of q and K: blue negative, red positive, centred on 0")
+        self.vbar.setToolTip("Colour scale of V: blue negative, red positive, centred on 0")
         self.vplot.setYLink(self.kplot)
         self.vplot.getAxis("left").setTicks([[]])
         # set once, before _set_empty: pyqtgraph's setLabel shows the axis it labels
         self.kplot.setLabel("left", "K")
         self.vplot.setLabel("left", "V")
+        for plot, tip in ((self.qplot, "q: the selected position's query vector, one column per dimension"),
+                          (self.kplot, "K: one row per cached position (the kv head this head reads); hover a row"),
+                          (self.vplot, "V: one row per cached position; the head's output is their p-weighted sum")):  # fmt: skip
+            plot.getAxis("left").setToolTip(tip)
+        self.title.setToolTip("The layer, head and query shown; F1 writes the selected score out with its numbers")
         self.bplot = bare(self.glw.addPlot(row=2, col=0, colspan=2))
         self.bplot.setLabel("left", "q⊙k")
         self.bplot.hideAxis("bottom")
@@ -122,6 +135,8 @@ class QKVView(QWidget):
             show_axes(plot, ("bottom",), not empty and not self.compact)
         for r in (r for pair in self.rows for r in pair):
             r.setVisible(not empty)
+        for bar in (self.kbar, self.vbar):  # no scale for no data
+            bar.setVisible(not empty)
         self._hint.setVisible(empty)
         if empty:
             self.kplot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
@@ -142,10 +157,14 @@ class QKVView(QWidget):
         self._set_empty(False)
         t, d = snap.k.shape
         if self._last is not snap.k:
-            self.qimg.setImage(snap.q[None, :], autoLevels=False, levels=symmetric_levels(snap.q))
+            qk = symmetric_levels(np.concatenate([snap.q, snap.k.ravel()]))
+            self.qimg.setImage(snap.q[None, :], autoLevels=False, levels=qk)
             self.qimg.setRect(QRectF(0, 0, d, 1))
-            self.kimg.setImage(snap.k, autoLevels=False, levels=symmetric_levels(snap.k))
-            self.vimg.setImage(snap.v, autoLevels=False, levels=symmetric_levels(snap.v))
+            self.kimg.setImage(snap.k, autoLevels=False, levels=qk)
+            vl = symmetric_levels(snap.v)
+            self.vimg.setImage(snap.v, autoLevels=False, levels=vl)
+            self.kbar.setLevels(qk)
+            self.vbar.setLevels(vl)
             self._last = snap.k
             self.kaxis.set_labels(snap.labels[:t])
             self.kplot.setRange(xRange=(0, d), yRange=(0, t), padding=0)
@@ -154,7 +173,7 @@ class QKVView(QWidget):
         for newest, _ in self.rows:
             newest.setRect(QRectF(0, t - 1, d, 1))
         sel = snap.selection
-        kv = f" (KV head {snap.kv_head})" if snap.n_kv_heads != snap.n_heads else ""
+        kv = f" (kv head {snap.kv_head})"
         self.title.setText(
             f"layer {sel.layer} · head {sel.head}{kv} · query {snap.query} “{snap.labels[snap.query]}” · d = {d}"
         )

@@ -123,6 +123,7 @@ class ScoreMatrix(QWidget):
         exp.clicked.connect(self.export_requested)
         bar.addWidget(exp)
         self.title = info_label("")
+        self.title.setToolTip("The layer, head, stage and query shown; F1 writes a cell's arithmetic out")
         self.glw = pg.GraphicsLayoutWidget()
         self.left = TokenAxis("left", chars=9)
         self.bottom = TokenAxis("bottom", chars=6)
@@ -155,6 +156,7 @@ class ScoreMatrix(QWidget):
         self._view_timer.timeout.connect(self._send_view)
         self.cbar = pg.ColorBarItem(values=(0.0, 1.0), colorMap=CMAP, interactive=False, width=12)
         self.cbar.setImageItem(self.image, insert_in=self.plot)
+        self.cbar.setToolTip("Colour scale of the stage shown (its numbers at the ends); grey cells are masked")
         self.newest = outline(self.plot, NEWEST_PEN, 10)
         self.selrow = outline(self.plot, SELECTED_PEN, 11)
         self.edits = pg.ScatterPlotItem(symbol="x", size=9, pen=pg.mkPen("#ff4040", width=2), brush=None, pxMode=True)
@@ -299,6 +301,10 @@ class ScoreMatrix(QWidget):
 
     def _hover(self, pos) -> None:
         self._readout(self._cell(pos))
+
+    def hovered_cell(self) -> tuple[int, int] | None:
+        """(query, key) under the pointer, or None (Help's page writes that cell's arithmetic out)."""
+        return self._hovered
 
     def _readout(self, cell) -> None:
         self._hovered = cell

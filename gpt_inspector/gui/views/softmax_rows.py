@@ -25,7 +25,7 @@ class SoftmaxRows(QWidget):
     def __init__(self, parent=None):
         super().__init__(parent)
         self.title = info_label("")
-        self.only_selected = QCheckBox("selected head only")
+        self.only_selected = QCheckBox("selected head only", toolTip="Show only the selected head's row, larger")
         self.only_selected.toggled.connect(self._relayout)
         self.glw = pg.GraphicsLayoutWidget()
         vbox(self, hbox(None, (self.title, 1), self.only_selected), (self.glw, 1), margin=2, spacing=2)
@@ -48,6 +48,7 @@ class SoftmaxRows(QWidget):
             p.setYRange(0, 1, padding=0.02)
             p.getAxis("left").setWidth(28)
             p.getAxis("left").setTicks([[(0, "0"), (0.5, ".5"), (1, "1")]])
+            p.getAxis("left").setToolTip("p, the attention weight on each key (0 to 1; a head's bars sum to 1)")
             c = pg.PlotDataItem(stepMode="center", fillLevel=0, fillOutline=False, brush=_BRUSH, pen=None)
             # thousands of keys in a panel a few hundred pixels wide: draw the peaks the pixels can show
             c.setDownsampling(auto=True, method="peak")

@@ -15,6 +15,23 @@ from PySide6.QtWidgets import QScrollArea, QToolTip, QWidget
 from .common import prob_color
 
 _PAD, _GAP, _H = 5, 3, 20
+# what the label glyphs stand for (core/tokens.py writes them): (glyph, meaning), the legend of tooltips and Help
+GLYPHS = (
+    ("␣", "a space (GPT-2's pieces carry the space before a word: “␣eats” is one token)"),
+    ("↵", "a newline"),
+    ("⇥", "a tab"),
+    ("␍", "a carriage return"),
+    (
+        "<0x",
+        "<0xNN>: one byte of a character split over several tokens (an emoji, an accented letter), "
+        "not valid UTF-8 on its own",
+    ),
+    ("∅", "a token with no text"),
+)
+STRIP_TIP = ("The prompt and the generated tokens, one chip per token; click one to select that query position. "
+             "Generated chips are tinted by the probability they were chosen with.<br>"
+             + "<br>".join(f"{html.escape(g if g != '<0x' else '<0xNN>')} {html.escape(m.removeprefix('<0xNN>: '))}"
+                           for g, m in GLYPHS))  # fmt: skip
 
 
 class _Canvas(QWidget):
@@ -127,6 +144,7 @@ class TokenStrip(QScrollArea):
         self.canvas.clicked.connect(self.position_clicked)
         self.setWidget(self.canvas)
         self.setMinimumHeight(_H + 2 * _GAP + 4)
+        self.setToolTip(STRIP_TIP)  # between chips; a chip's own tip names its glyphs
 
     def count(self) -> int:
         return len(self.labels)
@@ -139,6 +157,9 @@ class TokenStrip(QScrollArea):
             lines.append(f"chosen with p = {p:.4f}")
         if i >= self.T:
             lines.append("<i>chosen, not in the KV cache yet (the next step feeds it)</i>")
+        lines += [f"<span style='color:#8a8f99'>{html.escape(m)}</span>" if g == "<0x" else
+                  f"<span style='color:#8a8f99'>{g} = {html.escape(m)}</span>"
+                  for g, m in GLYPHS if g in self.labels[i]]  # fmt: skip
         return "<br>".join(lines)
 
     def set_snapshot(self, snap) -> None:
