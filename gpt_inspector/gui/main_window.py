@@ -41,7 +41,7 @@ from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
 from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, WORKSPACES, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .viewdata import Snapshot
-from .views import compare, kvlab, lens, mathcheck, probe
+from .views import compare, interventions, kvlab, lens, mathcheck, probe
 from .views.common import ElidedLabel
 from .views.kv_cache import KVCacheView, human_bytes
 from .views.mask_editor import MaskEditor
@@ -121,6 +121,8 @@ class MainWindow(DockLayout, QMainWindow):
             self.add_panel(m.PANEL_TITLE, m.create_panel(self), m.PANEL_AREA).panel
             for m in (compare, probe, mathcheck, lens, kvlab)
         )
+        self.interventions_panel = self.add_panel(interventions.PANEL_TITLE, interventions.create_panel(self),
+                                                  interventions.PANEL_AREA).panel  # fmt: skip
         self._default_state = self.saveState(STATE_VERSION)
         for d in self.docks.values():
             d.dockLocationChanged.connect(self._user_arranged)

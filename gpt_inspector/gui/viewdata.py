@@ -21,7 +21,7 @@ import torch
 
 from ..core import attention as eq
 from ..core.attention import KINDS
-from ..core.capture import MaskEdit
+from ..core.capture import HeadEdit, MaskEdit
 from ..core.kvlab import policy_rows
 from ..core.pooling import ThreadChooser, one_thread, torch_threads
 from ..core.source import RunSource
@@ -132,6 +132,7 @@ class Snapshot:
     kv_kept: tuple[int, ...] = ()
     kv_kept_history: tuple[int, ...] = ()  # total of kv_kept after each step
     kv_positions: tuple[int, ...] = ()  # per layer, the positions the model's own cache holds
+    head_edits: tuple[tuple[HeadEdit, str], ...] = ()  # knock-outs and patches in force, each with its source's text
 
     def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
         return [
@@ -392,6 +393,7 @@ class ViewModel:
             kv_kept_history=tuple(h[1] for h in self._kv_hist),
             kv_positions=tuple(o.kv_cache_positions(i) for i in range(self.L)),
             mask_edits=tuple(o.mask_edits),
+            head_edits=tuple((e, "".join(map(self._label, e.patch_from or ()))) for e in getattr(o, "head_edits", ())),
             mask_report=self.mask_report,
             selection=sel,
             query=query,
