@@ -27,6 +27,13 @@ class ModelSpec:
     max_memory: str | None = None  # "0=20GiB,cpu=60GiB"
     offload_folder: str | None = None
 
+    @classmethod
+    def of_recipe(cls, recipe: dict) -> ModelSpec:
+        """The model a session recipe ran on, placed as it was; pickle and remote code stay off."""
+        load = recipe.get("load") or {}
+        return cls(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), device_map=load.get("device_map"),
+                   max_memory=load.get("max_memory"), offload_folder=load.get("offload_folder"))  # fmt: skip
+
 
 @dataclass(frozen=True)
 class SessionSpec:

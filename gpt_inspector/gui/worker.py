@@ -275,10 +275,7 @@ class Worker(QObject):
             check_recipe(recipe)  # whole, before a model loads
         except InspectorError as e:
             self._refuse_restore(e)
-        load = recipe.get("load") or {}
-        spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False,
-                         device_map=load.get("device_map"), max_memory=load.get("max_memory"),
-                         offload_folder=load.get("offload_folder"))  # fmt: skip
+        spec = ModelSpec.of_recipe(recipe)
         name = spec.model or "the demo model"
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
