@@ -137,5 +137,6 @@ def test_a_new_session_leaves_no_panel_showing_the_old_one(shown, wait_idle, qtb
     # the lens in front follows the new session's step; never the old prompt's
     qtbot.waitUntil(lambda: win.lens_panel.result is not old, timeout=30000)
     r = win.lens_panel.result
-    assert r is None or (r.position, r.token_id) == (snap.step.position, snap.step.token_id) != (old.position, old.token_id)
+    now, before = (snap.step.position, snap.step.token_id), (old.position, old.token_id)
+    assert r is None or (r.position, r.token_id) == now != before
     assert not win.errors

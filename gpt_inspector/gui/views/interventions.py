@@ -14,7 +14,7 @@ from PySide6.QtGui import QKeySequence, QShortcut
 from PySide6.QtWidgets import QAbstractItemView, QHeaderView, QPushButton, QTableWidgetItem, QToolButton, QWidget
 
 from ...core.capture import MaskEdit
-from .common import DIM, context_actions, hbox, info_label, table, vbox
+from .common import context_actions, hbox, info_label, table, vbox
 from .mask_editor import describe_edit
 
 PANEL_TITLE = "Interventions"
@@ -49,7 +49,6 @@ class InterventionsPanel(QWidget):
         self.clear = QPushButton("Undo all", clicked=lambda: self.clear_requested.emit(),
                                  toolTip="Take every mask edit, knock-out and patch out of force")  # fmt: skip
         hint = info_label("Ctrl+K knocks out the selected head; right-click a head in the overview for more")
-        hint.setStyleSheet(f"color: {DIM};")
         vbox(self, hbox(None, (self.summary, 1), self.clear), (self.table, 1), hint, margin=2, spacing=2)
         # Delete on the list, not the window: elsewhere Delete is a text field's
         for key in (QKeySequence.StandardKey.Delete, QKeySequence(Qt.Key.Key_Backspace)):

@@ -104,7 +104,9 @@ class OverviewGrid(QWidget):
         if cell is not None:
             self.layer, self.head = cell
             self.head_clicked.emit(*cell)
-        self.menu = QMenu(self.glw)
+        if self.menu is None:  # one menu, filled afresh: panels add entries after this view is built
+            self.menu = QMenu(self.glw)
+        self.menu.clear()
         self.menu.addActions(self.glw.actions())
         self.menu.popup(self.glw.mapToGlobal(pos))
 
