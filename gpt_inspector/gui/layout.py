@@ -119,6 +119,8 @@ class DockLayout:
         d.visibilityChanged.connect(
             lambda shown, d=d: self.panel_revealed.emit(getattr(d, "panel", d.widget())) if shown else None
         )
+        # a panel switched on from the View menu comes to the front: reopened into a tab group, it stayed behind
+        d.toggleViewAction().triggered.connect(lambda on, d=d: d.raise_() if on else None)
         d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable
                       | QDockWidget.DockWidgetFeature.DockWidgetClosable)  # fmt: skip
         return d
