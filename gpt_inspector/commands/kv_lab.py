@@ -156,7 +156,7 @@ def run(args) -> int:
         if args.json is None:
             mark = "" if st.agree else "  <- top-1 differs"
             lost = "n/a" if bool(np.isnan(st.lost_mass).any()) else f"{float(st.lost_mass.max()):.3f}"
-            print(f"step {st.index:>3}  ref {st.reference_label!r:<14} policy {st.policy_label!r:<14} "
+            print(f"step {st.index + 1:>3}  ref {st.reference_label!r:<14} policy {st.policy_label!r:<14} "
                   f"KL {st.kl:.3e}  bytes {sum(st.bytes_policy):>10,} / {sum(st.bytes_full):>10,}  "
                   f"lost mass max {lost}{mark}")  # fmt: skip
     summary = lab.summary()
@@ -164,7 +164,9 @@ def run(args) -> int:
     if args.out is not None:
         common.save_figure(lambda figures: figures.lab_figure(lab), args.out, "figure")
     if args.json is not None:
-        out = {"model": lm.name, **summary, "steps_detail": [s.to_json() for s in lab.history],
+        out = {"model": lm.name, **summary, **_from_one(summary),
+               "steps_detail": [{"step": s.index + 1, **{k: v for k, v in s.to_json().items() if k != "index"}}
+                                for s in lab.history],
                "privacy": None if privacy is None else privacy.to_json(), **_final_rows(lab)}  # fmt: skip
         _write_json(out, args.json)
         return 0
@@ -172,16 +174,22 @@ def run(args) -> int:
     # the full cache is the model's own (sliding layers: their window); the reference run keeps every position
     full, kept = summary["bytes_full"], summary["bytes_kept"]
     print(f"{summary['policy']}: mean KL {summary['mean_kl']:.3e}, top-1 agreement {summary['agreement']:.0%}, "
-          f"first divergence {'none' if k is None else f'step {k}'}; cache {summary['bytes_policy']:,} of "
+          f"first divergence {'none' if k is None else f'step {k + 1}'}; cache {summary['bytes_policy']:,} of "
           f"{full:,} bytes" + (f" (kept for inspection {kept:,})" if kept > full else ""))  # fmt: skip
     if args.free_running:
         parted = lab.parted_at
-        print(f"texts part at step {parted}" if parted is not None else "texts never part")
+        print(f"texts part at step {parted + 1}" if parted is not None else "texts never part")
         print(f"reference: {summary['reference_text']!r}\npolicy:    {summary['policy_text']!r}")
     if privacy is not None:
         print(f"cache probe (layer 0): {privacy.recovered} of {privacy.prompt_tokens} prompt tokens recovered "
               f"({privacy.held} still held)")  # fmt: skip
     return 0
+
+
+def _from_one(summary: dict) -> dict:
+    """The summary's step numbers counted from 1, as the window and every command print steps (the
+    library's ``first_divergence`` and ``parted_at`` are indices into the lab's history, from 0)."""
+    return {k: None if summary[k] is None else summary[k] + 1 for k in ("first_divergence", "parted_at")}
 
 
 def _final_rows(lab) -> dict:

@@ -54,7 +54,7 @@ def run(args) -> int:
             "finished": s.finished,
             "steps": [
                 {
-                    "index": st.index,
+                    "step": st.index + 1,  # counted from 1, as the window and every command count steps
                     "token_id": st.token_id,
                     "text": st.token_text,
                     "prob": st.prob,

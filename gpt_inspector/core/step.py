@@ -34,11 +34,19 @@ def top_entries(
 def top_rows(
     probs: torch.Tensor, logits: torch.Tensor, label: Callable[[int], str], n: int = TOP_N
 ) -> list[list[TopEntry]]:
-    """``top_entries`` of every row of ``probs`` and ``logits`` (R, V), in one top-k on their device."""
+    """``top_entries`` of every row of ``probs`` and ``logits`` (R, V), in one top-k on their device.
+
+    Only tokens the decoding keeps (p > 0): top-k / top-p leave the rest at exactly 0, and the top
+    ``n`` of a row whose tail is all zeros were arbitrary tokens from ``torch.topk``'s tie. Equal
+    probabilities are listed by token id, so the order never depends on the kernel.
+    """
     vals, idx = torch.topk(probs, min(n, probs.shape[-1]), dim=-1)  # (R, n)
     # one conversion each, not a tensor index per entry: this runs on every step
     ids, ps, ls = idx.tolist(), vals.tolist(), logits.gather(-1, idx).tolist()
-    return [[TopEntry(i, label(i), p, lg) for i, p, lg in zip(*row)] for row in zip(ids, ps, ls)]
+    return [
+        [TopEntry(i, label(i), p, lg) for i, p, lg in sorted(zip(*row), key=lambda e: (-e[1], e[0])) if p > 0]
+        for row in zip(ids, ps, ls)
+    ]
 
 
 @dataclass

@@ -66,7 +66,7 @@ def lab_figure(lab) -> HeatmapFigure:
     with _style():
         fig = _new_figure(7.0, 3.6)
         ax = fig.add_axes((0.12, 0.15, 0.74, 0.62))
-        idx = np.array([s.index for s in h])
+        idx = np.array([s.index + 1 for s in h])  # steps count from 1, as the window and the commands print them
         kl = np.array([s.kl for s in h])
         ax.plot(idx, kl, marker="o", markersize=3, color="#4285f4", label="KL(reference ‖ policy)")
         ax.set_yscale("symlog", linthresh=1e-4)
@@ -79,7 +79,7 @@ def lab_figure(lab) -> HeatmapFigure:
         ax2.set_ylabel("cache bytes / full")
         lines = ax.get_lines() + ax2.get_lines()
         ax.legend(lines, [x.get_label() for x in lines], fontsize=7, loc="lower right")
-        k = lab.first_divergence
+        k = None if lab.first_divergence is None else lab.first_divergence + 1
         if k is not None:
             ax.axvline(k, color="#db4437", linestyle="--", linewidth=1)
             ax.annotate(f"top-1 differs from step {k}", (k, 0.95), xycoords=("data", "axes fraction"), fontsize=7,

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..core.breakpoints import Breakpoints
-from ..core.capture import MaskEdit
+from ..core.capture import HeadEdit, MaskEdit
 
 
 @dataclass(frozen=True)
@@ -26,6 +26,13 @@ class ModelSpec:
     device_map: str | None = None  # auto / balanced / sequential (accelerate); None: one device
     max_memory: str | None = None  # "0=20GiB,cpu=60GiB"
     offload_folder: str | None = None
+
+    @classmethod
+    def of_recipe(cls, recipe: dict) -> ModelSpec:
+        """The model a session recipe ran on, placed as it was; pickle and remote code stay off."""
+        load = recipe.get("load") or {}
+        return cls(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), device_map=load.get("device_map"),
+                   max_memory=load.get("max_memory"), offload_folder=load.get("offload_folder"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -124,6 +131,43 @@ class SetMaskEdits:
 
 
 @dataclass(frozen=True)
+class KnockOut:
+    """Knock out head ``head`` of ``layer`` (None: the layer's whole attention); refused if already in force."""
+
+    layer: int
+    head: int | None = None
+
+    def __post_init__(self):
+        _no_bool("KnockOut", layer=self.layer, head=self.head)
+
+
+@dataclass(frozen=True)
+class PatchHead:
+    """Write (layer, head)'s output from a run of ``prompt`` (stepped as far as this run) into this run."""
+
+    layer: int
+    head: int
+    prompt: str
+
+    def __post_init__(self):
+        _no_bool("PatchHead", layer=self.layer, head=self.head)
+
+
+@dataclass(frozen=True)
+class SetHeadEdits:
+    """Put exactly these knock-outs and patches in force (an undo: the list without one of them)."""
+
+    edits: tuple[HeadEdit, ...]
+
+
+@dataclass(frozen=True)
+class UndoEdit:
+    """Take this one mask edit, knock-out or patch out of force, whatever else is in force by then."""
+
+    edit: MaskEdit | HeadEdit
+
+
+@dataclass(frozen=True)
 class Refresh:
     """Publish a snapshot again (the selection changed)."""
 
@@ -159,4 +203,4 @@ class Call:
 
 
 COMMANDS = (Load, Restore, NewSession, Restart, Step, StepBack, Run, SetDecoding, ForceToken, EditCells,
-            SetMaskEdits, Refresh, SaveTrace, OpenTrace, Show, Call)  # fmt: skip
+            SetMaskEdits, KnockOut, PatchHead, SetHeadEdits, UndoEdit, Refresh, SaveTrace, OpenTrace, Show, Call)  # fmt: skip

@@ -21,10 +21,12 @@ from .commands import (  # re-exported: callers build commands from here
     Call,
     EditCells,
     ForceToken,
+    KnockOut,
     Load,
     ModelSpec,
     NewSession,
     OpenTrace,
+    PatchHead,
     Refresh,
     Restart,
     Restore,
@@ -32,10 +34,12 @@ from .commands import (  # re-exported: callers build commands from here
     SaveTrace,
     SessionSpec,
     SetDecoding,
+    SetHeadEdits,
     SetMaskEdits,
     Show,
     Step,
     StepBack,
+    UndoEdit,
 )
 from .viewdata import Selection, Snapshot
 from .worker import Worker
@@ -112,7 +116,9 @@ class Controller(QObject):
         """Queue a command for the worker; returns its serial."""
         serial = self.worker.post(command)
         self.pending.add(serial)
-        if isinstance(command, (Run, EditCells, SetMaskEdits)):  # long work that Pause (Esc) may stop
+        if isinstance(
+            command, (Run, EditCells, SetMaskEdits, KnockOut, PatchHead, SetHeadEdits, UndoEdit)
+        ):  # long work that Pause (Esc) may stop
             self.runs.add(serial)
         self.posted.emit(command)
         self.state_changed.emit()
@@ -179,6 +185,20 @@ class Controller(QObject):
 
     def set_mask_edits(self, edits) -> int:
         return self.post(SetMaskEdits(tuple(edits)))
+
+    def knock_out(self, layer: int, head: int | None) -> int | None:
+        """Knock out a head (None: the layer's whole attention); the worker refuses one already in force."""
+        return self.post(KnockOut(int(layer), None if head is None else int(head)))
+
+    def patch_head(self, layer: int, head: int, prompt: str) -> int | None:
+        return self.post(PatchHead(int(layer), int(head), str(prompt)))
+
+    def set_head_edits(self, edits) -> int | None:
+        return self.post(SetHeadEdits(tuple(edits)))
+
+    def undo_edit(self, edit) -> int | None:
+        """Take one mask edit, knock-out or patch out of force (the others stay)."""
+        return self.post(UndoEdit(edit))
 
     def open_trace(self, path: str) -> int:
         return self.post(OpenTrace(str(path)))

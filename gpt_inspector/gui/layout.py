@@ -14,7 +14,7 @@ from PySide6.QtWidgets import QDockWidget, QScrollArea, QStyle, QTabBar, QWidget
 
 from . import settings as _settings
 
-STATE_VERSION = 5  # bump when the default dock layout changes, so old saved layouts are ignored
+STATE_VERSION = 6  # bump when the default dock layout changes, so old saved layouts are ignored
 # The first window takes this share of the screen's free area, never more than MAX_SIZE (on a 4K
 # screen a full-size window spreads the panels too thin)
 SCREEN_SHARE = 0.9
@@ -45,7 +45,7 @@ AREAS = {
 }
 # the extra panels' docks by a short name (add_panel names a dock "panel_" + its title)
 ALIASES = {"compare": "panel_compare_decoding", "probe": "panel_cache_probe", "math": "panel_math_check",
-           "lens": "panel_logit_lens", "lab": "panel_kv_cache_lab"}  # fmt: skip
+           "lens": "panel_logit_lens", "lab": "panel_kv_cache_lab", "interventions": "panel_interventions"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -78,18 +78,18 @@ WORKSPACES = {w.name: w for w in (
     # what the window opens with: the score matrix in the middle (the construction in _build_docks)
     Workspace("Attention", "Alt+1", "The score matrix, the heads' overview, next token, softmax rows, Q/K/V and the KV cache",
               ("scores",), (("overview",), ("next", "mask", "probe", "math")),
-              (("softmax",), ("qkv", "lab"), ("kv", "compare", "lens")), side_shares=(0.4, 0.6)),
+              (("softmax", "interventions"), ("qkv", "lab"), ("kv", "compare", "lens")), side_shares=(0.4, 0.6)),
     Workspace("Cache", "Alt+2", "The KV cache large, Q/K/V beside it; the cache probe and the math check a tab away",
-              ("kv",), (("qkv", "probe", "math", "lens"),),
+              ("kv", "interventions"), (("qkv", "probe", "math", "lens"),),
               (("next", "mask", "softmax"), ("overview", "lab"), ("scores", "compare")), 0.55),
     Workspace("Lens", "Alt+3", "The logit lens large, the heads' overview and next token beside it",
-              ("lens", "compare"), (("overview",), ("next", "mask")),
+              ("lens", "compare", "interventions"), (("overview",), ("next", "mask")),
               (("softmax", "math"), ("qkv", "lab"), ("scores", "probe", "kv")), 0.6),
     Workspace("Lab", "Alt+4", "The KV cache lab large, the KV cache beside it to show what the policy evicted",
-              ("lab", "math", "lens", "overview"), (("kv", "probe"),),
+              ("lab", "math", "lens", "overview"), (("kv", "probe", "interventions"),),
               (("qkv", "softmax"), ("next", "mask"), ("scores", "compare")), 0.55),
     Workspace("Compare", "Alt+5", "Compare decoding large, next token and the heads' overview beside it",
-              ("compare",), (("next", "mask"), ("overview",)),
+              ("compare",), (("next", "mask"), ("overview", "interventions")),
               (("softmax", "qkv", "lab"), ("kv", "lens", "math"), ("scores", "probe")), 0.6, (0.6, 0.4)),
 )}  # fmt: skip
 DEFAULT_WORKSPACE = "Attention"
@@ -119,6 +119,8 @@ class DockLayout:
         d.visibilityChanged.connect(
             lambda shown, d=d: self.panel_revealed.emit(getattr(d, "panel", d.widget())) if shown else None
         )
+        # a panel switched on from the View menu comes to the front: reopened into a tab group, it stayed behind
+        d.toggleViewAction().triggered.connect(lambda on, d=d: d.raise_() if on else None)
         d.setFeatures(QDockWidget.DockWidgetFeature.DockWidgetMovable | QDockWidget.DockWidgetFeature.DockWidgetFloatable
                       | QDockWidget.DockWidgetFeature.DockWidgetClosable)  # fmt: skip
         return d
@@ -213,8 +215,9 @@ class DockLayout:
             QTimer.singleShot(ms, self.fit_to_screen)
 
     def event(self, ev) -> bool:
-        if ev.type() == QEvent.Type.ChildAdded and isinstance(ev.child(), QTabBar):
-            # Qt makes a dock group's tab bar eliding after it is added here: whole titles are set when it shows
+        if ev.type() in (QEvent.Type.ChildAdded, QEvent.Type.ChildPolished) and isinstance(ev.child(), QTabBar):
+            # Qt makes a dock group's tab bar eliding after it is added here: whole titles are set when it shows.
+            # ChildPolished too: at ChildAdded a bar under construction is still a plain QWidget, and was missed
             ev.child().installEventFilter(self)
         return super().event(ev)
 

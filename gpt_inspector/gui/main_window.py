@@ -41,7 +41,7 @@ from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
 from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, WORKSPACES, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .viewdata import Snapshot
-from .views import compare, kvlab, lens, mathcheck, probe
+from .views import compare, interventions, kvlab, lens, mathcheck, probe
 from .views.common import ElidedLabel
 from .views.kv_cache import KVCacheView, human_bytes
 from .views.mask_editor import MaskEditor
@@ -93,6 +93,7 @@ class MainWindow(DockLayout, QMainWindow):
         self._shown_prompt: str | None = None
         self._shown_text = ""
         self._source_id = 0
+        self._new_session = True  # the next source shown is a new session, not a run a panel put on show
         self.restore_dialog: QProgressDialog | None = None
         self._restore_serial: int | None = None
 
@@ -121,6 +122,8 @@ class MainWindow(DockLayout, QMainWindow):
             self.add_panel(m.PANEL_TITLE, m.create_panel(self), m.PANEL_AREA).panel
             for m in (compare, probe, mathcheck, lens, kvlab)
         )
+        self.interventions_panel = self.add_panel(interventions.PANEL_TITLE, interventions.create_panel(self),
+                                                  interventions.PANEL_AREA).panel  # fmt: skip
         self._default_state = self.saveState(STATE_VERSION)
         for d in self.docks.values():
             d.dockLocationChanged.connect(self._user_arranged)
@@ -255,6 +258,9 @@ class MainWindow(DockLayout, QMainWindow):
         except InspectorError as e:
             self.show_error("Cannot restore", f"cannot restore this session recipe: {e}", "user")
             return None
+        # the Model field names the restored model: else it kept "Demo model" and Load switched models
+        self._load_spec = ModelSpec.of_recipe(recipe)
+        self.session_panel.set_model_spec(self._load_spec)
         dec = recipe.get("decoding") or recipe["initial_decoding"]
         self.session_panel.prompt.setPlainText(recipe["prompt"])
         self.session_panel.seed.setValue(min(recipe["seed"], self.session_panel.seed.maximum()))
@@ -405,6 +411,9 @@ class MainWindow(DockLayout, QMainWindow):
             self._source_id = snap.source_id
             for panel in (self.probe_panel, self.mathcheck_panel):
                 panel.clear()
+            if self._new_session:  # not a beam or policy run those panels themselves put on show
+                why = "the window shows another session now: run it again on this one"
+                self.lens_panel.clear(why), self.kvlab_panel.clear(why), self.compare_panel.forget(why)
         if snap.read_only != self._read_only_shown:
             self._read_only_shown = snap.read_only
             self.session_panel.set_read_only(snap.read_only)
@@ -447,6 +456,8 @@ class MainWindow(DockLayout, QMainWindow):
         self.st_stopped.setText(f"Run stopped: {reason}")
 
     def _posted(self, command) -> None:
+        if isinstance(command, (Show, Load, Restore, NewSession, OpenTrace, Step, Run, Restart)):
+            self._new_session = not isinstance(command, Show)  # a Step may start one from an edited prompt
         if isinstance(command, (Step, StepBack, Run, Restart, NewSession, Load, Restore, ForceToken, OpenTrace, Show)):
             self.st_stopped.setText("")
 

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field, fields
 
 import numpy as np
 
-from ..core.capture import MaskEdit
+from ..core.capture import HeadEdit, MaskEdit
 from ..core.source import Live
 from ..core.step import Step
 
@@ -58,10 +58,11 @@ class TokensPart:
 
 @dataclass(frozen=True)
 class MaskPart:
-    """The mask editor: the edits in force and the last recompute's report."""
+    """The mask editor and the interventions panel: the edits in force and the last recompute's report."""
 
     mask_edits: tuple[MaskEdit, ...] = ()
     mask_report: MaskReportInfo | None = None
+    head_edits: tuple[tuple[HeadEdit, str], ...] = ()  # knock-outs and patches in force, each with its source's text
 
 
 @dataclass(frozen=True)

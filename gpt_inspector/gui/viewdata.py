@@ -292,7 +292,11 @@ class ViewModel:
                 step=None if cur is None else copy.copy(cur),
                 decoding=o.decoding.to_json(),
             ),
-            mask=MaskPart(tuple(o.mask_edits), self.mask_report),
+            mask=MaskPart(
+                tuple(o.mask_edits),
+                self.mask_report,
+                tuple((e, "".join(map(self._label, e.patch_from or ()))) for e in o.head_edits),
+            ),
             kv=KVCachePart(
                 kv_bytes=tuple(int(o.kv_cache_bytes(i)) for i in range(self.L)) if t else (0,) * self.L,
                 kv_history=tuple(h[0] for h in self._kv_hist),

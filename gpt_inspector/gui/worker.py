@@ -22,6 +22,7 @@ from dataclasses import asdict
 from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from ..core.breakpoints import Breakpoints, finish, run_until
+from ..core.capture import HeadEdit, MaskEdit
 from ..core.edits import restart_starts_new_session, toggle_cells
 from ..core.errors import Cancelled, InspectorError, StepFailed
 from ..core.recipe_check import check_recipe
@@ -273,10 +274,7 @@ class Worker(QObject):
             check_recipe(recipe)  # whole, before a model loads
         except InspectorError as e:
             self._refuse_restore(e)
-        load = recipe.get("load") or {}
-        spec = ModelSpec(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), False, False,
-                         device_map=load.get("device_map"), max_memory=load.get("max_memory"),
-                         offload_folder=load.get("offload_folder"))  # fmt: skip
+        spec = ModelSpec.of_recipe(recipe)
         name = spec.model or "the demo model"
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
@@ -406,18 +404,74 @@ class Worker(QObject):
         self._recompute_mask(serial, self._session(), list(cmd.edits))
 
     def _recompute_mask(self, serial, s, edits) -> None:
-        """Set the mask edits with the recompute's progress shown; Stop (cancel) leaves the session as it was."""
-        self.busy.emit("Recomputing with the edited mask…")
+        self._recompute(serial, s.set_mask_edits, edits, "the edited mask")
 
-        def progress(done: int, total: int) -> None:
-            self.busy.emit(f"Recomputing with the edited mask: position {done}/{total}")
-            self.progress.emit(done, total)
+    def _recompute(self, serial, put, edits, what: str, done: str | None = None) -> None:
+        """``put(edits)`` with the recompute's progress shown; Stop (cancel) leaves the session as it was."""
+        self.busy.emit(f"Recomputing with {what}…")
+
+        def progress(n: int, total: int) -> None:
+            self.busy.emit(f"Recomputing with {what}: position {n}/{total}")
+            self.progress.emit(n, total)
 
         try:
-            s.set_mask_edits(edits, progress=progress, cancelled=lambda: self._cancelled(serial))
+            put(edits, progress=progress, cancelled=lambda: self._cancelled(serial))
         except Cancelled as e:
             self.notice.emit(str(e))
+        else:
+            if done:
+                self.notice.emit(done)
         self._publish()
+
+    def _add_head_edit(self, serial, s, new: HeadEdit, what: str) -> None:
+        """Put one more knock-out or patch in force, unless its head already has one (nothing stacks)."""
+        for e in s.head_edits:
+            if e.layer == new.layer and (e.head is None or new.head is None or e.head == new.head):
+                where = f"layer {e.layer}'s attention" if e.head is None else f"head {e.layer}.{e.head}"
+                has = "is knocked out" if e.patch_from is None else "is patched"
+                self.notice.emit(f"Not applied: {where} {has} already (undo it in the Interventions panel first)")
+                return
+        self._recompute(serial, s.set_head_edits, [*s.head_edits, new], what,
+                        f"{what[0].upper()}{what[1:]}; the run was recomputed with the chosen tokens kept")  # fmt: skip
+
+    @handles(C.KnockOut)
+    def _do_knock_out(self, serial, cmd: C.KnockOut) -> None:
+        what = f"layer {cmd.layer}'s attention" if cmd.head is None else f"head {cmd.layer}.{cmd.head}"
+        self._add_head_edit(serial, self._session(), HeadEdit(cmd.layer, cmd.head), f"{what} knocked out")
+
+    @handles(C.PatchHead)
+    def _do_patch_head(self, serial, cmd: C.PatchHead) -> None:
+        s = self._session()
+        self.busy.emit(f"Running “{cmd.prompt}” to patch head {cmd.layer}.{cmd.head} from it…")
+        src = Session(s.lm, cmd.prompt)
+        while src.cache_length < s.cache_length and not src.finished:
+            src.step()
+        text = cmd.prompt if len(cmd.prompt) <= 40 else cmd.prompt[:39] + "…"
+        self._add_head_edit(serial, s, s.patch_edit(cmd.layer, cmd.head, src),
+                            f"head {cmd.layer}.{cmd.head} patched from “{text}”")  # fmt: skip
+
+    @handles(C.UndoEdit)
+    def _do_undo_edit(self, serial, cmd: C.UndoEdit) -> None:
+        s, e = self._session(), cmd.edit
+        mask = isinstance(e, MaskEdit)
+        edits = s.mask_edits if mask else s.head_edits
+        if e not in edits:  # undone already (a second click before the panel showed the first)
+            return
+        rest = [x for x in edits if x != e]
+        if mask:
+            self._recompute(serial, s.set_mask_edits, rest, "the edited mask", "Mask edit undone")
+        else:
+            kind = "knock-out" if e.patch_from is None else "patch"
+            where = f"layer {e.layer}'s attention" if e.head is None else f"head {e.layer}.{e.head}"
+            self._recompute(
+                serial, s.set_head_edits, rest, "the knock-outs and patches", f"Undid the {kind} of {where}"
+            )
+
+    @handles(C.SetHeadEdits)
+    def _do_set_head_edits(self, serial, cmd: C.SetHeadEdits) -> None:
+        s = self._session()
+        if list(cmd.edits) != s.head_edits:
+            self._recompute(serial, s.set_head_edits, list(cmd.edits), "the knock-outs and patches")
 
     @handles(C.Refresh)
     def _do_refresh(self, serial, cmd: C.Refresh) -> None:

@@ -28,7 +28,11 @@ def test_one_run_json_matches_the_api(tiny_dir, capsys):
     steps = lab.run_steps(5)
     assert [s["kl"] for s in d["steps_detail"]] == pytest.approx([s.kl for s in steps], rel=1e-12, abs=0)
     assert [s["agree"] for s in d["steps_detail"]] == [s.agree for s in steps]
-    assert d["first_divergence"] == lab.first_divergence and d["bytes_policy"] == sum(steps[-1].bytes_policy)
+    assert [s["step"] for s in d["steps_detail"]] == [1, 2, 3, 4, 5]  # counted from 1, as the window counts
+    first = lab.first_divergence
+    assert d["first_divergence"] == (None if first is None else first + 1) and d["bytes_policy"] == sum(
+        steps[-1].bytes_policy
+    )
     assert d["privacy"]["prompt_tokens"] == lab.run.prompt_length and d["privacy"] == lab.probe().to_json()
     assert d["evicted_rows"] == [
         [list(map(int, r.nonzero()[0])) for r in lab.evicted(i)] for i in range(lab.lm.n_layers)

@@ -19,6 +19,7 @@ def test_trace_json_and_file(tiny_dir, tmp_path, capsys):
     assert rc == 0
     data = json.loads(capsys.readouterr().out)
     assert len(data["steps"]) == 4 and all(len(s["top5"]) == 5 for s in data["steps"])
+    assert [s["step"] for s in data["steps"]] == [1, 2, 3, 4]  # counted from 1, as the window counts
     tr = gi.load_trace(out)
     assert tr.tokens == data["tokens"] and tr.text == data["text"]
     assert data["steps"][0]["top5"][0]["prob"] >= data["steps"][0]["top5"][1]["prob"]

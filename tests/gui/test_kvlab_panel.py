@@ -38,12 +38,12 @@ def test_run_step_and_probe_show_the_labs_numbers(make_window, wait_idle, qtbot,
     ref = KVLab(lm, PROMPT, make("streaming", 4))
     want = ref.run_steps(6)
     xs, ys = panel.kl_curve.getData()
-    np.testing.assert_array_equal(xs, [s.index for s in want])
+    np.testing.assert_array_equal(xs, [s.index + 1 for s in want])  # steps count from 1, as in the window
     np.testing.assert_allclose(ys, [s.kl for s in want], rtol=1e-12, atol=0)
     k = ref.first_divergence
-    assert k is not None and panel.divergence.isVisible() and panel.divergence.value() == k
+    assert k is not None and panel.divergence.isVisible() and panel.divergence.value() == k + 1
     assert len(panel.miss.getData()[0]) == sum(not s.agree for s in want)
-    assert f"first divergence step {k}" in panel.status.text()
+    assert f"first divergence step {k + 1}" in panel.status.text()
     assert panel.table.rowCount() == lm.n_layers
     assert panel.table.item(1, 1).text() == f"{want[-1].bytes_policy[1]:,}"
     assert panel.table.item(1, 2).text() == f"{want[-1].bytes_full[1]:,}"
@@ -170,5 +170,5 @@ def test_on_a_sliding_window_model_the_full_cache_is_the_models_with_what_is_kep
     full, kept = [3 * entry, t * entry], [t * entry, t * entry]
     assert [panel.table.item(i, 2).text() for i in range(2)] == [f"{full[0]:,} (kept {kept[0]:,})", f"{full[1]:,}"]
     assert [panel.table.item(i, 1).text() for i in range(2)] == [f"{b:,}" for b in full]
-    assert panel.bytes_label.text() == (f"cache after step 2: {sum(full):,} of {sum(full):,} bytes (100.0%); "
+    assert panel.bytes_label.text() == (f"cache after step 3: {sum(full):,} of {sum(full):,} bytes (100.0%); "
                                         f"kept for inspection {sum(kept):,}")  # fmt: skip

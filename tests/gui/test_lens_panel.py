@@ -77,19 +77,21 @@ def test_ctrl_k_knocks_out_the_selected_head_and_the_run_is_recomputed(make_wind
         press(Qt.Key.Key_F10)
     press(Qt.Key.Key_BracketRight)  # head 1
     snap = press(Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
-    qtbot.waitUntil(lambda: "knocked out head 0.1" in win.statusBar().currentMessage(), timeout=5000)
+    qtbot.waitUntil(lambda: "Head 0.1 knocked out" in win.statusBar().currentMessage(), timeout=5000)
     ref = gi.Session(tiny_lm("gpt2"), "She eats an apple. He reads")
     ref.run(3)
     ref.set_head_edits([HeadEdit(0, 1)])
     snap = wait_idle(win)
     np.testing.assert_allclose(snap.step.probs.numpy(), ref.current.probs.numpy(), atol=1e-6)
     assert snap.mask_report is not None and snap.mask_report.total_variation > 0  # before / after shown
-    # patching the same head from another prompt, through the Tools menu
+    # patching the next head from another prompt, through the Tools menu (one intervention a head)
     from PySide6.QtWidgets import QInputDialog
+
+    press(Qt.Key.Key_BracketRight)  # head 2
 
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("The cat sat on the mat and the dog", True))
     next(a for a in win.tools_menu.actions() if a.text().startswith("Patch the selected head")).trigger()
-    qtbot.waitUntil(lambda: "patched head 0.1" in win.statusBar().currentMessage(), timeout=10000)
+    qtbot.waitUntil(lambda: "Head 0.2 patched from" in win.statusBar().currentMessage(), timeout=10000)
     assert not no_dialogs and not win.errors
 
 

@@ -389,16 +389,13 @@ def test_dragging_over_cells_blocks_them_all_in_the_chosen_scope(make_window, wa
     view.scope.setCurrentIndex(view.scope.findData("layer"))
     view.set_edit_mode(True)
     assert not view.vb.state["mouseEnabled"][0]  # no panning while editing
-    path = [
-        QPointF(0.5, t - 0.5),
-        QPointF(1.5, t - 0.5),
-        QPointF(1.6, t - 0.4),
-        QPointF(t - 0.5, 1.5),
-    ]  # last: above diagonal
+    # along the last row, then one jump up key 1's column to query 0, where key 1 is above the diagonal
+    path = [QPointF(0.5, t - 0.5), QPointF(1.5, t - 0.5), QPointF(1.6, t - 0.4), QPointF(1.5, 0.5)]
     for i, p in enumerate(path):
         view._drag(p, i == 0, i == len(path) - 1)
     snap = wait_idle(win)
-    want = [MaskEdit(t - 1, 0, layer=0, head=None), MaskEdit(t - 1, 1, layer=0, head=None)]
+    # every cell the pointer crossed between two events, the future one left out
+    want = [MaskEdit(t - 1, 0, layer=0, head=None)] + [MaskEdit(q, 1, layer=0, head=None) for q in range(t - 1, 0, -1)]
     assert list(snap.mask_edits) == want
     ref = Session(tiny_lm("gpt2"), PROMPT)
     ref.run(2)

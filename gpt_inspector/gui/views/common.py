@@ -295,8 +295,9 @@ def under(plot, images, cmap=DIVERGING) -> pg.ColorBarItem:
 
 
 def context_actions(widget: QWidget, *items) -> None:
-    """Right-click menu entries ``(text, slot)`` on ``widget``."""
-    widget.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
+    """Right-click menu entries ``(text, slot)`` on ``widget`` (one that builds its own menu keeps it)."""
+    if widget.contextMenuPolicy() != Qt.ContextMenuPolicy.CustomContextMenu:
+        widget.setContextMenuPolicy(Qt.ContextMenuPolicy.ActionsContextMenu)
     for text, slot in items:
         act = QAction(text, widget)
         act.triggered.connect(slot)

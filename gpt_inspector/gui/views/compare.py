@@ -369,6 +369,17 @@ class ComparePanel(QWidget):
         self.set_busy(False)
         self.summary.setText(f"<span style='color:#ff6b6b'>{_html(message)}</span>")
 
+    def forget(self, text: str) -> None:
+        """Drop the comparison shown: it was made on a session the window no longer shows."""
+        self.result = None
+        self.table.clear()
+        self.table.setRowCount(0)
+        self.tree.clear()
+        self.inspect_pick.clear()
+        self.inspect_pick.setEnabled(False)
+        self.inspect_button.setEnabled(False)
+        self.summary.setText(text)
+
     # ------------------------------------------------------------------ results
     def show_result(self, result: Comparison) -> None:
         self.set_busy(False)

@@ -99,7 +99,7 @@ class HeadAxis(pg.AxisItem):
         per_head = size / (maxVal - minVal) * self.d  # pixels
         # "kv head 10" needs ~60 px; narrower heads get "kv 10" (the tooltip says what it means), then fewer
         self.short = per_head < 66
-        stride = nice_stride((30.0 if self.short else 66.0) / per_head)
+        stride = int(nice_step(max(1.0, (30.0 if self.short else 66.0) / per_head)))
         return [(stride * self.d, [(h + 0.5) * self.d for h in range(0, self.heads, stride)])]
 
     def tickStrings(self, values, scale, spacing):  # noqa: N802 (pyqtgraph)

@@ -42,11 +42,12 @@ class LabView:
     steps: tuple  # LabStep records (the lab never changes one after it is made)
     first_divergence: int | None
     parted_at: int | None
+    finished: str | None = None  # why no step can follow (EOS, the context), as the lab says
 
     @classmethod
     def of(cls, lab) -> LabView:
         return cls(lab.policy.describe(), lab.free_running, tuple(lab.history), lab.first_divergence,
-                   lab.parted_at if lab.free_running else None)  # fmt: skip
+                   lab.parted_at if lab.free_running else None, lab.finished)  # fmt: skip
 
     def first(self, n: int) -> LabView:
         """The view after the lab's first ``n`` steps (a step back in the window undid the rest)."""
@@ -64,6 +65,7 @@ class KVLabPanel(QWidget):
     back_requested = Signal()
     probe_requested = Signal()
     show_requested = Signal()
+    progressed = Signal(str, int, int)  # what runs, steps done, planned: emitted on the worker, shown here
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -171,7 +173,7 @@ class KVLabPanel(QWidget):
             self.view = v
             self.set_busy(False)
             return
-        idx = np.array([s.index for s in steps], dtype=float)
+        idx = np.array([s.index + 1 for s in steps], dtype=float)  # steps count from 1, as in the window
         kl = np.array([s.kl for s in steps], dtype=float)
         self.kl_curve.setData(idx, kl)
         bad = np.array([not s.agree for s in steps])
@@ -179,17 +181,19 @@ class KVLabPanel(QWidget):
         k = v.first_divergence
         self.divergence.setVisible(k is not None)
         if k is not None:
-            self.divergence.setPos(k)
+            self.divergence.setPos(k + 1)
         last = steps[-1]
-        fd = "none yet" if k is None else f"step {k}"
+        fd = "none yet" if k is None else f"step {k + 1}"
         parted = "" if not v.free_running else (
-            "; the texts have not parted" if v.parted_at is None else f"; the texts part at step {v.parted_at}")  # fmt: skip
+            "; the texts have not parted" if v.parted_at is None else f"; the texts part at step {v.parted_at + 1}")  # fmt: skip
+        # a run that ended early (EOS) said nothing: it looked like a lab that ran fewer steps than asked
+        parted += f"; finished after step {last.index + 1} ({v.finished}): no step can follow" if v.finished else ""
         self.status.setText(f"{v.policy}, {'free-running' if v.free_running else 'teacher-forced'}: {len(steps)} steps, "
                             f"mean KL {kl.mean():.3e}, top-1 agreement {np.mean([s.agree for s in steps]):.0%}, "
                             f"first divergence {fd}{parted}")  # fmt: skip
         pol, full, kept = sum(last.bytes_policy), sum(last.bytes_full), sum(last.bytes_kept)
         # the full cache is the model's own (sliding-window layers: their window); the inspector keeps every position
-        self.bytes_label.setText(f"cache after step {last.index}: {pol:,} of {full:,} bytes ({pol / full:.1%})"
+        self.bytes_label.setText(f"cache after step {last.index + 1}: {pol:,} of {full:,} bytes ({pol / full:.1%})"
                                  + (f"; kept for inspection {kept:,}" if kept > full else ""))  # fmt: skip
         self.table.setRowCount(len(last.bytes_policy))
         lost = last.lost_mass
@@ -200,6 +204,9 @@ class KVLabPanel(QWidget):
             cells = [str(layer), f"{bp:,}", full_text, str(last.evicted_now[layer]), mass]
             for j, text in enumerate(cells):
                 self.table.setItem(layer, j, QTableWidgetItem(text))
+
+    def show_progress(self, name: str, done: int, planned: int) -> None:
+        self.status.setText(f"running {name}: step {done} of {planned}…")
 
     def show_privacy(self, r) -> None:
         self.set_busy(False)
@@ -229,7 +236,8 @@ def create_panel(window) -> KVLabPanel:
             d = src.decoding
             lab = KVLab(src.lm, policy=make(name, budget), prompt_ids=list(src.prompt_ids), free_running=free,
                         temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=src.seed)  # fmt: skip
-            lab.run_steps(n)
+            for i, _ in enumerate(lab.steps(n), 1):
+                panel.progressed.emit(name, i, n)  # queued to the GUI thread
             return lab, LabView.of(lab)
 
         def done(result) -> None:
@@ -271,6 +279,7 @@ def create_panel(window) -> KVLabPanel:
             panel.show_view(v.first(snap.n_steps))
 
     panel.show_requested.connect(show)
+    panel.progressed.connect(panel.show_progress)  # a bound method: PySide runs a lambda on the emitting thread
     window.snapshot_changed.connect(follow)
     panel.run_requested.connect(run)
     panel.step_requested.connect(lambda: on_lab(lambda lab: lab.step(), "one more lab step…"))

@@ -19,14 +19,12 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ...core.errors import Cancelled, InspectorError
+from ...core.errors import Cancelled
 from ..deferred import on_screen
 from .common import (
     PanelJob,
     column,
-    context_actions,
     hbox,
-    report_error,
     splitter,
     symmetric_levels,
     table,
@@ -264,7 +262,6 @@ def create_panel(window) -> LensPanel:
                         snap.unverified if snap is not None else None)  # fmt: skip
 
     panel.export_button.clicked.connect(export)
-    _add_interventions(window)
     panel.compute_requested.connect(lambda: compute())
     panel.head_clicked.connect(lambda layer, head: window.select(layer=layer, head=head))
     window.snapshot_changed.connect(on_snapshot)
@@ -272,61 +269,3 @@ def create_panel(window) -> LensPanel:
     window.tools_menu.addAction(window.acts.action("Logit lens of the current step", lambda: compute(), "Ctrl+Shift+L",
                                                    "Where the prediction formed, and which heads pushed it"))  # fmt: skip
     return panel
-
-
-def _add_interventions(window) -> None:
-    """Knock-out and patching on the selected head, from the overview's and the score matrix's
-    context menus and the Tools menu; each runs on the worker and recomputes like a mask edit."""
-    from PySide6.QtWidgets import QInputDialog
-
-    def edit(change, what: str) -> None:
-        def job(s):
-            if not s.live.can("step"):  # they change the run, as a step does
-                raise InspectorError("knock-out and patching need a live session (a trace or a beam is read-only)")
-            change(s)
-            return what
-
-        def done(result, error) -> None:
-            if error is not None:
-                report_error(window, "Cannot do that", error)
-            else:
-                window.statusBar().showMessage(result, 8000)
-
-        window.run_in_worker(job, done)
-
-    def knock(whole_layer: bool) -> None:
-        from ...core.capture import HeadEdit
-
-        layer, head = window.selection.layer, None if whole_layer else window.selection.head
-        what = f"layer {layer}'s attention" if whole_layer else f"head {layer}.{head}"
-        edit(lambda s: s.set_head_edits([*s.head_edits, HeadEdit(layer, head)]),
-             f"knocked out {what}; the run was recomputed with the chosen tokens kept")  # fmt: skip
-
-    def patch_head() -> None:
-        layer, head = window.selection.layer, window.selection.head
-        text, ok = QInputDialog.getText(window, "Patch a head from another prompt",
-                                        f"Write head {layer}.{head}'s output from a run of this prompt:")  # fmt: skip
-        if not ok or not text:
-            return
-
-        def change(s):
-            from ...core.session import Session
-
-            src = Session(s.lm, text)
-            while src.cache_length < s.cache_length and not src.finished:
-                src.step()
-            s.set_head_edits([*s.head_edits, s.patch_edit(layer, head, src)])
-
-        edit(change, f"patched head {layer}.{head} from “{text}”; the run was recomputed with the chosen tokens kept")
-
-    items = [("Knock out the selected head", lambda: knock(False), "Ctrl+K"),
-             ("Knock out the selected layer's attention", lambda: knock(True), None),
-             ("Patch the selected head from another prompt…", patch_head, None),
-             ("Clear knock-outs and patches", lambda: edit(lambda s: s.set_head_edits([]), "knock-outs and patches cleared"), None)]  # fmt: skip
-    window.tools_menu.addSeparator()
-    for text, slot, key in items:
-        window.tools_menu.addAction(
-            window.acts.action(text, slot, key, "Recompute the run with this change, tokens kept")
-        )
-    for view in (window.overview, window.score_matrix):
-        context_actions(view.glw, *((text, slot) for text, slot, _ in items))

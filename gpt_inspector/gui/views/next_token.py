@@ -20,6 +20,7 @@ from PySide6.QtCore import Signal
 from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QPushButton, QWidget
 
+from ...core.step import TOP_N
 from .common import (
     BAR_BRUSH,
     CHOSEN_BRUSH,
@@ -116,8 +117,8 @@ class NextTokenView(QWidget):
             show_axes(self.plot, ("left",), False)
             return
         show_axes(self.plot, ("left",), True)
-        kept = [e for e in st.top if e.prob > 0]
-        self.cut = len(kept) < len(st.top)
+        kept = [e for e in st.top if e.prob > 0]  # the engine lists only these now; a trace may be older
+        self.cut = len(kept) < min(TOP_N, len(st.probs))  # top-k / top-p left fewer than Step.top's ten
         self.top_ids = [e.token_id for e in kept]
         self.probs = [e.prob for e in kept]
         self.chosen = st.token_id

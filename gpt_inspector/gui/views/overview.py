@@ -1,5 +1,8 @@
 """L x H thumbnails of every head's attention pattern; click one to select that layer and head.
 
+Heads with an intervention in force carry a mark in their cell's corner (✕ knocked out, ● patched,
+■ a mask edit); a right-click selects the head under the pointer first, so its menu acts on that head.
+
 All thumbnails are one mosaic image (one ImageItem, one setImage per step) spread over a unit
 grid: cell (head h, layer l) covers [h, h+1] x [l, l+1], whatever the thumbnail resolution.
 """
@@ -9,7 +12,7 @@ from __future__ import annotations
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QRectF, Qt, Signal
-from PySide6.QtWidgets import QToolButton, QWidget
+from PySide6.QtWidgets import QMenu, QToolButton, QWidget
 
 from .common import (
     CMAP,
@@ -54,6 +57,9 @@ class OverviewGrid(QWidget):
         self.grid = pg.PlotCurveItem(pen=pg.mkPen("#1b1e24", width=2), connect="pairs")
         self.plot.addItem(self.grid)
         self.sel = outline(self.plot, pg.mkPen("#ffffff", width=2.5))
+        self.marks = pg.ScatterPlotItem(pxMode=True, size=9)
+        self.plot.addItem(self.marks)
+        self.marked: dict[tuple[int, int], str] = {}  # (layer, head) -> kinds in force, e.g. "kp"
         self._hint = placeholder_text(self.plot, "no steps yet")
         self.sel.setVisible(False)  # no head to outline before a model is shown
         show_axes(self.plot, ("left", "top"), False)
@@ -64,6 +70,9 @@ class OverviewGrid(QWidget):
         self.plot.scene().sigMouseClicked.connect(self._clicked)
         context_actions(self.glw, ("Export this grid…", lambda: self.export_requested.emit(None)),
                         ("Export the selected head…", lambda: self.export_requested.emit((self.layer, self.head))))  # fmt: skip
+        self.glw.setContextMenuPolicy(Qt.ContextMenuPolicy.CustomContextMenu)
+        self.glw.customContextMenuRequested.connect(self._menu)
+        self.menu: QMenu | None = None
 
     def _shape(self, L: int, H: int) -> None:
         if (L, H) == (self.L, self.H):
@@ -89,12 +98,57 @@ class OverviewGrid(QWidget):
         if 0 <= l < self.L and 0 <= h < self.H:
             self.head_clicked.emit(l, h)
 
+    def cell_at(self, pos) -> tuple[int, int] | None:
+        """(layer, head) under ``pos`` (the graphics view's coordinates), or None."""
+        p = self.plot.getViewBox().mapSceneToView(self.glw.mapToScene(pos))
+        h, l = int(np.floor(p.x())), int(np.floor(p.y()))
+        return (l, h) if 0 <= l < self.L and 0 <= h < self.H else None
+
+    def _menu(self, pos) -> None:
+        # the entries act on the selected head: select the one under the pointer first (the
+        # controller takes a selection at once), else they acted on the head selected before
+        cell = self.cell_at(pos)
+        if cell is not None:
+            self.layer, self.head = cell
+            self.head_clicked.emit(*cell)
+        if self.menu is None:  # one menu, filled afresh: panels add entries after this view is built
+            self.menu = QMenu(self.glw)
+        self.menu.clear()
+        self.menu.addActions(self.glw.actions())
+        self.menu.popup(self.glw.mapToGlobal(pos))
+
     def click_cell(self, layer: int, head: int) -> None:
         """What a click on the cell does (for tests and keyboard use)."""
         self.head_clicked.emit(layer, head)
 
+    def _mark(self, snap) -> None:
+        marked: dict[tuple[int, int], str] = {}
+        L, H = range(self.L), range(self.H)
+
+        def put(layer, head, kind) -> None:
+            for l in L if layer is None else [layer]:
+                for h in H if head is None else [head]:
+                    if kind not in marked.get((l, h), ""):
+                        marked[(l, h)] = marked.get((l, h), "") + kind
+
+        for e in snap.mask_edits:
+            put(e.layer, e.head, "m")
+        for e, _ in snap.head_edits:
+            put(e.layer, e.head, "k" if e.patch_from is None else "p")
+        if marked == self.marked:
+            return
+        self.marked = marked
+        # the strongest change shows: a knock-out over a patch over a mask edit
+        style = {"k": ("x", "#ff5c5c"), "p": ("o", "#5cc8ff"), "m": ("s", "#ffb84f")}
+        spots = []
+        for (l, h), kinds in marked.items():
+            symbol, colour = style[next(k for k in "kpm" if k in kinds)]
+            spots.append({"pos": (h + 0.8, l + 0.2), "symbol": symbol, "brush": colour, "pen": pg.mkPen("#1b1e24")})
+        self.marks.setData(spots)
+
     def set_snapshot(self, snap) -> None:
         self._shape(snap.n_layers, snap.n_heads)
+        self._mark(snap)
         self.layer, self.head = snap.selection.layer, snap.selection.head
         self.sel.setRect(QRectF(self.head, self.layer, 1, 1))
         self.sel.setVisible(snap.thumbs is not None)
@@ -115,4 +169,9 @@ class OverviewGrid(QWidget):
         partial = (
             "" if snap.thumb_rows >= snap.T else f" · {100 * snap.thumb_rows // max(1, snap.T)}% of query rows so far"
         )
-        self.title.setText(f"Overview: {self.L} layers × {self.H} heads · softmax, {res}{partial}")
+        marked = (
+            f" · {len(self.marked)} head(s) with interventions (✕ knock-out, ● patch, ■ mask edit)"
+            if self.marked
+            else ""
+        )
+        self.title.setText(f"Overview: {self.L} layers × {self.H} heads · softmax, {res}{partial}{marked}")

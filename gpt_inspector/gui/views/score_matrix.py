@@ -71,7 +71,7 @@ class _MatrixImage(pg.ImageItem):
             ev.ignore()  # the view box pans
             return
         ev.accept()
-        self.view._drag(ev.pos(), ev.isStart(), ev.isFinish())
+        self.view._drag(ev.pos(), ev.isStart(), ev.isFinish(), ev.buttonDownPos())
 
 
 class ScoreMatrix(QWidget):
@@ -87,7 +87,8 @@ class ScoreMatrix(QWidget):
         self.snap = None
         self.T = 0
         self.edit_mode = False
-        self._drag_cells: list[tuple[int, int]] = []
+        self._drag_cells: dict[tuple[int, int], None] = {}  # the cells dragged over, in order
+        self._drag_last = None  # the pointer at the drag's previous event (view coordinates)
         self._last_matrix = None
         self._hovered: tuple[int, int] | None = None  # the cell under the pointer, read out below the plot
         bar_w = QWidget()
@@ -341,15 +342,22 @@ class ScoreMatrix(QWidget):
         else:
             self.query_clicked.emit(cell[0])
 
-    def _drag(self, pos, start: bool, finish: bool) -> None:
+    def _drag(self, pos, start: bool, finish: bool, origin=None) -> None:
+        """One event of a drag at ``pos``; ``origin``: where the button went down (a drag starts a few pixels on)."""
         if start:
-            self._drag_cells = []
-        cell = self._cell(pos)
-        if cell is not None and cell[1] <= cell[0] and cell not in self._drag_cells:
-            self._drag_cells.append(cell)
+            self._drag_cells, self._drag_last = {}, origin
+        # a fast drag crosses several cells between two mouse events: take every cell on the way,
+        # sampled at a quarter cell along the segment since the last event
+        last, self._drag_last = self._drag_last, pos
+        n = 1 if last is None else max(1, math.ceil(4 * max(abs(pos.x() - last.x()), abs(pos.y() - last.y()))))
+        for i in range(0 if start and last is not None else 1, n + 1):
+            cell = self._cell(pos if last is None else last + (pos - last) * (i / n))
+            if cell is not None and cell[1] <= cell[0]:
+                self._drag_cells[cell] = None
+        if self._drag_cells:
             self.preview.setData([c[1] + 0.5 for c in self._drag_cells], [c[0] + 0.5 for c in self._drag_cells])
         if finish:
-            cells, self._drag_cells = self._drag_cells, []
+            cells, self._drag_cells = list(self._drag_cells), {}
             self.preview.setData([], [])
             self.edit_cells(cells)
 
