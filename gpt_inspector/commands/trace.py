@@ -62,7 +62,7 @@ def run(args) -> int:
                     "top5": [{"token_id": e.token_id, "text": e.label, "prob": e.prob} for e in st.top[:5]],
                 }
                 for st in steps
-            ],  # fmt: skip
+            ],
             "trace": str(path),
             "kv_cache_bytes": real,
             "kv_per_head_bytes": per_head,

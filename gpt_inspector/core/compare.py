@@ -192,7 +192,7 @@ def compare(
             "early_stopping": search.early_stopping,
             "eos_token_ids": list(search.eos_token_ids),
             "pad_token_id": search.pad_token_id,
-        },  # fmt: skip
+        },
         greedy=_session_output(greedy, None),
         beams=beams,
         sampled=sampled,

@@ -365,7 +365,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
                 "the policy's evictions",
                 lens="the logit lens recomputes residuals without the policy's evictions: "
                 "run it on the reference session",
-            )  # fmt: skip
+            )
         return Live(refused)
 
     def _window_outputs(self) -> None:

@@ -152,14 +152,14 @@ OPS: dict[str, dict[str, Arg]] = {
         "kind": Arg("choice", False, n=KINDS),
         "heads": HEADS,
         "keys": Arg("int", False, True, 0, MAX_INT),
-    },  # fmt: skip
+    },
     "layers_attention_rows": {
         "layers": Arg("ints", lo=0, hi=4096, n=4096),
         **ROWS,
         "kind": Arg("choice", False, n=KINDS),
         "heads": HEADS,
         "keys": Arg("int", False, True, 0, MAX_INT),
-    },  # fmt: skip
+    },
     "attention": {"layer": LAYER, "head": HEAD, "kind": Arg("choice", False, n=KINDS)},
     "distribution": {"index": Arg("int", lo=0, hi=MAX_INT)},
     "top": {"index": Arg("int", lo=0, hi=MAX_INT), "n": Arg("int", False, lo=1, hi=1000)},

@@ -40,7 +40,7 @@ def _state(s):
                 [t.token_id for t in x.top],
             )
             for x in s.steps_done
-        ],  # fmt: skip
+        ],
         "cache": _lengths(s.cache),
         "records": s.recorder.length,
         "rng": s.generator.get_state().tolist(),

@@ -188,7 +188,7 @@ EDIT_CYCLES = {
         BACK,
         {"op": "heads", "edits": []},
         {"op": "mask", "edits": []},
-    ],  # fmt: skip
+    ],
 }
 
 

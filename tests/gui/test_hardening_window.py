@@ -190,7 +190,7 @@ def _bad_window_inputs(tmp_path, tiny_dir=None):
         (SaveTrace(str(tmp_path / "trace.txt")), ".safetensors"),
         (Load(ModelSpec("nobody/nothing-here", "cpu"), hi), "not in the local cache"),
         (Load(ModelSpec(str(tmp_path), "cpu"), hi), "not a model folder"),
-    ]  # fmt: skip
+    ]
 
 
 def test_bad_inputs_in_the_window_give_one_dialog_each_and_the_session_goes_on(make_window, wait_idle, monkeypatch,
