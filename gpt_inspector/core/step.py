@@ -41,6 +41,49 @@ def top_rows(
     return [[TopEntry(i, label(i), p, lg) for i, p, lg in zip(*row)] for row in zip(ids, ps, ls)]
 
 
+STAGE_TOP = 10  # candidates kept per stage
+STAGE_LIST = 8  # removed or moved tokens listed per stage
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The distribution after one sampler stage, in brief: what it kept, removed and moved."""
+
+    key: str  # the generate setting that made it ("" for the raw logits)
+    label: str  # "repetition penalty 1.3"
+    origin: str  # "" (raw), "yours" or "model default"
+    top: tuple[TopEntry, ...]  # most likely after this stage, with their scores as ``logit``
+    kept: int  # tokens with probability > 0
+    removed: tuple[TopEntry, ...]  # removed here, the most likely before first (prob: before this stage)
+    n_removed: int
+    moved: tuple[tuple[TopEntry, int, int], ...]  # (token after, rank before, rank after), among the top
+
+
+def stage_summaries(stages: list[decoding.StageScores], label: Callable[[int], str]) -> tuple[Stage, ...]:
+    """``Stage`` of every stage's scores: the top ``STAGE_TOP`` and what changed from the stage before."""
+    out, prev_probs, prev_rank = [], None, {}
+    for st in stages:
+        probs = torch.softmax(st.scores, dim=-1)  # (V,)
+        top = top_entries(probs, st.scores, label, STAGE_TOP)
+        rank = {e.token_id: i for i, e in enumerate(top)}
+        removed, n_removed, moved = (), 0, []
+        if prev_probs is not None:
+            gone = (prev_probs > 0) & (probs == 0)  # (V,)
+            n_removed = int(gone.sum())
+            if n_removed:
+                vals, idx = torch.topk(torch.where(gone, prev_probs, -1.0), min(STAGE_LIST, n_removed))
+                removed = tuple(TopEntry(int(i), label(int(i)), float(v), float(st.scores[i]))
+                                for v, i in zip(vals.tolist(), idx.tolist()))  # fmt: skip
+            for e in top:
+                before = prev_rank.get(e.token_id)
+                if before != rank[e.token_id] and len(moved) < STAGE_LIST:
+                    moved.append((e, -1 if before is None else before, rank[e.token_id]))
+        out.append(Stage(st.key, st.label, st.origin, tuple(top), int((probs > 0).sum()), removed, n_removed,
+                         tuple(moved)))  # fmt: skip
+        prev_probs, prev_rank = probs, rank
+    return tuple(out)
+
+
 @dataclass
 class Step:
     """What one step computed and chose.
@@ -62,14 +105,22 @@ class Step:
     finish_reason: str | None = None
     rng_state: torch.Tensor | None = field(default=None, repr=False)
     label: str = ""  # the chosen token's readable label
+    stages: tuple[Stage, ...] = ()  # raw logits, then each of generate's processors in order
 
     @property
     def prob(self) -> float:
         return float(self.probs[self.token_id])
 
-    def refresh(self, dec: decoding.Decoding, label: Callable[[int], str], text: Callable[[int], str]) -> None:
-        """Recompute what depends on the decoding settings and the chosen token."""
-        self.probs = decoding.distribution(self.logits, dec)
+    def refresh(self, sampler: decoding.Sampler | decoding.Decoding, label: Callable[[int], str],
+                text: Callable[[int], str], context: list[int] = (), stages=None) -> None:  # fmt: skip
+        """Recompute what depends on the decoding settings and the chosen token. ``context``: the
+        tokens before this step (prompt and earlier choices), which penalties and n-grams read;
+        ``stages``: the sampler's stages of these logits if already computed."""
+        if isinstance(sampler, decoding.Decoding):
+            sampler = decoding.Sampler(sampler, prompt_length=len(context))
+        stages = stages if stages is not None else sampler.stages(self.logits, context)
+        self.probs = torch.softmax(stages[-1].scores, dim=-1)  # (V,)
+        self.stages = stage_summaries(stages, label)
         self.entropy = decoding.entropy(self.probs)
         self.top = top_entries(self.probs, self.logits, label)
         self.token_text = text(self.token_id)
