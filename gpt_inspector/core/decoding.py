@@ -233,7 +233,8 @@ class Sampler:
     def __init__(self, dec: Decoding, shipped: dict | None = None, eos_token_ids=(), prompt_length: int = 0,
                  max_length: int | None = None):  # fmt: skip
         self.decoding = dec
-        self.shipped = dict(shipped or {})
+        # only the fields that make processors: a trace's record is input from outside
+        self.shipped = {k: v for k, v in (shipped or {}).items() if k in hf.SHIPPED_FIELDS}
         self.eos_token_ids = tuple(int(i) for i in eos_token_ids)
         self.prompt_length = int(prompt_length)
         if dec.max_new_tokens is not None:

@@ -63,6 +63,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             )
         self.prompt_ids = ids
         self.tokens: list[int] = list(ids)
+        self.sampler()  # the settings checked against this model (token ids in its vocabulary) before any step
         self.finished: str | None = None
         self._blocked: dict[tuple, MaskEdit] = {}
         self._head_edits: list[HeadEdit] = []
@@ -108,6 +109,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         """generate's processors for ``dec`` (default: the settings in force) on this model and prompt."""
         dec = dec or self.decoding
         if dec not in self._samplers:
+            _check_ids(dec, self.lm.vocab_size)
             if len(self._samplers) > 16:  # a dragged slider makes many; the newest few are what is reused
                 self._samplers.clear()
             self._samplers[dec] = decoding.Sampler(dec, self.shipped, self.lm.eos_token_ids, len(self.prompt_ids),
@@ -269,6 +271,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, **settings}
             decoding = self.decoding.replace(**{k: v for k, v in given.items() if v is not self._UNSET})
         new = decoding
+        self.sampler(new)  # checked against the model (token ids) before anything changes
         ops = push_op(self._ops, {"op": "decoding", **new.to_json(), "redecide": bool(redecide)})
         s = self.current
         fresh, rng = None, None
@@ -445,6 +448,15 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             if progress is not None:
                 progress(n + 1, len(ops))
         return s
+
+
+def _check_ids(dec: decoding.Decoding, vocab: int) -> None:
+    ids = [*(dec.suppress_tokens or ()), *(i for w in dec.bad_words_ids or () for i in w)]
+    if dec.forced_eos_token_id is not None:
+        ids.append(dec.forced_eos_token_id)
+    bad = [i for i in ids if i >= vocab]
+    if bad:
+        raise InspectorError(f"token id {bad[0]} in the decoding settings is outside the vocabulary (size {vocab})")
 
 
 def _decoding(temperature, top_k, top_p, **settings) -> decoding.Decoding:
