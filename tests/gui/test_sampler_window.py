@@ -64,3 +64,20 @@ def test_set_a_repetition_penalty_step_and_read_the_stages(shown, wait_idle, qtb
     assert "suppress tokens" in dialogs[-1][1] and sp.suppress.text() == "5, 6"
     assert len(win.errors) == 1  # that one dialog, and no other error
     assert wait_idle(win).decoding["suppress_tokens"] == [5, 6]
+
+
+def test_advanced_controls_show_what_a_recipe_holds(qtbot):
+    """A restored recipe's settings appear in the controls, and the controls give them back unchanged."""
+    from gpt_inspector.core.decoding import Decoding
+    from gpt_inspector.gui.controls import SessionPanel
+
+    panel = SessionPanel()
+    qtbot.addWidget(panel)
+    empty = panel.sampler_settings()
+    assert all(v is None for v in empty.values()) and not panel.advanced_toggle.isChecked()
+    want = Decoding(0.7, repetition_penalty=1.35, no_repeat_ngram_size=3, min_p=0.05, typical_p=0.9,
+                    epsilon_cutoff=0.0005, eta_cutoff=0.002, min_new_tokens=4, suppress_tokens=[1, 2],
+                    bad_words_ids=[[3], [4, 5]], forced_eos_token_id=9, max_new_tokens=panel.max_steps.value())  # fmt: skip
+    panel.set_sampler_settings(want.to_json())
+    assert panel.advanced_toggle.isChecked()
+    assert Decoding(0.7, **panel.sampler_settings()) == want
