@@ -72,7 +72,7 @@ class NextTokenView(QWidget):
         self.stage.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
         self.stage.setMinimumContentsLength(14)
         self.stage.currentIndexChanged.connect(self._stage_picked)
-        self.stage_info = info_label("")
+        self.stage_info = info_label("", rich=True)
         self.stage_info.setWordWrap(True)
         self._stage_labels: list[str] = []
         vbox(self, hbox(None, (self.summary, 1), self.redecide), hbox(None, (self.stage, 1)), (self.glw, 1),
