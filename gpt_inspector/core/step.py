@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -59,28 +60,54 @@ class Stage:
     moved: tuple[tuple[TopEntry, int, int], ...]  # (token after, rank before, rank after), among the top
 
 
+SMALL = 4096  # a stage keeping at most this many tokens is summarised from those alone
+
+
 def stage_summaries(stages: list[decoding.StageScores], label: Callable[[int], str]) -> tuple[Stage, ...]:
-    """``Stage`` of every stage's scores: the top ``STAGE_TOP`` and what changed from the stage before."""
-    out, prev_probs, prev_rank = [], None, {}
+    """``Stage`` of every stage's scores: the top ``STAGE_TOP`` and what changed from the stage before.
+
+    Runs on every step for every processor, so a vocabulary-wide pass is spent only where needed:
+    once a filter has cut the candidates to a few (top-k, top-p, ...), each later stage is read off
+    those few, and the removed tokens are ranked among the removed ones only.
+    """
+    out, prev = [], None  # prev: (scores, probs or None, finite mask, kept, kept ids or None, rank)
     for st in stages:
-        probs = torch.softmax(st.scores, dim=-1)  # (V,)
-        top = top_entries(probs, st.scores, label, STAGE_TOP)
-        rank = {e.token_id: i for i, e in enumerate(top)}
+        scores = st.scores  # (V,)
+        if prev is not None and torch.equal(scores, prev[0]):  # a processor with nothing to do at this step
+            last = out[-1]
+            out.append(Stage(st.key, st.label, st.origin, last.top, last.kept, (), 0, ()))
+            continue
+        finite = scores > -math.inf  # (V,): -inf is how a processor removes a token
+        kept = int(finite.sum())
+        if kept <= SMALL:
+            ids_kept = finite.nonzero()[:, 0]  # (kept,)
+            sub = torch.softmax(scores[ids_kept], dim=-1)  # (kept,): the same probabilities, from the few
+            pv, j = torch.topk(sub, min(STAGE_TOP, kept))
+            idx, probs = ids_kept[j], None
+        else:
+            ids_kept, probs = None, torch.softmax(scores, dim=-1)  # (V,)
+            pv, idx = torch.topk(probs, min(STAGE_TOP, scores.shape[-1]))
+        ids, ps, ls = idx.tolist(), pv.tolist(), scores[idx].tolist()
+        top = [TopEntry(i, label(i), p, lg) for i, p, lg in zip(ids, ps, ls)]
+        rank = {i: n for n, i in enumerate(ids)}
         removed, n_removed, moved = (), 0, []
-        if prev_probs is not None:
-            gone = (prev_probs > 0) & (probs == 0)  # (V,)
-            n_removed = int(gone.sum())
-            if n_removed:
-                vals, idx = torch.topk(torch.where(gone, prev_probs, -1.0), min(STAGE_LIST, n_removed))
-                removed = tuple(TopEntry(int(i), label(int(i)), float(v), float(st.scores[i]))
-                                for v, i in zip(vals.tolist(), idx.tolist()))  # fmt: skip
+        if prev is not None:
+            p_scores, p_probs, p_finite, p_kept, p_ids, p_rank = prev
+            if kept < p_kept:
+                gone = p_ids[~finite[p_ids]] if p_ids is not None else (p_finite & ~finite).nonzero()[:, 0]  # (n,)
+                n_removed = int(gone.numel())
+                # their probabilities before this stage: the previous stage's softmax at those ids
+                before = (torch.softmax(p_scores[p_ids], -1)[~finite[p_ids]] if p_ids is not None
+                          else p_probs[gone])  # fmt: skip
+                bv, bj = torch.topk(before, min(STAGE_LIST, n_removed))
+                removed = tuple(TopEntry(int(i), label(int(i)), p, -math.inf)
+                                for i, p in zip(gone[bj].tolist(), bv.tolist()))  # fmt: skip
             for e in top:
-                before = prev_rank.get(e.token_id)
-                if before != rank[e.token_id] and len(moved) < STAGE_LIST:
-                    moved.append((e, -1 if before is None else before, rank[e.token_id]))
-        out.append(Stage(st.key, st.label, st.origin, tuple(top), int((probs > 0).sum()), removed, n_removed,
-                         tuple(moved)))  # fmt: skip
-        prev_probs, prev_rank = probs, rank
+                was = p_rank.get(e.token_id)
+                if was != rank[e.token_id] and len(moved) < STAGE_LIST:
+                    moved.append((e, -1 if was is None else was, rank[e.token_id]))
+        out.append(Stage(st.key, st.label, st.origin, tuple(top), kept, removed, n_removed, tuple(moved)))
+        prev = (scores, probs, finite, kept, ids_kept, rank)
     return tuple(out)
 
 
