@@ -48,8 +48,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
-def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 = greedy (default)")) -> None:
-    """The decoding flags, in group ``g`` (default: a new "decoding" group); ``temperature``: its (default, help)."""
+def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 = greedy (default)"),
+                      sampler: bool = True, max_new_tokens: bool = True) -> None:  # fmt: skip
+    """The decoding flags, in group ``g`` (default: a new "decoding" group); ``temperature``: its (default, help);
+    ``sampler``: also the rest of generate's sampler arguments (``add_sampler_args``)."""
     g = g or p.add_argument_group("decoding")
     g.add_argument("--temperature", type=float, default=temperature[0], help=temperature[1])
     g.add_argument(
@@ -64,6 +66,65 @@ def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 =
     g.add_argument(
         "--seed", type=int, default=0, help="random seed for sampling (default 0); the same seed gives the same tokens"
     )
+    if sampler:
+        add_sampler_args(g, max_new_tokens)
+
+
+def add_sampler_args(g, max_new_tokens: bool = True) -> None:
+    """generate's other sampler arguments, by its names; unset ones take the model's generation-config
+    default where it ships one. The warpers (min-p ... eta) apply only when sampling (temperature > 0)."""
+    for flag, typ, text in (
+        ("--min-p", float, "drop tokens below min-p times the top token's probability (sampling)"),
+        ("--typical-p", float, "keep the locally typical tokens up to this mass (sampling)"),
+        ("--epsilon-cutoff", float, "drop tokens below this probability (sampling)"),
+        ("--eta-cutoff", float, "drop tokens below an entropy-scaled cutoff (sampling)"),
+        ("--repetition-penalty", float, "divide the scores of tokens already in the text (1 = off; < 1 favours them)"),
+        ("--no-repeat-ngram-size", int, "never repeat an n-gram of this size"),
+        ("--min-new-tokens", int, "forbid the end-of-sequence token for this many steps"),
+        ("--forced-eos-token-id", int, "force this token on the last step (with --max-new-tokens, else the context's end)"),
+    ):  # fmt: skip
+        g.add_argument(flag, type=typ, default=None, help=text)
+    if max_new_tokens:
+        g.add_argument("--max-new-tokens", type=int, default=None, help="with --forced-eos-token-id: steps before it")
+    g.add_argument("--suppress-tokens", default=None, metavar="IDS", help="token ids never chosen, e.g. 13,198")
+    g.add_argument("--bad-words-ids", default=None, metavar="IDS;IDS",
+                   help="token-id sequences never completed, e.g. 318;262,3290 (semicolons between sequences)")  # fmt: skip
+    g.add_argument("--bad-words", default=None, metavar="WORDS",
+                   help="words never produced, comma-separated, tokenized as typed (quote a leading space)")  # fmt: skip
+
+
+SAMPLER_FLAGS = ("min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty", "no_repeat_ngram_size",
+                 "min_new_tokens", "forced_eos_token_id")  # fmt: skip
+
+
+def sampler_settings(args) -> dict:
+    """The sampler flags given, as ``Session``'s keyword arguments (``--bad-words`` needs the tokenizer:
+    see ``bad_words``); InspectorError for a malformed list."""
+    out = {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k, None) is not None}
+    if out.get("forced_eos_token_id") is not None and getattr(args, "max_new_tokens", None) is not None:
+        out["max_new_tokens"] = args.max_new_tokens
+    if getattr(args, "suppress_tokens", None) is not None:
+        out["suppress_tokens"] = int_list(args.suppress_tokens, "--suppress-tokens")
+    if getattr(args, "bad_words_ids", None) is not None:
+        seqs = [part for part in args.bad_words_ids.split(";") if part.strip()]
+        if not seqs:
+            raise InspectorError("--bad-words-ids is empty")
+        out["bad_words_ids"] = [int_list(part, "--bad-words-ids") for part in seqs]
+    return out
+
+
+def bad_words(args, tokenizer) -> list[list[int]]:
+    """``--bad-words`` as token-id sequences, each word encoded as typed."""
+    out = []
+    for word in (getattr(args, "bad_words", None) or "").split(","):
+        if word.strip():
+            ids = list(tokenizer.encode(word, add_special_tokens=False))
+            if not ids:
+                raise InspectorError(f"--bad-words: {word!r} encodes to no tokens")
+            out.append(ids)
+    if getattr(args, "bad_words", None) is not None and not out:
+        raise InspectorError("--bad-words is empty")
+    return out
 
 
 def load_options(args) -> dict:
@@ -94,9 +155,18 @@ def load(args):
 def session(args):
     from ..core import Session
 
-    return Session(
-        load(args), args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed
-    )
+    lm = load(args)
+    return Session(lm, args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                   **settings_for(args, lm))  # fmt: skip
+
+
+def settings_for(args, lm) -> dict:
+    """``sampler_settings`` with ``--bad-words`` encoded by ``lm``'s tokenizer and added to the id sequences."""
+    out = sampler_settings(args)
+    words = bad_words(args, lm.tokenizer)
+    if words:
+        out["bad_words_ids"] = out.get("bad_words_ids", []) + words
+    return out
 
 
 def check_run_args(args) -> None:
@@ -107,6 +177,23 @@ def check_run_args(args) -> None:
     validate.seed(args.seed, "--seed")
     if getattr(args, "temperature", None) is not None:
         decoding.validate(args.temperature, args.top_k, args.top_p)
+    extra = sampler_settings(args)
+    if extra:
+        t = getattr(args, "temperature", None)
+        decoding.Decoding(0.0 if t is None else t, **extra)  # the whole set, before the (slow) model load
+
+
+def window_settings(args) -> dict:
+    """The window's start settings from its sampler flags, checked before the window opens."""
+    from ..core import decoding
+
+    if args is None:
+        return {}
+    if getattr(args, "bad_words", None) is not None:
+        raise InspectorError("the window takes --bad-words-ids (token ids), not --bad-words")
+    out = sampler_settings(args)
+    decoding.Decoding(**out)
+    return out
 
 
 def int_list(text: str, what: str, hint: str = "") -> list[int]:

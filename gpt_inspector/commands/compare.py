@@ -45,7 +45,7 @@ def add_arguments(p):
     )
     s = p.add_argument_group("sampling (with --sample)")
     s.add_argument("--sample", action="store_true", help="also show one seeded sample")
-    common.add_decoding_args(p, s, temperature=(None, "default 1.0"))
+    common.add_decoding_args(p, s, temperature=(None, "default 1.0"), max_new_tokens=False)
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
 
 
@@ -69,7 +69,8 @@ def _check(args) -> None:
         validate.integer("--max-length", args.max_length, 1)
     validate.early_stopping(args.early_stopping)
     if not args.sample:
-        given = [n for n in ("temperature", "top_k", "top_p") if getattr(args, n) is not None]
+        given = [n for n in ("temperature", "top_k", "top_p", *common.SAMPLER_FLAGS, "suppress_tokens", "bad_words_ids",
+                             "bad_words") if getattr(args, n) is not None]  # fmt: skip
         if given:
             raise InspectorError(f"--{given[0].replace('_', '-')} only applies with --sample")
 
@@ -85,7 +86,7 @@ def run(args) -> int:
         num_return_sequences=args.num_return_sequences, length_penalty=args.length_penalty,
         early_stopping=validate.early_stopping(args.early_stopping), sample=args.sample,
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed,
+        seed=args.seed, sampler=common.settings_for(args, lm),
     )  # fmt: skip
     out = result.to_json()
     for w in result.warnings:

@@ -28,7 +28,7 @@ def add_arguments(p):
     p.add_argument("--free-running", action="store_true",
                    help="let the policy run choose its own tokens and show where the texts part "
                         "(default: teacher-forced, it is fed the reference's tokens)")  # fmt: skip
-    common.add_decoding_args(p)
+    common.add_decoding_args(p, sampler=False)  # the lab's runs take temperature, top-k and top-p only
     p.add_argument(
         "--probe",
         action="store_true",

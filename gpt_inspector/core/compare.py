@@ -122,13 +122,15 @@ def compare(
     *,
     prompt_ids: list[int] | None = None,
     progress: Callable[[str, int], None] | None = None,
+    sampler: dict | None = None,
 ) -> Comparison:
     """Greedy decoding, beam search and (with ``sample``) a seeded sample on one prompt.
 
     Every output has ``token_ids`` (prompt included, as generate returns them), ``text``,
     per-token ``probs`` of the generated tokens and, except greedy, ``diverges_at`` (the first
     token index where it differs from greedy, None if identical). ``progress(what, step)`` is
-    called as work advances (``what``: greedy, beams, sample).
+    called as work advances (``what``: greedy, beams, sample). ``sampler``: more of generate's
+    sampler settings for the sample (``decoding.Decoding``'s names).
     """
     seed = validate.seed(seed)
     search = BeamSearch(
@@ -174,10 +176,12 @@ def compare(
         )  # fmt: skip
     sampled: Decoded | None = None
     if sample:
-        s = Session(lm, prompt_ids=search.prompt_ids, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed)
+        s = Session(lm, prompt_ids=search.prompt_ids, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                    **(sampler or {}))  # fmt: skip
         run("sample", s.steps(new_tokens))
         sampled = _session_output(s, greedy_ids)
-        sampled.update({"seed": seed, "temperature": float(temperature), "top_k": top_k, "top_p": top_p})
+        sampled.update({"seed": seed, "temperature": float(temperature), "top_k": top_k, "top_p": top_p,
+                        **{k: v for k, v in s.decoding.to_json().items() if k not in ("temperature", "top_k", "top_p")}})  # fmt: skip
 
     return Comparison(
         model=lm.name,

@@ -26,7 +26,8 @@ __all__ = [
     "DynamicLayer", "DynamicSlidingWindowLayer", "EncoderDecoderCache", "LinearAttentionCacheLayerMixin", "sdpa_mask", "cache_kwarg", "call",
     "cache_arg", "family_module", "layer_types", "layer_config", "layer_config_value", "cache_keeps",
     "causal_lm_types", "quiet", "no_progress_bars", "auto_classes",
-    "logits_processors", "bytes_to_unicode", "cache_utils",
+    "logits_processors", "bytes_to_unicode", "cache_utils", "SHIPPED_FIELDS", "generation_defaults",
+    "logits_processor_list",
 ]  # fmt: skip
 
 VERSION: str = transformers.__version__
@@ -189,6 +190,58 @@ def logits_processors():
     from transformers.generation import logits_process
 
     return logits_process
+
+
+# the generation-config fields that give ``generate`` a logits processor or warper (guidance and
+# watermarking need the model itself and are left out); a checkpoint may ship any of them
+SHIPPED_FIELDS = (
+    "top_k", "top_p", "min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetition_penalty",
+    "no_repeat_ngram_size", "bad_words_ids", "min_length", "min_new_tokens", "forced_bos_token_id",
+    "forced_eos_token_id", "remove_invalid_values", "exponential_decay_length_penalty", "suppress_tokens",
+    "begin_suppress_tokens", "sequence_bias", "renormalize_logits", "top_h",
+)  # fmt: skip
+
+
+def generation_defaults(model) -> dict:
+    """The processor settings ``model``'s own generation config sets (the checkpoint's defaults), by
+    ``generate``'s names. transformers' global fallbacks (top-k 50 when sampling) are not the model's."""
+    gc = getattr(model, "generation_config", None)
+    out = {}
+    for name in SHIPPED_FIELDS:
+        v = getattr(gc, name, None)
+        if v is not None:
+            out[name] = v
+    return out
+
+
+@functools.lru_cache(maxsize=1)
+def _builder():
+    # generate's own list builder, on a stand-in for a decoder-only model: it reads only
+    # config.is_encoder_decoder and the merge helper (guidance and watermarking, which need the
+    # model, are never asked for), so a trace without its model builds the very same list
+    from transformers.generation.utils import GenerationMixin
+
+    class _DecoderOnly(GenerationMixin):
+        config = type("_Config", (), {"is_encoder_decoder": False})()
+        device = torch.device("cpu")
+
+    return object.__new__(_DecoderOnly)
+
+
+def logits_processor_list(settings: dict, eos_token_ids, prompt_length: int, max_length: int) -> list:
+    """``generate``'s ``LogitsProcessorList`` for ``settings`` (its keyword arguments: do_sample,
+    temperature, top_k, ...): built by its own ``_get_logits_processor`` after its own special-token
+    preparation, so the processors, their order and their arguments are generate's. ``prompt_length``
+    is generate's ``input_ids_seq_length`` (min-new-tokens counts from it), ``max_length`` its
+    ``max_length`` (forced EOS fires on the last position before it). ValueError for a setting a
+    processor refuses."""
+    from transformers import GenerationConfig
+
+    b = _builder()
+    gc = GenerationConfig(**settings, eos_token_id=list(eos_token_ids) or None, max_length=int(max_length))
+    b._prepare_special_tokens(gc, True, device=torch.device("cpu"))
+    return list(b._get_logits_processor(gc, input_ids_seq_length=int(prompt_length), device=torch.device("cpu"),
+                                        model_kwargs={}))  # fmt: skip
 
 
 def bytes_to_unicode() -> dict[int, str]:

@@ -58,15 +58,20 @@ def _opt_int(d: dict, key: str, what: str) -> None:
 
 
 def _decoding(d, what: str) -> None:
+    """Settings as ``Decoding.to_json`` writes them (an op adds "op" and "redecide")."""
     if not isinstance(d, dict):
         raise InspectorError(f"{what} must be an object with temperature, top_k and top_p, got {_short(d)}")
-    t, k, p = d.get("temperature", 0.0), d.get("top_k"), d.get("top_p")
-    if isinstance(t, bool) or not isinstance(t, (int, float)):
-        raise InspectorError(f"{what}: temperature must be a number, got {_short(t)}")
-    if p is not None and (isinstance(p, bool) or not isinstance(p, (int, float))):
-        raise InspectorError(f"{what}: top_p must be a number, got {_short(p)}")
+    settings = {k: v for k, v in d.items() if k not in ("op", "redecide")}
+    for k, v in settings.items():
+        # numbers as JSON numbers: text that float() would take is not what a recipe writes
+        if k in ("suppress_tokens", "bad_words_ids"):
+            for w in _list(v, f"{what}: {k}", MAX_IDS):
+                if k == "bad_words_ids":
+                    _list(w, f"{what}: {k} entries", MAX_IDS)
+        elif v is not None and (isinstance(v, bool) or not isinstance(v, (int, float))):
+            raise InspectorError(f"{what}: {k} must be a number, got {_short(v)}")
     try:
-        decoding.validate(t, k, p)
+        decoding.Decoding.from_json(settings)
     except InspectorError as e:
         raise InspectorError(f"{what}: {e}") from None
 

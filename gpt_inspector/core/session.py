@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import decoding, kv_layout, validate
+from . import decoding, hf, kv_layout, validate
 from .attention import KINDS
 from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit
@@ -85,7 +85,9 @@ class _SessionRecords(RunRecords):
 class Session(EditingMixin, ModelShape, RunSource, Run):
     """Step a loaded model through generation, recording every attention quantity.
 
-    ``Session(model, prompt, temperature=0.0, top_k=None, top_p=None, seed=0)``. The read
+    ``Session(model, prompt, temperature=0.0, top_k=None, top_p=None, seed=0, **settings)``, where
+    ``settings`` are more of ``generate``'s sampler arguments (``repetition_penalty``, ``min_p``, ...;
+    see ``decoding.Decoding``), or ``decoding=Decoding(...)`` for all of them at once. The read
     accessors (``attention``, ``qkv``, ...) come from ``RunSource``; this class keeps the state.
     """
 
@@ -101,10 +103,14 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         seed: int = 0,
         *,
         prompt_ids: list[int] | None = None,
+        decoding: decoding.Decoding | None = None,
+        **settings,
     ):
         self.lm = model
-        decoding.validate(temperature, top_k, top_p)
-        self.decoding = decoding.Decoding(float(temperature), top_k, top_p)
+        self.decoding = decoding if decoding is not None else _decoding(temperature, top_k, top_p, **settings)
+        # the checkpoint's own generation-config defaults, which generate applies unless overridden
+        self.shipped = hf.generation_defaults(model.model)
+        self._samplers: dict = {}
         self.seed = validate.seed(seed)
         ids = validate.prompt_ids(model, prompt, prompt_ids)  # before decode: a bad id must not reach the tokenizer
         self.prompt = prompt if prompt_ids is None else model.tokenizer.decode(ids)
@@ -115,6 +121,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             )
         self.prompt_ids = ids
         self.tokens: list[int] = list(ids)
+        self.sampler()  # the settings checked against this model (token ids in its vocabulary) before any step
         self.finished: str | None = None
         self._blocked: dict[tuple, MaskEdit] = {}
         self._head_edits: list[HeadEdit] = []
@@ -157,16 +164,34 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             self._emit("fault", e.__cause__)
             raise
 
+    def sampler(self, dec: decoding.Decoding | None = None) -> decoding.Sampler:
+        """generate's processors for ``dec`` (default: the settings in force) on this model and prompt."""
+        dec = dec or self.decoding
+        if dec not in self._samplers:
+            _check_ids(dec, self.lm.vocab_size)
+            if len(self._samplers) > 16:  # a dragged slider makes many; the newest few are what is reused
+                self._samplers.clear()
+            self._samplers[dec] = decoding.Sampler(dec, self.shipped, self.lm.eos_token_ids, len(self.prompt_ids),
+                                                   self.lm.context_length)  # fmt: skip
+        return self._samplers[dec]
+
+    def _context(self, index: int) -> list[int]:
+        """The tokens before step ``index`` chose (what generate's processors see as input_ids)."""
+        return self.tokens[: len(self.prompt_ids) + index]
+
     def _make_step(self, logits: torch.Tensor, seconds: float) -> Step:
         index = self.n_steps
         rng = self.generator.get_state()
-        token = decoding.choose(logits, self.decoding, self.generator)
+        sampler = self.sampler()
+        stages = sampler.stages(logits, self._context(index))
+        token = sampler.choose_from(stages[-1].scores, self.generator)
         s = Step(index, len(self.prompt_ids) - 1 + index, token, "", logits, logits, [], 0.0, False, seconds, None, rng)
-        self._refresh(s)
+        self._refresh(s, stages=stages)
         return s
 
-    def _refresh(self, s: Step, dec: decoding.Decoding | None = None) -> None:
-        s.refresh(dec or self.decoding, self.label, lambda i: self.lm.tokenizer.decode([i]))
+    def _refresh(self, s: Step, dec: decoding.Decoding | None = None, stages=None) -> None:
+        s.refresh(self.sampler(dec), self.label, lambda i: self.lm.tokenizer.decode([i]), self._context(s.index),
+                  stages)  # fmt: skip
         # the chosen token is fed next, at position P + index; it must fit in the context
         full = len(self.prompt_ids) + s.index + 1 > self.lm.context_length
         s.finish_reason = "eos" if s.token_id in self.lm.eos_token_ids else "context" if full else None
@@ -293,18 +318,19 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
     # ------------------------------------------------------------------ decoding, live
     _UNSET = object()
 
-    def set_decoding(self, temperature=_UNSET, top_k=_UNSET, top_p=_UNSET, redecide: bool = False) -> Step | None:
+    def set_decoding(self, temperature=_UNSET, top_k=_UNSET, top_p=_UNSET, redecide: bool = False, *,
+                     decoding: decoding.Decoding | None = None, **settings) -> Step | None:  # fmt: skip
         """Change the decoding settings; the current distribution updates at once, no model run.
 
-        With ``redecide`` the current token is chosen again from the stored logits (sampling from
-        the same generator state the original choice used).
+        The settings named change (``generate``'s names; None turns one off), the others stay;
+        ``decoding`` replaces them all. With ``redecide`` the current token is chosen again from the
+        stored logits (sampling from the same generator state the original choice used).
         """
-        d = self.decoding
-        t = d.temperature if temperature is self._UNSET else temperature
-        k = d.top_k if top_k is self._UNSET else top_k
-        p = d.top_p if top_p is self._UNSET else top_p
-        decoding.validate(t, k, p)
-        new = decoding.Decoding(float(t), k, p)
+        if decoding is None:
+            given = {"temperature": temperature, "top_k": top_k, "top_p": top_p, **settings}
+            decoding = self.decoding.replace(**{k: v for k, v in given.items() if v is not self._UNSET})
+        new = decoding
+        self.sampler(new)  # checked against the model (token ids) before anything changes
         ops = push_op(self._ops, {"op": "decoding", **new.to_json(), "redecide": bool(redecide)})
         s = self.current
         fresh, rng = None, None
@@ -313,7 +339,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             if redecide and not s.forced:
                 # a generator of its own: the session's is touched only at the commit below
                 g = torch.Generator().set_state(s.rng_state)
-                token = decoding.choose(s.logits, new, g)
+                token = self.sampler(new).choose(s.logits, self._context(s.index), g)
                 rng = g.get_state()
             fresh = self._refreshed(s, new, token_id=token)
         with interrupts_deferred():  # all of the change or none of it
@@ -438,9 +464,8 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         ops = compact_ops(recipe["ops"], edit_shape(lm))
         if sum(op["op"] in ("mask", "heads") for op in ops) > MAX_RECOMPUTES:
             raise InspectorError(f"more than {MAX_RECOMPUTES} mask or head edit operations")
-        d = recipe["initial_decoding"]
-        s = cls(lm, recipe["prompt"], d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"), recipe["seed"],
-                prompt_ids=list(recipe["prompt_ids"]))  # fmt: skip
+        s = cls(lm, recipe["prompt"], seed=recipe["seed"], prompt_ids=list(recipe["prompt_ids"]),
+                decoding=decoding.Decoding.from_json(recipe["initial_decoding"]))  # fmt: skip
         for n, op in enumerate(ops):
             if cancelled is not None and cancelled():
                 raise Cancelled("the restore was cancelled")
@@ -452,8 +477,9 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             elif kind == "force":
                 s.force_token(op["token_id"])
             elif kind == "decoding":
-                s.set_decoding(op.get("temperature", 0.0), op.get("top_k"), op.get("top_p"),
-                               redecide=bool(op.get("redecide", False)))  # fmt: skip
+                # every setting the op holds, and none it does not: a setting turned off is absent
+                settings = {k: v for k, v in op.items() if k not in ("op", "redecide")}
+                s.set_decoding(redecide=bool(op.get("redecide", False)), decoding=decoding.Decoding.from_json(settings))
             elif kind == "mask":
                 s.set_mask_edits([MaskEdit.from_json(e) for e in op["edits"]])
             else:  # "heads": check_recipe let nothing else through
@@ -461,6 +487,20 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             if progress is not None:
                 progress(n + 1, len(ops))
         return s
+
+
+def _check_ids(dec: decoding.Decoding, vocab: int) -> None:
+    ids = [*(dec.suppress_tokens or ()), *(i for w in dec.bad_words_ids or () for i in w)]
+    if dec.forced_eos_token_id is not None:
+        ids.append(dec.forced_eos_token_id)
+    bad = [i for i in ids if i >= vocab]
+    if bad:
+        raise InspectorError(f"token id {bad[0]} in the decoding settings is outside the vocabulary (size {vocab})")
+
+
+def _decoding(temperature, top_k, top_p, **settings) -> decoding.Decoding:
+    """The settings as given (InspectorError, not TypeError, for a name generate does not take here)."""
+    return decoding.Decoding.from_json({"temperature": temperature, "top_k": top_k, "top_p": top_p, **settings})
 
 
 __all__ = ["Session", "Step", "TopEntry", "MaskEdit", "MaskEditReport", "KINDS", "TOP_N"]

@@ -2,7 +2,8 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
+import math
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -49,6 +50,75 @@ def top_rows(
     ]
 
 
+STAGE_TOP = 10  # candidates kept per stage
+STAGE_LIST = 8  # removed or moved tokens listed per stage
+
+
+@dataclass(frozen=True)
+class Stage:
+    """The distribution after one sampler stage, in brief: what it kept, removed and moved."""
+
+    key: str  # the generate setting that made it ("" for the raw logits)
+    label: str  # "repetition penalty 1.3"
+    origin: str  # "" (raw), "yours" or "model default"
+    top: tuple[TopEntry, ...]  # most likely after this stage, with their scores as ``logit``
+    kept: int  # tokens with probability > 0
+    removed: tuple[TopEntry, ...]  # removed here, the most likely before first (prob: before this stage)
+    n_removed: int
+    moved: tuple[tuple[TopEntry, int, int], ...]  # (token after, rank before, rank after), among the top
+
+
+SMALL = 4096  # a stage keeping at most this many tokens is summarised from those alone
+
+
+def stage_summaries(stages: list[decoding.StageScores], label: Callable[[int], str]) -> tuple[Stage, ...]:
+    """``Stage`` of every stage's scores: the top ``STAGE_TOP`` and what changed from the stage before.
+
+    Runs on every step for every processor, so a vocabulary-wide pass is spent only where needed:
+    once a filter has cut the candidates to a few (top-k, top-p, ...), each later stage is read off
+    those few, and the removed tokens are ranked among the removed ones only.
+    """
+    out, prev = [], None  # prev: (scores, probs or None, finite mask, kept, kept ids or None, rank)
+    for st in stages:
+        scores = st.scores  # (V,)
+        if prev is not None and torch.equal(scores, prev[0]):  # a processor with nothing to do at this step
+            last = out[-1]
+            out.append(Stage(st.key, st.label, st.origin, last.top, last.kept, (), 0, ()))
+            continue
+        finite = scores > -math.inf  # (V,): -inf is how a processor removes a token
+        kept = int(finite.sum())
+        if kept <= SMALL:
+            ids_kept = finite.nonzero()[:, 0]  # (kept,)
+            sub = torch.softmax(scores[ids_kept], dim=-1)  # (kept,): the same probabilities, from the few
+            pv, j = torch.topk(sub, min(STAGE_TOP, kept))
+            idx, probs = ids_kept[j], None
+        else:
+            ids_kept, probs = None, torch.softmax(scores, dim=-1)  # (V,)
+            pv, idx = torch.topk(probs, min(STAGE_TOP, scores.shape[-1]))
+        ids, ps, ls = idx.tolist(), pv.tolist(), scores[idx].tolist()
+        top = [TopEntry(i, label(i), p, lg) for i, p, lg in zip(ids, ps, ls)]
+        rank = {i: n for n, i in enumerate(ids)}
+        removed, n_removed, moved = (), 0, []
+        if prev is not None:
+            p_scores, p_probs, p_finite, p_kept, p_ids, p_rank = prev
+            if kept < p_kept:
+                gone = p_ids[~finite[p_ids]] if p_ids is not None else (p_finite & ~finite).nonzero()[:, 0]  # (n,)
+                n_removed = int(gone.numel())
+                # their probabilities before this stage: the previous stage's softmax at those ids
+                before = (torch.softmax(p_scores[p_ids], -1)[~finite[p_ids]] if p_ids is not None
+                          else p_probs[gone])  # fmt: skip
+                bv, bj = torch.topk(before, min(STAGE_LIST, n_removed))
+                removed = tuple(TopEntry(int(i), label(int(i)), p, -math.inf)
+                                for i, p in zip(gone[bj].tolist(), bv.tolist()))  # fmt: skip
+            for e in top:
+                was = p_rank.get(e.token_id)
+                if was != rank[e.token_id] and len(moved) < STAGE_LIST:
+                    moved.append((e, -1 if was is None else was, rank[e.token_id]))
+        out.append(Stage(st.key, st.label, st.origin, tuple(top), kept, removed, n_removed, tuple(moved)))
+        prev = (scores, probs, finite, kept, ids_kept, rank)
+    return tuple(out)
+
+
 @dataclass
 class Step:
     """What one step computed and chose.
@@ -70,14 +140,22 @@ class Step:
     finish_reason: str | None = None
     rng_state: torch.Tensor | None = field(default=None, repr=False)
     label: str = ""  # the chosen token's readable label
+    stages: tuple[Stage, ...] = ()  # raw logits, then each of generate's processors in order
 
     @property
     def prob(self) -> float:
         return float(self.probs[self.token_id])
 
-    def refresh(self, dec: decoding.Decoding, label: Callable[[int], str], text: Callable[[int], str]) -> None:
-        """Recompute what depends on the decoding settings and the chosen token."""
-        self.probs = decoding.distribution(self.logits, dec)
+    def refresh(self, sampler: decoding.Sampler | decoding.Decoding, label: Callable[[int], str],
+                text: Callable[[int], str], context: Sequence[int] = (), stages=None) -> None:  # fmt: skip
+        """Recompute what depends on the decoding settings and the chosen token. ``context``: the
+        tokens before this step (prompt and earlier choices), which penalties and n-grams read;
+        ``stages``: the sampler's stages of these logits if already computed."""
+        if isinstance(sampler, decoding.Decoding):
+            sampler = decoding.Sampler(sampler, prompt_length=len(context))
+        stages = stages if stages is not None else sampler.stages(self.logits, context)
+        self.probs = torch.softmax(stages[-1].scores, dim=-1)  # (V,)
+        self.stages = stage_summaries(stages, label)
         self.entropy = decoding.entropy(self.probs)
         self.top = top_entries(self.probs, self.logits, label)
         self.token_text = text(self.token_id)

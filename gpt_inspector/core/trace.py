@@ -93,6 +93,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "prompt": source.prompt,
         "prompt_length": str(source.prompt_length),
         "decoding": json.dumps(source.decoding.to_json()),
+        **_sampler_meta(source),
         "mask_edits": json.dumps([e.to_json() for e in source.mask_edits]),
         "head_edits": json.dumps([e.to_json() for e in source.head_edits]),
         "seed": str(source.seed),
@@ -115,6 +116,21 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
     _write_atomically(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
                                                   tmp, metadata=meta))  # fmt: skip
     return path
+
+
+def _sampler_meta(source) -> dict:
+    """What, beyond the user's settings, rebuilds the same processors without the model: its shipped
+    generation-config defaults, its EOS ids, generate's max_length. Nothing for a source without a sampler."""
+    make = getattr(source, "sampler", None)
+    if not callable(make):
+        return {}
+    sp = make()
+    try:
+        shipped = json.dumps(sp.shipped)
+    except (TypeError, ValueError):  # a default JSON cannot hold (a sequence bias keyed by tuples): not recorded
+        shipped = "{}"
+    return {"sampler": json.dumps({"shipped": json.loads(shipped), "eos_token_ids": list(sp.eos_token_ids),
+                                   "max_length": sp.max_length})}  # fmt: skip
 
 
 def _bias_meta(bias) -> dict | None:
@@ -207,11 +223,7 @@ class Trace(RunSource):
         self.finished: str | None = meta["finished"] or None
         self.mask_edits: list[MaskEdit] = [MaskEdit.from_json(e) for e in meta["mask_edits"]]
         self.head_edits: list[HeadEdit] = [HeadEdit.from_json(e) for e in meta["head_edits"]]
-        try:
-            d = meta["decoding"]
-            self.decoding = decoding.Decoding(d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"))
-        except (InspectorError, AttributeError, TypeError):  # settings from a newer version: show the raw distribution
-            self.decoding = decoding.Decoding()
+        self.decoding, self._sampler = _trace_sampler(meta)
         self.unverified: str | None = meta["unverified"]
         edits = compile_edits(self.mask_edits, self.n_layers, self.n_heads)[1] if self.mask_edits else None
         self.records = _TraceRecords(tensors, meta, edits, [self._layer_mask_rows(layer) for layer in range(self.n_layers)],
@@ -241,9 +253,13 @@ class Trace(RunSource):
         logits = self._t["step_logits"][i].float()  # (V,)
         st = Step(s["index"], s["position"], s["token_id"], "", logits, logits, [], 0.0, s["forced"], 0.0,
                   s.get("finish_reason"))  # fmt: skip
-        st.refresh(self.decoding, self.label, self.label)
+        st.refresh(self._sampler, self.label, self.label, self.tokens[: len(self.prompt_ids) + st.index])
         st.top = st.top[:TOP_N]
         return st
+
+    def sampler(self, dec=None) -> decoding.Sampler:
+        """The processors the run used, rebuilt from the recorded settings (no model needed)."""
+        return self._sampler
 
     def label(self, token_id: int) -> str:
         """The token's readable text, for every token of the run and every stored candidate."""
@@ -268,6 +284,27 @@ class Trace(RunSource):
     @property
     def step_logits(self) -> np.ndarray:
         return self._t["step_logits"].numpy()
+
+
+def _trace_sampler(meta: dict) -> tuple[decoding.Decoding, decoding.Sampler]:
+    """The recorded settings and the sampler they give; older files (no "sampler": no model defaults,
+    no EOS) show the processors of the settings alone, and settings this version cannot read fall
+    back to the first three, then to the raw distribution."""
+    d, rec = meta["decoding"], meta.get("sampler") or {}
+    for attempt in (lambda: decoding.Decoding.from_json(d),
+                    lambda: decoding.Decoding(d.get("temperature", 0.0), d.get("top_k"), d.get("top_p")),
+                    decoding.Decoding):  # fmt: skip
+        try:
+            dec = attempt()
+            break
+        except (InspectorError, AttributeError, TypeError):
+            continue
+    prompt_length = int(meta["prompt_length"])
+    try:
+        return dec, decoding.Sampler(dec, rec.get("shipped"), rec.get("eos_token_ids", ()), prompt_length,
+                                     rec.get("max_length"))  # fmt: skip
+    except (InspectorError, AttributeError, TypeError, ValueError):
+        return dec, decoding.Sampler(dec, prompt_length=prompt_length)
 
 
 # ------------------------------------------------------------------------------------------ loading
@@ -405,6 +442,7 @@ def _validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dic
         raise InspectorError(f"{name}: implausible shape {shape}")
     out["shape"] = shape
     out["decoding"] = _json(name, meta, "decoding", dict)
+    out["sampler"] = _json(name, meta, "sampler", dict) if "sampler" in meta else None  # older files: none
     for key, cls, what in (("mask_edits", MaskEdit, "mask edit"), ("head_edits", HeadEdit, "head edit")):
         raw = _json(name, meta, key, list) if key in meta or key == "mask_edits" else []  # older files: no head edits
         edits = [cls.from_json(e) if isinstance(e, dict) else _bad(name, key) for e in raw]

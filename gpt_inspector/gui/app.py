@@ -129,6 +129,9 @@ def _image_bytes(pixmap, fmt: str) -> bytes | None:
 
 
 def run(args) -> int:
+    from ..commands.common import window_settings
+
+    sampler = window_settings(args)  # bad values: one line, exit 2, before any window
     screenshot = _get(args, "screenshot")
     if screenshot:
         from ..core import outfile
@@ -182,6 +185,7 @@ def run(args) -> int:
                      bool(_get(args, "unverified")), device_map=_get(args, "device_map"),
                      max_memory=_get(args, "max_memory"), offload_folder=_get(args, "offload_folder"))  # fmt: skip
     win.session_panel.set_model_spec(spec)
+    win.session_panel.set_sampler_settings(sampler)
     t, k, p = win.session_panel.decoding()
     win.worker.autosave = not screenshot
     win.show()
@@ -191,7 +195,7 @@ def run(args) -> int:
     if recipe is not None:
         win.restore(recipe)
     else:
-        win.load_model(spec, SessionSpec(prompt, t, k, p, win.session_panel.seed.value()))
+        win.load_model(spec, SessionSpec(prompt, t, k, p, win.session_panel.seed.value(), sampler))
         if not screenshot:
             tour.offer_at_start(win)
     n = steps if steps is not None else (DEFAULT_STEPS if screenshot else None)

@@ -42,6 +42,7 @@ class SessionSpec:
     top_k: int | None = None
     top_p: float | None = None
     seed: int = 0
+    settings: dict | None = None  # generate's other sampler settings (decoding.Decoding's names)
 
 
 def _no_bool(owner: str, **values) -> None:
@@ -104,6 +105,7 @@ class SetDecoding:
     top_k: int | None = None
     top_p: float | None = None
     redecide: bool = False
+    settings: dict | None = None  # generate's other sampler settings; None turns one off, absent keeps it
 
 
 @dataclass(frozen=True)

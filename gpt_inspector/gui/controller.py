@@ -171,8 +171,9 @@ class Controller(QObject):
         self.worker.cancel()
         return self.running
 
-    def set_decoding(self, temperature: float, top_k: int | None, top_p: float | None, redecide: bool = False):
-        return self.post(SetDecoding(temperature, top_k, top_p, redecide))
+    def set_decoding(self, temperature: float, top_k: int | None, top_p: float | None, redecide: bool = False,
+                     settings: dict | None = None):  # fmt: skip
+        return self.post(SetDecoding(temperature, top_k, top_p, redecide, settings))
 
     def force_token(self, token_id: int) -> int:
         return self.post(ForceToken(int(token_id)))

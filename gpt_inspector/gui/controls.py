@@ -1,4 +1,5 @@
-"""The side panels that drive the session: model, prompt, decoding, breakpoints."""
+"""The side panels that drive the session: model, prompt, decoding (with generate's other sampler
+settings under "Advanced sampling"), breakpoints."""
 
 from __future__ import annotations
 
@@ -15,10 +16,13 @@ from PySide6.QtWidgets import (
     QPushButton,
     QSlider,
     QSpinBox,
+    QToolButton,
     QWidget,
 )
 
 from ..core.breakpoints import Breakpoints
+from ..core.decoding import Decoding
+from ..core.errors import InspectorError
 from . import settings as _settings
 from .commands import ModelSpec, SessionSpec
 from .views.common import hbox, vbox
@@ -32,7 +36,8 @@ THROTTLE_MS = 40  # decoding changes from a dragged slider: at most ~25 redraws 
 class SessionPanel(QWidget):
     load_requested = Signal()
     start_requested = Signal()
-    decoding_changed = Signal()  # throttled; read decoding() for the values
+    decoding_changed = Signal()  # throttled; read decoding() and sampler_settings() for the values
+    bad_input = Signal(str)  # a malformed id list: the window shows it in a dialog
 
     def __init__(self, parent=None):
         super().__init__(parent)
@@ -86,6 +91,9 @@ class SessionPanel(QWidget):
         vbox(g, self.prompt, self.start_button)
         lay.addWidget(g)
 
+        # before the controls that start it
+        self._throttle = QTimer(self, singleShot=True, interval=THROTTLE_MS)
+        self._throttle.timeout.connect(self.decoding_changed)
         g = QGroupBox("Decoding")
         f = QFormLayout(g)
         self.temperature = QDoubleSpinBox(minimum=0.0, maximum=10.0, singleStep=0.05, decimals=2,
@@ -106,16 +114,118 @@ class SessionPanel(QWidget):
             minimum=1, maximum=1_000_000, value=32, toolTip="Run (F5) stops after this many steps at most"
         )
         f.addRow("seed / max steps", hbox(None, self.seed, self.max_steps))
+        self.advanced_toggle = QToolButton(text="Advanced sampling", checkable=True, autoRaise=True,
+                                           toolButtonStyle=Qt.ToolButtonStyle.ToolButtonTextBesideIcon,
+                                           toolTip="generate's other processors: penalties, n-grams, min-p, ...")  # fmt: skip
+        self.advanced_toggle.setArrowType(Qt.ArrowType.RightArrow)
+        f.addRow(self.advanced_toggle)
         lay.addWidget(g)
+        self.advanced = self._advanced_group()
+        self.advanced.setVisible(False)
+        self.advanced_toggle.toggled.connect(self._show_advanced)
+        lay.addWidget(self.advanced)
         lay.addStretch(1)
 
-        self._throttle = QTimer(self, singleShot=True, interval=THROTTLE_MS)
-        self._throttle.timeout.connect(self.decoding_changed)
         self.temp_slider.valueChanged.connect(lambda v: self.temperature.setValue(v / 100.0))
         self.temperature.valueChanged.connect(self._temperature_changed)
         self.top_k.valueChanged.connect(self._throttle.start)
         self.top_p.valueChanged.connect(self._throttle.start)
         self.refresh_recent()
+
+    def _advanced_group(self) -> QGroupBox:
+        """generate's sampler settings beyond temperature / top-k / top-p; each at its "off" value
+        means unset, so the model's shipped default (if any) applies, as in generate."""
+        g = QGroupBox("Advanced sampling")
+        f = QFormLayout(g)
+
+        def spin(cls, lo, hi, step, off, tip, decimals=None, text="off"):
+            w = cls(minimum=lo, maximum=hi, singleStep=step, value=off, toolTip=tip, specialValueText=text)
+            if decimals is not None:
+                w.setDecimals(decimals)
+            w.valueChanged.connect(self._throttle.start)
+            return w
+
+        self.repetition_penalty = spin(QDoubleSpinBox, 0.0, 10.0, 0.05, 0.0, "repetition_penalty: divides the "
+                                       "scores of tokens already in the text (> 1 discourages, < 1 favours)", 2)  # fmt: skip
+        self.no_repeat_ngram = spin(QSpinBox, 0, 50, 1, 0, "no_repeat_ngram_size: never repeat an n-gram this long")
+        f.addRow("repetition penalty / no-repeat n", hbox(None, self.repetition_penalty, self.no_repeat_ngram))
+        self.min_p = spin(QDoubleSpinBox, 0.0, 1.0, 0.01, 0.0, "min_p (sampling): drop tokens below min-p "
+                          "times the top token's probability", 3)  # fmt: skip
+        self.typical_p = spin(QDoubleSpinBox, 0.0, 1.0, 0.05, 0.0, "typical_p (sampling): keep the locally "
+                              "typical tokens up to this mass", 3)  # fmt: skip
+        f.addRow("min-p / typical-p", hbox(None, self.min_p, self.typical_p))
+        self.epsilon = spin(QDoubleSpinBox, 0.0, 0.99, 0.0005, 0.0, "epsilon_cutoff (sampling)", 4)
+        self.eta = spin(QDoubleSpinBox, 0.0, 0.99, 0.0005, 0.0, "eta_cutoff (sampling)", 4)
+        f.addRow("epsilon / eta", hbox(None, self.epsilon, self.eta))
+        self.min_new_tokens = spin(QSpinBox, 0, 1_000_000, 1, 0, "min_new_tokens: no end-of-sequence token "
+                                   "for this many steps")  # fmt: skip
+        self.forced_eos = spin(QSpinBox, -1, 2**31 - 1, 1, -1, "forced_eos_token_id: this token is forced on the "
+                               "last step (max steps)")  # fmt: skip
+        f.addRow("min new tokens / forced EOS", hbox(None, self.min_new_tokens, self.forced_eos))
+        self.suppress = QLineEdit(placeholderText="suppress token ids: 13,198",
+                                  toolTip="suppress_tokens: token ids never chosen")  # fmt: skip
+        self.bad_words = QLineEdit(placeholderText="bad word ids: 318;262,3290",
+                                   toolTip="bad_words_ids: token-id sequences never completed (; between them)")  # fmt: skip
+        for w in (self.suppress, self.bad_words):
+            w.editingFinished.connect(self._ids_edited)
+            f.addRow(w)
+        self._good_ids = ({}, ("", ""))  # the last well-formed id lists and their text
+        return g
+
+    def _show_advanced(self, on: bool) -> None:
+        self.advanced.setVisible(on)
+        self.advanced_toggle.setArrowType(Qt.ArrowType.DownArrow if on else Qt.ArrowType.RightArrow)
+
+    def _ids_edited(self) -> None:
+        text = (self.suppress.text(), self.bad_words.text())
+        if text == self._good_ids[1]:
+            return
+        try:
+            ids = _parse_ids(*text)
+        except InspectorError as e:
+            with QSignalBlocker(self.suppress), QSignalBlocker(self.bad_words):
+                self.suppress.setText(self._good_ids[1][0])
+                self.bad_words.setText(self._good_ids[1][1])
+            self.bad_input.emit(str(e))
+            return
+        self._good_ids = (ids, text)
+        self._throttle.start()
+
+    def sampler_settings(self) -> dict:
+        """generate's other sampler settings as the controls show them, every one named (None: off)."""
+        rp, mp, tp = self.repetition_penalty.value(), self.min_p.value(), self.typical_p.value()
+        eos = self.forced_eos.value()
+        return {
+            "repetition_penalty": rp or None, "no_repeat_ngram_size": self.no_repeat_ngram.value() or None,
+            "min_p": mp or None, "typical_p": None if tp in (0.0, 1.0) else tp,
+            "epsilon_cutoff": self.epsilon.value() or None, "eta_cutoff": self.eta.value() or None,
+            "min_new_tokens": self.min_new_tokens.value() or None,
+            "forced_eos_token_id": None if eos < 0 else eos, "max_new_tokens": None if eos < 0 else self.max_steps.value(),
+            "suppress_tokens": self._good_ids[0].get("suppress_tokens"),
+            "bad_words_ids": self._good_ids[0].get("bad_words_ids"),
+        }  # fmt: skip
+
+    def set_sampler_settings(self, d: dict) -> None:
+        """Show ``d``'s settings (``Decoding.to_json`` names; absent ones off), without signalling."""
+        boxes = (self.repetition_penalty, self.no_repeat_ngram, self.min_p, self.typical_p, self.epsilon, self.eta,
+                 self.min_new_tokens, self.forced_eos, self.suppress, self.bad_words)  # fmt: skip
+        blockers = [QSignalBlocker(w) for w in boxes]
+        self.repetition_penalty.setValue(d.get("repetition_penalty") or 0.0)
+        self.no_repeat_ngram.setValue(d.get("no_repeat_ngram_size") or 0)
+        self.min_p.setValue(d.get("min_p") or 0.0)
+        self.typical_p.setValue(d.get("typical_p") or 0.0)
+        self.epsilon.setValue(d.get("epsilon_cutoff") or 0.0)
+        self.eta.setValue(d.get("eta_cutoff") or 0.0)
+        self.min_new_tokens.setValue(d.get("min_new_tokens") or 0)
+        self.forced_eos.setValue(-1 if d.get("forced_eos_token_id") is None else d["forced_eos_token_id"])
+        text = (",".join(map(str, d.get("suppress_tokens") or ())),
+                ";".join(",".join(map(str, w)) for w in d.get("bad_words_ids") or ()))  # fmt: skip
+        self.suppress.setText(text[0])
+        self.bad_words.setText(text[1])
+        self._good_ids = (_parse_ids(*text), text)
+        del blockers
+        if any(v is not None for v in self.sampler_settings().values()):
+            self.advanced_toggle.setChecked(True)
 
     # ------------------------------------------------------------------ values
     def _temperature_changed(self, v: float) -> None:
@@ -166,7 +276,7 @@ class SessionPanel(QWidget):
 
     def session_spec(self) -> SessionSpec:
         t, k, p = self.decoding()
-        return SessionSpec(self.prompt.toPlainText(), t, k, p, self.seed.value())
+        return SessionSpec(self.prompt.toPlainText(), t, k, p, self.seed.value(), self.sampler_settings())
 
     def refresh_recent(self) -> None:
         current = self.model.currentText()
@@ -188,8 +298,28 @@ class SessionPanel(QWidget):
             self.model.setCurrentText(path)
 
     def set_read_only(self, ro: bool) -> None:
-        for w in (self.temperature, self.temp_slider, self.top_k, self.top_p):
+        for w in (self.temperature, self.temp_slider, self.top_k, self.top_p, self.advanced):
             w.setEnabled(not ro)
+
+
+def _parse_ids(suppress: str, bad_words: str) -> dict:
+    """The id lists typed in the controls; InspectorError naming the field for anything else."""
+    out = {}
+    if suppress.strip():
+        out["suppress_tokens"] = _ints(suppress, "suppress tokens")
+    seqs = [part for part in bad_words.split(";") if part.strip()]
+    if seqs:
+        out["bad_words_ids"] = [_ints(part, "bad word ids") for part in seqs]
+    if out:
+        Decoding(**out)  # ids >= 0 and non-empty sequences; the vocabulary bound is the session's check
+    return out
+
+
+def _ints(text: str, what: str) -> list[int]:
+    try:
+        return [int(x) for x in text.replace(" ", "").split(",") if x]
+    except ValueError:
+        raise InspectorError(f"{what}: comma-separated token ids, got {text!r}") from None
 
 
 class BreakpointsPanel(QWidget):

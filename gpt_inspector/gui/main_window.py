@@ -150,6 +150,7 @@ class MainWindow(DockLayout, QMainWindow):
         sp.load_requested.connect(self.load_from_controls)
         sp.start_requested.connect(self.start_session)
         sp.decoding_changed.connect(self._decoding_changed)
+        sp.bad_input.connect(lambda text: self.show_error("Decoding", text, "user"))
         self.token_strip.position_clicked.connect(ctl.select_query)
         self.score_matrix.query_clicked.connect(ctl.select_query)
         self.score_matrix.kind_changed.connect(lambda k: ctl.select(kind=k))
@@ -265,6 +266,7 @@ class MainWindow(DockLayout, QMainWindow):
         self.session_panel.prompt.setPlainText(recipe["prompt"])
         self.session_panel.seed.setValue(min(recipe["seed"], self.session_panel.seed.maximum()))
         self.session_panel.set_decoding(float(dec.get("temperature", 0.0)), dec.get("top_k"), dec.get("top_p"))
+        self.session_panel.set_sampler_settings(dec)
         self.st_busy.setText("Restoring the last session…")
         serial = self.controller.restore(recipe)
         self._restore_progress(serial)
@@ -346,7 +348,7 @@ class MainWindow(DockLayout, QMainWindow):
 
     def redecide(self) -> int | None:
         t, k, p = self.session_panel.decoding()
-        return self.controller.set_decoding(t, k, p, redecide=True)
+        return self.controller.set_decoding(t, k, p, redecide=True, settings=self.session_panel.sampler_settings())
 
     def set_decoding(self, temperature: float, top_k: int | None = None, top_p: float | None = None) -> int | None:
         self.session_panel.set_decoding(temperature, top_k, top_p)
@@ -354,7 +356,7 @@ class MainWindow(DockLayout, QMainWindow):
 
     def _decoding_changed(self) -> None:
         if self.controller.live:
-            self.controller.set_decoding(*self.session_panel.decoding())
+            self.controller.set_decoding(*self.session_panel.decoding(), settings=self.session_panel.sampler_settings())
 
     step_back = _controller_call("step_back")
     force_token = _controller_call("force_token")

@@ -23,6 +23,7 @@ from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
 
 from ..core.breakpoints import Breakpoints, finish, run_until
 from ..core.capture import HeadEdit, MaskEdit
+from ..core.decoding import Decoding
 from ..core.edits import restart_starts_new_session, toggle_cells
 from ..core.errors import Cancelled, InspectorError, StepFailed
 from ..core.recipe_check import check_recipe
@@ -261,7 +262,8 @@ class Worker(QObject):
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
         lm = _load_model(model)
-        sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
+        sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed,
+                       **(session.settings or {}))  # fmt: skip
         self.lm, self.model_spec = lm, model
         self.loaded.emit(self._describe())
         self._show(sess)
@@ -297,8 +299,8 @@ class Worker(QObject):
             # session is moved aside, not overwritten by the fresh one's autosave
             d = recipe["initial_decoding"]
             kept = self._set_aside_autosave()
-            self._show(Session(self.lm, recipe["prompt"], d.get("temperature", 0.0), d.get("top_k"), d.get("top_p"),
-                               recipe["seed"], prompt_ids=list(recipe["prompt_ids"])))  # fmt: skip
+            self._show(Session(self.lm, recipe["prompt"], seed=recipe["seed"], prompt_ids=list(recipe["prompt_ids"]),
+                               decoding=Decoding.from_json(d)))  # fmt: skip
             where = f"; the saved session is kept as {kept}" if kept else ""
             self.notice.emit(f"Restore cancelled: started fresh{where}")
             return
@@ -327,7 +329,8 @@ class Worker(QObject):
             raise InspectorError("no model loaded: choose a model and press Load")
         session = cmd.session
         old = self.obj if isinstance(self.obj, Session) else None
-        sess = Session(self.lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed)
+        sess = Session(self.lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed,
+                       **(session.settings or {}))  # fmt: skip
         if cmd.keep_edits and old is not None and old.mask_edits:
             sess.set_mask_edits(old.mask_edits)
         self._show(sess)
@@ -340,7 +343,7 @@ class Worker(QObject):
         s.restart()
         if cmd.session is not None:
             d = cmd.session
-            s.set_decoding(d.temperature, d.top_k, d.top_p)
+            s.set_decoding(d.temperature, d.top_k, d.top_p, **(d.settings or {}))
         self._publish()
 
     @handles(C.Step)
@@ -382,7 +385,8 @@ class Worker(QObject):
     @handles(C.SetDecoding)
     def _do_set_decoding(self, serial, cmd: C.SetDecoding) -> None:
         s = self._session()
-        s.set_decoding(temperature=cmd.temperature, top_k=cmd.top_k, top_p=cmd.top_p, redecide=cmd.redecide)
+        s.set_decoding(temperature=cmd.temperature, top_k=cmd.top_k, top_p=cmd.top_p, redecide=cmd.redecide,
+                       **(cmd.settings or {}))  # fmt: skip
         self._publish()
 
     @handles(C.ForceToken)

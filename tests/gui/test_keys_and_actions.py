@@ -254,5 +254,5 @@ def test_top_k_lists_only_the_tokens_it_keeps(shown, wait_idle, qtbot, no_dialog
     assert all(p > 0 for p in nt.probs) and sum(nt.probs) == pytest.approx(1.0, abs=1e-5)
     assert nt.shown == 3 and nt.axis.labels == [e.label for e in top if e.prob > 0]
     assert len(nt.bars.opts["width"]) == 3 and nt.chosen in nt.top_ids
-    assert "top-k / top-p keep 3 tokens" in nt.summary.text() and "top-k 3" in nt.decoding.text()
+    assert "the sampler keeps 3 tokens" in nt.summary.text() and "top-k 3" in nt.decoding.text()
     assert not no_dialogs and not win.errors

@@ -4,6 +4,10 @@ Changing the temperature (or top-k / top-p) re-renders it without running the mo
 chooses the current token again from the same logits, and double-clicking a bar forces that
 token (the generation branches from there).
 
+The stage picker shows the distribution after each of generate's processors in order (raw logits,
+each processor, the final one chosen from), with what that stage removed and which tokens it moved;
+a stage the model's own generation config set is marked "model default".
+
 Only tokens the decoding keeps are listed: top-k / top-p give the rest probability 0, and the ten
 most likely of a vector whose tail is all zeros are arbitrary tokens (torch.topk breaks the tie). The
 panel draws as many rows as its height holds at one label per line, and says so when that is fewer.
@@ -18,8 +22,9 @@ import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import Signal
 from PySide6.QtGui import QFontMetrics
-from PySide6.QtWidgets import QPushButton, QWidget
+from PySide6.QtWidgets import QComboBox, QPushButton, QWidget
 
+from ...core.decoding import MODEL_DEFAULT
 from ...core.step import TOP_N
 from .common import (
     BAR_BRUSH,
@@ -63,7 +68,16 @@ class NextTokenView(QWidget):
             "Re-decide", toolTip="Choose the current token again from the same logits at the current settings"
         )
         self.redecide.clicked.connect(self.redecide_requested)
-        vbox(self, hbox(None, (self.summary, 1), self.redecide), (self.glw, 1), self.decoding, margin=2, spacing=2)
+        self.stage = QComboBox(toolTip="The distribution after each of generate's processors, in order; "
+                                       "the last is the one the token is chosen from")  # fmt: skip
+        self.stage.setSizeAdjustPolicy(QComboBox.SizeAdjustPolicy.AdjustToMinimumContentsLengthWithIcon)
+        self.stage.setMinimumContentsLength(14)
+        self.stage.currentIndexChanged.connect(self._stage_picked)
+        self.stage_info = info_label("", rich=True)
+        self.stage_info.setWordWrap(True)
+        self._stage_labels: list[str] = []
+        vbox(self, hbox(None, (self.summary, 1), self.redecide), hbox(None, (self.stage, 1)), (self.glw, 1),
+             self.stage_info, self.decoding, margin=2, spacing=2)  # fmt: skip
         self.top_ids: list[int] = []  # the kept candidates, best first (the rows drawn are the first ``shown``)
         self.probs: list[float] = []
         self.chosen = -1
@@ -90,6 +104,37 @@ class NextTokenView(QWidget):
         fm = QFontMetrics(self.axis.style.get("tickFont") or self.font())
         return max(1, int(h // (fm.height() + 1)))
 
+    def _stage_picked(self, _index: int) -> None:
+        if self._snap is not None and self._snap.step is not None:
+            self.set_snapshot(self._snap)
+
+    def _fill_stages(self, st) -> None:
+        """The picker lists this step's stages; the pick stays where the stages are the same ones."""
+        labels = [f"{i}. {x.label}" + (" · model default" if x.origin == MODEL_DEFAULT else "")
+                  + (" (final)" if i == len(st.stages) - 1 and i else "") for i, x in enumerate(st.stages)]  # fmt: skip
+        if labels == self._stage_labels:
+            return
+        keep = self.stage.currentIndex() if len(labels) == len(self._stage_labels) else -1
+        self._stage_labels = labels
+        self.stage.blockSignals(True)
+        self.stage.clear()
+        self.stage.addItems(labels)
+        self.stage.setCurrentIndex(keep if 0 <= keep < len(labels) else len(labels) - 1)
+        self.stage.blockSignals(False)
+
+    def _stage_text(self, st, i: int) -> str:
+        x = st.stages[i]
+        if i == 0:
+            return "raw logits (softmax at temperature 1)"
+        parts = [f"<b>{html.escape(x.label)}</b> ({html.escape(x.origin)}): keeps {x.kept}"]
+        if x.n_removed:
+            names = ", ".join(f"“{html.escape(e.label)}” {e.prob:.3f}" for e in x.removed)
+            parts.append(f"removed {x.n_removed}: {names}{' …' if x.n_removed > len(x.removed) else ''}")
+        if x.moved:
+            moves = ", ".join(f"“{html.escape(e.label)}” {'new' if a < 0 else a + 1}→{b + 1}" for e, a, b in x.moved)
+            parts.append(f"moved: {moves}")
+        return " · ".join(parts)
+
     def _resized(self) -> None:
         # rows that fit and room for the value labels both follow the size: draw again (ten bars)
         if self._snap is not None and self._snap.step is not None:
@@ -106,8 +151,16 @@ class NextTokenView(QWidget):
             parts.append(f"top-k {d['top_k']}")
         if d.get("top_p") not in (None, 1.0):
             parts.append(f"top-p {d['top_p']:g}")
+        parts += [f"{k.replace('_', ' ')} {v:g}" if isinstance(v, float) else f"{k.replace('_', ' ')} {v}"
+                  for k, v in d.items() if k not in ("temperature", "top_k", "top_p") and v is not None]  # fmt: skip
         self.decoding.setText(" · ".join(parts))
         if st is None:
+            self._stage_labels = []
+            self.stage.blockSignals(True)
+            self.stage.clear()
+            self.stage.blockSignals(False)
+            self.stage.setEnabled(False)
+            self.stage_info.setText("")
             self.bars.setOpts(x0=[], y=[], width=[], brushes=[])
             self.axis.set_labels([])
             for ti in self.texts:
@@ -117,7 +170,15 @@ class NextTokenView(QWidget):
             show_axes(self.plot, ("left",), False)
             return
         show_axes(self.plot, ("left",), True)
-        kept = [e for e in st.top if e.prob > 0]  # the engine lists only these now; a trace may be older
+        stages = st.stages or ()
+        self.stage.setEnabled(len(stages) > 1)
+        if stages:
+            self._fill_stages(st)
+        pick = self.stage.currentIndex() if stages else -1
+        final = pick < 0 or pick == len(stages) - 1
+        self.stage_info.setText("" if final and len(stages) <= 1 else self._stage_text(st, pick))
+        listed = st.top if final else stages[pick].top
+        kept = [e for e in listed if e.prob > 0]
         self.cut = len(kept) < min(TOP_N, len(st.probs))  # top-k / top-p left fewer than Step.top's ten
         self.top_ids = [e.token_id for e in kept]
         self.probs = [e.prob for e in kept]
@@ -148,10 +209,10 @@ class NextTokenView(QWidget):
         room = 1.25 if width <= 0 else 1 / max(0.2, 1 - text / width)
         self.plot.setRange(xRange=(0, xmax * room or 1.0), yRange=(-0.6, max(n, 1) - 0.4), padding=0)
         in_top = any(e.token_id == st.token_id for e in top)
-        where = "" if in_top else (" (cut by top-k / top-p)" if st.prob == 0 else " (not among the rows shown)")
+        where = "" if in_top else (" (cut by the sampler)" if st.prob == 0 else " (not among the rows shown)")
         rows = []
         if self.cut:
-            rows.append(f"top-k / top-p keep {len(kept)} token{'s' if len(kept) != 1 else ''}")
+            rows.append(f"the sampler keeps {len(kept)} token{'s' if len(kept) != 1 else ''}")
         if n < len(kept):
             rows.append(f"{n} of {len(kept)} shown")
         forced = " · <span style='color:#ffb84f'>forced</span>" if st.forced else ""
