@@ -242,6 +242,13 @@ def _live_mask(s, ctx: Context) -> str:
     return line
 
 
+def _live_interventions(s, ctx: Context) -> str:
+    knocked = sum(e.patch_from is None for e, _ in s.head_edits)
+    return (f"In force: {len(s.mask_edits)} mask edit(s), {knocked} knock-out(s), "
+            f"{len(s.head_edits) - knocked} patch(es). A knocked-out head's output o = Σ pⱼ vⱼ is replaced by 0; "
+            "a patched head's by the same head's output on the other prompt.")  # fmt: skip
+
+
 def _live_session(s, ctx: Context) -> str:
     d = s.decoding or {}
     return (f"{html.escape(s.model_name)} · {s.n_layers} layers × {s.n_heads} heads · {s.device} · {s.dtype} · "
@@ -308,6 +315,11 @@ PAGES: dict[str, Page] = {
     "panel_logit_lens": Page("Logit lens", "What each layer would predict, and each head's push on the chosen token",
         "Every layer's residual through the model's final norm and unembedding; the last layer is the model's own "
         "logits. Below, each head's direct effect on the chosen token."),
+    "panel_interventions": Page("Interventions", "Every mask edit, knock-out and patch in force, each with its own Undo",
+        "What the run is computed under besides the model itself: blocked attention cells (mask edits), heads whose "
+        "output is zeroed (knock-outs) and heads whose output is taken from a run of another prompt (patches). "
+        "Undo (or Delete on a row) takes one out and recomputes from the earliest position it touched, tokens "
+        "kept. Ctrl+K knocks out the selected head; a second Ctrl+K on it is refused.", _live_interventions),
     "panel_kv_cache_lab": Page("KV cache lab", "What a KV cache policy (eviction, quantization) costs in bytes and fidelity",
         "Steps a policy run in lockstep with the full cache on the same tokens: KL, top-1 agreement, bytes per layer "
         "and the attention mass lost per head."),
