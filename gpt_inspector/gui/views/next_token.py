@@ -160,6 +160,7 @@ class NextTokenView(QWidget):
             self.stage.clear()
             self.stage.blockSignals(False)
             self.stage.setEnabled(False)
+            self.stage.setVisible(False)
             self.stage_info.setText("")
             self.bars.setOpts(x0=[], y=[], width=[], brushes=[])
             self.axis.set_labels([])
@@ -172,6 +173,8 @@ class NextTokenView(QWidget):
         show_axes(self.plot, ("left",), True)
         stages = st.stages or ()
         self.stage.setEnabled(len(stages) > 1)
+        # one stage is the distribution itself: the picker's row goes back to the bars (a laptop fits 3 more)
+        self.stage.setVisible(len(stages) > 1)
         if stages:
             self._fill_stages(st)
         pick = self.stage.currentIndex() if stages else -1
