@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import signal
 import sys
+import threading
 import time
 
 from . import common
@@ -83,17 +84,30 @@ def run(args) -> int:
     if host not in ("127.0.0.1", "localhost", "::1"):
         print(f"gpt-inspector: warning: listening on {host}: anyone who reaches it with the token drives the model "
               "(and the traffic is not encrypted); an SSH tunnel to 127.0.0.1 is safer", file=sys.stderr)  # fmt: skip
+    stopping = threading.Event()
+
+    def stop(_signum, _frame) -> None:
+        # a flag and a thread, not KeyboardInterrupt: a second signal (Ctrl+C twice, the SIGTERM a
+        # supervisor sends after it) must not land inside the shutdown, the recipe's save or exit hooks
+        if not stopping.is_set():
+            stopping.set()
+            threading.Thread(target=server.shutdown, name="gpt-inspector-stop", daemon=True).start()
+
     # SIGTERM (a service manager, kill) stops as Ctrl+C does: the recipe is saved either way
-    signal.signal(signal.SIGTERM, signal.default_int_handler)
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
     print(server.url, flush=True)
     print(f"gpt-inspector: serving {lm.name}; connect with gi.connect(URL); Ctrl+C stops and saves the session's "
           f"recipe to {recipe_out}", file=sys.stderr, flush=True)  # fmt: skip
     try:
         server.serve_forever()
-    except KeyboardInterrupt:
-        pass
     finally:
-        server.shutdown()
+        if not stopping.is_set():  # it ended on its own (an error): close what is open
+            stopping.set()
+            server.shutdown()
+    # stopped: a further signal has nothing left to stop (Python's exit would otherwise meet it)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGTERM, signal.SIG_IGN)
     # the step in progress (if any) ends first: the recipe is of a whole session, never of half a step
     with engine.lock:
         saved = save_recipe(engine, recipe_out)

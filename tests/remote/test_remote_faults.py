@@ -120,3 +120,21 @@ def test_ctrl_c_stops_the_server_cleanly_and_saves_the_recipe(serve, local_lm):
     with gi.connect(back.url) as r:
         assert r.tokens == tokens and r.mask_edits == [gi.MaskEdit(query=5, key=1, layer=1)]
         assert r.decoding == again.decoding
+
+
+def test_a_second_stop_signal_during_the_shutdown_is_not_a_traceback(serve):
+    # `timeout` or a supervisor forwards SIGTERM after a Ctrl+C; a user presses Ctrl+C twice
+    import signal
+    import time
+
+    srv = serve("--prompt", PROMPT)
+    srv.proc.send_signal(signal.SIGINT)
+    for _ in range(20):
+        time.sleep(0.05)
+        if srv.proc.poll() is not None:
+            break
+        srv.proc.send_signal(signal.SIGTERM)
+    assert srv.proc.wait(timeout=60) == 0
+    time.sleep(0.2)  # the stderr pump drains
+    err = "".join(srv.err)
+    assert "Traceback" not in err and "Exception ignored" not in err and "recipe saved to" in err, err
