@@ -62,6 +62,13 @@ def test_a_fast_drag_in_edit_mask_blocks_every_cell_it_crossed(shown, wait_idle,
 
 def test_top_k_lists_only_the_kept_tokens_best_first(shown, wait_idle, qtbot):
     win = shown()
+    # sampled: greedy decoding ignores top-k (as generate does with do_sample=False)
+    temp = win.session_panel.temperature
+    temp.setFocus()
+    temp.selectAll()
+    qtbot.keyClicks(temp, "1")
+    press(qtbot, win, Qt.Key.Key_Tab)
+    qtbot.waitUntil(lambda: win.snapshot.decoding.get("temperature") == 1.0, timeout=5000)
     box = win.session_panel.top_k
     box.setFocus()
     box.selectAll()
