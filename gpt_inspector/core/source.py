@@ -539,7 +539,9 @@ def model_refusals(lm) -> dict[str, str]:
 class ModelShape:
     """Shapes of a source that has the loaded model (``self.lm``): a Session, a beam."""
 
-    lm = None
+    lm: LoadedModel  # set by the subclass's __init__
+    tokens: list[int]
+    prompt_ids: list[int]
     n_layers = _from_lm("n_layers")
     n_heads = _from_lm("n_heads")
     n_kv_heads = _from_lm("n_kv_heads")
