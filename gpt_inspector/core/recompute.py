@@ -60,15 +60,11 @@ class EditingMixin:
         _head_edits: list[HeadEdit]
         _patch_sources: dict[tuple[int, ...], list[torch.Tensor]]
         _ops: list[dict]
+        n_layers: int
+        n_heads: int
+        vocab_size: int
+        model_name: str
 
-        @property
-        def n_layers(self) -> int: ...
-        @property
-        def n_heads(self) -> int: ...
-        @property
-        def vocab_size(self) -> int: ...
-        @property
-        def model_name(self) -> str: ...
         @property
         def cache_length(self) -> int: ...
         @property

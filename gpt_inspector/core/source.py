@@ -8,14 +8,12 @@ policy). Each implements only the primitives:
   ``vocab_size``), ``model_name``, ``read_only``, ``kv_itemsize``, ``cache_length``;
 - ``tokens``, ``prompt_ids``, ``prompt``, ``steps_done`` (``Step`` records), ``finished``,
   ``decoding``, ``mask_edits``, ``seed``, and ``label(token_id)`` for readable token text;
-- ``records``: a ``RunRecords``, what the model's attention function received or produced per
-  layer (queries, keys, values, head outputs, mask rows, edits, scaling, soft-cap, sinks, score
-  bias);
+- ``records``: a ``RunRecords``, what the model's attention function received or produced per layer (queries, keys,
+  values, head outputs, mask rows, edits, scaling, soft-cap, sinks, score bias);
 - ``live``: a ``Live``, what can be executed on the source (stepping, the cache probe, the
   recompute of head outputs it did not keep, the logit lens, the KV lab), each refusal one line;
-- ``lm``, the loaded model, or None (a trace); optionally ``unverified`` (why the load's fidelity
-  self-test could not vouch for the numbers) and ``kv_policy`` (core.kvlab's policy the forwards ran
-  under).
+- ``lm``, the loaded model, or None (a trace); optionally ``unverified`` (why the load's fidelity self-test could
+  not vouch for the numbers) and ``kv_policy`` (core.kvlab's policy the forwards ran under).
 
 ``RunSource`` turns those into the public accessors every reader uses (``attention``,
 ``attention_rows``, ``qkv``, ``allowed``, ``kv_cache_bytes``, ...) through the one equation in
@@ -94,11 +92,15 @@ class RunRecords(Protocol):
     recomputed).
     """
 
-    # the first position whose attention output per head is kept (a session keeps them from the
-    # prompt's last position on, where the steps decide tokens: the positions the lens looks at)
-    head_output_start: int
-    # the compiled mask edits the forwards ran under, or None
-    edits: CompiledEdits | None
+    if TYPE_CHECKING:  # read-only for the checker, so an implementation may compute it (a property)
+
+        @property
+        def head_output_start(self) -> int:
+            """The first position whose attention output per head is kept (a session keeps them from the
+            prompt's last position on, where the steps decide tokens: the positions the lens looks at)."""
+    else:
+        head_output_start: int
+    edits: CompiledEdits | None  # the compiled mask edits the forwards ran under, or None
 
     def queries(self, layer: int) -> torch.Tensor:
         """(H, T, d) q of every processed position."""
@@ -153,12 +155,10 @@ class RunSource:
 
     records: RunRecords
     read_only: bool = True
-    # the reason the model's fidelity self-test failed (loaded with --unverified), or None
-    unverified: str | None = None
+    unverified: str | None = None  # why the model's fidelity self-test failed (loaded with --unverified), or None
     lm: LoadedModel | None = None  # the loaded model the run ran on, or None (a trace file)
     kv_policy = None  # the KV cache policy (core.kvlab) this run's forwards run under, or None
-    # knock-outs and patches (core.edits.HeadEdit) the run's forwards ran under
-    head_edits: Sequence = ()
+    head_edits: Sequence = ()  # knock-outs and patches (core.edits.HeadEdit) the run's forwards ran under
 
     if TYPE_CHECKING:  # the primitives each source implements (module docstring), typed for the reader
 
