@@ -82,9 +82,11 @@ class ScoreBias:
         import torch
 
         if self.form == "alibi":
+            assert self.slopes is not None and self.ref is not None  # an alibi bias is built with both
             slopes = self.slopes if heads is None else self.slopes[heads]  # (h,)
             dist = torch.arange(t, dtype=torch.float32)[None, :] - self.ref[p0:p1, None].float()  # (n, t)
             return slopes.float()[:, None, None] * dist  # (h, n, t)
+        assert self.rows is not None  # the only other form, key, is built with its per-key rows
         rows = self.rows[:, :t] if heads is None else self.rows[heads, :t]  # (h, t)
         return rows.float()[:, None, :].expand(-1, p1 - p0, -1)  # (h, n, t)
 
@@ -149,4 +151,5 @@ def equation(
             return torch.softmax(masked, dim=-1)
         col = sink.float()[..., None, None].expand(*masked.shape[:-1], 1)  # (..., n, 1)
         return torch.softmax(torch.cat([masked, col], dim=-1), dim=-1)[..., :-1]  # (..., n, T)
-    return check_kind(kind)
+    check_kind(kind)  # raises: every known kind returned above
+    raise AssertionError(f"kind {kind!r} is known but equation() does not compute it")

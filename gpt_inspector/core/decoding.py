@@ -17,6 +17,7 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import asdict, dataclass, fields
+from typing import Any
 
 import torch
 
@@ -256,7 +257,9 @@ class Sampler:
             raise InspectorError(f"transformers refused the decoding settings: {str(e).splitlines()[0]}") from None
 
     def _resolve(self) -> tuple[dict, dict]:
-        dec, out, origins = self.decoding, {"do_sample": not self.decoding.greedy}, {}
+        dec = self.decoding
+        out: dict[str, Any] = {"do_sample": not dec.greedy}
+        origins: dict[str, str] = {}
         mine = {k: v for k, v in dec.settings().items() if v is not None and k != "max_new_tokens"}
         for k, v in self.shipped.items():
             if k in WARPERS and dec.greedy:
@@ -270,7 +273,7 @@ class Sampler:
             origins[k] = YOURS
         return out, origins
 
-    def stages(self, logits: torch.Tensor, context: list[int]) -> list[StageScores]:
+    def stages(self, logits: torch.Tensor, context: Sequence[int]) -> list[StageScores]:
         """Raw logits, then the scores after each processor in generate's order. logits: (V,)."""
         ids = torch.tensor([list(context)], dtype=torch.long)  # (1, t): the sequence so far, as generate's input_ids
         scores = logits.float()[None]  # (1, V): the processors take a batch
@@ -284,10 +287,10 @@ class Sampler:
             out.append(StageScores(key, label, self.origins.get(key, MODEL_DEFAULT), scores[0]))
         return out
 
-    def scores(self, logits: torch.Tensor, context: list[int]) -> torch.Tensor:
+    def scores(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
         return self.stages(logits, context)[-1].scores
 
-    def distribution(self, logits: torch.Tensor, context: list[int]) -> torch.Tensor:
+    def distribution(self, logits: torch.Tensor, context: Sequence[int]) -> torch.Tensor:
         """Probabilities (V,) float32 after every processor (greedy: the processors, at temperature 1)."""
         return torch.softmax(self.scores(logits, context), dim=-1)
 

@@ -85,7 +85,7 @@ class CompiledEdits:
     cols: dict[int, torch.Tensor] = field(default_factory=dict)
 
     @classmethod
-    def build(cls, blocked: set[tuple[int, int, int]], n_layers: int) -> CompiledEdits:
+    def build(cls, blocked: set[tuple[int, int, int, int]], n_layers: int) -> CompiledEdits:
         """``blocked`` holds (layer, head, query, key) expanded to concrete layers and heads."""
         out = cls()
         per_layer: dict[int, list[tuple[int, int, int]]] = {}
@@ -131,9 +131,11 @@ class CompiledEdits:
         return offsets, block
 
 
-def compile_edits(edits: Iterable[MaskEdit], n_layers: int, n_heads: int) -> tuple[set, CompiledEdits]:
+def compile_edits(
+    edits: Iterable[MaskEdit], n_layers: int, n_heads: int
+) -> tuple[set[tuple[int, int, int, int]], CompiledEdits]:
     """Blocked edits expanded to concrete (layer, head, query, key) cells, and compiled for capture."""
-    cells = set()
+    cells: set[tuple[int, int, int, int]] = set()
     for e in edits:
         if not e.blocked:
             continue

@@ -13,6 +13,7 @@ import inspect
 import signal
 import threading
 from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -20,10 +21,20 @@ from . import capture, hf, validate
 from .capture import Recorder
 from .errors import StepFailed
 
+if TYPE_CHECKING:
+    from .models import LoadedModel
+
 
 class Run:
     """What a session and a beam search share: the model's cache and our records of it, the steps
     taken, listeners, and stepping on to the end. The subclass keeps ``lm``, has ``step()`` and ``ended``."""
+
+    if TYPE_CHECKING:  # what the subclass provides (above), typed for the methods here
+        lm: LoadedModel
+
+        @property
+        def ended(self) -> bool: ...
+        def step(self) -> object: ...
 
     def __init__(self, lm):
         # full length even for sliding-window layers: every position stays inspectable, and the
@@ -77,6 +88,7 @@ def crop_cache(cache: hf.DynamicCache, length: int) -> None:
     rewind = getattr(cache, "rewind_states", None)  # a hybrid's state-space layers (core.state_cache)
     if rewind is not None:
         rewind(length)
+    layer: Any  # any kind of cache layer, a model's own included: read by what it has, below
     for layer in cache.layers:
         if not getattr(layer, "is_initialized", True) or not hasattr(layer, "get_seq_length"):
             continue  # not started, or a state-space layer without K/V (rewound above)
@@ -120,14 +132,15 @@ def save_state(cache, recorder, start: int):
 
 
 @functools.cache
-def _takes_position_ids(cls) -> bool:
+def _takes_position_ids(cls: type[Any]) -> bool:
     return "position_ids" in inspect.signature(cls.forward).parameters
 
 
 def position_kwargs(model, start: int, ids: torch.Tensor) -> dict:
     """``position_ids`` for positions start.. where the model's forward takes them, as ``generate``
     passes them: some models decode differently without (bamba's Mamba2 layers by 3 logits)."""
-    if not _takes_position_ids(type(model)):
+    # a class is hashable; mypy checks a class object against Hashable with type.__hash__ unbound and refuses it
+    if not _takes_position_ids(type(model)):  # type: ignore[arg-type]
         return {}
     pos = torch.arange(start, start + ids.shape[1], dtype=torch.long, device=ids.device)  # (n,)
     return {"position_ids": pos[None].expand(ids.shape[0], -1)}  # (B, n)
@@ -209,7 +222,12 @@ def forward_with_rollback(lm, cache, recorder, ids: torch.Tensor, keep: int, tak
         return logits
     except BaseException as e:
         # the active recorder too: a Ctrl+C between entering `recorder.active()` and its body skips its exit
-        undo(lambda: (crop_cache(cache, start), recorder.crop(start), capture.make_active(outer)))
+        def rollback() -> None:
+            crop_cache(cache, start)
+            recorder.crop(start)
+            capture.make_active(outer)
+
+        undo(rollback)
         if not isinstance(e, Exception):
             raise
         oom = isinstance(e, torch.OutOfMemoryError) or "out of memory" in str(e).lower()

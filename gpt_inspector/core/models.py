@@ -371,8 +371,11 @@ def _probe(model, tokenizer, name: str, dev: torch.device, dt: torch.dtype) -> L
         )
     layout = kv_layout.read_layout(rec, cache, n_layers, 2, own_cache, hf.cache_keeps(cfg))
     first = layout.attention_layers[0]
-    _, n_heads, _, head_dim = rec.q[first].t.shape
-    n_kv = rec.k[first].t.shape[1]
+    assert rec.k is not None  # the recorder mirrors K/V (mirror_kv=True above)
+    q_rows, k_rows = rec.q[first].t, rec.k[first].t
+    assert q_rows is not None and k_rows is not None  # every attention layer was called (checked above)
+    _, n_heads, _, head_dim = q_rows.shape
+    n_kv = k_rows.shape[1]
     named = (getattr(cfg, attr, None) for attr in ("n_positions", "max_position_embeddings", "n_ctx", "seq_length"))
     ctx = next((v for v in named if isinstance(v, int) and v > 0), None)
     tok_max = getattr(tokenizer, "model_max_length", None)

@@ -26,6 +26,7 @@ import math
 import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass
+from typing import Any, cast
 
 import numpy as np
 import torch
@@ -412,6 +413,7 @@ def probe_session(session: RunSource, layers: Iterable[int] | int = (0,), **kwar
     if t == 0:
         raise InspectorError("nothing cached yet: run a step first")
     session.live.require("probe")  # the probe replays candidates through the run's model
+    assert session.lm is not None  # a source whose live allows the probe has its model
     # the K/V every reader of the run sees: a session's are its cache's, a beam's the rows recorded on its path
     kv = {i: (session.keys(i)[:, :t], session.values(i)[:, :t]) for i in range(session.n_layers)}  # (Hkv, T, d) each
     # deeper layers saw the session's mask edits when the cache was filled; so must the candidates
@@ -454,13 +456,14 @@ def _probe_direct(lm: LoadedModel, target: torch.Tensor, n: int, tick: Callable[
     best = _Best(n)
     c = _vocab_chunk(lm)
     g = max(1, _ROWS // c)  # positions per forward when the whole vocabulary fits in one chunk
+    cfg: Any = lm.model.config  # the model's PretrainedConfig (nn.Module types attributes Tensor | Module)
     for p0 in range(0, n, g):
         pos = torch.arange(p0, min(n, p0 + g), device=lm.device)  # (G,)
         for c0 in range(0, lm.vocab_size, c):
             cand = torch.arange(c0, min(lm.vocab_size, c0 + c), device=lm.device)  # (C,)
             ids = cand.repeat(len(pos))[:, None]  # (G*C, 1)
             pids = pos.repeat_interleave(len(cand))[:, None]  # (G*C, 1)
-            out = _run_to_layer(lm, 0, ids, hf.DynamicCache(config=lm.model.config), pids)  # (G*C, F)
+            out = _run_to_layer(lm, 0, ids, hf.DynamicCache(config=cfg), pids)  # (G*C, F)
             dist = _distance(out.view(len(pos), len(cand), -1), target[pos][:, None])  # (G, C)
             best.update(pos.cpu(), dist, cand)
             tick()
@@ -471,7 +474,7 @@ def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tenso
                     tick: Callable[[], None], edits) -> _Best:  # fmt: skip
     """Layer > 0, one position at a time, with a prefix from the cache or from recovered tokens."""
     best = _Best(n)
-    cfg = lm.model.config
+    cfg: Any = lm.model.config  # the model's PretrainedConfig (nn.Module types attributes Tensor | Module)
     running = hf.DynamicCache(config=cfg)  # greedy: the recovered prefix, grown one token at a time
     for p in range(n):
         if method == "cache":
@@ -483,7 +486,10 @@ def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tenso
             if p > 0:  # extend the running prefix by the token recovered at p - 1
                 tok = torch.tensor([[int(best.i[p - 1, 0])]], device=lm.device)
                 _run_to_layer(lm, layer, tok, running, edits=edits)
-            prefix = [(running.layers[i].keys, running.layers[i].values) for i in range(layer + 1)] if p else []
+            # every layer of the probe's own cache holds K/V: models with layers that keep something
+            # else (state-space, KV sharing) are refused before a probe (model_refusals)
+            held = cast("list[hf.DynamicLayer]", running.layers)
+            prefix = [(held[i].keys, held[i].values) for i in range(layer + 1)] if p else []
         c = _prefix_chunk(lm, layer, p)
         row = torch.tensor([p])
         for c0 in range(0, lm.vocab_size, c):

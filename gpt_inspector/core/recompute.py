@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
 
 import numpy as np
 import torch
@@ -15,6 +16,12 @@ from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import Cancelled, InspectorError
 from .forward import crop_cache, interrupts_deferred, save_state, undo
 from .recipe_check import edit_shape, push_op
+
+if TYPE_CHECKING:
+    from .capture import Recorder
+    from .decoding import Decoding
+    from .models import LoadedModel
+    from .step import Step
 
 # positions per forward of a recompute: the points where progress is reported and a cancel can
 # land, and a bound on the (chunk x T) mask a forward over a kept prefix needs
@@ -42,6 +49,34 @@ class MaskEditReport:
 
 class EditingMixin:
     """The editing half of ``Session`` (state it uses: cache, recorder, tokens, steps_done, _ops)."""
+
+    if TYPE_CHECKING:  # what Session, the class this is mixed into, provides: typed for the methods here
+        lm: LoadedModel
+        cache: Any  # the model's cache: a DynamicCache, or a hybrid's own (core.state_cache)
+        recorder: Recorder
+        tokens: list[int]
+        steps_done: list[Step]
+        _blocked: dict[tuple, MaskEdit]
+        _head_edits: list[HeadEdit]
+        _patch_sources: dict[tuple[int, ...], list[torch.Tensor]]
+        _ops: list[dict]
+        n_layers: int
+        n_heads: int
+        vocab_size: int
+        model_name: str
+
+        @property
+        def cache_length(self) -> int: ...
+        @property
+        def current(self) -> Step | None: ...
+        @property
+        def mask_edits(self) -> list[MaskEdit]: ...
+        def check_layer(self, layer: Any) -> int: ...
+        def check_head(self, head: Any) -> int: ...
+        def _forward(self, ids: list[int], keep: int) -> torch.Tensor: ...
+        def _refresh(self, s: Step, dec: Decoding | None = None, stages: Any = None) -> None: ...
+        def _window_outputs(self) -> None: ...
+        def _emit(self, event: str, payload: object) -> None: ...
 
     # ------------------------------------------------------------------ mask editing
     def _validate_edit(self, e: MaskEdit) -> None:

@@ -70,7 +70,9 @@ class _SessionRecords(RunRecords):
         return self._s.recorder.mask_rows[layer]
 
     def scaling(self, layer: int) -> float:
-        return self._s.recorder.scaling[layer]
+        scale = self._s.recorder.scaling[layer]
+        assert scale is not None  # recorded by the layer's first forward, before a reader can ask
+        return scale
 
     def softcap(self, layer: int) -> float | None:
         return self._s.recorder.softcap[layer]
@@ -92,6 +94,11 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
     """
 
     read_only = False
+    # the bases declare these differently (RunSource for any source, the others for a live run); a
+    # session's, for the checker: the model always there, its steps a list it appends to
+    lm: LoadedModel
+    steps_done: list[Step]
+    head_edits: list[HeadEdit]
 
     def __init__(
         self,
@@ -338,6 +345,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             token = s.token_id
             if redecide and not s.forced:
                 # a generator of its own: the session's is touched only at the commit below
+                assert s.rng_state is not None  # every session step keeps the state it chose with (_make_step)
                 g = torch.Generator().set_state(s.rng_state)
                 token = self.sampler(new).choose(s.logits, self._context(s.index), g)
                 rng = g.get_state()
@@ -418,11 +426,11 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         if old is None or old[0][0] != key[0] or old[0][1] is not key[1] or old[0][2] is not key[2]:
             self._early_outputs = None  # the old rows go before the new forward allocates
             rec = scratch_forward(self.lm, key[0], like=self.recorder)
-            self._early_outputs = (
+            old = self._early_outputs = (
                 key,
                 {i: rec.out[i].view(start + 1)[0, :, :start].clone() for i in self.attention_layers},
             )
-        return self._early_outputs[1][layer]
+        return old[1][layer]
 
     def record_bytes(self) -> int:
         """Bytes our own records hold beyond the cache (q, attention outputs, KV mirror on GPUs)."""

@@ -8,14 +8,12 @@ policy). Each implements only the primitives:
   ``vocab_size``), ``model_name``, ``read_only``, ``kv_itemsize``, ``cache_length``;
 - ``tokens``, ``prompt_ids``, ``prompt``, ``steps_done`` (``Step`` records), ``finished``,
   ``decoding``, ``mask_edits``, ``seed``, and ``label(token_id)`` for readable token text;
-- ``records``: a ``RunRecords``, what the model's attention function received or produced per
-  layer (queries, keys, values, head outputs, mask rows, edits, scaling, soft-cap, sinks, score
-  bias);
+- ``records``: a ``RunRecords``, what the model's attention function received or produced per layer (queries, keys,
+  values, head outputs, mask rows, edits, scaling, soft-cap, sinks, score bias);
 - ``live``: a ``Live``, what can be executed on the source (stepping, the cache probe, the
   recompute of head outputs it did not keep, the logit lens, the KV lab), each refusal one line;
-- ``lm``, the loaded model, or None (a trace); optionally ``unverified`` (why the load's fidelity
-  self-test could not vouch for the numbers) and ``kv_policy`` (core.kvlab's policy the forwards ran
-  under).
+- ``lm``, the loaded model, or None (a trace); optionally ``unverified`` (why the load's fidelity self-test could
+  not vouch for the numbers) and ``kv_policy`` (core.kvlab's policy the forwards ran under).
 
 ``RunSource`` turns those into the public accessors every reader uses (``attention``,
 ``attention_rows``, ``qkv``, ``allowed``, ``kv_cache_bytes``, ...) through the one equation in
@@ -27,7 +25,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 import torch
@@ -38,7 +36,9 @@ from .errors import InspectorError, check_index
 
 if TYPE_CHECKING:
     from .edits import CompiledEdits
+    from .kv_layout import KVLayout
     from .models import LoadedModel
+    from .step import Step
 
 # what a source may be able to execute, and how a refusal names it
 CAPABILITIES: dict[str, str] = {
@@ -92,11 +92,15 @@ class RunRecords(Protocol):
     recomputed).
     """
 
-    # the first position whose attention output per head is kept (a session keeps them from the
-    # prompt's last position on, where the steps decide tokens: the positions the lens looks at)
-    head_output_start: int
-    # the compiled mask edits the forwards ran under, or None
-    edits: CompiledEdits | None
+    if TYPE_CHECKING:  # read-only for the checker, so an implementation may compute it (a property)
+
+        @property
+        def head_output_start(self) -> int:
+            """The first position whose attention output per head is kept (a session keeps them from the
+            prompt's last position on, where the steps decide tokens: the positions the lens looks at)."""
+    else:
+        head_output_start: int
+    edits: CompiledEdits | None  # the compiled mask edits the forwards ran under, or None
 
     def queries(self, layer: int) -> torch.Tensor:
         """(H, T, d) q of every processed position."""
@@ -151,14 +155,34 @@ class RunSource:
 
     records: RunRecords
     read_only: bool = True
-    # the reason the model's fidelity self-test failed (loaded with --unverified), or None
-    unverified: str | None = None
-    # the loaded model the run ran on, or None (a trace file)
-    lm: LoadedModel | None = None
-    # the KV cache policy (core.kvlab) this run's forwards run under, or None
-    kv_policy = None
-    # knock-outs and patches (core.edits.HeadEdit) the run's forwards ran under
-    head_edits: Sequence = ()
+    unverified: str | None = None  # why the model's fidelity self-test failed (loaded with --unverified), or None
+    lm: LoadedModel | None = None  # the loaded model the run ran on, or None (a trace file)
+    kv_policy = None  # the KV cache policy (core.kvlab) this run's forwards run under, or None
+    head_edits: Sequence = ()  # knock-outs and patches (core.edits.HeadEdit) the run's forwards ran under
+
+    if TYPE_CHECKING:  # the primitives each source implements (module docstring), typed for the reader
+
+        @property
+        def n_layers(self) -> int: ...
+        @property
+        def n_heads(self) -> int: ...
+        @property
+        def n_kv_heads(self) -> int: ...
+        @property
+        def head_dim(self) -> int: ...
+        @property
+        def model_name(self) -> str: ...
+        @property
+        def kv_itemsize(self) -> int: ...
+        @property
+        def cache_length(self) -> int: ...
+        @property
+        def tokens(self) -> list[int]: ...
+        @property
+        def prompt_ids(self) -> list[int]: ...
+        @property
+        def steps_done(self) -> list[Step]: ...
+        def label(self, token_id: int) -> str: ...
 
     @property
     def live(self) -> Live:
@@ -265,7 +289,9 @@ class RunSource:
         full = torch.full((kept.shape[0], t, kept.shape[2]), float("nan"), dtype=kept.dtype)  # (H, T, d)
         full[:, start:] = kept
         if self.live.can("recompute"):
-            full[:, :start] = self.records.recomputed_head_outputs(layer)  # (H, start, d)
+            rows = self.records.recomputed_head_outputs(layer)  # (H, start, d)
+            assert rows is not None  # a source whose live allows "recompute" recomputes them
+            full[:, :start] = rows
         return full
 
     @property
@@ -388,28 +414,28 @@ class RunSource:
         layer = self.check_attention_layer(layer)
         allowed, c = self._allowed_from(layer, p0, p1, kt)  # (H, n, kt - c): keys before c all allowed
         q = self.records.queries(layer)[:, p0:p1]  # (H, n, d)
-        keys = self.records.keys(layer)[:, :kt]  # (Hkv, kt, d)
+        k_all = self.records.keys(layer)[:, :kt]  # (Hkv, kt, d)
         sink = self.sink(layer)  # (H,) or None
         bias = self.score_bias(layer)
         scaling, softcap = self.scaling(layer), self.softcap(layer)
         if heads is not None:
             idx = torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
             kv = torch.as_tensor([self.kv_head_of(int(h), layer) for h in idx], dtype=torch.long)
-            q, k, allowed = q[idx], keys[kv], allowed[idx]
+            q, k, allowed = q[idx], k_all[kv], allowed[idx]
             sink = None if sink is None else sink[idx]
             block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)
             return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block, masked_from=c)
-        block = None if bias is None or kind == "raw" else bias.block(p0, p1, keys.shape[-2], None)  # (H, n, T)
+        block = None if bias is None or kind == "raw" else bias.block(p0, p1, k_all.shape[-2], None)  # (H, n, T)
         if sink is not None:  # one sink logit per head: the equation takes it per leading index
-            k = eq.expand_kv(keys, self.n_heads)  # (H, T, d)
+            k = eq.expand_kv(k_all, self.n_heads)  # (H, T, d)
             return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block, masked_from=c)
         # every head: each KV head's group of query heads in one product, so the keys are read
         # once per KV head instead of copied to every query head (at long T that copy dominated)
-        hkv, (h, n, d) = keys.shape[0], q.shape
+        hkv, (h, n, d) = k_all.shape[0], q.shape
         qg = q.reshape(hkv, (h // hkv) * n, d)  # (Hkv, g*n, d): query heads h*g .. h*g+g-1 read KV head h
         grouped = allowed.reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T - c)
         gblock = None if block is None else block.expand(h, n, -1).reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T)
-        out = eq.equation(qg, keys, scaling, softcap, grouped, kind, None, gblock, masked_from=c)  # (Hkv, g*n, T)
+        out = eq.equation(qg, k_all, scaling, softcap, grouped, kind, None, gblock, masked_from=c)  # (Hkv, g*n, T)
         return out.reshape(h, n, -1)  # (H, n, T)
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
@@ -437,7 +463,7 @@ class RunSource:
         return to_numpy(self.head_outputs(layer))
 
     # what the cache holds per layer (core.kv_layout.KVLayout); None: an ordinary per-head cache
-    kv_layout = None
+    kv_layout: KVLayout | None = None
 
     @property
     def attention_layers(self) -> tuple[int, ...]:
@@ -451,7 +477,7 @@ class RunSource:
         layer, lay = self.check_layer(layer), self.kv_layout
         if lay is None:
             return layer
-        return None if lay.layers[layer] is None else lay.layers[layer].reads
+        return None if (lk := lay.layers[layer]) is None else lk.reads
 
     def _kv_length(self, length: int | None) -> int:
         t = self.cache_length
@@ -471,7 +497,7 @@ class RunSource:
         layer, t = self.check_layer(layer), self._kv_length(length)
         lay = self.kv_layout
         lk = None if lay is None else lay.layers[layer]
-        if lk is None:
+        if lay is None or lk is None:
             return t
         if lk.reads is not None and lk.reads != layer:
             lk = lay.layers[lk.reads] or lk
@@ -491,7 +517,7 @@ class RunSource:
         lay = self.kv_layout
         if lay is None:  # an ordinary per-head cache of unknown windows (a trace written without a layout)
             return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
-        held = (lay.layers[i].cache_numbers * lay.layers[i].held(t) for i in layers if lay.layers[i] is not None)
+        held = (lk.cache_numbers * lk.held(t) for i in layers if (lk := lay.layers[i]) is not None)
         return sum(held) * self.kv_itemsize
 
     def kv_kept_bytes(self, layer: int | None = None, length: int | None = None) -> int:
@@ -502,7 +528,7 @@ class RunSource:
         lay = self.kv_layout
         if lay is None:
             return sum(2 * self.n_kv_heads * t * self.head_dim for _ in layers) * self.kv_itemsize
-        return sum(lay.layers[i].cache_numbers for i in layers if lay.layers[i] is not None) * t * self.kv_itemsize
+        return sum(lk.cache_numbers for i in layers if (lk := lay.layers[i]) is not None) * t * self.kv_itemsize
 
     def kv_per_head_bytes(self, layer: int | None = None) -> int:
         """Bytes an ordinary per-head cache of the K and V attention received would take (one layer,
@@ -512,12 +538,12 @@ class RunSource:
         if lay is None or t == 0:
             return self.kv_cache_bytes(layer)  # the cache is an ordinary per-head one, or empty
         layers = self._kv_layers(layer)
-        return sum(lay.layers[i].attention_numbers * self.kv_cache_positions(i) for i in layers
-                   if lay.layers[i] is not None) * self.kv_itemsize  # fmt: skip
+        held = (lk.attention_numbers * self.kv_cache_positions(i) for i in layers if (lk := lay.layers[i]) is not None)
+        return sum(held) * self.kv_itemsize
 
 
-def _from_lm(name: str, *default) -> property:
-    """``self.lm.<name>`` as a property (``default`` where a model object may lack it)."""
+def _from_lm(name: str, *default) -> Any:
+    """``self.lm.<name>`` as a property (``default`` where a model may lack it); Any: each use annotates it."""
     return property(lambda self: getattr(self.lm, name, *default))
 
 
@@ -539,16 +565,18 @@ def model_refusals(lm) -> dict[str, str]:
 class ModelShape:
     """Shapes of a source that has the loaded model (``self.lm``): a Session, a beam."""
 
-    lm = None
-    n_layers = _from_lm("n_layers")
-    n_heads = _from_lm("n_heads")
-    n_kv_heads = _from_lm("n_kv_heads")
-    head_dim = _from_lm("head_dim")
-    context_length = _from_lm("context_length")
-    vocab_size = _from_lm("vocab_size")
-    model_name = _from_lm("name")
-    unverified = _from_lm("unverified", None)
-    kv_layout = _from_lm("kv_layout", None)
+    lm: LoadedModel  # set by the subclass's __init__
+    tokens: list[int]
+    prompt_ids: list[int]
+    n_layers: int = _from_lm("n_layers")
+    n_heads: int = _from_lm("n_heads")
+    n_kv_heads: int = _from_lm("n_kv_heads")
+    head_dim: int = _from_lm("head_dim")
+    context_length: int = _from_lm("context_length")
+    vocab_size: int = _from_lm("vocab_size")
+    model_name: str = _from_lm("name")
+    unverified: str | None = _from_lm("unverified", None)
+    kv_layout: KVLayout | None = _from_lm("kv_layout", None)
 
     @property
     def cache_dtype(self) -> str:

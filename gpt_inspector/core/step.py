@@ -98,15 +98,19 @@ def stage_summaries(stages: list[decoding.StageScores], label: Callable[[int], s
         ids, ps, ls = idx.tolist(), pv.tolist(), scores[idx].tolist()
         top = [TopEntry(i, label(i), p, lg) for i, p, lg in zip(ids, ps, ls)]
         rank = {i: n for n, i in enumerate(ids)}
-        removed, n_removed, moved = (), 0, []
+        removed: tuple[TopEntry, ...] = ()
+        n_removed, moved = 0, list[tuple[TopEntry, int, int]]()
         if prev is not None:
             p_scores, p_probs, p_finite, p_kept, p_ids, p_rank = prev
             if kept < p_kept:
                 gone = p_ids[~finite[p_ids]] if p_ids is not None else (p_finite & ~finite).nonzero()[:, 0]  # (n,)
                 n_removed = int(gone.numel())
                 # their probabilities before this stage: the previous stage's softmax at those ids
-                before = (torch.softmax(p_scores[p_ids], -1)[~finite[p_ids]] if p_ids is not None
-                          else p_probs[gone])  # fmt: skip
+                if p_ids is not None:
+                    before = torch.softmax(p_scores[p_ids], -1)[~finite[p_ids]]
+                else:
+                    assert p_probs is not None  # a stage without kept ids kept its vocabulary-wide softmax
+                    before = p_probs[gone]
                 bv, bj = torch.topk(before, min(STAGE_LIST, n_removed))
                 removed = tuple(TopEntry(int(i), label(int(i)), p, -math.inf)
                                 for i, p in zip(gone[bj].tolist(), bv.tolist()))  # fmt: skip

@@ -37,17 +37,22 @@ class _BeamRecords(RunRecords):
         self._scaling, self._softcap, self._sinks = list(rec.scaling), list(rec.softcap), list(rec.sinks)
         self._mask_rows_of = rec.mask_rows
 
+    def _own(self) -> _Rows:
+        # a beam without rows has length 0, so no view asks it for a layer's rows
+        assert self._rows is not None
+        return self._rows
+
     def queries(self, layer: int) -> torch.Tensor:
-        return self._rows.q[layer]
+        return self._own().q[layer]
 
     def keys(self, layer: int) -> torch.Tensor:
-        return self._rows.k[layer]
+        return self._own().k[layer]
 
     def values(self, layer: int) -> torch.Tensor:
-        return self._rows.v[layer]
+        return self._own().v[layer]
 
     def head_outputs(self, layer: int) -> torch.Tensor:
-        return self._rows.out[layer]
+        return self._own().out[layer]
 
     def scaling(self, layer: int) -> float:
         return self._scaling[layer]

@@ -75,6 +75,7 @@ class PairStepper:
     def _pair_cache(self) -> DynamicCache:
         held = self._held()
         if self._views is not None and len(held) == len(self._views) and all(x is y for x, y in zip(held, self._views)):
+            assert self._cache is not None  # set with the views it was built from (_adopt)
             return self._cache
         cache = DynamicCache()
         cache.layer_class_to_replicate = _Growing  # the first forward's layers too
@@ -92,8 +93,11 @@ class PairStepper:
             while len(s.cache.layers) < len(cache.layers):
                 s.cache.layers.append(DynamicLayer())
             for own, pair in zip(s.cache.layers, cache.layers):
+                # both are DynamicLayers: ready() checked the runs' caches, _pair_cache built this one
+                assert isinstance(own, DynamicLayer) and isinstance(pair, DynamicLayer)
                 if not pair.is_initialized:
                     continue
+                assert pair.keys is not None and pair.values is not None  # an initialized layer holds both
                 if not own.is_initialized:
                     own.lazy_initialization(pair.keys, pair.values)
                 own.keys, own.values = pair.keys[r : r + 1], pair.values[r : r + 1]  # (1, Hkv, T, d)

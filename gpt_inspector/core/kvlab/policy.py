@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping, Sequence
+from typing import cast
 
 import numpy as np
 import torch
@@ -239,7 +240,12 @@ class Eviction(Policy):
         super().bind(n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device)
 
     def _recent(self, budget: int) -> int:
-        return self.recent if self.recent is not None else self.scorer.default_recent(budget, self.sinks)
+        return self.recent if self.recent is not None else self.scorer.default_recent(budget, self._sinks)
+
+    @property
+    def _sinks(self) -> int:
+        assert self.sinks is not None  # bind() settles it before anything is scored
+        return self.sinks
 
     def _recent_rows(self, layer: int, budget: torch.Tensor) -> torch.Tensor:
         """(Hkv,) the recent window of each KV head of ``layer`` (budgets are fixed once bound)."""
@@ -358,7 +364,9 @@ class Eviction(Policy):
             self._evict(layer, score, budget, tk)
 
     def _uniform_budget(self, layer: int) -> bool:
-        self._recent_rows(layer, self.budgets[layer])
+        budget = self.budgets[layer]
+        assert budget is not None  # asked only for a layer under a budget (observe)
+        self._recent_rows(layer, budget)
         return self._uniform[layer]
 
     def _scored(self, layer: int, k: torch.Tensor, p: torch.Tensor | None, tk: int) -> torch.Tensor:
@@ -384,24 +392,26 @@ class Eviction(Policy):
         n, hkv = len(layers), self.n_kv_heads
         ev = torch.stack([self._evicted_at[layer][:, :tk] for layer in layers])  # (n, Hkv, Tk)
         rule = self.scorer
-        got = [pend[layer][1] for layer in layers]
+        # None only where the scorer reads neither keys nor attention, and then nothing is stacked
+        got = cast("list[torch.Tensor]", [pend[layer][1] for layer in layers])
         if rule.reads_keys:
             score = torch.stack(got)  # (n, Hkv, Tk): scored as each layer ran
         else:
             rows = torch.stack(got) if rule.needs_attention else None  # (n, H, 1, Tk): this forward's attention rows
             score = self._ask(Seen(layers, None, rows, (n, hkv, tk), self.device))  # (n, Hkv, Tk)
         if rule.accumulates:
-            acc = [self.scores[layer] for layer in layers]
-            if all(a.shape[1] == tk - 1 for a in acc):
-                acc = torch.cat([torch.stack(acc), score.new_zeros(n, hkv, 1)], 2)  # (n, Hkv, Tk)
+            sums = [self.scores[layer] for layer in layers]
+            if all(a.shape[1] == tk - 1 for a in sums):
+                acc = torch.cat([torch.stack(sums), score.new_zeros(n, hkv, 1)], 2)  # (n, Hkv, Tk)
             else:
-                acc = torch.stack([F.pad(a[:, :tk], (0, max(0, tk - a.shape[1]))) for a in acc])
+                acc = torch.stack([F.pad(a[:, :tk], (0, max(0, tk - a.shape[1]))) for a in sums])
             score = acc + score
             for i, layer in enumerate(layers):
                 self.scores[layer] = score[i]
         for i, layer in enumerate(layers):
             self._evicted_at[layer] = ev[i]
-        budget = torch.stack([self.budgets[layer] for layer in layers])  # (n, Hkv)
+        # a deferred layer is under a budget (observe defers only those)
+        budget = torch.stack(cast("list[torch.Tensor]", [self.budgets[layer] for layer in layers]))  # (n, Hkv)
         held = ev == NEVER  # (n, Hkv, Tk)
         excess = held.sum(2) - budget  # (n, Hkv)
         most = int(excess.max())
@@ -430,7 +440,7 @@ class Eviction(Policy):
         candidate (held, past the sinks, before its recent window), the newest among equals, as the
         ranking in ``_evict`` would. ev, score, held: (..., Hkv, Tk); excess, recent: (..., Hkv)."""
         pos = torch.arange(tk, device=ev.device)
-        cand = held & (pos >= self.sinks) & (pos < tk - recent[..., None])  # (..., Hkv, Tk)
+        cand = held & (pos >= self._sinks) & (pos < tk - recent[..., None])  # (..., Hkv, Tk)
         j = tk - 1 - score.masked_fill(~cand, math.inf).flip(-1).argmin(-1)  # (..., Hkv), newest first
         over = (excess > 0).nonzero(as_tuple=True)
         ev[over + (j[over],)] = tk  # masked from the next query position on
@@ -449,7 +459,7 @@ class Eviction(Policy):
             self._drop_one(ev, score, held, excess, recent, tk)
             return
         pos = torch.arange(tk, device=ev.device)
-        protect = (pos < self.sinks) | (pos >= tk - recent[:, None])  # (Hkv, Tk)
+        protect = (pos < self._sinks) | (pos >= tk - recent[:, None])  # (Hkv, Tk)
         protect &= held
         cand = held & ~protect
         room = budget - protect.sum(1)  # (Hkv,)

@@ -22,6 +22,7 @@ transformers do); later forwards read the dequantized entries.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 
 import numpy as np
 import torch
@@ -82,7 +83,11 @@ class Quantization(Policy):
         old = max(0, length - self.residual)
         if self.fp8 is not None:
             return old, old
-        return old // self.group * self.group, old  # keys wait for a whole group of tokens
+        return old // self._group() * self._group(), old  # keys wait for a whole group of tokens
+
+    def _group(self) -> int:
+        assert self.group is not None  # bind() chose one before any cache exists
+        return self.group
 
     def reset(self) -> None:
         # per layer [K, V] (B, Hkv, capacity, d): what attention reads; rows below ``done`` hold final
@@ -226,7 +231,7 @@ class TransformersQuantization(Quantization):
         self.shown: list[_Store | None] = [None] * self.n_layers  # the store whose values the records hold
         # layer -> the full-precision cache (K, V) (B, Hkv, T, d), to rebuild a let-go store after a step
         # back; set by the lab. Without it every store keeps its tensors
-        self.exact = None
+        self.exact: Callable[[int], tuple[torch.Tensor, torch.Tensor]] | None = None
 
     def _new_store(self, kv, prev: _Store | None, lo: int, hi: int) -> _Store:
         st = _Store(kv, prev, lo, hi)
@@ -240,7 +245,14 @@ class TransformersQuantization(Quantization):
 
     def _kv(self, layer: int, st: _Store, key=None, value=None):
         """A store's (K, V); the full-precision rows come from this forward (key, value) when given."""
-        exact = (lambda: (key, value)) if key is not None else (lambda: self.exact(layer))
+        if key is not None:
+            return st.get(self._quant, lambda: (key, value))
+
+        def exact() -> tuple[torch.Tensor, torch.Tensor]:
+            # only a let-go store asks, and stores are let go only while the lab has set ``exact``
+            assert self.exact is not None
+            return self.exact(layer)
+
         return st.get(self._quant, exact)
 
     def snapshot(self):
@@ -267,7 +279,7 @@ class TransformersQuantization(Quantization):
         self._restore_records(saved)
 
     def _quant(self, x: torch.Tensor) -> torch.Tensor:
-        return quanto_affine(x.contiguous(), self.bits, self.group)
+        return quanto_affine(x.contiguous(), self.bits, self._group())
 
     def attend(self, layer, key, value, q0, n_heads):
         tk = key.shape[2]

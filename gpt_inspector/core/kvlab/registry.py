@@ -8,10 +8,15 @@ A user's scorer class joins with ``register(cls)`` and is then built by its name
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ..errors import InspectorError
 
+if TYPE_CHECKING:
+    from .scorers import Scorer
+
 # name -> the scorer (a class in ``scorers``, or a registered class); "custom" wraps a Python function
-SCORERS: dict[str, str | type] = {
+SCORERS: dict[str, str | type[Scorer]] = {
     "streaming": "StreamingLLM",
     "h2o": "H2O",
     "snapkv": "SnapKV",
@@ -49,7 +54,7 @@ def options(name: str) -> tuple[str, ...]:
     return OPTIONS[kind(name)]
 
 
-def scorer_class(name: str) -> type:
+def scorer_class(name: str) -> type[Scorer]:
     """The scorer class an eviction policy ``name`` runs."""
     if kind(name) != "eviction":
         raise InspectorError(f"{name} is a quantization, not an eviction policy")

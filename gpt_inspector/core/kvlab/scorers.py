@@ -103,6 +103,7 @@ class H2O(Scorer):
 
     def score(self, seen: Seen) -> torch.Tensor:
         # this forward's attention received, summed over its queries (the policy adds it to the sum so far)
+        assert seen.attention is not None  # the policy passes attention to a scorer that needs_attention
         return group_sum(seen.attention.sum(-2), seen.shape[-2]).double()  # (..., Hkv, Tk)
 
 
@@ -116,6 +117,7 @@ class TOVA(Scorer):
         return range(tq - 1, tq)
 
     def score(self, seen: Seen) -> torch.Tensor:
+        assert seen.attention is not None  # the policy passes attention to a scorer that needs_attention
         return group_sum(seen.attention[..., -1, :], seen.shape[-2]).double()  # (..., Hkv, Tk)
 
 
@@ -126,6 +128,7 @@ class KeyNorm(Scorer):
     reads_keys = batched = trusted = True
 
     def score(self, seen: Seen) -> torch.Tensor:
+        assert seen.keys is not None  # the policy passes keys to a scorer that reads_keys
         return -seen.keys.double().norm(dim=-1)  # (..., Hkv, Tk)
 
 
@@ -148,6 +151,7 @@ class SnapKV(Scorer):
 
     def score(self, seen: Seen) -> torch.Tensor:
         p = seen.attention  # (H, n, Tk)
+        assert p is not None  # the policy passes attention to a scorer that needs_attention
         s = group_sum(p.sum(1), seen.shape[0]).double()  # (Hkv, Tk) observation-window votes
         tk = seen.shape[1]
         n = max(0, tk - p.shape[1])  # the prefix before the window (the window itself is kept)
@@ -176,6 +180,8 @@ class FunctionScorer(Scorer):
         self.fn = scorer
 
     def score(self, seen: Seen) -> torch.Tensor:
+        # a custom scorer is not batched (one layer at a time) and needs both keys and attention
+        assert isinstance(seen.layer, int) and seen.keys is not None and seen.attention is not None
         return self.fn(seen.layer, seen.keys, seen.attention)
 
 
