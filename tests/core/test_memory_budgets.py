@@ -58,7 +58,7 @@ def test_the_beam_estimate_counts_the_search_state(monkeypatch):
     assert per_beam == cache + search and need == n * per_beam
     assert search > cache  # the part the old estimate left out is the larger one here
     monkeypatch.setattr(validate, "memory_bytes", lambda: 8 * GiB)
-    # the cache and records alone (6 GiB) fit in 8 GiB; with the search state (14 GiB) they do not
+    # the cache and records alone (5.6 GiB) fit in 8 GiB; with the search state (12.7 GiB) they do not
     assert n * cache < 8 * GiB < need
     with pytest.raises(gi.InspectorError, match="search state") as e:
         validate.beams(GPT2, n, total, prompt)
