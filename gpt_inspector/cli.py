@@ -85,17 +85,55 @@ def quiet_transformers() -> str | None:
     try:
         from .core import hf
     except ImportError as e:
+        if _interrupt["seen"]:  # transformers' lazy modules report a Ctrl+C mid-import as an ImportError
+            raise KeyboardInterrupt from None
         return (str(e).strip().splitlines() or [type(e).__name__])[0]
     hf.quiet()
     return None
 
 
 def main(argv: list[str] | None = None) -> int:
+    """Run the command line; Ctrl+C at any moment, the seconds spent importing torch and transformers
+    included, prints one line and exits 130."""
+    import signal
+    import threading
+
+    # installed before any heavy import: Ctrl+C raises KeyboardInterrupt as Python's own handler does,
+    # and is remembered, since some libraries turn it into another error on its way up (a shell that
+    # started us with SIGINT ignored, a background job, is obeyed)
+    _interrupt["seen"] = False
+    previous = signal.getsignal(signal.SIGINT)
+    if (
+        previous in (signal.SIG_DFL, signal.default_int_handler)
+        and threading.current_thread() is threading.main_thread()
+    ):
+        signal.signal(signal.SIGINT, _on_sigint)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("gpt-inspector: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if signal.getsignal(signal.SIGINT) is _on_sigint:
+            signal.signal(signal.SIGINT, previous)
+
+
+_interrupt = {"seen": False}
+
+
+def _on_sigint(signum, frame):
+    _interrupt["seen"] = True
+    raise KeyboardInterrupt
+
+
+def _main(argv: list[str] | None) -> int:
     from .core.errors import InspectorError, StepFailed
 
     parser = build_parser()
     args = parser.parse_args(argv)
-    unusable = quiet_transformers()
+    unusable = quiet_transformers()  # imports transformers and torch: seconds a Ctrl+C may land in
+    if _interrupt["seen"]:  # a library's import fallback swallowed it: the user still asked to stop
+        raise KeyboardInterrupt
     if unusable:
         print(f"gpt-inspector: error: {unusable}", file=sys.stderr)
         return 2
@@ -104,13 +142,15 @@ def main(argv: list[str] | None = None) -> int:
             from .gui.app import run as run_window
 
             return run_window(args)
-        return args._run(args)
+        rc = args._run(args)
+        if _interrupt["seen"] and rc == 0:  # swallowed on its way up (an import fallback): still a Ctrl+C
+            raise KeyboardInterrupt
+        return rc
     except (InspectorError, StepFailed) as e:
+        if _interrupt["seen"]:  # an interrupt some layer reported as a failure: still the user's Ctrl+C
+            raise KeyboardInterrupt from None
         print(f"gpt-inspector: error: {e}", file=sys.stderr)
         return 2
-    except KeyboardInterrupt:
-        print("gpt-inspector: interrupted", file=sys.stderr)
-        return 130
     except BrokenPipeError:
         return 0
 

@@ -256,7 +256,7 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
         )
     q, k, v = source.qkv(layer)  # (H, T, d), (Hkv, T, d), (Hkv, T, d)
     kvh = int(_kv_map(source, layer)[head])
-    allowed = np.asarray(source.allowed(layer, head), dtype=bool)[position]  # (T,)
+    allowed = source.allowed_rows(layer, position, position + 1)[head, 0].numpy()  # (T,): one row, never (T, T)
     scaling, softcap = float(source.scaling(layer)), source.softcap(layer)
     sink = _sink(source, layer)
     vk = v[kvh].astype(np.float64)  # (T, d)
@@ -278,6 +278,17 @@ def check(source, layer: int, head: int, position: int | None = None, tolerance:
                      nonfinite=bad)  # fmt: skip
 
 
+BLOCK_BYTES = 256 << 20  # float64 work per block of a check: the check streams, its memory stays flat in T
+
+
+def _blocks(n_heads: int, t: int, d: int) -> tuple[int, int]:
+    """(heads, rows) per block so a block's float64 arrays stay near BLOCK_BYTES at any length."""
+    per_head = 3 * t * d * 8  # the head's K, V and q in float64
+    hb = max(1, min(n_heads, BLOCK_BYTES // 2 // per_head))
+    per_row = 6 * t * 8  # scores, exp, weights, bias and mask rows of one query, one head
+    return hb, max(1, min(t, BLOCK_BYTES // 2 // (hb * per_row)))
+
+
 def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckReport:
     """Check every head at every position of the given layers (default all); max |diff| per head."""
     _validate_tolerance(tolerance)
@@ -290,27 +301,38 @@ def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckR
     if not layers:
         raise InspectorError("no layers to check")
     n_heads = source.n_heads
-    max_diff = np.zeros((len(layers), n_heads))
+    max_diff = np.full((len(layers), n_heads), -1.0)  # below any |diff|: the first block's maximum wins
     worst = np.zeros((len(layers), n_heads), dtype=np.int64)
     tol = np.zeros((len(layers), n_heads))
     start = source.head_outputs_from  # rows before it were never kept: nothing to compare
     for i, layer in enumerate(layers):
-        q, k, v = source.qkv(layer)
+        q, k, v = source.qkv(layer)  # (H, T, d), (Hkv, T, d), (Hkv, T, d)
         kv_map = _kv_map(source, layer)
-        kh = k.astype(np.float64)[kv_map]  # (H, T, d)
-        vh = v.astype(np.float64)[kv_map]  # (H, T, d)
-        allowed = np.stack([np.asarray(source.allowed(layer, h), dtype=bool) for h in range(n_heads)])  # (H, T, T)
-        _, out = _attend(q.astype(np.float64), kh, vh, allowed, float(source.scaling(layer)), source.softcap(layer),
-                         _sink(source, layer), _bias(source, layer, 0, t))  # fmt: skip
-        model = source.attention_output(layer)[:, start:].astype(np.float64)  # (H, T - start, d)
-        with np.errstate(invalid="ignore"):
-            diff = np.abs(out[:, start:] - model).max(axis=-1)  # (H, T - start)
-        # NaN must win the max so a broken row cannot hide behind a finite one
-        bad = _nonfinite(q[:, start:], kh, vh, allowed[:, start:], model)
-        diff = np.where(np.isnan(diff) | bad, np.inf, diff)
-        worst[i] = start + diff.argmax(axis=1)
-        max_diff[i] = diff.max(axis=1)
-        tol[i] = _tolerance(source, vh[:, :t], tolerance)
+        model = source.attention_output(layer)  # (H, T, d); rows before start are not kept
+        scaling, softcap, sink = float(source.scaling(layer)), source.softcap(layer), _sink(source, layer)
+        hb, rb = _blocks(n_heads, t, max(k.shape[-1], v.shape[-1]))
+        for h0 in range(0, n_heads, hb):
+            hs = np.arange(h0, min(h0 + hb, n_heads))
+            kh = k[kv_map[hs]].astype(np.float64)  # (h, T, d)
+            vh = v[kv_map[hs]].astype(np.float64)  # (h, T, d)
+            tol[i, hs] = _tolerance(source, vh[:, :t], tolerance)
+            # row blocks: (H, T, T) float64 at once is 34 GB for two heads at 16,384 positions
+            for p0 in range(start, t, rb):
+                p1 = min(p0 + rb, t)
+                allowed = source.allowed_rows(layer, p0, p1)[hs].numpy()  # (h, n, T)
+                bias = _bias(source, layer, p0, p1, hs.tolist())  # (h, n, T) or None
+                _, out = _attend(q[hs, p0:p1].astype(np.float64), kh, vh, allowed, scaling, softcap,
+                                 None if sink is None else sink[hs], bias)  # fmt: skip
+                mod = model[hs, p0:p1].astype(np.float64)  # (h, n, d)
+                with np.errstate(invalid="ignore"):
+                    diff = np.abs(out - mod).max(axis=-1)  # (h, n)
+                # NaN must win the max so a broken row cannot hide behind a finite one
+                bad = _nonfinite(q[hs, p0:p1], kh, vh, allowed, mod)
+                diff = np.where(np.isnan(diff) | bad, np.inf, diff)
+                top = diff.max(axis=1)  # (h,)
+                better = top > max_diff[i, hs]  # strictly: the first position with the maximum is the worst
+                worst[i, hs[better]] = p0 + diff.argmax(axis=1)[better]
+                max_diff[i, hs[better]] = top[better]
     return MathCheckReport(layers, n_heads, t - start, max_diff, worst, tol, first_position=start)
 
 

@@ -20,6 +20,12 @@ from .kv_layout import KVLayout
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 MAX_JSON = 64 << 20  # bytes of one metadata value; larger is not a trace we wrote
+# Ceilings on what a trace may claim, far above any model we know and far below what freezes the
+# window: views, exports and checks loop over heads and draw labels, so a 66 KB file with 4,096 heads or
+# a 60 MB label cost minutes of work before a refusal could come.
+MAX_HEADS = 512  # query heads per layer: Falcon-180B's 232 is the most of any released model
+MAX_LABEL = 1024  # characters in one token's label: the longest tokens of real vocabularies are a few hundred
+MAX_NAME = 4096  # characters in the model's name: a hub id or a path, and PATH_MAX is 4096
 SHAPE_FIELDS = ("n_layers", "n_heads", "n_kv_heads", "head_dim", "context_length", "vocab_size")  # ints >= 1
 
 _SPARSE_CHECK_FROM = (
@@ -90,6 +96,8 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
         if not isinstance(meta.get(key), str):
             raise InspectorError(f"{name}: metadata {key!r} is missing")
         out[key] = meta[key]
+    if len(out["model"]) > MAX_NAME:
+        raise InspectorError(f"{name}: the model's name is {len(out['model']):,} characters; at most {MAX_NAME:,}")
     out["finished"] = meta.get("finished", "")
     out["seed"] = _int(name, meta, "seed")
     out["prompt_length"] = _int(name, meta, "prompt_length")
@@ -110,7 +118,9 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
             out["kv_layout"] = KVLayout.from_json(_json(name, meta, "kv_layout", dict), L)
         except ValueError as e:
             raise InspectorError(f"{name}: metadata 'kv_layout' is malformed: {e}") from None
-    if L > 4096 or H > 4096 or d > 65536 or V > 1 << 24:
+    if H > MAX_HEADS:
+        raise InspectorError(f"{name}: {H:,} heads per layer; a trace holds at most {MAX_HEADS}")
+    if L > 4096 or d > 65536 or V > 1 << 24:
         raise InspectorError(f"{name}: implausible shape {shape}")
     out["shape"] = shape
     out["decoding"] = _json(name, meta, "decoding", dict)
@@ -165,6 +175,12 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
     out["attn_out_start"] = start
     if len(labels) != n_tok or not all(isinstance(x, str) for x in labels):
         raise InspectorError(f"{name}: token_labels do not match the tokens")
+    longest = max(map(len, labels))
+    if longest > MAX_LABEL:
+        raise InspectorError(f"{name}: a token label is {longest:,} characters; at most {MAX_LABEL:,}")
+    for key in ("prompt", "text"):  # made of the labels: no longer than they are together
+        if len(out[key]) > MAX_LABEL * n_tok:
+            raise InspectorError(f"{name}: metadata {key!r} is {len(out[key]):,} characters for {n_tok} tokens")
 
     need: dict[str, tuple[tuple, str]] = {"tokens": ((n_tok,), "I64")}
     optional: dict[str, tuple[tuple, str]] = {}
@@ -251,7 +267,7 @@ def _bias_ok(b, H: int) -> bool:
 def _top_ok(top, V: int) -> bool:
     return isinstance(top, list) and all(
         isinstance(e, list) and len(e) == 2 and isinstance(e[0], int) and not isinstance(e[0], bool)
-        and 0 <= e[0] < V and isinstance(e[1], str)
+        and 0 <= e[0] < V and isinstance(e[1], str) and len(e[1]) <= MAX_LABEL
         for e in top
     )  # fmt: skip
 

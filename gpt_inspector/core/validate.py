@@ -86,23 +86,35 @@ def length_penalty(v, context_length: int) -> float:
 MAX_BEAMS = 1024
 
 
-def beams(lm, num_beams, total_length: int) -> int:
-    """A beam count whose KV cache and records fit in memory (an estimate, refused before allocating)."""
+def beams(lm, num_beams, total_length: int, prompt_length: int = 0) -> int:
+    """A beam count whose KV cache, records and search state fit in memory (an estimate, refused before allocating)."""
     n = integer("num_beams", num_beams, 1)
     if n > MAX_BEAMS:
         raise InspectorError(f"num_beams {n} is more than the {MAX_BEAMS} beams this tool steps through")
+    need, per_beam = beam_bytes(lm, n, total_length, prompt_length)
+    ram = memory_bytes()
+    if ram and need > ram:
+        most = max(1, int(ram // max(1, per_beam)))
+        raise InspectorError(
+            f"num_beams {n} would need about {need / 2**30:.1f} GiB for the cache, records and search state; "
+            f"this machine has {ram / 2**30:.1f} GiB; use at most about {most} beams or a shorter length"
+        )
+    return n
+
+
+def beam_bytes(lm, n: int, total_length: int, prompt_length: int = 0) -> tuple[int, int]:
+    """(bytes for ``n`` beams, bytes per beam) of a search to ``total_length`` tokens."""
     itemsize = getattr(lm.dtype, "itemsize", 4)  # a dtype without one: assume float32
     # per beam and position: K and V per KV head, our q and head-output records per query head
     per_token = lm.n_layers * lm.head_dim * (2 * lm.n_kv_heads + 2 * lm.n_heads) * itemsize
-    need = n * (total_length * per_token + 4 * lm.vocab_size * 2)  # + the step's logits and scores
-    ram = memory_bytes()
-    if ram and need > ram:
-        most = max(1, int(ram // max(1, total_length * per_token + 8 * lm.vocab_size)))
-        raise InspectorError(
-            f"num_beams {n} would need about {need / 2**30:.1f} GiB for the cache and records; this machine has "
-            f"{ram / 2**30:.1f} GiB; use at most about {most} beams or a shorter length"
-        )
-    return n
+    V = lm.vocab_size
+    # the search state of one step, per beam: the model's logits, generate's float32 copy, the
+    # log-softmax, the accumulated scores and topk's work on them (num_beams x vocab each) ...
+    step = V * (itemsize + 4 * 4)
+    # ... and each step's float32 logits, kept for the window and `compare`
+    kept = V * 4 * max(1, total_length - prompt_length)
+    per_beam = total_length * per_token + step + kept
+    return n * per_beam, per_beam
 
 
 def early_stopping(v) -> bool | str:
@@ -180,12 +192,47 @@ def prompt_ids(lm, prompt, ids) -> list[int]:
     return out
 
 
+CGROUP_ROOT = "/sys/fs/cgroup"
+
+
 def memory_bytes() -> int | None:
-    """The machine's physical memory in bytes, or None where the system does not say."""
+    """The memory this process may use, in bytes: the machine's physical memory, or its container's
+    (cgroup) limit where that is lower; None where the system says neither."""
     try:
-        return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        ram = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
     except (ValueError, OSError, AttributeError):
-        return None
+        ram = None
+    limit = _cgroup_limit()
+    if limit is not None and (ram is None or limit < ram):
+        return limit
+    return ram
+
+
+def _cgroup_limit() -> int | None:
+    """The lowest memory limit of this process's cgroup and its ancestors (v2 memory.max, or v1's
+    memory.limit_in_bytes); None where there is none (v1 writes a huge number for no limit)."""
+    from pathlib import Path
+
+    root = Path(CGROUP_ROOT)
+    where = {"0": "/", "memory": "/"}  # the v2 hierarchy, the v1 memory controller
+    with contextlib.suppress(OSError):
+        for line in Path("/proc/self/cgroup").read_text().splitlines():
+            _, controllers, own = line.split(":", 2)
+            for key in ("0" if not controllers else "", *controllers.split(",")):
+                if key in where:
+                    where[key] = own.strip() or "/"
+    files = []
+    for base, key, name in ((root, "0", "memory.max"), (root / "memory", "memory", "memory.limit_in_bytes")):
+        parts = [p for p in where[key].split("/") if p and p != ".."]
+        files += [base.joinpath(*parts[:i], name) for i in range(len(parts), -1, -1)]  # own group, then ancestors
+    found = []
+    for f in files:
+        with contextlib.suppress(OSError, ValueError):
+            text = f.read_text().strip()
+            if text != "max":
+                found.append(int(text))
+    found = [x for x in found if 0 < x < 1 << 60]  # v1's "no limit" is 2**63 rounded down to a page
+    return min(found) if found else None
 
 
 # accelerate's placement strategies; a dict (module name -> device) is passed through as given

@@ -90,7 +90,7 @@ def _sweep_leftovers() -> None:
 
 
 def _offer_restore(win) -> dict | None:
-    """Ask whether to bring back the autosaved session; a no discards it."""
+    """Ask whether to bring back a session whose window is gone (crashed); a no discards those."""
     from PySide6.QtWidgets import QMessageBox
 
     from . import autosave
@@ -109,9 +109,12 @@ def _offer_restore(win) -> dict | None:
         QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes,
     )  # fmt: skip
     if answer == QMessageBox.StandardButton.Yes:
-        # the restored session carries on in the same file, so a clean quit removes it and no stale copy is offered again
+        # the restored session carries on in the same file, under the lock the offer claimed, so a clean
+        # quit removes it and no stale copy is offered again
+        autosave.release(win.worker.autosave_owner)
         win.worker.autosave_owner = owner
         return recipe
+    autosave.clear(owner)  # the claimed file, then every other whose owner is gone; live windows keep theirs
     autosave.clear()
     return None
 

@@ -111,6 +111,7 @@ class Worker(QObject):
             self._thread.wait()
             self._thread = None
             gc_guard.release()
+        autosave.release(self.autosave_owner)  # nothing writes the file now: a later start may offer it
 
     def post(self, command) -> int:
         if type(command) not in HANDLERS:

@@ -180,7 +180,7 @@ def test_sweep_with_jobs_writes_the_same_table_as_one_process(tiny_dir, tmp_path
 def test_sweep_with_jobs_ctrl_c_terminates_the_workers_and_writes_nothing(tiny_dir, tmp_path, capsys, monkeypatch):
     import multiprocessing.pool
 
-    real = multiprocessing.pool.IMapIterator.__next__
+    real = multiprocessing.pool.IMapIterator.next
     got = []
 
     def interrupted(self, timeout=None):
@@ -189,7 +189,7 @@ def test_sweep_with_jobs_ctrl_c_terminates_the_workers_and_writes_nothing(tiny_d
             raise KeyboardInterrupt  # Ctrl+C in the parent while the workers are busy
         return got[-1]
 
-    monkeypatch.setattr(multiprocessing.pool.IMapIterator, "__next__", interrupted)
+    monkeypatch.setattr(multiprocessing.pool.IMapIterator, "next", interrupted)
     terminated = []
     real_terminate = multiprocessing.pool.Pool.terminate
     monkeypatch.setattr(

@@ -49,6 +49,38 @@ def test_a_cancel_terminates_the_workers_and_returns_nothing(tiny_lm, monkeypatc
     assert terminated and not multiprocessing.active_children()  # killed, not left to finish their labs
 
 
+def test_a_dead_worker_stops_the_sweep_in_one_line(tiny_lm):
+    import signal
+    import threading
+
+    lm = tiny_lm("gpt2")
+    pairs = plan(["h2o"], [4, 5, 6, 7, 8, 9, 10, 11])
+    killed = []
+
+    def kill_a_worker(done, total, what):
+        if not killed:  # the other labs are running now: the killed worker takes its lab with it
+            victim = multiprocessing.active_children()[0]
+            os.kill(victim.pid, signal.SIGKILL)
+            killed.append(victim.pid)
+
+    outcome = []
+
+    def run():
+        try:
+            sweep(lm, PROMPTS, pairs, 6, probe=False, jobs=2, progress=kill_a_worker)
+            outcome.append("finished")
+        except InspectorError as e:
+            outcome.append(e)
+
+    t = threading.Thread(target=run, daemon=True)  # without the watch the pool waits forever
+    t.start()
+    t.join(timeout=120)
+    assert killed and outcome, "the sweep still waits for the dead worker's lab"
+    e = outcome[0]
+    assert isinstance(e, InspectorError) and "worker process died (killed by signal 9" in str(e)
+    assert "\n" not in str(e) and not multiprocessing.active_children()  # the rest terminated
+
+
 @pytest.mark.parametrize("jobs", [0, -1, (os.cpu_count() or 1) + 1, 1.5, True, "2"])
 def test_bad_jobs_are_refused_before_any_work(jobs, tiny_lm):
     with pytest.raises(InspectorError, match="jobs must be a whole number from 1 to"):

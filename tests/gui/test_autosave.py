@@ -105,19 +105,23 @@ def test_files_are_private(base):
     assert stat.S_IMODE(autosave.path("w1").stat().st_mode) == 0o600
 
 
-def test_one_file_per_window_and_the_newest_is_offered(base):
+def test_one_file_per_window_and_the_newest_orphan_is_offered(base):
     a, b = autosave.new_owner(), autosave.new_owner()
     assert autosave.path(a) != autosave.path(b)
     autosave.write(_recipe(1, 0), a)
     autosave.write(_recipe(2, 0), b)
     os.utime(autosave.path(a), (1, 1))  # a is older
+    assert autosave.read_with_owner() is None  # both owners live: nothing to offer
+    autosave.release(a)
+    autosave.release(b)  # both windows gone (as a crash leaves them)
     recipe, owner = autosave.read_with_owner()
-    assert recipe["writer"] == 2 and owner == b
-    autosave.clear(b)  # b quit cleanly: a's session is still there
+    assert recipe["writer"] == 2 and owner == b and autosave.owned(b)  # claimed by the offer
+    autosave.clear(b)  # b's session was declined and is gone: a's session is still there
     recipe, owner = autosave.read_with_owner()
     assert recipe["writer"] == 1 and owner == a
-    autosave.clear()  # the user declined: everything goes
-    assert autosave.read() is None
+    autosave.release(a)
+    autosave.clear()  # the user declined: every orphan goes
+    assert autosave.read() is None and not list(base.parent.glob("*.lock"))
 
 
 def test_clean_quit_removes_the_window_file_and_two_windows_keep_their_own(make_window, wait_idle, qtbot):
@@ -153,3 +157,75 @@ def test_a_huge_autosave_is_refused_by_its_size_and_moved_aside(base):
     assert autosave.read_with_owner(rejected) is None
     assert len(rejected) == 1 and "bytes" in rejected[0] and str(base) in rejected[0]
     assert not base.exists() and len(list(base.parent.glob("autosave.json.rejected-*"))) == 1
+
+
+def _offer(win, monkeypatch) -> tuple[dict | None, list]:
+    from PySide6.QtWidgets import QMessageBox
+
+    from gpt_inspector.gui.app import _offer_restore
+
+    asked: list = []
+    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: asked.append(a) or QMessageBox.StandardButton.Yes)
+    return _offer_restore(win), asked
+
+
+def test_a_second_window_is_never_offered_a_live_window_session(make_window, wait_idle, monkeypatch):
+    a = make_window("gpt2")
+    a.run(3)
+    wait_idle(a)
+    pa = autosave.path(a.worker.autosave_owner)
+    assert len(json.loads(pa.read_text())["ops"]) == 3
+    b = make_window("gpt2")  # a second window opened while a runs
+    recipe, asked = _offer(b, monkeypatch)
+    assert recipe is None and not asked  # a is alive: its session is not b's to restore
+    assert b.worker.autosave_owner != a.worker.autosave_owner
+    b.run(2)
+    wait_idle(b)
+    pb = autosave.path(b.worker.autosave_owner)
+    a.close()  # a clean quit removes a's file only
+    assert not pa.exists() and len(json.loads(pb.read_text())["ops"]) == 2
+    a.step()  # nothing of a's writes after its quit
+    assert not pa.exists()
+
+
+def test_a_crashed_windows_session_is_adopted_with_its_lock(make_window, wait_idle, monkeypatch):
+    a = make_window("gpt2")
+    a.run(2)
+    wait_idle(a)
+    owner = a.worker.autosave_owner
+    a.worker.stop()  # a crash: nothing holds a's file now
+    b = make_window("gpt2")
+    recipe, asked = _offer(b, monkeypatch)
+    assert len(asked) == 1 and recipe["ops"] == [{"op": "step"}] * 2
+    assert b.worker.autosave_owner == owner and autosave.owned(owner)
+    c = make_window("gpt2")  # a third start meanwhile: b owns the file now
+    assert _offer(c, monkeypatch) == (None, [])
+
+
+_HOLDER = """
+import sys, time
+from gpt_inspector.gui import autosave
+autosave.write({"format": "gpt-inspector-recipe/1", "model": None, "prompt": "a", "prompt_ids": [1], "seed": 0,
+                "initial_decoding": {"temperature": 0.0, "top_k": None, "top_p": None},
+                "ops": [{"op": "step"}] * 7}, "other-process")
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+def test_a_window_in_another_process_keeps_its_session_until_it_dies(make_window, monkeypatch):
+    win = make_window("gpt2")
+    env = dict(os.environ, PYTHONPATH=str(Path(gi.__file__).resolve().parents[1]))
+    env[autosave.ENV] = str(autosave.path())
+    holder = subprocess.Popen([sys.executable, "-c", _HOLDER], env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "ready"
+        theirs = autosave.path("other-process")
+        assert _offer(win, monkeypatch) == (None, [])  # alive in its own process: never offered
+        autosave.clear()  # what a declined offer does: their live file is not touched
+        assert theirs.is_file()
+    finally:
+        holder.kill()
+        holder.wait()
+    recipe, asked = _offer(win, monkeypatch)  # the OS freed the lock with the process
+    assert len(asked) == 1 and len(recipe["ops"]) == 7 and win.worker.autosave_owner == "other-process"

@@ -47,21 +47,22 @@ def test_every_change_is_autosaved_and_restores_the_same_tokens(make_window, wai
 def test_start_offers_restore_and_no_discards_it(make_window, wait_idle, monkeypatch):
     from gpt_inspector.gui.app import _offer_restore
 
-    win = make_window()
-    win.step()
-    wait_idle(win)
+    crashed = make_window()
+    crashed.step()
+    wait_idle(crashed)
     assert autosave.read() is not None
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Yes)
-    assert _offer_restore(win)["ops"] == [{"op": "step"}]
+    crashed.worker.stop()  # a crash: the file stays, its owner is gone
+    win = make_window()
     monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.No)
     assert _offer_restore(win) is None
-    assert autosave.read() is None and not autosave.path().exists()
+    assert not autosave.path(crashed.worker.autosave_owner).exists()
+    assert autosave.path(win.worker.autosave_owner).exists()  # the live window keeps its own file
 
 
 def test_a_corrupt_autosave_is_ignored(make_window, monkeypatch):
     make_window()
     autosave.path().write_text("{not json")
-    assert autosave.read() is None
+    assert autosave.read_with_owner() is None
     autosave.path().write_text('{"format": "gpt-inspector-recipe/1", "ops": [{"op": "explode"}], "model": "x"}')
     rejected: list = []
     assert autosave.read_with_owner(rejected) is None  # refused before any question, not halfway through a replay

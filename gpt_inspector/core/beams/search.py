@@ -130,7 +130,7 @@ class BeamSearch(Run):
         self.prompt_ids = validate.prompt_ids(lm, prompt, prompt_ids)
         self.prompt = prompt if prompt_ids is None else lm.tokenizer.decode(self.prompt_ids)
         self.max_length = resolve_max_length(len(self.prompt_ids), lm.context_length, max_length, max_new_tokens)
-        validate.beams(lm, self.num_beams, self.max_length)
+        validate.beams(lm, self.num_beams, self.max_length, len(self.prompt_ids))
 
         gc = getattr(lm.model, "generation_config", None)
         if eos_token_id is _DEFAULT:

@@ -144,7 +144,7 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
         ctx = multiprocessing.get_context("spawn")  # a fork would copy torch's thread pools and the caller's state
         threads = max(1, (os.cpu_count() or 1) // jobs)
         pool = ctx.Pool(jobs, initializer=_worker_init, initargs=(load, threads))
-        got = pool.imap_unordered(_worker_row, work)
+        got = _watched(pool, pool.imap_unordered(_worker_row, work))
     finished = False
     try:
         for done, (i, row) in enumerate(got, start=1):
@@ -180,6 +180,26 @@ def _row(state: dict, prompt: str, pi: int, name: str, budget, steps: int, probe
         row.probe_held, row.probe_recovered = pr.held, pr.recovered
     row.seconds = time.perf_counter() - t0
     return row
+
+
+def _watched(pool, results):
+    """``results`` as they come, stopping in one line when a worker dies (killed, out of memory): the
+    pool starts a new worker but never hands out the dead one's task again, and would wait forever."""
+    import multiprocessing
+
+    workers = list(pool._pool)  # the pool offers no public view of its processes
+    while True:
+        try:
+            yield results.next(timeout=0.5)
+        except StopIteration:
+            return
+        except multiprocessing.TimeoutError:
+            pass
+        dead = next((w for w in workers if w.exitcode is not None), None)
+        if dead is not None:
+            code = dead.exitcode
+            how = f"killed by signal {-code}" if code < 0 else f"exit status {code}"
+            raise InspectorError(f"a sweep worker process died ({how}; out of memory?); the sweep stopped")
 
 
 # -- worker processes (jobs > 1): the model once per worker, the current prompt's reference kept
