@@ -122,6 +122,10 @@ class RunSwitcher(QToolBar):
                            drawBase=False, toolTip="The runs this window holds: choose one to show it "
                            "(Ctrl+Tab / Ctrl+Shift+Tab; Ctrl+W closes the one shown)")  # fmt: skip
         self.bar.setElideMode(Qt.TextElideMode.ElideMiddle)  # a long trace name never widens the window
+        # no taller than the Debug toolbar's buttons beside it: a default tab (32 px) made the row 11 px
+        # taller, and a maximised window at 1366x768 one pixel taller than the screen
+        self.bar.setStyleSheet("QTabBar::tab { padding: 1px 8px; }")
+        self.bar.setMaximumHeight(22)
         self.addWidget(QLabel(" Runs ", toolTip=self.bar.toolTip()))
         self.addWidget(self.bar)
         self.bar.currentChanged.connect(self._chosen)
