@@ -56,7 +56,10 @@ class WindowActions(QObject):
             "Open trace…", self.open_trace_dialog, QKeySequence.StandardKey.Open, "Open a saved trace (read-only)"
         )
         self.save = A(
-            "Save trace…", self.save_trace_dialog, QKeySequence.StandardKey.Save, "Save the session as a trace file"
+            "Save trace…",
+            self.save_trace_dialog,
+            QKeySequence.StandardKey.Save,
+            "Save the run shown (the live session, a beam, a trace) as a trace file",
         )
         self.export = A("Export view…", w.export_view, "Ctrl+E", "Export the selected head's matrix")
         self.export_grid = A("Export grid…", w.export_grid, "Ctrl+Shift+E", "Export every head's pattern")
@@ -103,8 +106,20 @@ class WindowActions(QObject):
             self.workspaces[ws.name] = a
         _fill(self.workspace_menu, *self.workspaces.values())
         self.show_workspace(w.workspace)
+        rs = w.run_switcher  # read when a key is pressed: the runs change
+        self.next_run = A("Next run", lambda: rs.cycle(1), "Ctrl+Tab", "Show the next run in the switcher")
+        self.prev_run = A("Previous run", lambda: rs.cycle(-1), "Ctrl+Shift+Tab", "Show the previous run")
+        self.live_run = A("Live session", rs.show_live, "Alt+Home", "Back to the live session, as it was left")
+        self.close_run = A("Close run", rs.close_shown, "Ctrl+W",
+                           "Close the run shown (the live session only after asking)")  # fmt: skip
+        self.runs_menu = QMenu("&Runs", w)  # one entry per run, filled when it opens
+        self.runs_menu.aboutToShow.connect(self._fill_runs)
         self.view_menu = _fill(
-            mb.addMenu("&View"), self.workspace_menu, None, *(d.toggleViewAction() for d in w.docks.values())
+            mb.addMenu("&View"),
+            self.workspace_menu,
+            self.runs_menu,
+            None,
+            *(d.toggleViewAction() for d in w.docks.values()),
         )
         self.panels_end = self.view_menu.addSeparator()  # panels added later go above this line
         self.view_menu.addAction(self.reset_layout)
@@ -158,7 +173,14 @@ class WindowActions(QObject):
         for a in (self.step, self.run):  # after EOS: step back, force a token or restart
             a.setEnabled(idle_live and not ctl.finished)
         self.pause.setEnabled(ctl.running)
-        self.save.setEnabled(ctl.live)
+        run = ctl.current_run
+        why = "nothing to save yet" if run is None else run.save_refused
+        self.save.setEnabled(why is None and not ctl.running)
+        self.save.setToolTip(f"Save “{run.name}” as a trace file (Ctrl+S)" if why is None else f"Cannot save: {why}")
+        many = len(ctl.run_infos) > 1
+        for a in (self.next_run, self.prev_run, self.close_run):
+            a.setEnabled(many and not ctl.running)
+        self.live_run.setEnabled(not ctl.running and any(r.live and r.id != ctl.shown_run for r in ctl.run_infos))
         self.export.setEnabled(ctl.has_source)
         self.export_grid.setEnabled(ctl.has_source)
 
@@ -185,6 +207,19 @@ class WindowActions(QObject):
         for key, d in self.win.docks.items():
             if key in _help.PAGES:
                 self.pages_menu.addAction(d.windowTitle(), lambda key=key: _help.show_page(self.win, key))
+
+    def _fill_runs(self) -> None:
+        menu, ctl = self.runs_menu, self.win.controller
+        menu.clear()
+        for r in ctl.run_infos:
+            a = menu.addAction(r.label, lambda run_id=r.id: self.win.run_switcher.switch(run_id))
+            a.setCheckable(True)
+            a.setChecked(r.id == ctl.shown_run)
+            a.setEnabled(not ctl.running)
+            a.setToolTip(r.detail)
+        if not ctl.run_infos:
+            menu.addAction("(none)").setEnabled(False)
+        _fill(menu, None, self.next_run, self.prev_run, self.live_run, self.close_run)
 
     def _fill_recent_traces(self) -> None:
         self.recent_menu.clear()

@@ -186,9 +186,29 @@ class OpenTrace:
 
 @dataclass(frozen=True)
 class Show:
-    """Show a Session or Trace built elsewhere; a Session belongs to the worker afterwards."""
+    """Show a run source built elsewhere; a Session belongs to the worker afterwards.
+
+    ``name``: a run of its own beside the others (a beam, a policy run), so named in the switcher.
+    None: a source that steps becomes the live session (replacing it); one that cannot is a run of
+    its own under its ``source_name``.
+    """
 
     obj: Any
+    name: str | None = None
+
+
+@dataclass(frozen=True)
+class SwitchRun:
+    """Show the run ``run_id`` (runs.RunInfo.id); every run keeps its state."""
+
+    run_id: int
+
+
+@dataclass(frozen=True)
+class CloseRun:
+    """Drop the run ``run_id``; the window asks before it closes the live session."""
+
+    run_id: int
 
 
 @dataclass(frozen=True)
@@ -205,4 +225,4 @@ class Call:
 
 
 COMMANDS = (Load, Restore, NewSession, Restart, Step, StepBack, Run, SetDecoding, ForceToken, EditCells,
-            SetMaskEdits, KnockOut, PatchHead, SetHeadEdits, UndoEdit, Refresh, SaveTrace, OpenTrace, Show, Call)  # fmt: skip
+            SetMaskEdits, KnockOut, PatchHead, SetHeadEdits, UndoEdit, Refresh, SaveTrace, OpenTrace, Show, SwitchRun, CloseRun, Call)  # fmt: skip

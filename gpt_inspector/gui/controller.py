@@ -19,6 +19,7 @@ from ..core.breakpoints import Breakpoints
 from .commands import (  # re-exported: callers build commands from here
     COMMANDS,
     Call,
+    CloseRun,
     EditCells,
     ForceToken,
     KnockOut,
@@ -39,8 +40,10 @@ from .commands import (  # re-exported: callers build commands from here
     Show,
     Step,
     StepBack,
+    SwitchRun,
     UndoEdit,
 )
+from .runs import RunInfo
 from .viewdata import Selection, Snapshot
 from .worker import Worker
 
@@ -60,6 +63,7 @@ class Controller(QObject):
     notice = Signal(str)  # a line for the status bar from the worker
     posted = Signal(object)  # a command, as it is queued for the worker
     session_shown = Signal(str, int)  # prompt, seed of the live session now shown
+    runs_changed = Signal()  # ``run_infos`` or ``shown_run`` changed
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -74,6 +78,8 @@ class Controller(QObject):
         self._refresh_sel: Selection | None = None
         self._callbacks: dict[int, object] = {}
         self._idle_waiters: list = []
+        self.run_infos: tuple[RunInfo, ...] = ()  # every run the worker holds, in the switcher's order
+        self.shown_run = -1  # the id of the run shown
 
         self.worker = w = Worker()
         w.start()
@@ -88,6 +94,7 @@ class Controller(QObject):
         w.called.connect(self._called)
         w.notice.connect(self.notice)
         w.session_shown.connect(self.session_shown)
+        w.runs_changed.connect(self._runs_changed)
 
     # ------------------------------------------------------------------ state
     @property
@@ -102,6 +109,10 @@ class Controller(QObject):
     def live(self) -> bool:
         """The run shown can be stepped (a session, not a trace or a beam)."""
         return self.snapshot is not None and self.snapshot.live.can("step")
+
+    @property
+    def current_run(self) -> RunInfo | None:
+        return next((r for r in self.run_infos if r.id == self.shown_run), None)
 
     @property
     def finished(self) -> bool:
@@ -207,8 +218,15 @@ class Controller(QObject):
     def save_trace(self, path: str) -> int:
         return self.post(SaveTrace(str(path)))
 
-    def show(self, obj) -> int:
-        return self.post(Show(obj))
+    def show(self, obj, name: str | None = None) -> int:
+        return self.post(Show(obj, name))
+
+    def switch_run(self, run_id: int) -> int:
+        return self.post(SwitchRun(int(run_id)))
+
+    def close_run(self, run_id: int) -> int:
+        """Drop a run for good (the window asks first for the live session)."""
+        return self.post(CloseRun(int(run_id)))
 
     # ------------------------------------------------------------------ selection
     def select(self, layer: int | None = None, head: int | None = None, kind: str | None = None) -> None:
@@ -257,6 +275,11 @@ class Controller(QObject):
         self.has_source = True
         self.read_only = snap.read_only
         self.snapshot_changed.emit(snap)
+        self.state_changed.emit()
+
+    def _runs_changed(self, infos: tuple, shown: int) -> None:
+        self.run_infos, self.shown_run = infos, shown
+        self.runs_changed.emit()
         self.state_changed.emit()
 
     def _stopped(self, reason: str) -> None:

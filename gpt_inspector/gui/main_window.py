@@ -35,11 +35,25 @@ from PySide6.QtWidgets import (
 
 from . import settings as _settings
 from .actions import RECENT_TRACES, WindowActions
-from .commands import ForceToken, Load, NewSession, OpenTrace, Restart, Restore, Run, Show, Step, StepBack
+from .commands import (
+    CloseRun,
+    ForceToken,
+    Load,
+    NewSession,
+    OpenTrace,
+    Restart,
+    Restore,
+    Run,
+    Show,
+    Step,
+    StepBack,
+    SwitchRun,
+)
 from .controller import Controller
 from .controls import BreakpointsPanel, SessionPanel
 from .deferred import DeferredViews
 from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, WORKSPACES, DockLayout, screen_share  # noqa: F401 (re-exported)
+from .runs import RunSwitcher
 from .viewdata import Snapshot
 from .views import compare, interventions, kvlab, lens, mathcheck, probe
 from .views.common import ElidedLabel
@@ -113,7 +127,9 @@ class MainWindow(DockLayout, QMainWindow):
 
         self._build_views()
         self._build_docks()
+        self.run_switcher = RunSwitcher(self)
         self.acts = WindowActions(self)
+        self.addToolBar(Qt.ToolBarArea.TopToolBarArea, self.run_switcher)  # beside the Debug toolbar
         self.tools_menu = self.acts.tools_menu
         self.view_menu = self.acts.view_menu
         self._build_status()
@@ -179,6 +195,7 @@ class MainWindow(DockLayout, QMainWindow):
         sb = self.statusBar()
         self.st_busy = ElidedLabel("")
         self.st_progress = QProgressBar(maximumWidth=180, maximumHeight=14, textVisible=False, visible=False)
+        self.st_run = ElidedLabel("", objectName="run_name", toolTip="The run shown (View ▸ Runs switches)")
         self.st_step = QLabel("no model")
         self.st_device = QLabel("")
         self.st_positions = QLabel("")
@@ -189,7 +206,15 @@ class MainWindow(DockLayout, QMainWindow):
         self.st_stopped = ElidedLabel("", objectName="run_stopped", styleSheet="color: #ffb84f;")
         sb.addWidget(self.st_busy)
         sb.addWidget(self.st_progress)
-        for w in (self.st_stopped, self.st_step, self.st_positions, self.st_kv, self.st_time, self.st_device):
+        for w in (
+            self.st_stopped,
+            self.st_run,
+            self.st_step,
+            self.st_positions,
+            self.st_kv,
+            self.st_time,
+            self.st_device,
+        ):
             sb.addPermanentWidget(w)
         # a model loaded with --unverified: a red band across the window above every panel
         self.unverified_bar = QToolBar("Unverified", self, objectName="unverified_bar", movable=False)
@@ -220,15 +245,16 @@ class MainWindow(DockLayout, QMainWindow):
                 d.show()
                 d.raise_()
 
-    def show_source(self, obj) -> None:
-        """Show a Trace (or a trace file path) read-only, or hand a Session over to the worker.
+    def show_source(self, obj, name: str | None = None) -> None:
+        """Show a run source (or a trace file path); ``name``: as a run of its own beside the live session.
 
-        A Session passed here belongs to the worker afterwards: do not touch it from this thread.
+        Without a name a Session becomes the live session; a source that cannot step (a trace, a beam)
+        is always a run of its own. A Session passed here belongs to the worker afterwards.
         """
         if isinstance(obj, (str, Path)):
             self.open_trace(str(obj))
         else:
-            self.controller.show(obj)
+            self.controller.show(obj, name)
 
     run_in_worker = _controller_call("run_in_worker")
     when_idle = _controller_call("when_idle")
@@ -366,17 +392,7 @@ class MainWindow(DockLayout, QMainWindow):
     select_query = _controller_call("select_query")
 
     def open_trace_asking(self, path: str) -> int | None:
-        """Open a trace the user picked; a live session with steps in it is replaced only if they say so."""
-        if self.controller.live and self.controller.n_steps > 0:
-            answer = QMessageBox.question(
-                self, "Replace the session?",
-                f"Opening {Path(path).name} replaces the session shown ({self.controller.n_steps} steps).\n"
-                "Save it first with File > Save trace if you want to keep it.\n\nOpen the trace?",
-                QMessageBox.StandardButton.Open | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Cancel,
-            )  # fmt: skip
-            if answer != QMessageBox.StandardButton.Open:
-                self.statusBar().showMessage("Kept the session; the trace was not opened", 8000)
-                return None
+        """Open a trace the user picked, as a run of its own: the live session stays in the run switcher."""
         return self.open_trace(path)
 
     def open_trace(self, path: str) -> int | None:
@@ -430,12 +446,10 @@ class MainWindow(DockLayout, QMainWindow):
         self.snapshot_changed.emit(snap)
 
     def _update_status(self, s: Snapshot) -> None:
-        if s.read_only:
-            self.st_device.setText(f"trace · {s.dtype}")
-            self.setWindowTitle(f"gpt-inspector — {Path(s.source_name).name} (read-only trace)")
-        else:
-            self.st_device.setText(f"{s.device} · {s.dtype}")
-            self.setWindowTitle(f"gpt-inspector — {Path(s.model_name).name}")
+        self.st_device.setText(f"{s.device} · {s.dtype}")
+        title, run = self.run_switcher.names(s)
+        self.setWindowTitle(title)
+        self.st_run.setText(run)
         if s.unverified:
             self.unverified_label.setText(f"UNVERIFIED: these numbers may not be the model's own ({s.unverified})")
             self.setWindowTitle(self.windowTitle() + " — UNVERIFIED")
@@ -458,9 +472,14 @@ class MainWindow(DockLayout, QMainWindow):
         self.st_stopped.setText(f"Run stopped: {reason}")
 
     def _posted(self, command) -> None:
-        if isinstance(command, (Show, Load, Restore, NewSession, OpenTrace, Step, Run, Restart)):
-            self._new_session = not isinstance(command, Show)  # a Step may start one from an edited prompt
-        if isinstance(command, (Step, StepBack, Run, Restart, NewSession, Load, Restore, ForceToken, OpenTrace, Show)):
+        if isinstance(command, (Show, SwitchRun, CloseRun, Load, Restore, NewSession, OpenTrace, Step, Run, Restart)):
+            # another run, switched to: the panels' results (a comparison, a lab) still hold for it
+            self._new_session = not isinstance(
+                command, (Show, SwitchRun, CloseRun, OpenTrace)
+            )  # a Step may start one from an edited prompt
+        if isinstance(
+            command, (Step, StepBack, Run, Restart, NewSession, Load, Restore, ForceToken, OpenTrace, Show, SwitchRun)
+        ):
             self.st_stopped.setText("")
 
     def _busy(self, text: str) -> None:

@@ -31,6 +31,7 @@ from ..core.session import Session
 from . import autosave, gc_guard
 from . import commands as C
 from .commands import ModelSpec, SessionSpec
+from .runs import Runs
 from .viewdata import Selection, Snapshot, ViewModel
 
 __all__ = ["HANDLERS", "Breakpoints", "ModelSpec", "SessionSpec", "Worker"]
@@ -72,12 +73,17 @@ class Worker(QObject):
     called = Signal(int, object, object)  # serial, result, exception (run_in_worker)
     notice = Signal(str)  # one line for the status bar: something the user did not ask for in so many words
     session_shown = Signal(str, int)  # prompt, seed of the live session now shown
+    runs_changed = Signal(object, int)  # tuple of runs.RunInfo, id of the run shown
     _command = Signal(int, object)
 
     def __init__(self):
         super().__init__()
         self.lm = None
-        self.obj = None  # the Session or Trace shown; touched only on the worker thread
+        self.obj = None  # the run source shown; touched only on the worker thread
+        self._runs_sent: tuple = ()
+        self.runs = (
+            Runs()
+        )  # every run the window holds (the live session among them): none is dropped by showing another
         self.vm: ViewModel | None = None
         self.model_spec: ModelSpec | None = None
         self.thread_idents: set[int] = set()  # for tests: where commands really ran
@@ -162,6 +168,7 @@ class Worker(QObject):
 
     def _publish(self) -> None:
         self._autosave()
+        self._runs_changed()
         if self.vm is None:
             return
         with self._lock:
@@ -201,10 +208,11 @@ class Worker(QObject):
 
     def _autosave(self) -> None:
         """Write the session recipe when it changed (every step of a run included)."""
-        if not self.autosave or not isinstance(self.obj, Session):
+        live = self.runs.live  # the live session, whichever run is shown
+        if not self.autosave or live is None:
             return
-        recipe = self.obj.recipe()
-        lm = self.obj.lm
+        recipe = live.obj.recipe()
+        lm = live.obj.lm
         recipe["load"] = _placement(lm)
         ms = self.model_spec
         if lm.device_map and ms is not None and ms.device_map:  # a restore places the model as the load did
@@ -228,12 +236,30 @@ class Worker(QObject):
         return self.obj
 
     def _show(self, obj) -> None:
-        self.obj = obj
-        self.vm = ViewModel(obj)
+        """``obj`` becomes the live session (it replaces the old one; the other runs stay) and is shown."""
+        self._switch(self.runs.set_live(obj))
+
+    def _switch(self, run) -> None:
+        self.runs.shown, self.obj = run, run.obj
+        if run.vm is None:
+            run.vm = ViewModel(run.obj)
+        self.vm = run.vm
         self._streaming = False
-        if isinstance(obj, Session):
-            self.session_shown.emit(obj.prompt, int(obj.seed))
+        lm = run.obj.lm  # a beam or a policy run may be of another model than the one loaded last
+        if lm is not None and lm is not self.lm:
+            self.lm = lm
+            self.loaded.emit(self._describe())
+        if run.live:
+            self.session_shown.emit(run.obj.prompt, int(run.obj.seed))
         self._publish()
+
+    def _runs_changed(self) -> None:
+        """Tell the GUI thread about the runs when anything it shows of them changed (steps, what saves)."""
+        shown = self.runs.shown
+        state = (self.runs.infos(), -1 if shown is None else shown.id)
+        if state != self._runs_sent:
+            self._runs_sent = state
+            self.runs_changed.emit(*state)
 
     def _session_for(self, wanted: SessionSpec | None):
         """The session to step: a new one when the controls' prompt or seed changed since it began."""
@@ -329,7 +355,7 @@ class Worker(QObject):
         if self.lm is None:
             raise InspectorError("no model loaded: choose a model and press Load")
         session = cmd.session
-        old = self.obj if isinstance(self.obj, Session) else None
+        old = None if self.runs.live is None else self.runs.live.obj
         sess = Session(self.lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed,
                        **(session.settings or {}))  # fmt: skip
         if cmd.keep_edits and old is not None and old.mask_edits:
@@ -484,23 +510,48 @@ class Worker(QObject):
 
     @handles(C.SaveTrace)
     def _do_save_trace(self, serial, cmd: C.SaveTrace) -> None:
+        if self.obj is None:
+            raise InspectorError("nothing to save: load a model first")
         self.busy.emit("Saving trace…")
-        self._session().save_trace(cmd.path)
+        self.obj.save_trace(cmd.path)  # a beam and a trace too; a policy run says why not
+
+    @handles(C.SwitchRun)
+    def _do_switch_run(self, serial, cmd: C.SwitchRun) -> None:
+        run = self.runs.get(cmd.run_id)
+        if run is None:
+            raise InspectorError("that run is closed already")
+        if run is not self.runs.shown:
+            self._switch(run)
+
+    @handles(C.CloseRun)
+    def _do_close_run(self, serial, cmd: C.CloseRun) -> None:
+        run = self.runs.get(cmd.run_id)
+        if run is None:
+            return  # closed already (a second click before the switcher showed the first)
+        if len(self.runs.items) == 1:
+            raise InspectorError("the window always shows one run: open or load another before closing this one")
+        after = self.runs.remove(run)
+        if after is not None:
+            self._switch(after)
+        else:
+            self._runs_changed()
 
     @handles(C.OpenTrace)
     def _do_open_trace(self, serial, cmd: C.OpenTrace) -> None:
+        from pathlib import Path
+
         from ..core import load_trace
 
         self.busy.emit("Opening trace…")
-        self._show(load_trace(cmd.path))
+        self._switch(self.runs.add(load_trace(cmd.path), Path(cmd.path).name))
 
     @handles(C.Show)
     def _do_show(self, serial, cmd: C.Show) -> None:
-        lm = cmd.obj.lm  # a run source's model; None: a trace
-        if lm is not None:
-            self.lm = lm
-            self.loaded.emit(self._describe())
-        self._show(cmd.obj)
+        obj = cmd.obj
+        if cmd.name is None and obj.live.can("step"):
+            self._show(obj)
+        else:
+            self._switch(self.runs.add(obj, cmd.name or obj.source_name))
 
     @handles(C.Call)
     def _do_call(self, serial, cmd: C.Call) -> None:

@@ -88,13 +88,15 @@ class _FakeWindow:
     def __init__(self):
         self.jobs = []
         self.shown = []
+        self.names = []
 
     def run_in_worker(self, fn, callback=None):
         self.jobs.append((fn, callback))
         return len(self.jobs)
 
-    def show_source(self, obj):
+    def show_source(self, obj, name=None):
         self.shown.append(obj)
+        self.names.append(name)
 
 
 def test_create_panel_runs_through_the_worker(qtbot, tiny_lm, result):
@@ -126,7 +128,7 @@ def test_create_panel_runs_through_the_worker(qtbot, tiny_lm, result):
     assert panel.inspect_button.isEnabled() and panel.inspect_pick.count() == 2
     panel.inspect_pick.setCurrentIndex(1)
     panel.inspect_button.click()
-    assert len(win.shown) == 1 and isinstance(win.shown[0], BeamView)
+    assert len(win.shown) == 1 and isinstance(win.shown[0], BeamView) and win.names == ["Beam 2"]
     assert win.shown[0].tokens == out.beams[1]["token_ids"][: out.beams[1]["length"]]
     assert len(win.jobs) == 1  # nothing ran on the worker for it
     with pytest.raises(Exception, match="live model"):

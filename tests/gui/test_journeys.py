@@ -148,17 +148,11 @@ def test_save_and_reopen_a_trace(shown, wait_idle, qtbot, dialogs, monkeypatch, 
     wait_idle(win)
     assert path.is_file() and status(win).startswith(f"Saved trace to {path}")
     monkeypatch.setattr(QFileDialog, "getOpenFileName", lambda *a, **k: (str(path), ""))
-    asked = []
-    # first the user keeps the session: nothing changes
-    monkeypatch.setattr(
-        QMessageBox, "question", lambda *a, **k: asked.append(a[1]) or QMessageBox.StandardButton.Cancel
-    )
-    press(qtbot, win, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier)
-    assert asked == ["Replace the session?"] and not wait_idle(win).read_only
-    monkeypatch.setattr(QMessageBox, "question", lambda *a, **k: QMessageBox.StandardButton.Open)
+    # nothing to ask: the trace opens as a run of its own and the live session stays in the switcher
     press(qtbot, win, Qt.Key.Key_O, Qt.KeyboardModifier.ControlModifier)
     snap = wait_idle(win)
     assert snap.read_only and snap.labels == live.labels and "read-only" in win.windowTitle()
+    assert not dialogs and [r.name for r in win.controller.run_infos] == ["Live session", "t.safetensors"]
 
 
 def test_probe_the_cache_and_check_the_math(shown, wait_idle, qtbot, dialogs):

@@ -288,7 +288,8 @@ def test_trace_opens_read_only(make_window, reopened_as_trace):
     assert snap.read_only and live.n_steps == 3 and snap.T == live.T and snap.labels == live.labels
     np.testing.assert_allclose(np.nan_to_num(snap.matrix), np.nan_to_num(live.matrix), atol=1e-6)
     np.testing.assert_allclose(snap.thumbs, live.thumbs, atol=1e-6)
-    assert not win.acts.step.isEnabled() and not win.acts.run.isEnabled() and not win.acts.save.isEnabled()
+    assert not win.acts.step.isEnabled() and not win.acts.run.isEnabled()
+    assert win.acts.save.isEnabled()  # a run of its own now: saved again elsewhere, as any run that can be
     assert not win.score_matrix.edit_button.isEnabled()
     assert "read-only" in win.windowTitle()
 

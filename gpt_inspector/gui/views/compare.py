@@ -339,7 +339,7 @@ class ComparePanel(QWidget):
         self.inspect_pick = QComboBox(toolTip="a returned beam", enabled=False)
         self.inspect_button = QPushButton("Inspect beam", enabled=False, toolTip=(
             "Show this beam's attention, Q/K/V and KV cache in the main window, read-only "
-            "(the live session is replaced; run Compare or load a prompt to go on)"))  # fmt: skip
+            "as a run of its own: the live session stays in the run switcher above the panels"))  # fmt: skip
         self.inspect_button.clicked.connect(lambda: self.inspect_requested.emit(self.inspect_pick.currentIndex()))
         controls.addWidget(group(self.inspect_pick, self.inspect_button))
 
@@ -506,7 +506,7 @@ def create_panel(window) -> ComparePanel:
             return
         # the search is finished and nothing changes it any more, so a view of it can be made
         # here and handed to the worker, which owns whatever the window shows
-        window.show_source(result.beam_view(r))
+        window.show_source(result.beam_view(r), name=f"Beam {r + 1}")  # a run of its own: the live session stays
 
     panel.compare_requested.connect(request)
     panel.inspect_requested.connect(inspect)

@@ -264,7 +264,7 @@ def create_panel(window) -> KVLabPanel:
         # the worker owns the lab's sessions already; from here the window steps the policy run itself
         snap = window.snapshot
         panel.following, panel.shown_from, panel.shown_id = True, None if snap is None else snap.source_id, None
-        window.show_source(panel.lab.run)
+        window.show_source(panel.lab.run, name="KV lab policy run")  # beside the live session, which stays
         panel.status.setText("the policy run is shown in the window; its Step back undoes lab steps too")
 
     def follow(snap) -> None:
