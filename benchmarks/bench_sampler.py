@@ -17,7 +17,6 @@ import argparse
 import statistics
 import sys
 import tempfile
-import time
 from pathlib import Path
 
 import torch
@@ -55,28 +54,11 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from bench_step import build
-    from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+    from bench_step import build, take_turns
+    from transformers import AutoModelForCausalLM, LogitsProcessorList
 
     import gpt_inspector as gi
     from gpt_inspector.core.decoding import Decoding
-
-    class _TakeTurns(LogitsProcessor):
-        """Times generate's tokens and runs one Session step between them; changes no score."""
-
-        def __init__(self, session):
-            self.session, self.hf, self.steps = session, [], []
-            self.resumed: float | None = None
-
-        def __call__(self, input_ids, scores):
-            now = time.perf_counter()
-            if self.resumed is not None:
-                self.hf.append(now - self.resumed)
-                t0 = time.perf_counter()
-                self.session.step()
-                self.steps.append(time.perf_counter() - t0)
-            self.resumed = time.perf_counter()
-            return scores
 
     folder = build(Path(tempfile.mkdtemp()) / "gpt2-small-random")
     lm = gi.load_model(folder, device=args.device)
@@ -92,7 +74,7 @@ def main() -> None:
             for rep in range(args.reps):
                 s = gi.Session(lm, prompt_ids=ids, seed=rep, decoding=dec)
                 s.step()  # prefill, not counted
-                turns = _TakeTurns(s)
+                turns = take_turns(s)
                 torch.manual_seed(rep)
                 with torch.inference_mode():
                     hf.generate(torch.tensor([ids], device=args.device), max_new_tokens=args.new, pad_token_id=0,

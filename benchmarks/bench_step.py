@@ -53,6 +53,29 @@ def build_llama_gqa(folder: Path, context: int = 8192 + 128) -> Path:
     return folder
 
 
+def take_turns(session):
+    """A logits processor that times generate's tokens and runs one ``session`` step between them
+    (it changes no score): both sides measured in one run, token by token. Shared with bench_sampler."""
+    from transformers import LogitsProcessor
+
+    class _TakeTurns(LogitsProcessor):
+        def __init__(self, session):
+            self.session, self.hf, self.steps = session, [], []
+            self.resumed: float | None = None  # when generate got control back
+
+        def __call__(self, input_ids, scores):
+            now = time.perf_counter()
+            if self.resumed is not None:
+                self.hf.append(now - self.resumed)
+                t0 = time.perf_counter()
+                self.session.step()
+                self.steps.append(time.perf_counter() - t0)
+            self.resumed = time.perf_counter()
+            return scores
+
+    return _TakeTurns(session)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--family", choices=("gpt2", "llama-gqa"), default="gpt2")
@@ -67,26 +90,9 @@ def main() -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
 
-    from transformers import AutoModelForCausalLM, LogitsProcessor, LogitsProcessorList
+    from transformers import AutoModelForCausalLM, LogitsProcessorList
 
     import gpt_inspector as gi
-
-    class _TakeTurns(LogitsProcessor):
-        """Times generate's tokens and runs one Session step between them; changes no score."""
-
-        def __init__(self, session):
-            self.session, self.hf, self.steps = session, [], []
-            self.resumed: float | None = None  # when generate got control back
-
-        def __call__(self, input_ids, scores):
-            now = time.perf_counter()
-            if self.resumed is not None:
-                self.hf.append(now - self.resumed)
-                t0 = time.perf_counter()
-                self.session.step()
-                self.steps.append(time.perf_counter() - t0)
-            self.resumed = time.perf_counter()
-            return scores
 
     tmp = Path(tempfile.mkdtemp())
     if args.family == "gpt2":
@@ -107,7 +113,7 @@ def main() -> None:
         for _ in range(args.reps):
             s = gi.Session(lm, prompt_ids=ids)
             s.step()  # prefill, not counted
-            turns = _TakeTurns(s)
+            turns = take_turns(s)
             kw = {
                 "do_sample": False,
                 "pad_token_id": 0,
