@@ -111,6 +111,9 @@ def check_shapes(config, source: str) -> None:
     Read per decoder layer: a heterogeneous config (Gemma 4) gives some layers their own head
     size and KV heads, and refuses to answer for them globally.
     """
+    vocab = getattr(config, "vocab_size", None)
+    if isinstance(vocab, int) and not isinstance(vocab, bool) and vocab <= 0:  # else a zero-row embedding loads
+        raise InspectorError(f"{source}: its config gives a vocabulary of {vocab} tokens; it must be positive")
     n = getattr(config, "num_hidden_layers", None)
     if isinstance(n, int) and n > MAX_LAYERS:  # read per layer below, and built per layer by transformers
         raise InspectorError(f"{source}: its config asks for {n} layers; more than {MAX_LAYERS} is refused")

@@ -118,6 +118,10 @@ def layers_10_to_the_9(d):
     _edit_config(d, n_layer=10**9)
 
 
+def vocabulary_of_zero(d):  # a zero-row embedding is built (torch warns) and then the weights mismatch
+    _edit_config(d, vocab_size=0)
+
+
 def tokenizer_json_not_a_tokenizer(d):
     (d / "tokenizer.json").write_text('{"version": "1.0", "model": 5}')
 
@@ -145,6 +149,7 @@ DAMAGE = [
     (eos_a_mapping, "cannot read the config .*eos_token_id"),
     (layers_200_000, "200000 layers; more than 4096 is refused"),
     (layers_10_to_the_9, "1000000000 layers; more than 4096 is refused"),
+    (vocabulary_of_zero, "a vocabulary of 0 tokens; it must be positive"),
     (tokenizer_json_not_a_tokenizer, "no usable tokenizer"),
     (tokenizer_json_truncated, "no usable tokenizer"),
 ]
