@@ -115,8 +115,11 @@ def sampler_settings(args) -> dict:
 
 def bad_words(args, tokenizer) -> list[list[int]]:
     """``--bad-words`` as token-id sequences, each word encoded as typed."""
+    from ..core import validate
+
     out = []
-    for word in (getattr(args, "bad_words", None) or "").split(","):
+    words = validate.text(getattr(args, "bad_words", None) or "", "--bad-words")  # the tokenizer raises on surrogates
+    for word in words.split(","):
         if word.strip():
             ids = list(tokenizer.encode(word, add_special_tokens=False))
             if not ids:

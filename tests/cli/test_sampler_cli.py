@@ -89,6 +89,7 @@ def test_lens_and_bad_words_as_text(tiny_dir, tiny_lm, capsys):
         (["--bad-words-ids", ";"], "--bad-words-ids"),
         (["--suppress-tokens", "99999"], "outside the vocabulary"),
         (["--repetition-penalty", "x"], "repetition-penalty"),
+        (["--bad-words", "a\ud800b"], "--bad-words is not valid text"),  # the tokenizer's TypeError escaped
     ],
 )
 def test_bad_values_exit_2_with_one_line(tiny_dir, tmp_path, capsys, argv, needle):
