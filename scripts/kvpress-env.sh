@@ -18,6 +18,9 @@ python3 -m venv "$work/venv"
   grep -v "^WARNING: Location" || true
 "$work/venv/bin/python" -c "import kvpress, transformers; print('kvpress-env: transformers', transformers.__version__)"
 "$work/venv/bin/python" scripts/kvpress_dump.py "$dump"
+src=$("$work/venv/bin/python" -c "import kvpress, os; print(os.path.dirname(kvpress.__file__))")
 GPT_INSPECTOR_KVPRESS_DUMP="$dump" QT_QPA_PLATFORM=offscreen .venv/bin/python -m pytest -q -p no:cacheprovider \
   tests/core/test_kvpress_parity.py
+GPT_INSPECTOR_KVPRESS_SRC="$src" QT_QPA_PLATFORM=offscreen .venv/bin/python -m pytest -q -p no:cacheprovider \
+  tests/core/test_kvpress_own_classes.py
 .venv/bin/python scripts/kvpress_table.py "$dump"

@@ -176,6 +176,9 @@ class PressPolicy(Policy):
                                  "outside this policy's run)")  # fmt: skip
         hs, kw = got
         n = c - q0  # the query rows the press sees
+        if hs.shape[1] < n:
+            raise InspectorError(f"{self.name}: layer {layer}'s kept attention input has {hs.shape[1]} rows, "
+                                 f"the press needs {n}")  # fmt: skip
         module = self._modules[layer]
         keys, values = key[:, :, :c], value[:, :, :c]  # (1, Hkv, c, d)
         attn = None
