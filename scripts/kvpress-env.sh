@@ -10,6 +10,7 @@
 # comparison test and the table (scripts/kvpress_table.py). Fails loudly if any step does.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+export HF_HUB_DISABLE_PROGRESS_BARS=1 TRANSFORMERS_VERBOSITY=error  # the log shows results, not loading bars
 dump=${1:-$(mktemp -d)/kvpress-dump}
 work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
