@@ -97,3 +97,12 @@ def test_readme_layout_answers_where_things_are():
         assert line is not None, question
         path = line.split("`")[1].replace("<name>", "trace")  # the answer's first file
         assert path in listed, line
+
+
+def test_readme_states_each_kv_policys_rule_as_the_window_does():
+    """One source: the KV lab's rules (``kvlab.registry.RULES``, the window's policy picker) in the README."""
+    from gpt_inspector.core.kvlab import registry
+
+    text = " ".join((ROOT / "README.md").read_text().split())
+    for name, rule in [*registry.RULES.items(), ("int4", registry.QUANT_RULE)]:
+        assert " ".join(rule.split()) in text, f"README: the {name} rule is not registry.RULES[{name!r}]"

@@ -172,3 +172,26 @@ def test_on_a_sliding_window_model_the_full_cache_is_the_models_with_what_is_kep
     assert [panel.table.item(i, 1).text() for i in range(2)] == [f"{b:,}" for b in full]
     assert panel.bytes_label.text() == (f"cache after step 3: {sum(full):,} of {sum(full):,} bytes (100.0%); "
                                         f"kept for inspection {sum(kept):,}")  # fmt: skip
+
+
+def test_the_policy_picker_states_each_policys_rule(make_window, qtbot, no_dialogs):
+    """The rule shown under the picker and on each item is the registry's paragraph, the README's text."""
+    from PySide6.QtCore import Qt as _Qt
+
+    from gpt_inspector.core.kvlab import registry
+
+    win = make_window(prompt=PROMPT)
+    panel = _dock(win)
+    qtbot.waitUntil(panel.isVisible, timeout=3000)
+    assert panel.policy.currentText() == "h2o" and panel.rule.text() == registry.RULES["h2o"]
+    panel.policy.setFocus()
+    seen = []
+    for _ in range(len(registry.NAMES) - 1):
+        qtbot.keyClick(panel.policy, _Qt.Key.Key_Down)
+        name = panel.policy.currentText()
+        seen.append(name)
+        assert panel.rule.text() == registry.rule(name)
+    assert {"snapkv", "tova", "keynorm", "int4"} <= set(seen)
+    i = panel.policy.findText("tova")
+    assert panel.policy.itemData(i, _Qt.ItemDataRole.ToolTipRole) == registry.RULES["tova"]
+    assert not no_dialogs

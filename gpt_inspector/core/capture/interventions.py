@@ -84,7 +84,12 @@ class KVPolicy(Intervention):
         # the policy's cache as attention reads it (dequantized K/V) and the entries it no longer holds,
         # masked for these queries: (B, Hkv, Tk, d) twice and (H, Tq, Tk) bool or None. A policy that
         # holds everything leaves the call as it was, so an unlimited budget equals the plain run exactly
-        call.key, call.value, evicted = self.policy.attend(self.layer, call.key, call.value, call.q0, call.n_heads)
+        args = (self.layer, call.key, call.value, call.q0, call.n_heads)
+        if getattr(self.policy, "reads_query", False):  # a press scores from the forward's own queries
+            call.key, call.value, evicted = self.policy.attend(*args, query=call.query, scaling=call.scaling,
+                                                               softcap=call.softcap)  # fmt: skip
+        else:
+            call.key, call.value, evicted = self.policy.attend(*args)
         call.block_cells(evicted)
         # a policy that reads the attention weights (H2O, TOVA) takes them from this forward once it has
         # evicted something: the written-out equation instead of sdpa and then a second pass for them

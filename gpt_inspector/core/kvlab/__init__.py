@@ -3,6 +3,8 @@
 ``policy`` simulates eviction (one policy running a scorer from ``scorers``) and quantization
 (``quant``) inside the inspector's attention function, ``registry`` names every policy, ``lab``
 runs a policy beside the full-cache reference, ``sweep`` maps budgets and policies to a frontier.
+``presses`` holds kvpress's presses written again in kvpress's own scoring interface and
+``press_policy.from_press`` runs any such press (kvpress's own objects too) as a policy.
 
 Names load on first use (PEP 562), so ``registry``'s names cost no torch import (the CLI's --help).
 """
@@ -16,6 +18,7 @@ _NAMES = {
     "row_error": "lab", "EVICTION": "registry", "NAMES": "registry", "QUANT": "registry", "register": "registry",
     "Eviction": "policy", "Policy": "policy", "make": "policy", "Scorer": "scorers", "Seen": "scorers",
     "SCHEMES": "quant", "Quantization": "quant", "quantize_groups": "quant",
+    "PressPolicy": "press_policy", "from_press": "press_policy",
 }  # fmt: skip
 __all__ = sorted(_NAMES)
 

@@ -154,6 +154,8 @@ class KVLab:
         policy.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length,
                     torch.empty((), dtype=lm.dtype).element_size(), lm.device)  # fmt: skip
         policy.layout = lm.kv_layout  # its bytes are of a cache built on the model's own (windows, latents)
+        if hasattr(policy, "bind_model"):  # a press reads the model's attention modules and their inputs
+            policy.bind_model(lm.model)
         self.run = Session(lm, prompt, **kw)
         if reference is not None and (reference.lm is not lm or reference.prompt_ids != self.run.prompt_ids
                                       or any(s.forced for s in reference.steps_done)):  # fmt: skip

@@ -7,7 +7,8 @@ Two schemes:
   ``residual`` entries stay in full precision and a key group is quantized once all its tokens
   have left that window. Each entry is quantized once, from its full-precision value.
 - ``transformers``: what transformers' ``QuantizedCache`` does with the quanto backend
-  (``cache_implementation="quantized"``, axis 0): the prompt is quantized whole after its own
+  (``cache_implementation="quantized"``, ``axis_key``/``axis_value`` 0 or -1, any group quanto
+  takes, larger than a head included): the prompt is quantized whole after its own
   forward; later entries collect in a full-precision residual and, when it reaches ``residual``
   entries, the whole cache (its dequantized part and the residual) is quantized again; every
   group is ``group`` consecutive numbers of the flattened (batch, head, position, channel)
@@ -72,7 +73,8 @@ class Quantization(Policy):
         for what, v in (("group", self.group), ("residual", self.residual)):
             if isinstance(v, bool) or not isinstance(v, (int, np.integer)) or v < (1 if what == "group" else 0):
                 raise InspectorError(f"{what} must be a whole number >= {1 if what == 'group' else 0}, got {v!r}")
-        if self.fp8 is None and head_dim % self.group:
+        # quanto groups the flattened cache (any group dividing it is taken, larger than a head too)
+        if self.fp8 is None and self.scheme == "kivi" and head_dim % self.group:
             raise InspectorError(
                 f"group {self.group} does not divide the head size {head_dim} (values are grouped along it)"
             )
@@ -166,17 +168,37 @@ class Quantization(Policy):
         return full + packed + 2 * groups * item
 
 
-def quanto_affine(x: torch.Tensor, bits: int, group: int) -> torch.Tensor:
-    """quanto's MaxOptimizer + quantize_affine + dequantize on axis 0, written out, in x's dtype.
+def quanto_affine(x: torch.Tensor, bits: int, group: int, axis: int = 0) -> torch.Tensor:
+    """quanto's MaxOptimizer + quantize_affine + dequantize, written out, in x's dtype.
 
-    Groups are ``group`` consecutive numbers of the flattened tensor (quanto's ``group(axis=0)``).
+    quanto's ``group``: on axis 0, ``group`` consecutive numbers of the flattened tensor (so a group
+    may span heads and positions: it can be larger than the head size); on axis -1, ``group``
+    consecutive rows of the (numbers / channels, channels) view at one channel. quanto refuses a group
+    that does not divide the numbers per batch row (HF's ``QuantizedCache`` raises there too); a
+    tensor that is one group on axis 0 is quantized per element by quanto's optimizer (its axis
+    becomes None), which gives every number back exactly.
     """
-    g = x.reshape(-1, group)  # (n_groups, group)
-    lo, hi = g.amin(1, keepdim=True), g.amax(1, keepdim=True)
+    per_row = x.numel() // x.shape[axis]  # quanto's axis_numel
+    if group > per_row or per_row % group:
+        raise InspectorError(f"quanto refuses group {group} here: it must divide the {per_row} numbers of each "
+                             f"batch row of the cache ({tuple(x.shape)}, axis {axis}), as transformers' "
+                             "QuantizedCache would fail")  # fmt: skip
     levels = 2**bits - 1  # qmax - qmin
+    if axis == 0:
+        g = x.reshape(-1, group)  # (n_groups, group)
+        if g.shape[0] == 1:
+            return x.clone()
+        lo, hi = g.amin(1, keepdim=True), g.amax(1, keepdim=True)
+    else:
+        d, n = x.shape[-1], per_row // group
+        g = x.reshape(n, group, d).permute(1, 2, 0).reshape(group, d * n)  # (group, channels x groups)
+        lo, hi = g.amin(0, keepdim=True), g.amax(0, keepdim=True)
     scale, shift = (hi - lo) / levels, -lo
     data = torch.clamp(torch.round((g + shift) / scale), 0, levels).to(torch.uint8)
-    return (scale * data - shift).reshape(x.shape)  # a zero scale (a flat group) gives back its minimum
+    out = scale * data - shift  # a zero scale (a flat group) gives back its minimum
+    if axis == 0:
+        return out.reshape(x.shape)
+    return out.reshape(group, x.shape[-1], -1).permute(2, 0, 1).reshape(x.shape)
 
 
 class _Store:
@@ -191,15 +213,17 @@ class _Store:
         self.kv, self.prev, self.lo, self.hi = kv, prev, lo, hi
 
     def get(self, quant, exact) -> tuple[torch.Tensor, torch.Tensor]:
-        """(K, V) dequantized, (B, Hkv, hi, d) each; ``exact()`` gives the full-precision cache."""
+        """(K, V) dequantized, (B, Hkv, hi, d) each; ``quant``: (keys', values' quantizer);
+        ``exact()`` gives the full-precision cache."""
         if self.kv is None:
             k, v = exact()
+            qk, qv = quant
             if self.prev is None:
-                self.kv = (quant(k[:, :, : self.hi]), quant(v[:, :, : self.hi]))
+                self.kv = (qk(k[:, :, : self.hi]), qv(v[:, :, : self.hi]))
             else:
                 pk, pv = self.prev.get(quant, exact)
-                self.kv = (quant(torch.cat([pk, k[:, :, self.lo : self.hi]], 2)),
-                           quant(torch.cat([pv, v[:, :, self.lo : self.hi]], 2)))  # fmt: skip
+                self.kv = (qk(torch.cat([pk, k[:, :, self.lo : self.hi]], 2)),
+                           qv(torch.cat([pv, v[:, :, self.lo : self.hi]], 2)))  # fmt: skip
         return self.kv
 
 
@@ -209,10 +233,15 @@ class TransformersQuantization(Quantization):
     scheme = "transformers"
     KEEP = 2  # stores per layer that keep their tensors (the newest and the one before); older: rebuilt on demand
 
-    def __init__(self, name: str, *, group: int | None = None, residual: int = 16):
+    def __init__(self, name: str, *, group: int | None = None, residual: int = 16, axis_key: int = 0,
+                 axis_value: int = 0):  # fmt: skip
         if name not in ("int4", "int2"):
             raise InspectorError(f"transformers' quanto cache takes int4 or int2, not {name}")
+        for what, v in (("axis_key", axis_key), ("axis_value", axis_value)):
+            if isinstance(v, bool) or v not in (0, -1):
+                raise InspectorError(f"{what} for transformers' quanto cache is 0 or -1, got {v!r}")
         super().__init__(name, group=group, residual=residual)
+        self.axis_key, self.axis_value = axis_key, axis_value
 
     def describe(self) -> str:
         return super().describe() + " (transformers' scheme)"
@@ -278,13 +307,17 @@ class TransformersQuantization(Quantization):
                     rec.v[layer].write(v.detach(), 0)
         self._restore_records(saved)
 
-    def _quant(self, x: torch.Tensor) -> torch.Tensor:
-        return quanto_affine(x.contiguous(), self.bits, self._group())
+    @property
+    def _quant(self):
+        """(keys', values' quantizer), on the axes the cache was configured with."""
+        bits, group = self.bits, self._group()
+        return (lambda x: quanto_affine(x.contiguous(), bits, group, self.axis_key),
+                lambda x: quanto_affine(x.contiguous(), bits, group, self.axis_value))  # fmt: skip
 
     def attend(self, layer, key, value, q0, n_heads):
         tk = key.shape[2]
         if q0 == 0:  # the prompt's forward: full precision, then the whole prompt is quantized
-            self.store[layer] = self._new_store((self._quant(key), self._quant(value)), None, 0, tk)
+            self.store[layer] = self._new_store((self._quant[0](key), self._quant[1](value)), None, 0, tk)
             self.pending[layer] = 0
             return key, value, None
         shown = self.store[layer]
@@ -294,7 +327,7 @@ class TransformersQuantization(Quantization):
         value = torch.cat([sv, value[:, :, n:]], 2)
         if self.pending[layer] + (tk - q0) >= self.residual:
             # read from the next forward on
-            self.store[layer] = self._new_store((self._quant(key), self._quant(value)), shown, n, tk)
+            self.store[layer] = self._new_store((self._quant[0](key), self._quant[1](value)), shown, n, tk)
             self.pending[layer] = 0
         else:
             self.pending[layer] += tk - q0

@@ -28,6 +28,46 @@ QUANT = ("int8", "int4", "int2", "fp8-e4m3", "fp8-e5m2")
 EVICTION = tuple(SCORERS)
 NAMES = EVICTION[:-1] + QUANT  # what the CLI offers (custom takes a Python function)
 
+# each built-in policy's rule in one paragraph: what it ranks and over what unit, how scores are pooled,
+# which entries are protected, when it runs, and the kvpress-compatible variant (``presses``, run with
+# ``from_press``). The README's KV cache lab section and the window's policy picker show these texts.
+RULES = {
+    "streaming": "Position alone decides, per KV head: the first `sinks` entries (default 4, fewer under a "
+    "tiny budget) and the newest budget − sinks are kept. Runs after the prompt's forward and after every "
+    "step. kvpress-compatible: `presses.StreamingLLMPress` (the same rule, once, on the context at prefill, "
+    "to a compression ratio).",
+    "h2o": "Ranks each entry per KV head by the attention it has received, summed over every query so far "
+    "(all forwards) and over the query heads sharing the KV head; a recent window of budget / 2 is "
+    "protected, no sinks. Runs after the prompt's forward and after every step. kvpress has no H2O; its "
+    "nearest is `presses.ObservedAttentionPress` (the context's attention averaged over the queries that "
+    "could see each entry and over the group, once at prefill, no recent window).",
+    "snapkv": "Ranks each prompt entry per KV head by the attention of the prompt's last `window` (8) "
+    "queries, summed over the window and the group, average-pooled over `kernel` (5) neighbours of the "
+    "prefix without counting padding; the window itself is protected. Runs once, after the prompt's "
+    "forward; generated entries are all kept. kvpress-compatible: `presses.SnapKVPress` (mean over the "
+    "window and the group, padding counted in the pooling, window 64 by default).",
+    "tova": "Ranks entries per KV head by the newest query's attention, summed over the query heads "
+    "sharing the KV head; nothing protected. Runs after the prompt's forward and after every step. "
+    "kvpress-compatible: `presses.TOVAPress` (one ranking for the whole layer, the last context query's "
+    "attention averaged over all query heads, the last entry always kept, once at prefill).",
+    "keynorm": "Ranks entries per KV head by minus the L2 norm of the key (a low norm goes with high "
+    "attention), in float64; nothing protected. Runs after the prompt's forward and after every step. "
+    "kvpress-compatible: `presses.KnormPress` (the same rank in float32, once at prefill, to a ratio).",
+    "custom": "Ranks entries per KV head by your function `scorer(layer, keys, probs) -> (kv_heads, T)` "
+    "over each forward's attention and keys, with the sinks and recent window you name; runs after every "
+    "forward. A kvpress-style press runs instead with `from_press(press)`.",
+}
+QUANT_RULE = ("Quantization, no eviction: KIVI-style (keys per channel over groups of `group` tokens, values "
+              "per token over groups of `group` channels, min-max rounding; the newest `residual` entries in "
+              "full precision), or `--scheme transformers`: transformers' `QuantizedCache` with quanto, step "
+              "for step; fp8 casts each element. The prompt's forward attends in full precision.")  # fmt: skip
+
+
+def rule(name: str) -> str:
+    """The one-paragraph rule of the policy ``name`` (a quantization's: the shared one)."""
+    return QUANT_RULE if kind(name) == "quantization" else RULES.get(name, "a registered scorer of your own")
+
+
 # the options ``make`` passes on, per kind of policy (a sweep gives each policy the ones it takes)
 OPTIONS = {
     "eviction": ("sinks", "recent", "window", "kernel", "layer_budgets"),

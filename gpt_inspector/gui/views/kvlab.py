@@ -25,7 +25,7 @@ from PySide6.QtWidgets import (
 
 from ...core.errors import InspectorError
 from ...core.kvlab.registry import NAMES as POLICIES  # the registry imports no torch: neither does the panel
-from ...core.kvlab.registry import QUANT
+from ...core.kvlab.registry import QUANT, rule
 from .common import FlowLayout, PanelJob, group, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "KV cache lab"
@@ -81,6 +81,10 @@ class KVLabPanel(QWidget):
             toolTip="Eviction (streaming … keynorm) or quantization (int8 … fp8-e5m2) of the KV cache"
         )
         self.policy.addItems(POLICIES)
+        for i, name in enumerate(POLICIES):  # each item's rule as its tooltip; the chosen one's below the picker
+            self.policy.setItemData(i, rule(name), Qt.ItemDataRole.ToolTipRole)
+        self.rule = wrapped_label("", rich=False)
+        self.policy.currentTextChanged.connect(lambda name: self.rule.setText(rule(name)))
         self.policy.setCurrentText("h2o")
         self.budget = QSpinBox(minimum=0, maximum=1_000_000, value=32, specialValueText="unlimited",
                                toolTip="Cache entries kept per KV head (eviction policies); 0 = unlimited")  # fmt: skip
@@ -132,7 +136,7 @@ class KVLabPanel(QWidget):
         self.split = QSplitter(Qt.Horizontal)
         self.split.addWidget(self.plot)
         self.split.addWidget(self.table)
-        vbox(self, top, self.status, self.bytes_label, self.privacy_label, (self.split, 1))
+        vbox(self, top, self.rule, self.status, self.bytes_label, self.privacy_label, (self.split, 1))
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 (Qt)
         super().resizeEvent(ev)
