@@ -7,6 +7,9 @@ byte leaves the sender's end no sooner than the link has finished sending the by
 one round trip plus their bytes at the rate, as on a real link, and a long reply streams (its first
 bytes arrive while the rest is still being sent).
 
+``spawn(...)`` runs one in a process of its own (``python tests/link_shaper.py UPSTREAM ...``), so
+that relaying never competes for the measuring process's interpreter lock, as a real link does not.
+
 It counts the bytes it relays each way (``bytes_up``: client to server, ``bytes_down``), which is
 what crosses the wire whatever the client or server count themselves.
 
@@ -18,7 +21,10 @@ runs its asyncio loop on a daemon thread, so synchronous code (the benchmark, a 
 
 from __future__ import annotations
 
+import argparse
 import asyncio
+import subprocess
+import sys
 import threading
 
 CHUNK = 16 * 1024  # the pacing grain: a 16 KiB piece takes 1.6 ms at 10 MB/s
@@ -101,6 +107,8 @@ class LinkShaper:
             tasks.add(me)
             try:
                 await asyncio.gather(self._direction(reader, up_w, "up"), self._direction(up_r, writer, "down"))
+            except asyncio.CancelledError:
+                pass  # stopped: the writers are closed already; nothing to report
             finally:
                 tasks.discard(me)
 
@@ -163,3 +171,72 @@ class LinkShaper:
                 dst.close()
 
         await asyncio.gather(read(), write())
+
+
+class Spawned:
+    """A LinkShaper in a child process: ``port``, ``url()``, ``total_bytes`` and ``close()`` as the class's.
+
+    The child ends when told, when its lifetime is up, or when this side goes away (its stdin closes).
+    """
+
+    def __init__(self, upstream_port: int, rtt_s: float = 0.050, rate: float = 10e6, lifetime_s: float = 600.0):
+        self.upstream = upstream_port
+        cmd = [sys.executable, __file__, str(upstream_port), "--rtt-s", repr(rtt_s), "--rate", repr(rate),
+               "--lifetime-s", repr(lifetime_s)]  # fmt: skip
+        self.proc = subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True)
+        assert self.proc.stdout is not None and self.proc.stdin is not None
+        line = self.proc.stdout.readline()
+        if not line.strip().isdigit():
+            self.close()
+            raise RuntimeError(f"the link shaper process did not start: {line!r}")
+        self.port = int(line)
+
+    def url(self, url: str) -> str:
+        return url.replace(f":{self.upstream}/", f":{self.port}/")
+
+    @property
+    def total_bytes(self) -> int:
+        assert self.proc.stdin is not None and self.proc.stdout is not None
+        self.proc.stdin.write("bytes\n")
+        self.proc.stdin.flush()
+        up, down = self.proc.stdout.readline().split()
+        return int(up) + int(down)
+
+    def close(self) -> None:
+        try:
+            if self.proc.stdin is not None:
+                self.proc.stdin.close()  # the child's loop ends on EOF
+            self.proc.wait(timeout=15)
+        except (OSError, subprocess.TimeoutExpired):
+            self.proc.kill()
+            self.proc.wait(timeout=15)
+
+    def __enter__(self) -> Spawned:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def spawn(upstream_port: int, rtt_s: float = 0.050, rate: float = 10e6, lifetime_s: float = 600.0) -> Spawned:
+    return Spawned(upstream_port, rtt_s, rate, lifetime_s)
+
+
+def _main() -> None:
+    ap = argparse.ArgumentParser(description="relay 127.0.0.1:PORT through a shaped link; prints the port it "
+                                 "listens on, then answers 'bytes' lines on stdin with 'UP DOWN'; EOF stops it")  # fmt: skip
+    ap.add_argument("upstream", type=int)
+    ap.add_argument("--rtt-s", type=float, default=0.050)
+    ap.add_argument("--rate", type=float, default=10e6, help="bytes a second, each way")
+    ap.add_argument("--lifetime-s", type=float, default=600.0)
+    a = ap.parse_args()
+    with LinkShaper(a.upstream, a.rtt_s, a.rate, a.lifetime_s) as sh:
+        print(sh.port, flush=True)
+        for line in sys.stdin:
+            if line.strip() != "bytes":
+                break
+            print(sh.bytes_up, sh.bytes_down, flush=True)
+
+
+if __name__ == "__main__":
+    _main()

@@ -11,7 +11,7 @@ import threading
 import time
 
 import pytest
-from link_shaper import LinkShaper
+from link_shaper import LinkShaper, spawn
 
 RTT, RATE = 0.050, 10e6
 
@@ -103,6 +103,15 @@ def test_it_stops_itself_when_its_lifetime_is_up(echo):
     with pytest.raises(OSError):
         socket.create_connection(("127.0.0.1", port), timeout=2).close()
     sh.close()  # closing a stopped shaper is harmless
+
+
+def test_in_a_process_of_its_own_it_shapes_counts_and_ends_with_its_parent(echo):
+    with spawn(echo, rtt_s=RTT, rate=RATE) as sh:
+        took, got = _exchange(sh.port, b"y" * 200_000)
+        assert got == b"y" * 200_000
+        assert took >= (RTT + 200_000 / RATE) * 0.98, took
+        assert sh.total_bytes == 400_000
+    assert sh.proc.returncode == 0  # stdin closed: it ended on its own, not killed
 
 
 def test_bad_settings_are_refused():
