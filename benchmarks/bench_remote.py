@@ -87,18 +87,31 @@ def one_step(s) -> tuple[float, float]:
     return t_top, time.perf_counter() - t0
 
 
-def timed(s, n: int, counter=None) -> dict:
-    """Medians over ``n`` steps after a warm-up one: ms to the top-k, ms to ready, bytes per step."""
-    one_step(s)
-    tops, readies, nbytes = [], [], []
-    for _ in range(n):
-        b0 = counter() if counter else 0
-        t_top, t_ready = one_step(s)
-        tops.append(t_top)
-        readies.append(t_ready)
-        nbytes.append((counter() if counter else 0) - b0)
-    return dict(top=statistics.median(tops) * 1e3, ready=statistics.median(readies) * 1e3,
-                bytes=statistics.median(nbytes))  # fmt: skip
+def interleaved(paths: list[tuple[object, object]], n: int) -> list[dict]:
+    """Medians over ``n`` steps after a warm-up one, for each (session, byte counter or None), stepped in
+    turn: step k of every path before step k + 1 of any, the order rotating, so that the machine's load
+    weighs on every path alike. Per path: ms to the top-k, ms to ready, bytes per step."""
+    for s, _ in paths:
+        one_step(s)
+    got: list[dict[str, list[float]]] = [{"top": [], "ready": [], "bytes": []} for _ in paths]
+    for k in range(n):
+        for i in [(k + j) % len(paths) for j in range(len(paths))]:
+            s, counter = paths[i]
+            b0 = counter() if counter else 0
+            t_top, t_ready = one_step(s)
+            got[i]["top"].append(t_top * 1e3)
+            got[i]["ready"].append(t_ready * 1e3)
+            got[i]["bytes"].append((counter() if counter else 0) - b0)
+    return [{key: statistics.median(v) for key, v in g.items()} for g in got]
+
+
+def serve(folder: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str, int]:
+    proc = subprocess.Popen([sys.executable, "-m", "gpt_inspector", "serve", "--model", str(folder), "--device", "cpu",
+                             "--recipe-out", str(tmp / f"recipe-{name}.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp)  # fmt: skip
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    return proc, url, int(url.split(":")[2].split("/")[0])
 
 
 def main(lengths: list[int], steps: int) -> None:
@@ -108,51 +121,47 @@ def main(lengths: list[int], steps: int) -> None:
 
     torch.set_num_threads(1)
     rows = []
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "model"
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        folder = tmp / "model"
         build(folder, max(lengths) + 2 * steps + 16)
         lm = gi.load_model(folder, device="cpu")
-        proc = subprocess.Popen([sys.executable, "-m", "gpt_inspector", "serve", "--model", str(folder), "--device",
-                                 "cpu", "--recipe-out", str(Path(tmp) / "recipe.json")],
-                                stdout=subprocess.PIPE, text=True, cwd=tmp)  # fmt: skip
+        # a server per remote path (one client each), so the four paths can step in turn
+        servers = [serve(folder, tmp, name) for name in ("loopback", "relay", "shaped")]
+        (_, url_loop, _), (_, url_relay, port_relay), (_, url_shaped, port_shaped) = servers
         load = [os.getloadavg()[0]]
         try:
-            assert proc.stdout is not None
-            url = proc.stdout.readline().strip()
-            port = int(url.split(":")[2].split("/")[0])
-            for t in lengths:
-                prompt = prompt_of(lm, t)
-                s = gi.Session(lm, prompt)
-                s.step()  # the prefill, not timed
-                local = timed(s, steps)
-                tokens = s.tokens
-                del s
-                with gi.connect(url, prompt=prompt) as r:
-                    r.step()
-                    loop = timed(r, steps)
-                    assert r.tokens == tokens  # the same run on every path
-                # the relay unshaped (no delay, no limit): what the relay itself costs, and the bytes
-                with spawn(port, rtt_s=0.0, rate=1e12, lifetime_s=3600) as relay:
-                    with gi.connect(relay.url(url), prompt=prompt) as r:
-                        r.step()
-                        relayed = timed(r, steps, lambda: relay.total_bytes)
-                        assert r.tokens == tokens
-                with spawn(port, rtt_s=RTT_S, rate=RATE, lifetime_s=3600) as shaper:
-                    with gi.connect(shaper.url(url), prompt=prompt) as r:
-                        r.step()
-                        shaped = timed(r, steps, lambda: shaper.total_bytes)
-                        assert r.tokens == tokens
-                rows.append((t, local, loop, relayed, shaped))
-                load.append(os.getloadavg()[0])
+            # the relay unshaped (no delay, no limit): what the relay itself costs, and the bytes
+            with spawn(port_relay, rtt_s=0.0, rate=1e12, lifetime_s=7200) as relay, \
+                    spawn(port_shaped, rtt_s=RTT_S, rate=RATE, lifetime_s=7200) as shaper:  # fmt: skip
+                for t in lengths:
+                    prompt = prompt_of(lm, t)
+                    s = gi.Session(lm, prompt)
+                    remotes = [gi.connect(u, prompt=prompt) for u in (url_loop, relay.url(url_relay),
+                                                                       shaper.url(url_shaped))]  # fmt: skip
+                    try:
+                        for x in (s, *remotes):
+                            x.step()  # the prefill, not timed
+                        counters = (None, None, lambda: relay.total_bytes, lambda: shaper.total_bytes)
+                        measured = interleaved(list(zip((s, *remotes), counters)), steps)
+                        assert all(r.tokens == s.tokens for r in remotes)  # the same run on every path
+                    finally:
+                        for r in remotes:
+                            r.close()
+                    del s
+                    rows.append((t, *measured))
+                    load.append(os.getloadavg()[0])
         finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+            for proc, _, _ in servers:
+                proc.terminate()
+            for proc, _, _ in servers:
+                proc.wait(timeout=60)
     report(rows, steps, load)
 
 
 def report(rows, steps: int, load: list[float]) -> None:
     print(f"machine: {os.cpu_count()} cores, load average {min(load):.1f}-{max(load):.1f} during the run; "
-          f"one torch thread each side; medians of {steps} steps")  # fmt: skip
+          f"one torch thread each side; medians of {steps} steps, the four paths stepping in turn")  # fmt: skip
     print(f"model: random Llama-style, {LAYERS} layers x {HEADS} heads over {KV_HEADS} KV heads, head size "
           f"{HEAD_DIM}; a step = step + newest attention row of all {LAYERS * HEADS} heads; shaped link: "
           f"{RTT_S * 1e3:.0f} ms round trip, {RATE / 1e6:.0f} MB/s each way; relay: the same relay unshaped")  # fmt: skip
@@ -179,7 +188,7 @@ if __name__ == "__main__":
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("lengths", nargs="*", type=int, help="prompt lengths (default 1024 8192)")
     ap.add_argument("--quick", action="store_true", help="T = 1024 only, 3 steps")
-    ap.add_argument("--steps", type=int, default=None, help="timed steps per path (default 8)")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per path (default 12)")
     a = ap.parse_args()
     lengths = a.lengths or ([1024] if a.quick else [1024, 8192])
-    main(lengths, a.steps or (3 if a.quick else 8))
+    main(lengths, a.steps or (3 if a.quick else 12))
