@@ -1,15 +1,34 @@
-"""Bytes and time per step, a local Session vs the same session through `gpt-inspector serve` on loopback.
+"""Step → the data a step repaints, in-process vs through `gpt-inspector serve` on loopback vs a shaped link.
 
-A step here is what the window pays for one: the step itself, then the newest attention row of
-every head of every layer (what a step repaints). Both sides run on one thread, on a random
-GPT-2-shaped model saved to disk first. ``python benchmarks/bench_remote.py [T ...]`` (default 1024 8192).
+What a step repaints, read as the window reads it: the step itself (its reply carries the token and
+the next-token top-k), then the newest attention row of every head of every layer (the overview's
+newest rows, the Softmax rows panel, and the selected head's newest row of the score matrix at its
+default stage, probs). Three paths, side by side, on the same prompt and the same greedy tokens:
 
-The last column is computed, not measured: the loopback time plus, for a link with a 50 ms round
-trip and 10 MB/s, one round trip per request and the bytes at that rate.
+- local: an in-process ``Session``;
+- loopback: ``gi.connect`` to a ``serve`` process on 127.0.0.1;
+- relay: the same through ``tests/link_shaper.py`` unshaped (no delay, no limit): what the relay
+  itself costs;
+- shaped: the same relay adding a 50 ms round trip and pacing each direction at 10 MB/s.
+
+The relay runs in a process of its own, as a real link is outside both ends.
+
+Bytes per step are counted at a relay (websocket frames, pings included: what crosses the wire),
+both ways. Each shaped row is checked against the bound
+
+    step → ready ≤ local + 2 round trips + bytes / rate
+
+(2: the step, then every layer's rows in one request) and printed PASS or FAIL with its numbers.
+The model is built here (a random Llama-style model: 4 layers, 8 query heads over 2 KV heads, head
+size 32, hidden 256; saved as safetensors first); both sides run one torch thread.
+
+``python benchmarks/bench_remote.py [--quick] [T ...]`` (default 1024 8192; ``--quick``: 1024 only,
+3 steps).
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import statistics
 import subprocess
@@ -24,20 +43,23 @@ import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
-STEPS = 8
 RTT_S, RATE = 0.050, 10e6
+REQUESTS = 2  # the step, then every layer's newest rows in one request
+LAYERS, HEADS, KV_HEADS, HEAD_DIM = 4, 8, 2, 32
 
 
 def build(folder: Path, positions: int) -> None:
     import tiny_models
-    from transformers import GPT2Config, GPT2LMHeadModel
+    from transformers import LlamaConfig, LlamaForCausalLM
 
     tok = tiny_models.build_tokenizer(folder)
     torch.manual_seed(0)
     eos = tok.convert_tokens_to_ids("<|endoftext|>")
-    cfg = GPT2Config(n_layer=4, n_head=8, n_embd=256, n_positions=positions, vocab_size=len(tok), bos_token_id=eos,
-                     eos_token_id=eos)  # fmt: skip
-    GPT2LMHeadModel(cfg).save_pretrained(folder, safe_serialization=True)
+    cfg = LlamaConfig(hidden_size=HEADS * HEAD_DIM, intermediate_size=688, num_hidden_layers=LAYERS,
+                      num_attention_heads=HEADS, num_key_value_heads=KV_HEADS, max_position_embeddings=positions,
+                      vocab_size=len(tok), bos_token_id=eos, eos_token_id=eos, tie_word_embeddings=False,
+                      initializer_range=0.1)  # fmt: skip
+    LlamaForCausalLM(cfg).save_pretrained(folder, safe_serialization=True)
 
 
 def prompt_of(lm, t: int) -> str:
@@ -49,65 +71,124 @@ def prompt_of(lm, t: int) -> str:
     return lm.tokenizer.decode(lm.tokenizer.encode(text)[:t])
 
 
-def one_step(s) -> None:
-    s.step()
+def one_step(s) -> tuple[float, float]:
+    """A step and what it repaints: (seconds to the top-k, seconds to everything)."""
+    t0 = time.perf_counter()
+    step = s.step()
+    top = step.top  # the next-token panel: the step's own reply carries it
+    t_top = time.perf_counter() - t0
+    assert top
     t = s.cache_length
     if hasattr(s, "layers_attention_rows"):  # remote: every layer's newest rows in one request
-        s.layers_attention_rows(range(s.n_layers), t - 1, t)  # (L, H, 1, T)
-        return
-    for layer in range(s.n_layers):
-        s.attention_rows(layer, t - 1, t)  # (H, 1, T): the newest row of every head
+        rows = s.layers_attention_rows(range(s.n_layers), t - 1, t)  # (L, H, 1, T)
+    else:
+        rows = torch.stack([s.attention_rows(layer, t - 1, t) for layer in range(s.n_layers)])  # (L, H, 1, T)
+    assert rows.shape == (s.n_layers, s.n_heads, 1, t)
+    return t_top, time.perf_counter() - t0
 
 
-def timed(s, n: int, counter=None) -> tuple[float, float]:
-    """(median seconds per step, bytes per step)"""
-    one_step(s)  # warm up: the first step after the prefill
-    times, nbytes = [], []
-    for _ in range(n):
-        b0 = counter() if counter else 0
-        t0 = time.perf_counter()
+def interleaved(paths: list[tuple[object, object]], n: int) -> list[dict]:
+    """Medians over ``n`` steps after a warm-up one, for each (session, byte counter or None), stepped in
+    turn: step k of every path before step k + 1 of any, the order rotating, so that the machine's load
+    weighs on every path alike. Per path: ms to the top-k, ms to ready, bytes per step."""
+    for s, _ in paths:
         one_step(s)
-        times.append(time.perf_counter() - t0)
-        nbytes.append((counter() if counter else 0) - b0)
-    return statistics.median(times), statistics.median(nbytes)
+    got: list[dict[str, list[float]]] = [{"top": [], "ready": [], "bytes": []} for _ in paths]
+    for k in range(n):
+        for i in [(k + j) % len(paths) for j in range(len(paths))]:
+            s, counter = paths[i]
+            b0 = counter() if counter else 0
+            t_top, t_ready = one_step(s)
+            got[i]["top"].append(t_top * 1e3)
+            got[i]["ready"].append(t_ready * 1e3)
+            got[i]["bytes"].append((counter() if counter else 0) - b0)
+    return [{key: statistics.median(v) for key, v in g.items()} for g in got]
 
 
-def main(lengths: list[int]) -> None:
+def serve(folder: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str, int]:
+    proc = subprocess.Popen([sys.executable, "-m", "gpt_inspector", "serve", "--model", str(folder), "--device", "cpu",
+                             "--recipe-out", str(tmp / f"recipe-{name}.json")],
+                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=tmp)  # fmt: skip
+    assert proc.stdout is not None
+    url = proc.stdout.readline().strip()
+    return proc, url, int(url.split(":")[2].split("/")[0])
+
+
+def main(lengths: list[int], steps: int) -> None:
+    from link_shaper import spawn
+
     import gpt_inspector as gi
 
     torch.set_num_threads(1)
-    with tempfile.TemporaryDirectory() as tmp:
-        folder = Path(tmp) / "model"
-        build(folder, max(lengths) + 2 * STEPS + 8)
+    rows = []
+    with tempfile.TemporaryDirectory() as tmp_name:
+        tmp = Path(tmp_name)
+        folder = tmp / "model"
+        build(folder, max(lengths) + 2 * steps + 16)
         lm = gi.load_model(folder, device="cpu")
-        proc = subprocess.Popen([sys.executable, "-m", "gpt_inspector", "serve", "--model", str(folder), "--device",
-                                 "cpu", "--recipe-out", str(Path(tmp) / "recipe.json")],
-                                stdout=subprocess.PIPE, text=True, cwd=tmp)  # fmt: skip
+        # a server per remote path (one client each), so the four paths can step in turn
+        servers = [serve(folder, tmp, name) for name in ("loopback", "relay", "shaped")]
+        (_, url_loop, _), (_, url_relay, port_relay), (_, url_shaped, port_shaped) = servers
+        load = [os.getloadavg()[0]]
         try:
-            url = proc.stdout.readline().strip()
-            print(f"machine load average {os.getloadavg()[0]:.1f} on {os.cpu_count()} cores; one thread each side; "
-                  f"model: 4 layers x 8 heads, d=32; a step = step + newest attention row of all 32 heads")  # fmt: skip
-            print(f"{'T':>6} {'local ms':>9} {'remote ms':>10} {'ratio':>6} {'bytes/step':>11} {'requests':>9} "
-                  f"{'50ms+10MB/s ms':>15}")  # fmt: skip
-            for t in lengths:
-                prompt = prompt_of(lm, t)
-                s = gi.Session(lm, prompt)
-                s.step()  # the prefill, not timed
-                local, _ = timed(s, STEPS)
-                r = gi.connect(url, prompt=prompt)
-                r.step()
-                remote, nbytes = timed(r, STEPS, lambda: r.bytes_sent + r.bytes_received)
-                assert r.tokens == s.tokens  # the same run on both sides
-                requests = 2  # the step, then every layer's newest rows
-                link = remote + requests * RTT_S + nbytes / RATE
-                print(f"{s.cache_length:>6} {local * 1e3:>9.1f} {remote * 1e3:>10.1f} {remote / local:>6.2f} "
-                      f"{nbytes:>11.0f} {requests:>9} {link * 1e3:>15.0f}")  # fmt: skip
-                r.close()
-                del s
+            # the relay unshaped (no delay, no limit): what the relay itself costs, and the bytes
+            with spawn(port_relay, rtt_s=0.0, rate=1e12, lifetime_s=7200) as relay, \
+                    spawn(port_shaped, rtt_s=RTT_S, rate=RATE, lifetime_s=7200) as shaper:  # fmt: skip
+                for t in lengths:
+                    prompt = prompt_of(lm, t)
+                    s = gi.Session(lm, prompt)
+                    remotes = [gi.connect(u, prompt=prompt) for u in (url_loop, relay.url(url_relay),
+                                                                       shaper.url(url_shaped))]  # fmt: skip
+                    try:
+                        for x in (s, *remotes):
+                            x.step()  # the prefill, not timed
+                        counters = (None, None, lambda: relay.total_bytes, lambda: shaper.total_bytes)
+                        measured = interleaved(list(zip((s, *remotes), counters)), steps)
+                        assert all(r.tokens == s.tokens for r in remotes)  # the same run on every path
+                    finally:
+                        for r in remotes:
+                            r.close()
+                    del s
+                    rows.append((t, *measured))
+                    load.append(os.getloadavg()[0])
         finally:
-            proc.terminate()
-            proc.wait(timeout=60)
+            for proc, _, _ in servers:
+                proc.terminate()
+            for proc, _, _ in servers:
+                proc.wait(timeout=60)
+    report(rows, steps, load)
+
+
+def report(rows, steps: int, load: list[float]) -> None:
+    print(f"machine: {os.cpu_count()} cores, load average {min(load):.1f}-{max(load):.1f} during the run; "
+          f"one torch thread each side; medians of {steps} steps, the four paths stepping in turn")  # fmt: skip
+    print(f"model: random Llama-style, {LAYERS} layers x {HEADS} heads over {KV_HEADS} KV heads, head size "
+          f"{HEAD_DIM}; a step = step + newest attention row of all {LAYERS * HEADS} heads; shaped link: "
+          f"{RTT_S * 1e3:.0f} ms round trip, {RATE / 1e6:.0f} MB/s each way; relay: the same relay unshaped")  # fmt: skip
+    print(f"{'T':>6} {'path':>9} {'top-k ms':>9} {'ready ms':>9} {'x local':>8} {'bytes/step':>11} "
+          f"{'bound ms':>9}  check")  # fmt: skip
+    for t, local, loop, relayed, shaped in rows:
+        paths = (("local", local), ("loopback", loop), ("relay", relayed), ("shaped", shaped))
+        for name, m in paths:
+            line = f"{t:>6} {name:>9} {m['top']:>9.1f} {m['ready']:>9.1f} {m['ready'] / local['ready']:>8.2f} "
+            line += f"{m['bytes']:>11.0f}" if name in ("relay", "shaped") else f"{'-':>11}"
+            if name == "shaped":
+                transfer = m["bytes"] / RATE * 1e3
+                link = REQUESTS * RTT_S * 1e3 + transfer
+                bound = local["ready"] + link
+                verdict = "PASS" if m["ready"] <= bound else "FAIL"
+                line += (f" {bound:>9.1f}  {verdict}: {m['ready']:.1f} vs {local['ready']:.1f} local + "
+                         f"{REQUESTS} x {RTT_S * 1e3:.0f} ms + {transfer:.1f} ms transfer; the link added "
+                         f"{m['ready'] - relayed['ready']:.1f} ms to the relay's {relayed['ready']:.1f} "
+                         f"(2 round trips + transfer: {link:.1f})")  # fmt: skip
+            print(line)
 
 
 if __name__ == "__main__":
-    main([int(a) for a in sys.argv[1:]] or [1024, 8192])
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("lengths", nargs="*", type=int, help="prompt lengths (default 1024 8192)")
+    ap.add_argument("--quick", action="store_true", help="T = 1024 only, 3 steps")
+    ap.add_argument("--steps", type=int, default=None, help="timed steps per path (default 12)")
+    a = ap.parse_args()
+    lengths = a.lengths or ([1024] if a.quick else [1024, 8192])
+    main(lengths, a.steps or (3 if a.quick else 12))

@@ -185,6 +185,18 @@ def auto_classes():
     return AutoModelForCausalLM, AutoTokenizer
 
 
+def load_tensor_parallel(folder: str, dtype=None):
+    """(model, tokenizer) from a local safetensors folder, sharded by transformers' own tensor-parallel
+    plan (``tp_plan="auto"``): this process holds its rank's share of the heads. Run under torchrun;
+    transformers starts torch.distributed from its environment (gloo on a CPU, NCCL on GPUs)."""
+    from transformers import DistributedConfig  # 5.x; its tp_plan keyword on from_pretrained is deprecated
+
+    AutoModelForCausalLM, AutoTokenizer = auto_classes()
+    plan = DistributedConfig(tp_plan="auto")
+    model = AutoModelForCausalLM.from_pretrained(folder, distributed_config=plan, use_safetensors=True, dtype=dtype)
+    return model, AutoTokenizer.from_pretrained(folder)
+
+
 def logits_processors():
     """transformers' ``generation.logits_process`` module."""
     from transformers.generation import logits_process
