@@ -123,6 +123,12 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
     if L > 4096 or d > 65536 or V > 1 << 24:
         raise InspectorError(f"{name}: implausible shape {shape}")
     out["shape"] = shape
+    out["kv_policy"] = None  # a KV lab policy run: its name; its evictions are tensors
+    if "kv_policy" in meta:
+        about = _json(name, meta, "kv_policy", dict)
+        if not isinstance(about.get("name"), str) or len(about["name"]) > MAX_NAME or about.get("kind") != "eviction":
+            raise InspectorError(f"{name}: metadata 'kv_policy' is malformed")
+        out["kv_policy"] = {"name": about["name"]}
     out["decoding"] = _json(name, meta, "decoding", dict)
     out["sampler"] = _json(name, meta, "sampler", dict) if "sampler" in meta else None  # older files: none
     for key, cls, what in (("mask_edits", MaskEdit, "mask edit"), ("head_edits", HeadEdit, "head edit")):
@@ -209,6 +215,9 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
             need[f"layers.{layer}.bias_rows"] = ((H, T), "F32")
     if n_steps or v1:
         need["step_logits"] = ((n_steps, V), "F32")
+    if out["kv_policy"] is not None:
+        need["kv_policy.bytes"] = ((L, T + 1), "I64")
+        need.update({f"layers.{layer}.evicted_at": ((Hkv, T), "I64") for layer in range(L)})
     for key, (s, dt) in need.items():
         got = header.get(key)
         if got is None:
@@ -278,6 +287,8 @@ def _bad(name: str, key: str):
 
 def validate_values(name: str, t: dict[str, torch.Tensor], meta: dict) -> None:
     V = meta["shape"]["vocab_size"]
+    if "kv_policy.bytes" in t and bool((t["kv_policy.bytes"] < 0).any()):
+        raise InspectorError(f"{name}: the policy's cache bytes are negative")
     tokens = t["tokens"]
     if int(tokens.min()) < 0 or int(tokens.max()) >= V:
         raise InspectorError(f"{name}: token ids outside the vocabulary")
@@ -294,6 +305,9 @@ def validate_values(name: str, t: dict[str, torch.Tensor], meta: dict) -> None:
             bias = t.get(f"layers.{layer}.{part}")
             if bias is not None and not bool(torch.isfinite(bias).all()):
                 raise InspectorError(f"{name}: layer {layer} has a score bias that is not finite")
+        ev = t.get(f"layers.{layer}.evicted_at")  # -1 (held) or the cache length after which it went
+        if ev is not None and bool(((ev < -1) | (ev == 0) | (ev > T)).any()):
+            raise InspectorError(f"{name}: layer {layer} has evictions outside [1, {T}]")
         rows = t.get(f"layers.{layer}.mask_rows")
         if rows is not None and len(rows) and not bool(rows.any(dim=-1).all()):
             raise InspectorError(f"{name}: layer {layer} has a mask row that allows no key")

@@ -477,12 +477,10 @@ def _compare_job(settings: dict):
 
     def job(source):
         from ...core.compare import compare
-        from ...core.errors import InspectorError
 
-        lm = getattr(source, "lm", None)
-        if lm is None:
-            raise InspectorError("load a model first: comparing decodings needs a live model, not a trace")
-        return compare(lm, prompt_ids=list(source.prompt_ids), **settings)
+        source.live.require("compare")  # a trace says why not, in one line
+        assert source.lm is not None  # a source whose live allows "compare" has its model
+        return compare(source.lm, prompt_ids=list(source.prompt_ids), **settings)
 
     return job
 
