@@ -35,7 +35,8 @@ from .errors import InspectorError, check_index
 from .live import Live
 
 if TYPE_CHECKING:
-    from .edits import CompiledEdits
+    from .decoding import Decoding
+    from .edits import CompiledEdits, MaskEdit
     from .kv_layout import KVLayout
     from .models import LoadedModel
     from .step import Step
@@ -116,7 +117,8 @@ class RunSource:
     read_only: bool = True
     unverified: str | None = None  # why the model's fidelity self-test failed (loaded with --unverified), or None
     lm: LoadedModel | None = None  # the loaded model the run ran on, or None (a trace file)
-    kv_policy = None  # the KV cache policy (core.kvlab) this run's forwards run under, or None
+    # the KV cache policy this run's forwards ran under (core.kvlab's, or a trace's stored one), or None
+    kv_policy: Any = None
     head_edits: Sequence = ()  # knock-outs and patches (core.edits.HeadEdit) the run's forwards ran under
 
     if TYPE_CHECKING:  # the primitives each source implements (module docstring), typed for the reader
@@ -141,6 +143,19 @@ class RunSource:
         def prompt_ids(self) -> list[int]: ...
         @property
         def steps_done(self) -> list[Step]: ...
+
+        prompt: str
+        decoding: Decoding
+        seed: int | None
+
+        @property
+        def mask_edits(self) -> list[MaskEdit]: ...
+        @property
+        def text(self) -> str: ...
+        @property
+        def cache_dtype(self) -> str: ...
+        @property
+        def finished(self) -> str | None: ...
         def label(self, token_id: int) -> str: ...
 
     @property

@@ -80,8 +80,10 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
             tensors[f"layers.{layer}.mask_rows"] = m  # (n, T) or (n, H, T) bool
         bias = source.score_bias(layer)
         if bias is not None and bias.form == "alibi":
+            assert bias.ref is not None  # an alibi form carries its reference positions
             tensors[f"layers.{layer}.bias_ref"] = bias.ref[:t].float().numpy()  # (T,)
         elif bias is not None:
+            assert bias.rows is not None  # a key form carries its rows
             tensors[f"layers.{layer}.bias_rows"] = bias.rows[:, :t].float().numpy()  # (H, T)
         if derived:
             for kind in ("scores", "masked_scores", "probs"):
@@ -111,7 +113,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "steps": json.dumps(step_meta),
         "scaling": json.dumps([source.scaling(layer) for layer in range(L)]),
         "softcap": json.dumps([source.softcap(layer) for layer in range(L)]),
-        "sinks": json.dumps([None if source.sink(layer) is None else source.sink(layer).tolist() for layer in range(L)]),
+        "sinks": json.dumps([None if (sk := source.sink(layer)) is None else sk.tolist() for layer in range(L)]),
         "score_bias": json.dumps([_bias_meta(source.score_bias(layer)) for layer in range(L)]),
         "unverified": source.unverified or "",
         "shape": json.dumps({**{k: getattr(source, k) for k in SHAPE_FIELDS}, "cache_dtype": source.cache_dtype,
@@ -288,7 +290,7 @@ class Trace(RunSource):
         for s in meta["steps"]:
             for tid, lab in s.get("top", ()):
                 self._labels.setdefault(tid, lab)
-        self.steps_done = [self._step(i, s) for i, s in enumerate(meta["steps"])]
+        self.steps_done: list[Step] = [self._step(i, s) for i, s in enumerate(meta["steps"])]
         if meta.get("kv_policy") is not None:  # a KV lab policy run: its evictions replay on every reader
             self.kv_policy = _StoredPolicy(meta["kv_policy"], [tensors[f"layers.{i}.evicted_at"]
                                            for i in range(self.n_layers)], tensors["kv_policy.bytes"])  # fmt: skip

@@ -133,16 +133,16 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
     out["sampler"] = _json(name, meta, "sampler", dict) if "sampler" in meta else None  # older files: none
     for key, cls, what in (("mask_edits", MaskEdit, "mask edit"), ("head_edits", HeadEdit, "head edit")):
         raw = _json(name, meta, key, list) if key in meta or key == "mask_edits" else []  # older files: no head edits
-        edits = [cls.from_json(e) if isinstance(e, dict) else _bad(name, key) for e in raw]
-        for e in edits:  # a mask edit's layer may be None (every layer), a head edit's never is
-            if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
-                raise InspectorError(f"{name}: {what} {e.to_json()} is outside the model's layers or heads")
+        edits = [cls.from_json(x) if isinstance(x, dict) else _bad(name, key) for x in raw]
+        for ed in edits:  # a mask edit's layer may be None (every layer), a head edit's never is
+            if (ed.layer is not None and not 0 <= ed.layer < L) or (ed.head is not None and not 0 <= ed.head < H):
+                raise InspectorError(f"{name}: {what} {ed.to_json()} is outside the model's layers or heads")
             # positions and token ids become tensor indices: a huge one overflowed in torch, not here
-            if isinstance(e, MaskEdit) and not 0 <= e.key <= e.query < shape["context_length"]:
-                raise InspectorError(f"{name}: mask edit at ({e.query}, {e.key}) is outside the model's context")
-            if isinstance(e, HeadEdit) and e.patch_from is not None and not all(0 <= t < V for t in e.patch_from):
+            if isinstance(ed, MaskEdit) and not 0 <= ed.key <= ed.query < shape["context_length"]:
+                raise InspectorError(f"{name}: mask edit at ({ed.query}, {ed.key}) is outside the model's context")
+            if isinstance(ed, HeadEdit) and ed.patch_from is not None and not all(0 <= t < V for t in ed.patch_from):
                 raise InspectorError(f"{name}: a head edit patches from token ids outside the vocabulary")
-        out[key] = [e.to_json() for e in edits]
+        out[key] = [ed.to_json() for ed in edits]
     labels = _json(name, meta, "token_labels", list)
     steps = _json(name, meta, "steps", list)
     scaling = _json(name, meta, "scaling", list)
@@ -202,12 +202,12 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
             (need if v1 else optional)[f"layers.{layer}.{n}"] = (s, "F32")
         rows = header.get(f"layers.{layer}.mask_positions")
         if rows is not None and not v1:
-            n = rows[0][0] if len(rows[0]) == 1 else -1
-            if n < 0 or n > T:
+            n_rows = rows[0][0] if len(rows[0]) == 1 else -1
+            if n_rows < 0 or n_rows > T:
                 raise InspectorError(f"{name}: tensor 'layers.{layer}.mask_positions' has shape {rows[0]}")
-            need[f"layers.{layer}.mask_positions"] = ((n,), "I64")
+            need[f"layers.{layer}.mask_positions"] = ((n_rows,), "I64")
             per_head = len(header.get(f"layers.{layer}.mask_rows", ((),))[0]) == 3
-            need[f"layers.{layer}.mask_rows"] = ((n, H, T) if per_head else (n, T), "BOOL")
+            need[f"layers.{layer}.mask_rows"] = ((n_rows, H, T) if per_head else (n_rows, T), "BOOL")
         bias = biases[layer] if not v1 else None
         if bias is not None and bias["form"] == "alibi":
             need[f"layers.{layer}.bias_ref"] = ((T,), "F32")
