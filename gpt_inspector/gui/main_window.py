@@ -206,8 +206,8 @@ class MainWindow(DockLayout, QMainWindow):
         self.st_time = QLabel("")
         # why the last run stopped stays until the next step or run (a toast was gone before it was read);
         # permanent, so that other messages do not hide it, and elided, so that it never widens the window
-        self.st_stopped = ElidedLabel("", objectName="run_stopped", styleSheet="color: #ffb84f;", visible=False)
-        # the run's name and why it stopped take their text's width, up to a cap, never the rest: at
+        self.st_stopped = ElidedLabel("", objectName="run_stopped", styleSheet="color: #ffb84f;")
+        # the run's name and why it stopped (empty: none) take their text's width, up to a cap, never the rest: at
         # 1366 px two expanding labels left a message ("Loaded …") 296 px, cut in the middle of a word
         for lab, cap in ((self.st_run, 260), (self.st_stopped, 420)):
             lab.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
@@ -478,7 +478,6 @@ class MainWindow(DockLayout, QMainWindow):
 
     def _run_stopped(self, reason: str) -> None:
         self.st_stopped.setText(f"Run stopped: {reason}")
-        self.st_stopped.show()
 
     def _posted(self, command) -> None:
         if isinstance(command, (Show, SwitchRun, CloseRun, Load, Restore, NewSession, OpenTrace, Step, Run, Restart)):
@@ -490,7 +489,6 @@ class MainWindow(DockLayout, QMainWindow):
             command, (Step, StepBack, Run, Restart, NewSession, Load, Restore, ForceToken, OpenTrace, Show, SwitchRun)
         ):
             self.st_stopped.setText("")
-            self.st_stopped.hide()  # its room goes back to the messages
 
     def _busy(self, text: str) -> None:
         if text:
