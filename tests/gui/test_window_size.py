@@ -237,7 +237,7 @@ def _check(m, avail, what):
 SCALED = [(size, 1) for size in SIZES] + [((1366, 768), 2), ((2560, 1440), 2)]
 
 
-@pytest.mark.parametrize("size,scale", SCALED, ids=[f"{w}x{h}@{k}" for (w, h), k in SCALED])
+@pytest.mark.parametrize("size,scale", SCALED, ids=[f"{w}x{h}_scale{k}" for (w, h), k in SCALED])
 def test_first_and_maximised_windows_fit_the_screen_in_every_workspace(tmp_path, size, scale):
     r = _run_on_screen(tmp_path, *size, scale)
     assert r["dpr"] == scale
