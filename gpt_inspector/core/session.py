@@ -14,10 +14,11 @@ from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit
 from .errors import Cancelled, InspectorError, StepFailed, check_index
 from .forward import Run, crop_cache, forward_with_rollback, interrupts_deferred, undo
+from .live import Live
 from .models import LoadedModel
 from .recipe_check import MAX_RECOMPUTES, RECIPE_FORMAT, check_recipe, compact_ops, edit_shape, push_op
 from .recompute import EditingMixin, MaskEditReport
-from .source import Live, ModelShape, RunRecords, RunSource, model_refusals
+from .source import ModelShape, RunRecords, RunSource, model_refusals
 from .step import TOP_N, Step, TopEntry
 
 # head outputs kept for the newest 128 to 256 positions (see Session._window_outputs)

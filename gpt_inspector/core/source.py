@@ -10,8 +10,8 @@ policy). Each implements only the primitives:
   ``decoding``, ``mask_edits``, ``seed``, and ``label(token_id)`` for readable token text;
 - ``records``: a ``RunRecords``, what the model's attention function received or produced per layer (queries, keys,
   values, head outputs, mask rows, edits, scaling, soft-cap, sinks, score bias);
-- ``live``: a ``Live``, what can be executed on the source (stepping, the cache probe, the
-  recompute of head outputs it did not keep, the logit lens, the KV lab), each refusal one line;
+- ``live``: a ``Live``, what can be executed on the source (stepping, the cache probe, the recompute of
+  head outputs it did not keep, the logit lens, the KV lab, a comparison of decodings), each refusal one line;
 - ``lm``, the loaded model, or None (a trace); optionally ``unverified`` (why the load's fidelity self-test could
   not vouch for the numbers) and ``kv_policy`` (core.kvlab's policy the forwards ran under).
 
@@ -23,8 +23,7 @@ never in a second adapter.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
@@ -33,53 +32,14 @@ import torch
 from . import attention as eq
 from .edits import allowed_rows
 from .errors import InspectorError, check_index
+from .live import Live
 
 if TYPE_CHECKING:
-    from .edits import CompiledEdits
+    from .decoding import Decoding
+    from .edits import CompiledEdits, MaskEdit
     from .kv_layout import KVLayout
     from .models import LoadedModel
     from .step import Step
-
-# what a source may be able to execute, and how a refusal names it
-CAPABILITIES: dict[str, str] = {
-    "step": "stepping",
-    "probe": "the cache probe",
-    "recompute": "recomputing the head outputs the run did not keep",
-    "lens": "the logit lens",
-    "kvlab": "the KV cache lab",
-}
-
-
-@dataclass(frozen=True)
-class Live:
-    """What can be executed on a run source: every capability in ``CAPABILITIES`` but the refused
-    ones, each refusal the one line a front end shows. Qt-free and small: snapshots carry it."""
-
-    refused: Mapping[str, str] = field(default_factory=dict)  # capability -> why not
-
-    def __post_init__(self) -> None:
-        unknown = set(self.refused) - set(CAPABILITIES)
-        if unknown:
-            raise ValueError(f"unknown capabilities {sorted(unknown)}; known: {list(CAPABILITIES)}")
-
-    @classmethod
-    def nothing(cls, why: str) -> Live:
-        """A source on which nothing runs (a trace file): every refusal says ``why``."""
-        return cls({c: f"{name} needs a live session: {why}" for c, name in CAPABILITIES.items()})
-
-    def can(self, what: str) -> bool:
-        if what not in CAPABILITIES:
-            raise ValueError(f"unknown capability {what!r}; known: {list(CAPABILITIES)}")
-        return what not in self.refused
-
-    def why_not(self, what: str) -> str | None:
-        """The one-line reason ``what`` cannot run here, or None where it can."""
-        return None if self.can(what) else self.refused[what]
-
-    def require(self, what: str) -> None:
-        """Raise ``InspectorError`` with the one-line reason where ``what`` cannot run here."""
-        if not self.can(what):
-            raise InspectorError(self.refused[what])
 
 
 @runtime_checkable
@@ -157,7 +117,8 @@ class RunSource:
     read_only: bool = True
     unverified: str | None = None  # why the model's fidelity self-test failed (loaded with --unverified), or None
     lm: LoadedModel | None = None  # the loaded model the run ran on, or None (a trace file)
-    kv_policy = None  # the KV cache policy (core.kvlab) this run's forwards run under, or None
+    # the KV cache policy this run's forwards ran under (core.kvlab's, or a trace's stored one), or None
+    kv_policy: Any = None
     head_edits: Sequence = ()  # knock-outs and patches (core.edits.HeadEdit) the run's forwards ran under
 
     if TYPE_CHECKING:  # the primitives each source implements (module docstring), typed for the reader
@@ -182,6 +143,19 @@ class RunSource:
         def prompt_ids(self) -> list[int]: ...
         @property
         def steps_done(self) -> list[Step]: ...
+
+        prompt: str
+        decoding: Decoding
+        seed: int | None
+
+        @property
+        def mask_edits(self) -> list[MaskEdit]: ...
+        @property
+        def text(self) -> str: ...
+        @property
+        def cache_dtype(self) -> str: ...
+        @property
+        def finished(self) -> str | None: ...
         def label(self, token_id: int) -> str: ...
 
     @property

@@ -21,15 +21,32 @@ import numpy as np
 import torch
 
 from . import decoding, outfile
-from .attention import ScoreBias
+from .attention import ScoreBias, expand_kv
 from .edits import HeadEdit, MaskEdit, compile_edits
 from .errors import InspectorError
-from .source import Live, RunRecords, RunSource, to_numpy
+from .live import Live
+from .source import RunRecords, RunSource, to_numpy
 from .step import TOP_N, Step
 from .trace_check import ITEMSIZE, SHAPE_FIELDS, check_plausible_size, validate_header, validate_values
 
 FORMAT = "gpt-inspector-trace/2"
+NEVER = torch.iinfo(torch.long).max  # a policy run's evicted_at of an entry still held (core.kvlab's convention)
 FORMAT_V1 = "gpt-inspector-trace/1"
+
+
+def save_refusal(source: RunSource) -> str | None:
+    """Why ``source`` cannot be saved as a trace, in one line, or None where it can (a front end
+    asks before offering Save)."""
+    if source.cache_length == 0:
+        return "nothing to save: run a step first"
+    policy = source.kv_policy
+    if policy is not None and policy.kind != "eviction":
+        # a quantized row's error is measured against the model's full-precision cache, which a file does not hold
+        return "a KV cache lab run under a quantizing policy cannot be saved as a trace yet; save the reference run"
+    if len(source.attention_layers) != source.n_layers:
+        # the format keeps every layer's q, K and V; a hybrid's state-space layers have none
+        return "traces of hybrid models (layers without attention) are not supported yet"
+    return None
 
 
 def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False) -> Path:
@@ -40,16 +57,10 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
     if path.suffix != ".safetensors":
         raise InspectorError(f"trace files end in .safetensors, got {path.name}")
     outfile.check_target(path)  # a folder, device or link named here is refused before the tensors are gathered
-    t = source.cache_length
-    if t == 0:
-        raise InspectorError("nothing to save: run a step first")
-    if source.kv_policy is not None:
-        # the format has no place for a policy's evictions: a reader would attend to evicted entries
-        raise InspectorError("a KV cache lab run cannot be saved as a trace yet; save the reference run instead")
-    L = source.n_layers
-    if len(source.attention_layers) != L:
-        # the format keeps every layer's q, K and V; a hybrid's state-space layers have none
-        raise InspectorError("traces of hybrid models (layers without attention) are not supported yet")
+    refused = save_refusal(source)
+    if refused is not None:
+        raise InspectorError(refused)
+    t, L, policy = source.cache_length, source.n_layers, source.kv_policy
     tensors: dict[str, np.ndarray] = {"tokens": np.asarray(source.tokens, dtype=np.int64)}
     for layer in range(L):
         for name, x in zip("qkv", source.qkv(layer)):
@@ -69,12 +80,16 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
             tensors[f"layers.{layer}.mask_rows"] = m  # (n, T) or (n, H, T) bool
         bias = source.score_bias(layer)
         if bias is not None and bias.form == "alibi":
+            assert bias.ref is not None  # an alibi form carries its reference positions
             tensors[f"layers.{layer}.bias_ref"] = bias.ref[:t].float().numpy()  # (T,)
         elif bias is not None:
+            assert bias.rows is not None  # a key form carries its rows
             tensors[f"layers.{layer}.bias_rows"] = bias.rows[:, :t].float().numpy()  # (H, T)
         if derived:
             for kind in ("scores", "masked_scores", "probs"):
                 tensors[f"layers.{layer}.{kind}"] = source.attention_rows(layer, 0, t, kind).numpy()  # (H, T, T)
+    if policy is not None:  # a KV lab policy run: when each entry was evicted, and the bytes the policy held
+        tensors.update(_policy_tensors(policy, L, t))
     steps = source.steps_done
     if steps:
         tensors["step_logits"] = np.stack([s.logits.float().numpy() for s in steps])  # (n_steps, V)
@@ -98,7 +113,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         "steps": json.dumps(step_meta),
         "scaling": json.dumps([source.scaling(layer) for layer in range(L)]),
         "softcap": json.dumps([source.softcap(layer) for layer in range(L)]),
-        "sinks": json.dumps([None if source.sink(layer) is None else source.sink(layer).tolist() for layer in range(L)]),
+        "sinks": json.dumps([None if (sk := source.sink(layer)) is None else sk.tolist() for layer in range(L)]),
         "score_bias": json.dumps([_bias_meta(source.score_bias(layer)) for layer in range(L)]),
         "unverified": source.unverified or "",
         "shape": json.dumps({**{k: getattr(source, k) for k in SHAPE_FIELDS}, "cache_dtype": source.cache_dtype,
@@ -107,6 +122,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         **({} if source.kv_layout is None else {"kv_layout": json.dumps(source.kv_layout.to_json())}),
         "finished": source.finished or "",
         "derived": "1" if derived else "0",
+        **({} if policy is None else {"kv_policy": json.dumps({"name": policy.describe(), "kind": "eviction"})}),
         "attn_out_start": str(source.head_output_start),
     }  # fmt: skip
     _write_atomically(path, lambda tmp: save_file({k: np.ascontiguousarray(v) for k, v in tensors.items()},
@@ -127,6 +143,52 @@ def _sampler_meta(source) -> dict:
         shipped = "{}"
     return {"sampler": json.dumps({"shipped": json.loads(shipped), "eos_token_ids": list(sp.eos_token_ids),
                                    "max_length": sp.max_length})}  # fmt: skip
+
+
+def _policy_tensors(policy, n_layers: int, t: int) -> dict[str, np.ndarray]:
+    """A KV lab policy run's cache, read through the policy's public readers: per layer (Hkv, T) int64,
+    the cache length after whose forward each entry was evicted (-1: still held), and (L, T + 1) int64,
+    the bytes the policy's cache held at each length."""
+    out = {"kv_policy.bytes": np.asarray([[policy.cache_bytes(i, n) if n else 0 for n in range(t + 1)]
+                                          for i in range(n_layers)], dtype=np.int64)}  # fmt: skip
+    for layer in range(n_layers):
+        gone = policy.evicted(layer, t)  # (Hkv, T): evicted by the end
+        first = torch.full(gone.shape, t)  # (Hkv, T): the first query row an entry was hidden from (t: none)
+        for p0 in range(0, t, 256):  # blocks of query rows: (Hkv, 256, T) at most
+            rows = policy.evicted_rows(layer, p0, min(p0 + 256, t), t, gone.shape[0])  # (Hkv, n, T) or None
+            if rows is not None:
+                first = torch.minimum(first, torch.where(rows.any(1), rows.int().argmax(1) + p0, t))
+        # an entry evicted after the last forward was hidden from no row: it went at length t
+        out[f"layers.{layer}.evicted_at"] = torch.where(first < t, first, torch.where(gone, t, -1)).numpy()
+    return out
+
+
+class _StoredPolicy:
+    """A saved KV lab policy run's cache, as its trace recorded it: the evictions replay on every
+    row the readers derive (``RunSource.allowed_rows``), and its bytes are the policy's own."""
+
+    kind = "eviction"
+
+    def __init__(self, about: dict, evicted_at: list[torch.Tensor], nbytes: torch.Tensor):
+        self.name = about["name"]
+        self._ev = [torch.where(ev < 0, NEVER, ev) for ev in evicted_at]  # (Hkv, T) each
+        self._bytes = nbytes  # (L, T + 1)
+
+    def describe(self) -> str:
+        return self.name
+
+    def evicted_rows(self, layer: int, p0: int, p1: int, length: int, n_heads: int) -> torch.Tensor | None:
+        """(H, p1 - p0, length) bool: the entries evicted when query rows p0..p1 ran, or None."""
+        ev = self._ev[layer][:, :length]  # (Hkv, length)
+        block = ev[:, None, :] <= torch.arange(p0, p1)[None, :, None]  # (Hkv, n, length)
+        return expand_kv(block, n_heads) if bool(block.any()) else None
+
+    def evicted(self, layer: int, length: int) -> torch.Tensor:
+        """(Hkv, length) bool: the entries the policy's cache no longer held after ``length`` positions."""
+        return self._ev[layer][:, :length] <= length
+
+    def cache_bytes(self, layer: int, length: int) -> int:
+        return int(self._bytes[layer, length])
 
 
 def _bias_meta(bias) -> dict | None:
@@ -228,7 +290,10 @@ class Trace(RunSource):
         for s in meta["steps"]:
             for tid, lab in s.get("top", ()):
                 self._labels.setdefault(tid, lab)
-        self.steps_done = [self._step(i, s) for i, s in enumerate(meta["steps"])]
+        self.steps_done: list[Step] = [self._step(i, s) for i, s in enumerate(meta["steps"])]
+        if meta.get("kv_policy") is not None:  # a KV lab policy run: its evictions replay on every reader
+            self.kv_policy = _StoredPolicy(meta["kv_policy"], [tensors[f"layers.{i}.evicted_at"]
+                                           for i in range(self.n_layers)], tensors["kv_policy.bytes"])  # fmt: skip
 
     def _layer_mask_rows(self, layer: int) -> dict[int, torch.Tensor]:
         pos = self._t.get(f"layers.{layer}.mask_positions")

@@ -123,20 +123,26 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
     if L > 4096 or d > 65536 or V > 1 << 24:
         raise InspectorError(f"{name}: implausible shape {shape}")
     out["shape"] = shape
+    out["kv_policy"] = None  # a KV lab policy run: its name; its evictions are tensors
+    if "kv_policy" in meta:
+        about = _json(name, meta, "kv_policy", dict)
+        if not isinstance(about.get("name"), str) or len(about["name"]) > MAX_NAME or about.get("kind") != "eviction":
+            raise InspectorError(f"{name}: metadata 'kv_policy' is malformed")
+        out["kv_policy"] = {"name": about["name"]}
     out["decoding"] = _json(name, meta, "decoding", dict)
     out["sampler"] = _json(name, meta, "sampler", dict) if "sampler" in meta else None  # older files: none
     for key, cls, what in (("mask_edits", MaskEdit, "mask edit"), ("head_edits", HeadEdit, "head edit")):
         raw = _json(name, meta, key, list) if key in meta or key == "mask_edits" else []  # older files: no head edits
-        edits = [cls.from_json(e) if isinstance(e, dict) else _bad(name, key) for e in raw]
-        for e in edits:  # a mask edit's layer may be None (every layer), a head edit's never is
-            if (e.layer is not None and not 0 <= e.layer < L) or (e.head is not None and not 0 <= e.head < H):
-                raise InspectorError(f"{name}: {what} {e.to_json()} is outside the model's layers or heads")
+        edits = [cls.from_json(x) if isinstance(x, dict) else _bad(name, key) for x in raw]
+        for ed in edits:  # a mask edit's layer may be None (every layer), a head edit's never is
+            if (ed.layer is not None and not 0 <= ed.layer < L) or (ed.head is not None and not 0 <= ed.head < H):
+                raise InspectorError(f"{name}: {what} {ed.to_json()} is outside the model's layers or heads")
             # positions and token ids become tensor indices: a huge one overflowed in torch, not here
-            if isinstance(e, MaskEdit) and not 0 <= e.key <= e.query < shape["context_length"]:
-                raise InspectorError(f"{name}: mask edit at ({e.query}, {e.key}) is outside the model's context")
-            if isinstance(e, HeadEdit) and e.patch_from is not None and not all(0 <= t < V for t in e.patch_from):
+            if isinstance(ed, MaskEdit) and not 0 <= ed.key <= ed.query < shape["context_length"]:
+                raise InspectorError(f"{name}: mask edit at ({ed.query}, {ed.key}) is outside the model's context")
+            if isinstance(ed, HeadEdit) and ed.patch_from is not None and not all(0 <= t < V for t in ed.patch_from):
                 raise InspectorError(f"{name}: a head edit patches from token ids outside the vocabulary")
-        out[key] = [e.to_json() for e in edits]
+        out[key] = [ed.to_json() for ed in edits]
     labels = _json(name, meta, "token_labels", list)
     steps = _json(name, meta, "steps", list)
     scaling = _json(name, meta, "scaling", list)
@@ -196,12 +202,12 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
             (need if v1 else optional)[f"layers.{layer}.{n}"] = (s, "F32")
         rows = header.get(f"layers.{layer}.mask_positions")
         if rows is not None and not v1:
-            n = rows[0][0] if len(rows[0]) == 1 else -1
-            if n < 0 or n > T:
+            n_rows = rows[0][0] if len(rows[0]) == 1 else -1
+            if n_rows < 0 or n_rows > T:
                 raise InspectorError(f"{name}: tensor 'layers.{layer}.mask_positions' has shape {rows[0]}")
-            need[f"layers.{layer}.mask_positions"] = ((n,), "I64")
+            need[f"layers.{layer}.mask_positions"] = ((n_rows,), "I64")
             per_head = len(header.get(f"layers.{layer}.mask_rows", ((),))[0]) == 3
-            need[f"layers.{layer}.mask_rows"] = ((n, H, T) if per_head else (n, T), "BOOL")
+            need[f"layers.{layer}.mask_rows"] = ((n_rows, H, T) if per_head else (n_rows, T), "BOOL")
         bias = biases[layer] if not v1 else None
         if bias is not None and bias["form"] == "alibi":
             need[f"layers.{layer}.bias_ref"] = ((T,), "F32")
@@ -209,6 +215,9 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
             need[f"layers.{layer}.bias_rows"] = ((H, T), "F32")
     if n_steps or v1:
         need["step_logits"] = ((n_steps, V), "F32")
+    if out["kv_policy"] is not None:
+        need["kv_policy.bytes"] = ((L, T + 1), "I64")
+        need.update({f"layers.{layer}.evicted_at": ((Hkv, T), "I64") for layer in range(L)})
     for key, (s, dt) in need.items():
         got = header.get(key)
         if got is None:
@@ -278,6 +287,8 @@ def _bad(name: str, key: str):
 
 def validate_values(name: str, t: dict[str, torch.Tensor], meta: dict) -> None:
     V = meta["shape"]["vocab_size"]
+    if "kv_policy.bytes" in t and bool((t["kv_policy.bytes"] < 0).any()):
+        raise InspectorError(f"{name}: the policy's cache bytes are negative")
     tokens = t["tokens"]
     if int(tokens.min()) < 0 or int(tokens.max()) >= V:
         raise InspectorError(f"{name}: token ids outside the vocabulary")
@@ -294,6 +305,9 @@ def validate_values(name: str, t: dict[str, torch.Tensor], meta: dict) -> None:
             bias = t.get(f"layers.{layer}.{part}")
             if bias is not None and not bool(torch.isfinite(bias).all()):
                 raise InspectorError(f"{name}: layer {layer} has a score bias that is not finite")
+        ev = t.get(f"layers.{layer}.evicted_at")  # -1 (held) or the cache length after which it went
+        if ev is not None and bool(((ev < -1) | (ev == 0) | (ev > T)).any()):
+            raise InspectorError(f"{name}: layer {layer} has evictions outside [1, {T}]")
         rows = t.get(f"layers.{layer}.mask_rows")
         if rows is not None and len(rows) and not bool(rows.any(dim=-1).all()):
             raise InspectorError(f"{name}: layer {layer} has a mask row that allows no key")

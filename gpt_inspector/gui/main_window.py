@@ -16,6 +16,7 @@ Extension points for other panels (comparison, probes, math checks):
 
 from __future__ import annotations
 
+import os
 import sys
 import time
 from dataclasses import replace
@@ -29,6 +30,7 @@ from PySide6.QtWidgets import (
     QMessageBox,
     QProgressBar,
     QProgressDialog,
+    QSizePolicy,
     QToolBar,
     QWidget,
 )
@@ -87,6 +89,7 @@ class MainWindow(DockLayout, QMainWindow):
     snapshot_changed = Signal(object)  # Snapshot, after every view showed it
     panel_revealed = Signal(object)  # a dock's widget, when its dock comes to the front (tab chosen, shown)
     selection_changed = Signal(int, int, int)  # layer, head, query (-1: follow the newest)
+    loaded_message = ""  # the status bar's last "Loaded …" line
 
     def __init__(self, restore_layout: bool = True):
         super().__init__()
@@ -204,6 +207,11 @@ class MainWindow(DockLayout, QMainWindow):
         # why the last run stopped stays until the next step or run (a toast was gone before it was read);
         # permanent, so that other messages do not hide it, and elided, so that it never widens the window
         self.st_stopped = ElidedLabel("", objectName="run_stopped", styleSheet="color: #ffb84f;")
+        # the run's name and why it stopped (empty: none) take their text's width, up to a cap, never the rest: at
+        # 1366 px two expanding labels left a message ("Loaded …") 296 px, cut in the middle of a word
+        for lab, cap in ((self.st_run, 260), (self.st_stopped, 420)):
+            lab.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
+            lab.setMaximumWidth(cap)
         sb.addWidget(self.st_busy)
         sb.addWidget(self.st_progress)
         for w in (
@@ -503,7 +511,11 @@ class MainWindow(DockLayout, QMainWindow):
         if spec is not None:
             self.session_panel.set_model_spec(spec)
             self.session_panel.remember_model(spec.model)
-        self.statusBar().showMessage(f"Loaded {info['describe']}", 8000)
+        name, _, rest = info["describe"].partition(": ")
+        if os.sep in name and os.path.isabs(name):  # a local folder: its name, not the whole path
+            name = os.path.basename(name.rstrip(os.sep)) or name
+        self.loaded_message = f"Loaded {name}: {rest}"
+        self.statusBar().showMessage(self.loaded_message, 8000)
 
     def _command_done(self, serial: int) -> None:
         confirm = self._confirm.pop(serial, None)

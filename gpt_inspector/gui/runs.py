@@ -17,6 +17,8 @@ from dataclasses import dataclass
 from PySide6.QtCore import QSignalBlocker, Qt
 from PySide6.QtWidgets import QLabel, QMessageBox, QTabBar, QToolBar
 
+from ..core.trace import save_refusal
+
 LIVE_NAME = "Live session"
 
 
@@ -51,12 +53,7 @@ class Run:
     def info(self) -> RunInfo:
         o = self.obj
         read_only = not o.live.can("step")
-        if o.kv_policy is not None:  # the trace format has no place for a policy's evictions
-            refused = "a KV cache lab policy run cannot be saved as a trace yet; save the reference run instead"
-        elif o.cache_length == 0:
-            refused = "nothing to save: run a step first"
-        else:
-            refused = None
+        refused = save_refusal(o)  # a live session, a beam, a policy run, a trace: core says which it cannot
         prompt = o.prompt if len(o.prompt) <= 40 else o.prompt[:39] + "…"
         detail = f"{self.name}: {o.source_name}, “{prompt}”, {o.n_steps} steps" + (" (read-only)" if read_only else "")
         return RunInfo(self.id, self.name, self.live, read_only, refused, detail)

@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 import numpy as np
 
 from ..core.capture import HeadEdit, MaskEdit
-from ..core.source import Live
+from ..core.live import Live
 from ..core.step import Step
 
 __all__ = ["KVCachePart", "MaskPart", "MaskReportInfo", "OverviewPart", "QKVPart", "QueryRowPart",

@@ -1,11 +1,13 @@
-"""A guided tour of one step: tokens → Q/K/V → raw scores → scaled → masked → softmax → weighted V →
-next token → the cache grows, each stage on the real panel (its dock raised and framed) with the
-numbers of the session shown.
+"""A guided tour of one step of the seed tutorial ("She eats apple" on the demo model, beams 2):
+tokens → Q/K/V → raw scores → scaled → masked → softmax → weighted V → next token → two beams →
+the cache grows, each stage on the real panel (its dock raised and framed) with the numbers of the
+session shown.
 
 Help ▸ Tour starts it; the first start offers it once, on a card (a persisted setting). Keys, while the tour's
 card has the focus: → / Enter next, ← / Backspace back, Esc ends it. The tour drives the window
 only through what a user could do: the stage buttons' selection, Step (F10) for the prefill when
-nothing has run yet and once more for "the cache grows".
+nothing has run yet and once more for "the cache grows", and the Compare decoding panel's own
+controls (2 beams, 2 returned, 3 new tokens, Compare) for the beam search.
 """
 
 from __future__ import annotations
@@ -103,7 +105,32 @@ def _next(tour, s, j) -> str:
     second = f" The runner-up is “{html.escape(kept[1].label)}” (p = {kept[1].prob:.4f})." if len(kept) > 1 else ""
     return (f"After the last layer the newest position's logits, through softmax, give every token a probability. "
             f"Greedy decoding chose <b>“{html.escape(st.label)}” with p = {st.prob:.4f}</b> (entropy "
-            f"{st.entropy:.3f} nats).{second} Tools ▸ Compare decoding sets this beside beam search (2 beams).")  # fmt: skip
+            f"{st.entropy:.3f} nats).{second} Greedy keeps only the single likeliest token; next, beam search "
+            f"keeps {BEAMS}.")  # fmt: skip
+
+
+BEAMS = 2  # the seed tutorial's beam search
+BEAM_TOKENS = 3  # new tokens it runs for: enough for two beams to part
+
+
+def _beams(tour, s, j) -> str:
+    r = tour.beam_result()
+    if r is None and tour.beams_asked and tour.win.compare_panel.run_button.isEnabled():
+        why = html.escape(tour.win.compare_panel.summary.text().split(">", 1)[-1].split("<", 1)[0])
+        return f"Beam search with {BEAMS} beams could not run here: {why}"
+    if r is None:
+        return f"Running beam search with {BEAMS} beams on the prompt (Compare decoding)…"
+    rows = []
+    for i, b in enumerate(r.beams):
+        chips = "".join(f"[{html.escape(lab)}]" for lab in b["tokens"])
+        rows.append(f"beam {i + 1}: {chips} <b>score = {b['score']:.4f}</b>")
+    greedy = "".join(f"[{html.escape(lab)}]" for lab in r.greedy["tokens"])
+    pen = r.settings["length_penalty"]
+    return (f"Beam search with <b>{BEAMS} beams</b> keeps the {BEAMS} likeliest continuations at every step "
+            f"instead of one: each is extended by every token, and the {BEAMS} best sums of log p survive. "
+            f"After {BEAM_TOKENS} new tokens (score = Σ log p / length<sup>{pen:g}</sup>):<br>"
+            + "<br>".join(rows) + f"<br>greedy: {greedy}. The table and the tree below show every step; "
+            "Inspect beam opens one as a run of its own.")  # fmt: skip
 
 
 def _grows(tour, s, j) -> str:
@@ -128,7 +155,8 @@ STAGES = (
     Stage("softmax", "6 · Softmax", "probs", _softmax),
     Stage("qkv", "7 · Weighted V", "probs", _weighted),
     Stage("next", "8 · Next token", None, _next),
-    Stage("kv", "9 · The cache grows", None, _grows),
+    Stage("panel_compare_decoding", "9 · Two beams", None, _beams),
+    Stage("kv", "10 · The cache grows", None, _grows),
 )
 NEXT_KEYS = (Qt.Key.Key_Right, Qt.Key.Key_Return, Qt.Key.Key_Enter)
 BACK_KEYS = (Qt.Key.Key_Left, Qt.Key.Key_Backspace)
@@ -178,6 +206,7 @@ class Tour(QObject):
         self.win = win
         self.index = -1
         self.before: tuple[int, int] | None = None  # (T, cache bytes) before the tour's "cache grows" step
+        self.beams_asked = False  # the tour clicked Compare for its beam search
         self.kind_before = win.selection.kind
         self.frame = QFrame(win, objectName="tour_frame")
         self.frame.setStyleSheet(
@@ -189,6 +218,7 @@ class Tour(QObject):
         self.card.hide()
         self.dock = None
         win.snapshot_changed.connect(self._refresh)
+        win.compare_panel.result_shown.connect(self._refresh)  # the tour's beam search came back
         win.installEventFilter(self)
 
     @property
@@ -232,6 +262,8 @@ class Tour(QObject):
         st = STAGES[i]
         if st.kind is not None and self.win.selection.kind != st.kind:
             self.win.controller.select(kind=st.kind)
+        if st.text is _beams and self._ready() and self.beam_result() is None:
+            self._run_beams()
         if i == len(STAGES) - 1 and self.before is None and self.can_step() and self._ready():
             s = self.win.snapshot
             self.before = (s.T, sum(s.kv_bytes))
@@ -269,6 +301,27 @@ class Tour(QObject):
         if self.win.selection.kind != self.kind_before:
             self.win.controller.select(kind=self.kind_before)
         self.index = -1
+
+    def beam_result(self):
+        """The Compare panel's result when it is the tour's search on the prompt shown, else None."""
+        r, s = self.win.compare_panel.result, self.win.snapshot
+        if r is None or s is None or list(r.prompt_ids) != list(s.token_ids[: s.prompt_len]):
+            return None
+        return r if r.settings["num_beams"] == BEAMS and len(r.beams) == BEAMS else None
+
+    def _run_beams(self) -> None:
+        """What a user would do: the panel's controls set to 2 beams, 2 returned, 3 tokens, then Compare."""
+        panel = self.win.compare_panel
+        if not panel.run_button.isEnabled():
+            return  # a comparison is on its way
+        panel.sample.setChecked(False)
+        panel.beams.setValue(BEAMS)
+        panel.returns.setValue(BEAMS)
+        panel.new_tokens.setValue(BEAM_TOKENS)
+        panel.length_penalty.setValue(1.0)
+        panel.early.setCurrentText("False")
+        panel.run_button.click()
+        self.beams_asked = True
 
     def _ready(self) -> bool:
         s = self.win.snapshot

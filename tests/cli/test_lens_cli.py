@@ -25,6 +25,8 @@ def test_lens_json_matches_the_api(tiny_dir, capsys):
     assert main(argv) == 0
     text = capsys.readouterr().out
     assert "p(chosen)" in text and "heads pushing it most" in text
+    # counted from 1, as the window's status bar counts: the third token chosen is step 3
+    assert f"step 3 (position {s.steps_done[-1].position}) chose" in text
 
 
 def test_knock_out_from_the_cli(tiny_dir, capsys):

@@ -330,12 +330,36 @@ def test_an_interrupt_anywhere_in_a_lab_step_leaves_the_lab_as_it_was(name, opts
         assert torch.equal(lab.run.keys(layer), clean.run.keys(layer))
 
 
-def test_a_lab_run_is_not_saved_as_a_trace_that_would_forget_its_evictions(tiny_lm, tmp_path):
-    lab = KVLab(tiny_lm("gpt2"), PROMPT, make("h2o", 5))
+@pytest.mark.parametrize("family", ["gpt2", "llama"])
+def test_a_lab_run_saves_as_a_trace_that_replays_its_evictions(family, tiny_lm, tmp_path):
+    lm = tiny_lm(family)
+    lab = KVLab(lm, PROMPT, make("h2o", 5))
     lab.run_steps(3)
-    with pytest.raises(InspectorError, match="cannot be saved as a trace"):
-        lab.run.save_trace(tmp_path / "t.safetensors")
-    lab.reference.save_trace(tmp_path / "r.safetensors")
+    run = lab.run
+    saved = gi.load_trace(run.save_trace(tmp_path / "t.safetensors"))
+    t = run.cache_length
+    assert saved.cache_length == t and saved.kv_policy.describe() == lab.policy.describe()
+    gone = 0
+    for layer in range(lm.n_layers):
+        # softmax over the keys the reopened trace allows, times V (float64, written out here), is the
+        # head output the model's attention returned under the policy
+        q, k, v = (torch.as_tensor(x, dtype=torch.float64) for x in saved.qkv(layer))  # (H, T, d), (Hkv, T, d) x2
+        rep = saved.n_heads // saved.n_kv_heads
+        scores = q @ k.repeat_interleave(rep, 0).transpose(1, 2) * saved.scaling(layer)  # (H, T, T)
+        p = torch.softmax(scores.masked_fill(~saved.allowed_rows(layer, 0, t), float("-inf")), -1)
+        start = run.head_output_start
+        want = run.head_outputs(layer)[:, start:].double()  # (H, T - start, d)
+        assert torch.allclose((p @ v.repeat_interleave(rep, 0))[:, start:], want, atol=1e-5)
+        assert torch.equal(saved.kv_policy.evicted(layer, t), lab.policy.evicted(layer, t))
+        assert [saved.kv_cache_bytes(layer, n) for n in range(1, t + 1)] == [
+            run.kv_cache_bytes(layer, n) for n in range(1, t + 1)
+        ]
+        gone += int(lab.policy.evicted(layer, t).sum())
+    assert gone > 0  # the budget dropped entries: the check above saw them masked
+    quant = KVLab(lm, PROMPT, make("int2", None, group=4, residual=2))
+    quant.run_steps(1)
+    with pytest.raises(InspectorError, match="quantizing policy cannot be saved as a trace"):
+        quant.run.save_trace(tmp_path / "q.safetensors")
 
 
 @pytest.mark.parametrize("excess", [1, 3])

@@ -14,9 +14,10 @@ import gpt_inspector as gi
 from gpt_inspector.core.beams import BeamSearch
 from gpt_inspector.core.errors import InspectorError
 from gpt_inspector.core.kvlab import KVLab, make
+from gpt_inspector.core.live import CAPABILITIES, Live
 from gpt_inspector.core.mathcheck import check, check_all
 from gpt_inspector.core.probe import probe_session
-from gpt_inspector.core.source import CAPABILITIES, Live, RunRecords, RunSource
+from gpt_inspector.core.source import RunRecords, RunSource
 
 PROMPT = "The cat sat on the mat. One two three"
 
@@ -53,9 +54,9 @@ def test_every_source_offers_its_records_through_the_protocol(kinds):
 # what each kind of source can run; the rest is refused in one line
 CAN = {
     "session": set(CAPABILITIES),
-    "beam": {"probe"},
+    "beam": {"probe", "compare"},
     "trace": set(),
-    "policy run": {"step", "kvlab"},
+    "policy run": {"step", "kvlab", "compare"},
 }
 
 

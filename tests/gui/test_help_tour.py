@@ -31,6 +31,7 @@ from PySide6.QtWidgets import (
 )
 
 import gpt_inspector as gi
+from gpt_inspector.core.tokens import token_label
 from gpt_inspector.gui import help as gui_help
 from gpt_inspector.gui import settings
 from gpt_inspector.gui import tour as gui_tour
@@ -215,6 +216,15 @@ def test_colour_bars_on_every_heatmap_and_kv_heads_labelled(demo, wait_idle):
     assert f"(kv head {kvh})" in win.qkv.title.text()
 
 
+def hf_beams(lm, ids):
+    """transformers' own beam search with the tour's settings: 2 beams, 2 returned, 3 new tokens."""
+    x = torch.tensor([list(ids)])
+    with torch.no_grad():
+        return lm.model.generate(x, attention_mask=torch.ones_like(x), do_sample=False, num_beams=2,
+                                 num_return_sequences=2, max_new_tokens=3, output_scores=True,
+                                 return_dict_in_generate=True)  # fmt: skip
+
+
 def _stage_text(win) -> str:
     """The card's text as it reads (its HTML without the tags)."""
     return re.sub(r"<[^>]+>", "", win.tour.card.body.text())
@@ -257,16 +267,22 @@ def test_tour_walked_with_keys(window_on, demo_lm, wait_idle, qtbot, dialogs):
     assert shown == pytest.approx(o, abs=2e-3)
     first = s.steps_done[0]
     assert f"“{first.label}” with p = {first.prob:.4f}" in seen[7]
+    # two beams, as transformers' generate(num_beams=2) returns them for three new tokens
+    ref = hf_beams(demo_lm, snap.token_ids[:3])
+    assert win.compare_panel.result.settings["num_beams"] == 2
+    for i, (seq, score) in enumerate(zip(ref.sequences.tolist(), ref.sequences_scores.tolist())):
+        chips = "".join(f"[{token_label(demo_lm.tokenizer, t)}]" for t in seq[3:])
+        assert f"beam {i + 1}: {chips} score = {score:.4f}" in seen[8]
     # the cache grew by the tour's own step: 3 → 4 positions, and the bytes of the cache tensors
     assert snap.T == 4 and snap.n_steps == 2
     before = sum(s.keys(i)[:, :3].numel() * 4 * 2 for i in range(s.n_layers))  # K and V, float32
     after = sum(s.keys(i).numel() * 4 * 2 for i in range(s.n_layers))
-    assert "3 → 4 positions" in seen[8] and f"{before:,} → {after:,} bytes" in seen[8]
+    assert "3 → 4 positions" in seen[9] and f"{before:,} → {after:,} bytes" in seen[9]
     assert t.card.next.text() == "Finish"
     qtbot.keyClick(t.card, Qt.Key.Key_Left)
-    qtbot.waitUntil(lambda: t.card.title.text() == gui_tour.STAGES[7].title, timeout=3000)
-    qtbot.keyClick(t.card, Qt.Key.Key_Right)  # back to the last stage: no second step
     qtbot.waitUntil(lambda: t.card.title.text() == gui_tour.STAGES[8].title, timeout=3000)
+    qtbot.keyClick(t.card, Qt.Key.Key_Right)  # back to the last stage: no second step
+    qtbot.waitUntil(lambda: t.card.title.text() == gui_tour.STAGES[9].title, timeout=3000)
     assert wait_idle(win).n_steps == 2
     qtbot.keyClick(t.card, Qt.Key.Key_Escape)  # ends the tour (not Pause)
     assert not t.active and not t.frame.isVisible() and wait_idle(win).selection.kind == "probs"

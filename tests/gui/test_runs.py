@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 
+import torch
 from PySide6.QtCore import QPointF, Qt
 from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox, QTabBar
 
@@ -150,7 +151,7 @@ def test_closing_the_live_session_asks_first(shown, wait_idle, qtbot, dialogs, m
     assert not win.acts.step.isEnabled() and not win.acts.live_run.isEnabled()
 
 
-def test_the_policy_run_beside_the_live_session(make_window, wait_idle, qtbot, no_dialogs):
+def test_the_policy_run_beside_the_live_session(make_window, wait_idle, qtbot, no_dialogs, monkeypatch, tmp_path):
     win = make_window(prompt=PROMPT)
     for _ in range(2):
         win.score_matrix.setFocus()
@@ -170,9 +171,36 @@ def test_the_policy_run_beside_the_live_session(make_window, wait_idle, qtbot, n
     assert tabs(win) == ["Live session", "KV lab policy run"] and pol.n_steps == 3
     assert "KV lab policy run" in win.windowTitle() and "read-only" not in win.windowTitle()
     assert win.st_run.text() == "KV lab policy run"
-    # it steps (the lab follows), but the trace format has no place for its evictions: Save says why
-    assert win.acts.step.isEnabled() and not win.acts.save.isEnabled()
-    assert "policy run cannot be saved" in win.acts.save.toolTip()
+    # it steps (the lab follows) and saves: Ctrl+S writes it with its evictions
+    assert win.acts.step.isEnabled() and win.acts.save.isEnabled()
+    assert win.acts.save.toolTip() == "Save “KV lab policy run” as a trace file (Ctrl+S)"
+    run = win.worker.runs.shown.obj  # the policy run's session, read after the worker is idle
+    path = tmp_path / "policy.safetensors"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(path), ""))
+    win.score_matrix.setFocus()
+    press(qtbot, win, Qt.Key.Key_S, Qt.KeyboardModifier.ControlModifier)
+    wait_idle(win)
+    assert win.statusBar().currentMessage().startswith(f"Saved trace to {path}")
+    saved = load_trace(path)
+    t = saved.cache_length
+    assert t == run.cache_length and saved.tokens == run.tokens and saved.kv_policy.describe() == "streaming budget 4"
+    evicted = 0
+    for layer in range(saved.n_layers):
+        # the reopened rows mask what the policy had dropped: softmax(q·k) over them, times V, is the
+        # head output the model's attention returned under the policy (stored), computed here in float64
+        q, k, v = (torch.as_tensor(x, dtype=torch.float64) for x in saved.qkv(layer))  # (H, T, d), (Hkv, T, d) x2
+        allowed = saved.allowed_rows(layer, 0, t)  # (H, T, T)
+        rep = saved.n_heads // saved.n_kv_heads
+        scores = q @ k.repeat_interleave(rep, 0).transpose(1, 2) * saved.scaling(layer)  # (H, T, T)
+        p = torch.softmax(scores.masked_fill(~allowed, float("-inf")), -1)
+        out = p @ v.repeat_interleave(rep, 0)  # (H, T, d)
+        start = saved.head_output_start
+        assert torch.allclose(out[:, start:], saved.head_outputs(layer)[:, start:].double(), atol=1e-5)
+        causal = torch.ones(t, t, dtype=torch.bool).tril()
+        evicted += int((causal & ~allowed).sum())
+        assert saved.kv_cache_bytes(layer) == run.kv_cache_bytes(layer)
+    assert evicted > 0  # a budget of 4 over 3 steps of a 7-token prompt dropped entries
+    assert saved.kv_cache_bytes() < saved.kv_kept_bytes()
     # a click on the live session's tab: its two steps, as they were
     click_tab(qtbot, win, "Live session")
     back = wait_idle(win)

@@ -8,8 +8,9 @@ import torch
 
 from .. import decoding
 from ..attention import ScoreBias
+from ..live import Live
 from ..models import LoadedModel
-from ..source import Live, ModelShape, RunRecords, RunSource, model_refusals
+from ..source import ModelShape, RunRecords, RunSource, model_refusals
 from ..step import Step
 
 if TYPE_CHECKING:

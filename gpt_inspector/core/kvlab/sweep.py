@@ -69,7 +69,7 @@ class SweepResult:
             out.append({
                 "policy": policy, "budget": budget, "prompts": len(rows),
                 **{k: float(np.mean([getattr(r, k) for r in rows])) for k in ("bytes_ratio", "bytes_policy", "mean_kl", "agreement")},
-                "recovered_fraction": (float(sum(r.probe_recovered for r in probed) / sum(r.prompt_tokens for r in probed))
+                "recovered_fraction": (float(sum(r.probe_recovered or 0 for r in probed) / sum(r.prompt_tokens for r in probed))
                                        if probed else None),
             })  # fmt: skip
         return out
@@ -83,7 +83,7 @@ def plan(policies: Sequence[str], budgets: Sequence[int | None]) -> list[tuple[s
     """(policy, budget) pairs: each eviction policy at every budget, each quantization once."""
     if not policies:
         raise InspectorError("no policies to sweep")
-    out = []
+    out: list[tuple[str, int | None]] = []
     for name in policies:
         if not registry.takes_budget(name):
             out.append((name, None))
@@ -136,7 +136,7 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
     pool = None
     if jobs == 1 or total == 1:  # in this process, the labs one after the other as a worker runs them
         state = {"lm": lm, "reference": None}
-        got = ((i, _row(state, *args)) for i, *args in work)
+        got = ((w[0], _row(state, *w[1:])) for w in work)
     else:
         import multiprocessing
 
@@ -160,7 +160,7 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
             else:  # Ctrl+C, a cancel from progress() or a worker's error: stop every worker now
                 pool.terminate()
             pool.join()
-    result.rows.extend(rows)
+    result.rows.extend(r for r in rows if r is not None)  # every one, once the loop finished
     return result
 
 

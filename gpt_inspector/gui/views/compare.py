@@ -278,6 +278,7 @@ class ComparePanel(QWidget):
 
     compare_requested = Signal(dict)
     inspect_requested = Signal(int)  # returned sequence r: show it in the main window, read-only
+    result_shown = Signal()  # a comparison came back and is on screen (or its error)
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -368,6 +369,7 @@ class ComparePanel(QWidget):
     def show_error(self, message: str) -> None:
         self.set_busy(False)
         self.summary.setText(f"<span style='color:#ff6b6b'>{_html(message)}</span>")
+        self.result_shown.emit()
 
     def forget(self, text: str) -> None:
         """Drop the comparison shown: it was made on a session the window no longer shows."""
@@ -443,6 +445,7 @@ class ComparePanel(QWidget):
         if total > want:
             self.split.setSizes([want, total - want])
         self.tree.fit()  # the splitter just gave the tree its size
+        self.result_shown.emit()
 
     def cell_state(self, row: int, col: int) -> str | None:
         item = self.table.item(row, col)
@@ -477,12 +480,10 @@ def _compare_job(settings: dict):
 
     def job(source):
         from ...core.compare import compare
-        from ...core.errors import InspectorError
 
-        lm = getattr(source, "lm", None)
-        if lm is None:
-            raise InspectorError("load a model first: comparing decodings needs a live model, not a trace")
-        return compare(lm, prompt_ids=list(source.prompt_ids), **settings)
+        source.live.require("compare")  # a trace says why not, in one line
+        assert source.lm is not None  # a source whose live allows "compare" has its model
+        return compare(source.lm, prompt_ids=list(source.prompt_ids), **settings)
 
     return job
 

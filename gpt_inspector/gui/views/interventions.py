@@ -71,10 +71,10 @@ class InterventionsPanel(QWidget):
 
     def set_snapshot(self, snap) -> None:
         self.editable = not snap.read_only
-        self.clear.setEnabled(self.editable and bool(snap.mask_edits or snap.head_edits))
-        rows = [*snap.mask_edits, *(e for e, _ in snap.head_edits)]
-        texts = [describe(e, snap.labels) for e in snap.mask_edits]
-        texts += [describe(e, snap.labels, src) for e, src in snap.head_edits]
+        self.clear.setEnabled(self.editable and bool(snap.mask.mask_edits or snap.mask.head_edits))
+        rows = [*snap.mask.mask_edits, *(e for e, _ in snap.mask.head_edits)]
+        texts = [describe(e, snap.tokens.labels) for e in snap.mask.mask_edits]
+        texts += [describe(e, snap.tokens.labels, src) for e, src in snap.mask.head_edits]
         n = len(rows)
         self.summary.setText(f"{n} intervention{'s' * (n != 1)} in force" if n else "no intervention in force")
         shown = [rows, texts, self.editable]
@@ -104,9 +104,9 @@ def create_panel(window) -> InterventionsPanel:
 
     def clear() -> None:
         snap = window.snapshot
-        if snap is not None and snap.mask_edits:
+        if snap is not None and snap.mask.mask_edits:
             ctl.set_mask_edits(())
-        if snap is not None and snap.head_edits:
+        if snap is not None and snap.mask.head_edits:
             ctl.set_head_edits(())
 
     window.snapshot_changed.connect(panel.set_snapshot)

@@ -66,10 +66,10 @@ KEPT_PEN = "#8a8f99"  # what the inspector keeps beyond the model's cache: grey,
 def cache_bytes_text(snap, layer: int) -> str:
     """The model's cache in bytes, this layer (its window where it keeps one) and all, then what the
     inspector keeps where that is more: short, so the one-line title keeps it at 1366 px."""
-    cached, kept = snap.kv_bytes, snap.kv_kept
-    n = snap.kv_positions[layer] if layer < len(snap.kv_positions) else snap.T
+    cached, kept = snap.kv.kv_bytes, snap.kv.kv_kept
+    n = snap.kv.kv_positions[layer] if layer < len(snap.kv.kv_positions) else snap.T
     window = f" (last {n} positions)" if n < snap.T and cached[layer] else ""
-    whose = "model's" if snap.kv_evicted is None else "policy's"  # a KV cache lab's policy run: its cache
+    whose = "model's" if snap.kv.kv_evicted is None else "policy's"  # a KV cache lab's policy run: its cache
     text = f"{whose} cache {human_bytes(cached[layer])}{window}, {human_bytes(sum(cached))} all layers"
     if len(kept) == len(cached) and sum(kept) > sum(cached):
         text += f" · kept for inspection {human_bytes(kept[layer])}, {human_bytes(sum(kept))} all"
@@ -238,19 +238,19 @@ class KVCacheView(QWidget):
 
     def set_snapshot(self, snap) -> None:
         self.snap = snap
-        self.as_cached.setVisible(snap.kv_cached is not None)
+        self.as_cached.setVisible(snap.kv.kv_cached is not None)
         L = snap.n_layers
         self.laxis.set_count(L)
         layer = snap.selection.layer
-        kvb = np.asarray(snap.kv_bytes, dtype=float)
+        kvb = np.asarray(snap.kv.kv_bytes, dtype=float)
         self.bars.setOpts(x=np.arange(L) + 0.5, height=kvb, width=0.7,
                           brushes=[CHOSEN_BRUSH if i == layer else BAR_BRUSH for i in range(L)])  # fmt: skip
-        hist = np.asarray(snap.kv_history, dtype=float)
+        hist = np.asarray(snap.kv.kv_history, dtype=float)
         self.hcurve.setData(np.arange(len(hist)), hist)
-        kept = np.asarray(snap.kv_kept, dtype=float)
+        kept = np.asarray(snap.kv.kv_kept, dtype=float)
         more = len(kept) == L and bool((kept > kvb).any())  # the inspector keeps more than the model's cache
         self.kept_bars.setOpts(x=np.arange(L) + 0.5 if more else [], height=kept if more else [], width=0.7)
-        kept_hist = np.asarray(snap.kv_kept_history if more else (), dtype=float)
+        kept_hist = np.asarray(snap.kv.kv_kept_history if more else (), dtype=float)
         self.kept_curve.setData(np.arange(len(kept_hist)), kept_hist)
         if more != self._more:  # a title change costs a relayout: only when it says something else
             self._more = more
@@ -263,7 +263,7 @@ class KVCacheView(QWidget):
         if ranges != self._hist_range:
             self._hist_range = ranges
             self.hplot.setRange(xRange=(0, ranges[0]), yRange=(0, ranges[1]), padding=0.05)
-        if snap.kv_k is None:
+        if snap.kv.kv_k is None:
             self.kimg.clear()
             self.vimg.clear()
             self._last = None
@@ -274,24 +274,24 @@ class KVCacheView(QWidget):
             self.title.setText("KV cache: empty (no step yet)")
             return
         self._set_empty(False)
-        if snap.kv_cached is not None and self.as_cached.isChecked():
+        if snap.kv.kv_cached is not None and self.as_cached.isChecked():
             self._show_policy(None, 0, 0, 0)
             self._show_cached(snap)
             return
         self.kplot.setTitle("K cache", size="8pt")
         self.vplot.show()
-        rows, w = snap.kv_k.shape
+        rows, w = snap.kv.kv_k.shape
         t = snap.T  # past the exact limit a row of the image is the mean of kv_block positions
-        wv = snap.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)
-        if self._last is not snap.kv_k:
+        wv = snap.kv.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)
+        if self._last is not snap.kv.kv_k:
             for img, bar, a, width in (
-                (self.kimg, self.bars_kv[0], snap.kv_k, w),
-                (self.vimg, self.bars_kv[1], snap.kv_v, wv),
+                (self.kimg, self.bars_kv[0], snap.kv.kv_k, w),
+                (self.vimg, self.bars_kv[1], snap.kv.kv_v, wv),
             ):
                 img.setImage(a, autoLevels=False, levels=symmetric_levels(a))
-                img.setRect(QRectF(0, 0, width, rows * snap.kv_block))
+                img.setRect(QRectF(0, 0, width, rows * snap.kv.kv_block))
                 bar.setLevels(symmetric_levels(a))
-            self._last = snap.kv_k
+            self._last = snap.kv.kv_k
         heads = max(1, snap.n_kv_heads)
         for ax, width in zip(self.heads_axes, (w, wv)):
             ax.set_heads(heads, width // heads)
@@ -306,10 +306,10 @@ class KVCacheView(QWidget):
             self.shape = (t, w, wv)
         for r, width in zip(self.newest, (w, wv)):
             r.setRect(QRectF(0, t - 1, width, 1))
-        labels = snap.labels[:t]
+        labels = snap.tokens.labels[:t]
         policy_note = self._show_policy(snap, w, wv, heads)
-        if snap.kv_evicted is not None:
-            gone = snap.kv_evicted[snap.kv_head]  # (T,) the selected head's KV head
+        if snap.kv.kv_evicted is not None:
+            gone = snap.kv.kv_evicted[snap.qkv.kv_head]  # (T,) the selected head's KV head
             labels = tuple(EVICTED_LABEL + lab if g else lab for lab, g in zip(labels, gone))
         self.axis.set_labels(labels)
         dims = f"{w // heads} dims" if w == wv else f"{w // heads} dims in K, {wv // heads} in V"
@@ -320,7 +320,7 @@ class KVCacheView(QWidget):
             + f" · {t} positions × {heads} KV heads × {dims}, K and V ({snap.dtype})"
             # K and V of every position, as attention receives them: against what is kept of every position
             + cache_note(kept[layer] if more else kvb[layer], t * (w + wv) * _ITEMSIZE.get(snap.dtype, 4))
-            + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
+            + (f" · rows: means of {snap.kv.kv_block} positions" if snap.kv.kv_block > 1 else "")
             + policy_note
         )
 
@@ -339,8 +339,8 @@ class KVCacheView(QWidget):
 
     def _show_policy(self, snap, w: int, wv: int, heads: int) -> str:
         """Grey and cross each KV head's evicted rows; the error column; returns the title's note."""
-        ev = None if snap is None else snap.kv_evicted  # (Hkv, T) bool
-        err = None if snap is None else snap.kv_error  # (2, Hkv, T)
+        ev = None if snap is None else snap.kv.kv_evicted  # (Hkv, T) bool
+        err = None if snap is None else snap.kv.kv_error  # (2, Hkv, T)
         if ev is None:
             for veil, mark in zip(self.evicted_veils, self.evicted_marks):
                 veil.clear()
@@ -350,7 +350,7 @@ class KVCacheView(QWidget):
             self.ev_curve.setData([], [])
             self._show_error_column(False)
             return ""
-        block, t = snap.kv_block, snap.T
+        block, t = snap.kv.kv_block, snap.T
         share = _pool_share(ev, block)  # (rows, Hkv) in [0, 1]
         rgba = np.zeros((*share.shape, 4), dtype=np.uint8)
         rgba[..., :3] = EVICTED_GREY
@@ -366,26 +366,26 @@ class KVCacheView(QWidget):
             xs = np.stack([x0, x0 + d, x0, x0 + d], 1).ravel()
             ys = np.stack([y0, y0 + 1, y0 + 1, y0], 1).ravel()
             mark.setData(xs, ys)
-        n_gone = int(ev[snap.kv_head].sum())
-        note = f" · KV head {snap.kv_head}: {n_gone} of {t} rows evicted (greyed, ✗)"
+        n_gone = int(ev[snap.qkv.kv_head].sum())
+        note = f" · KV head {snap.qkv.kv_head}: {n_gone} of {t} rows evicted (greyed, ✗)"
         if err is None:
             self._show_error_column(False)
             return note
         self._show_error_column(True)
         ys = np.arange(t) + 0.5
-        self.ek_curve.setData(err[0, snap.kv_head], ys)
-        self.ev_curve.setData(err[1, snap.kv_head], ys)
-        self.eplot.setXRange(0, float(max(err[:, snap.kv_head].max(), 1e-6)), padding=0.05)
-        return (f" · KV head {snap.kv_head} quantization error: keys max {float(err[0, snap.kv_head].max()):.3g}, "
-                f"values max {float(err[1, snap.kv_head].max()):.3g}")  # fmt: skip
+        self.ek_curve.setData(err[0, snap.qkv.kv_head], ys)
+        self.ev_curve.setData(err[1, snap.qkv.kv_head], ys)
+        self.eplot.setXRange(0, float(max(err[:, snap.qkv.kv_head].max(), 1e-6)), padding=0.05)
+        return (f" · KV head {snap.qkv.kv_head} quantization error: keys max {float(err[0, snap.qkv.kv_head].max()):.3g}, "
+                f"values max {float(err[1, snap.qkv.kv_head].max()):.3g}")  # fmt: skip
 
     def _show_cached(self, snap) -> None:
         """The selected layer's cache rows as the model stores them (one image; V's plot hidden)."""
-        a = snap.kv_cached  # (rows, n)
+        a = snap.kv.kv_cached  # (rows, n)
         rows, n = a.shape
         t = snap.T
         self.kimg.setImage(a, autoLevels=False, levels=symmetric_levels(a))
-        self.kimg.setRect(QRectF(0, 0, n, rows * snap.kv_block))
+        self.kimg.setRect(QRectF(0, 0, n, rows * snap.kv.kv_block))
         self.bars_kv[0].setLevels(symmetric_levels(a))
         self.heads_axes[0].set_heads(0, 1)  # a latent's columns are no heads
         self._last, self.shape = None, (0, 0, 0)
@@ -395,10 +395,10 @@ class KVCacheView(QWidget):
         self.kplot.setTitle("the cache as stored", size="8pt")
         self.kplot.setRange(xRange=(0, n), yRange=(0, t), padding=0)
         self.newest[0].setRect(QRectF(0, t - 1, n, 1))
-        self.axis.set_labels(snap.labels[:t])
+        self.axis.set_labels(snap.tokens.labels[:t])
         self._set_title(
             f"layer {snap.selection.layer}: the model's cache as stored, {t} positions × {n} numbers "
             f"(a compressed latent, not per-head K and V, {snap.dtype}) · "
             + cache_bytes_text(snap, snap.selection.layer)
-            + (f" · rows: means of {snap.kv_block} positions" if snap.kv_block > 1 else "")
+            + (f" · rows: means of {snap.kv.kv_block} positions" if snap.kv.kv_block > 1 else "")
         )

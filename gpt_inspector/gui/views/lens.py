@@ -243,11 +243,11 @@ def create_panel(window) -> LensPanel:
         if snap is None:
             return
         refused = snap.live.why_not("lens")
-        if refused is not None or snap.n_steps == 0:
+        if refused is not None or snap.tokens.n_steps == 0:
             panel.clear(refused or "run a step, then the lens shows where the prediction formed")
             panel.computed_for = None
             return
-        key = (snap.state_version, snap.n_steps)
+        key = (snap.state_version, snap.tokens.n_steps)
         # on screen: a tab behind another is "visible" to Qt, and the lens costs about a step
         if panel.follow.isChecked() and (revealed or on_screen(panel)) and key != panel.computed_for:
             panel.computed_for = key

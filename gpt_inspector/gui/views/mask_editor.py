@@ -65,16 +65,18 @@ class MaskEditor(QWidget):
     def set_snapshot(self, snap) -> None:
         editable = not snap.read_only
         self.remove.setEnabled(editable)
-        self.clear.setEnabled(editable and bool(snap.mask_edits))
-        texts = [describe_edit(e, snap.labels) for e in snap.mask_edits]
+        self.clear.setEnabled(editable and bool(snap.mask.mask_edits))
+        texts = [describe_edit(e, snap.tokens.labels) for e in snap.mask.mask_edits]
         # compared by text too: a new prompt keeps the edits but renames the tokens they name
-        if list(snap.mask_edits) != self.edits or texts != [self.list.item(i).text() for i in range(self.list.count())]:
-            self.edits = list(snap.mask_edits)
+        if list(snap.mask.mask_edits) != self.edits or texts != [
+            self.list.item(i).text() for i in range(self.list.count())
+        ]:
+            self.edits = list(snap.mask.mask_edits)
             self.list.clear()
             for t in texts:
                 QListWidgetItem(t, self.list)
             self.report = False  # the summary names the count: write it again
-        r = snap.mask_report
+        r = snap.mask.mask_report
         if r is self.report:
             return
         self.report = r

@@ -142,9 +142,9 @@ class NextTokenView(QWidget):
 
     def set_snapshot(self, snap) -> None:
         self._snap = snap
-        st = snap.step
+        st = snap.tokens.step
         self.redecide.setEnabled(st is not None and not snap.read_only)
-        d = snap.decoding or {}
+        d = snap.tokens.decoding or {}
         t = d.get("temperature", 0.0) or 0.0
         parts = ["greedy (T = 0: shown at T = 1)" if t == 0 else f"temperature {t:g}"]
         if d.get("top_k"):

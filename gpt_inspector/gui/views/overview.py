@@ -131,9 +131,9 @@ class OverviewGrid(QWidget):
                     if kind not in marked.get((l, h), ""):
                         marked[(l, h)] = marked.get((l, h), "") + kind
 
-        for e in snap.mask_edits:
+        for e in snap.mask.mask_edits:
             put(e.layer, e.head, "m")
-        for e, _ in snap.head_edits:
+        for e, _ in snap.mask.head_edits:
             put(e.layer, e.head, "k" if e.patch_from is None else "p")
         if marked == self.marked:
             return
@@ -151,23 +151,25 @@ class OverviewGrid(QWidget):
         self._mark(snap)
         self.layer, self.head = snap.selection.layer, snap.selection.head
         self.sel.setRect(QRectF(self.head, self.layer, 1, 1))
-        self.sel.setVisible(snap.thumbs is not None)
-        self._hint.setVisible(snap.thumbs is None)
+        self.sel.setVisible(snap.overview.thumbs is not None)
+        self._hint.setVisible(snap.overview.thumbs is None)
         show_axes(self.plot, ("left", "top"), True)
-        if snap.thumbs is None:
+        if snap.overview.thumbs is None:
             self.image.clear()
             self.last_image = None
             self._hint.setPos(self.H / 2, self.L / 2)
             self.title.setText("Overview: every layer × head")
             return
-        if self.last_image is not snap.thumbs:
-            self.image.setImage(snap.thumbs, autoLevels=False, levels=(0.0, 1.0))
+        if self.last_image is not snap.overview.thumbs:
+            self.image.setImage(snap.overview.thumbs, autoLevels=False, levels=(0.0, 1.0))
             self.image.setRect(QRectF(0, 0, self.H, self.L))
-            self.last_image = snap.thumbs
-        bs = snap.thumb_bin_size
-        res = f"{snap.thumb_bins}×{snap.thumb_bins} bins" + (f" of {bs} positions" if bs > 1 else "")
+            self.last_image = snap.overview.thumbs
+        bs = snap.overview.thumb_bin_size
+        res = f"{snap.overview.thumb_bins}×{snap.overview.thumb_bins} bins" + (f" of {bs} positions" if bs > 1 else "")
         partial = (
-            "" if snap.thumb_rows >= snap.T else f" · {100 * snap.thumb_rows // max(1, snap.T)}% of query rows so far"
+            ""
+            if snap.overview.thumb_rows >= snap.T
+            else f" · {100 * snap.overview.thumb_rows // max(1, snap.T)}% of query rows so far"
         )
         marked = (
             f" · {len(self.marked)} head(s) with interventions (✕ knock-out, ● patch, ■ mask edit)"

@@ -143,7 +143,7 @@ class QKVView(QWidget):
 
     def set_snapshot(self, snap) -> None:
         self.snap = snap
-        if snap.q is None:
+        if snap.qkv.q is None:
             for img in (self.qimg, self.kimg, self.vimg):
                 img.clear()
             self.bars.setOpts(x=[], height=[], brushes=[])
@@ -155,62 +155,64 @@ class QKVView(QWidget):
             self.key = -1
             return
         self._set_empty(False)
-        t, d = snap.k.shape
-        if self._last is not snap.k:
-            qk = symmetric_levels(np.concatenate([snap.q, snap.k.ravel()]))
-            self.qimg.setImage(snap.q[None, :], autoLevels=False, levels=qk)
+        t, d = snap.qkv.k.shape
+        if self._last is not snap.qkv.k:
+            qk = symmetric_levels(np.concatenate([snap.qkv.q, snap.qkv.k.ravel()]))
+            self.qimg.setImage(snap.qkv.q[None, :], autoLevels=False, levels=qk)
             self.qimg.setRect(QRectF(0, 0, d, 1))
-            self.kimg.setImage(snap.k, autoLevels=False, levels=qk)
-            vl = symmetric_levels(snap.v)
-            self.vimg.setImage(snap.v, autoLevels=False, levels=vl)
+            self.kimg.setImage(snap.qkv.k, autoLevels=False, levels=qk)
+            vl = symmetric_levels(snap.qkv.v)
+            self.vimg.setImage(snap.qkv.v, autoLevels=False, levels=vl)
             self.kbar.setLevels(qk)
             self.vbar.setLevels(vl)
-            self._last = snap.k
-            self.kaxis.set_labels(snap.labels[:t])
+            self._last = snap.qkv.k
+            self.kaxis.set_labels(snap.tokens.labels[:t])
             self.kplot.setRange(xRange=(0, d), yRange=(0, t), padding=0)
             self.vplot.setXRange(0, d, padding=0)
             self.qplot.setRange(xRange=(0, d), yRange=(0, 1), padding=0)
         for newest, _ in self.rows:
             newest.setRect(QRectF(0, t - 1, d, 1))
         sel = snap.selection
-        kv = f" (kv head {snap.kv_head})"
+        kv = f" (kv head {snap.qkv.kv_head})"
         self.title.setText(
-            f"layer {sel.layer} · head {sel.head}{kv} · query {snap.query} “{snap.labels[snap.query]}” · d = {d}"
+            f"layer {sel.layer} · head {sel.head}{kv} · query {snap.query} “{snap.tokens.labels[snap.query]}” · d = {d}"
         )
         key = self.key
-        if not 0 <= key < t or snap.query_allowed is None or not snap.query_allowed[key]:
-            key = int(np.argmax(snap.head_rows[sel.head])) if snap.head_rows is not None else t - 1
+        if not 0 <= key < t or snap.query_row.query_allowed is None or not snap.query_row.query_allowed[key]:
+            key = int(np.argmax(snap.query_row.head_rows[sel.head])) if snap.query_row.head_rows is not None else t - 1
         self.key = -1
         self.set_key(key)
 
     def set_key(self, key: int) -> None:
         """Break q·k_key down for the selected query (also called when the score matrix is hovered)."""
         s = self.snap
-        if s is None or s.k is None or key == self.key or not 0 <= key < s.k.shape[0]:
+        if s is None or s.qkv.k is None or key == self.key or not 0 <= key < s.qkv.k.shape[0]:
             return
         self.key = key
-        t, d = s.k.shape
+        t, d = s.qkv.k.shape
         for _, hov in self.rows:
             hov.setRect(QRectF(0, key, d, 1))
-        prod = s.q * s.k[key]  # (d,)
+        prod = s.qkv.q * s.qkv.k[key]  # (d,)
         self.bars.setOpts(x=np.arange(d), height=prod, width=0.8, brushes=[_POS if v >= 0 else _NEG for v in prod])
         raw = float(prod.sum())
-        score = raw * s.scaling
-        bias = None if s.query_bias is None else float(s.query_bias[key])  # ALiBi / a learned bias: part of the score
+        score = raw * s.qkv.scaling
+        bias = (
+            None if s.query_row.query_bias is None else float(s.query_row.query_bias[key])
+        )  # ALiBi / a learned bias: part of the score
         if bias is not None:
             score += bias
-        if s.softcap is not None:
-            score = math.tanh(score / s.softcap) * s.softcap
-        allowed = bool(s.query_allowed[key]) if s.query_allowed is not None else True
-        p = float(s.head_rows[s.selection.head, key]) if s.head_rows is not None else float("nan")
+        if s.qkv.softcap is not None:
+            score = math.tanh(score / s.qkv.softcap) * s.qkv.softcap
+        allowed = bool(s.query_row.query_allowed[key]) if s.query_row.query_allowed is not None else True
+        p = float(s.query_row.head_rows[s.selection.head, key]) if s.query_row.head_rows is not None else float("nan")
         tail = (
             f"softmax p = <b>{p:.4f}</b>"
             if allowed
             else "<span style='color:#ff6b6b'>masked: the softmax never sees it</span>"
         )
         self.readout.setText(
-            f"q<sub>{s.query}</sub> · k<sub>{key}</sub> “{html.escape(s.labels[key])}”: Σ<sub>i</sub> q<sub>i</sub>k<sub>i</sub> = "
-            f"<b>{raw:.4f}</b> × scaling {s.scaling:.4g}"
+            f"q<sub>{s.query}</sub> · k<sub>{key}</sub> “{html.escape(s.tokens.labels[key])}”: Σ<sub>i</sub> q<sub>i</sub>k<sub>i</sub> = "
+            f"<b>{raw:.4f}</b> × scaling {s.qkv.scaling:.4g}"
             + ("" if bias is None else f" + bias {bias:+.4g}")
             + f" = score <b>{score:.4f}</b> → {tail}"
         )

@@ -192,7 +192,7 @@ class ScoreMatrix(QWidget):
         """Ask for exact cells where a pooled matrix is zoomed in far enough to show them."""
         s = self.snap
         view = None
-        if s is not None and s.matrix is not None and s.matrix_block > 1:
+        if s is not None and s.scores.matrix is not None and s.scores.matrix_block > 1:
             q0, q1, k0, k1 = self._visible()
             if 0 < q1 - q0 <= viewdata.TILE_CELLS and 0 < k1 - k0 <= viewdata.TILE_CELLS:
                 view = (q0, q1, k0, k1)
@@ -201,14 +201,14 @@ class ScoreMatrix(QWidget):
             self.view_changed.emit(view)
 
     def _show_tile(self, snap) -> None:
-        if snap.tile is not None:
-            q0, k0 = snap.tile_origin
-            n, m = snap.tile.shape
-            self.tile.setImage(snap.tile, autoLevels=False, levels=snap.levels)
+        if snap.scores.tile is not None:
+            q0, k0 = snap.scores.tile_origin
+            n, m = snap.scores.tile.shape
+            self.tile.setImage(snap.scores.tile, autoLevels=False, levels=snap.scores.levels)
             self.tile.setRect(QRectF(k0, q0, m, n))
             self.tile_backdrop.setRect(QRectF(k0, q0, m, n))
-        self.tile.setVisible(snap.tile is not None)
-        self.tile_backdrop.setVisible(snap.tile is not None)
+        self.tile.setVisible(snap.scores.tile is not None)
+        self.tile_backdrop.setVisible(snap.scores.tile is not None)
 
     def _show_empty(self) -> None:
         """Before the first step: the hint alone, no cell outlines or axes over it."""
@@ -237,7 +237,7 @@ class ScoreMatrix(QWidget):
         self.scope.setEnabled(editable)
         if not editable and self.edit_mode:
             self.edit_button.setChecked(False)
-        if snap.matrix is None:
+        if snap.scores.matrix is None:
             self._show_empty()
             return
         self._hint.setVisible(False)
@@ -245,19 +245,21 @@ class ScoreMatrix(QWidget):
         self.cbar.setVisible(True)
         t = snap.T
         follow = self.T == 0 or self._showing_all()
-        if snap.matrix is not self._last_matrix:
-            self.image.setImage(snap.matrix, autoLevels=False, levels=snap.levels)
-            side = snap.matrix.shape[0] * snap.matrix_block  # a pooled cell covers block x block positions
+        if snap.scores.matrix is not self._last_matrix:
+            self.image.setImage(snap.scores.matrix, autoLevels=False, levels=snap.scores.levels)
+            side = (
+                snap.scores.matrix.shape[0] * snap.scores.matrix_block
+            )  # a pooled cell covers block x block positions
             self.image.setRect(QRectF(0, 0, side, side))
-            self.cbar.setLevels(snap.levels)
-            self._last_matrix = snap.matrix
+            self.cbar.setLevels(snap.scores.levels)
+            self._last_matrix = snap.scores.matrix
         self._show_tile(snap)
         if t != self.T:
             self.backdrop.setRect(QRectF(0, 0, t, t))
             self.T = t
             if follow:
                 self.plot.setRange(xRange=(0, t), yRange=(0, t), padding=0.0)
-        labels = snap.labels[:t]
+        labels = snap.tokens.labels[:t]
         self.left.set_labels(labels)
         self.bottom.set_labels(labels)
         self.backdrop.setVisible(True)
@@ -271,14 +273,14 @@ class ScoreMatrix(QWidget):
         if self._hovered is not None:  # the pointer did not move, but the number under it did (a mask edit)
             self._readout(self._hovered)
         sel = snap.selection
-        b = snap.matrix_block
-        pooled = "" if b == 1 else (f" · pooled {b}×{b} (block max)" + ("; exact cells where zoomed in" if snap.tile is not None
+        b = snap.scores.matrix_block
+        pooled = "" if b == 1 else (f" · pooled {b}×{b} (block max)" + ("; exact cells where zoomed in" if snap.scores.tile is not None
                                     else f"; zoom to ≤ {viewdata.TILE_CELLS} positions for exact cells"))  # fmt: skip
-        if snap.matrix_rows < t:
-            pooled += f" · building: {100 * snap.matrix_rows // t}% of rows"
+        if snap.scores.matrix_rows < t:
+            pooled += f" · building: {100 * snap.scores.matrix_rows // t}% of rows"
         self.title.setText(
             f"layer {sel.layer} · head {sel.head} · {KIND_LABELS[sel.kind]} · T = {t} · "
-            f"query {snap.query} “{snap.labels[snap.query]}” · scaling {snap.scaling:.4g}{pooled}"
+            f"query {snap.query} “{snap.tokens.labels[snap.query]}” · scaling {snap.qkv.scaling:.4g}{pooled}"
         )
         if b > 1:
             self._send_view()  # T grew past a new block size, or the matrix just became pooled
@@ -310,27 +312,27 @@ class ScoreMatrix(QWidget):
     def _readout(self, cell) -> None:
         self._hovered = cell
         s = self.snap
-        if cell is None or s is None or s.matrix is None or max(cell) >= s.T:
+        if cell is None or s is None or s.scores.matrix is None or max(cell) >= s.T:
             self.readout.setText(" ")
             self.key_hovered.emit(-1, -1)
             return
         q, k = cell
         val = self._value_text(s, q, k)
-        self.readout.setText(f"query {q} “{s.labels[q]}” → key {k} “{s.labels[k]}”: {val}")
+        self.readout.setText(f"query {q} “{s.tokens.labels[q]}” → key {k} “{s.tokens.labels[k]}”: {val}")
         self.key_hovered.emit(q, k)
 
     @staticmethod
     def _value_text(s, q: int, k: int) -> str:
         """The number under the pointer: exact where the snapshot has it, else the block's maximum."""
-        if s.matrix_block == 1:
-            return "masked" if not s.allowed[q, k] else f"{s.matrix[q, k]:.4g}"
-        if s.tile is not None:
-            tq, tk = q - s.tile_origin[0], k - s.tile_origin[1]
-            if 0 <= tq < s.tile.shape[0] and 0 <= tk < s.tile.shape[1]:
-                v = s.tile[tq, tk]
+        if s.scores.matrix_block == 1:
+            return "masked" if not s.scores.allowed[q, k] else f"{s.scores.matrix[q, k]:.4g}"
+        if s.scores.tile is not None:
+            tq, tk = q - s.scores.tile_origin[0], k - s.scores.tile_origin[1]
+            if 0 <= tq < s.scores.tile.shape[0] and 0 <= tk < s.scores.tile.shape[1]:
+                v = s.scores.tile[tq, tk]
                 return "masked" if math.isnan(v) else f"{v:.4g}"
-        v = s.matrix[q // s.matrix_block, k // s.matrix_block]
-        b = s.matrix_block
+        v = s.scores.matrix[q // s.scores.matrix_block, k // s.scores.matrix_block]
+        b = s.scores.matrix_block
         return f"block {b}×{b}: all masked" if math.isnan(v) else f"block {b}×{b} max {v:.4g} (zoom in for exact cells)"
 
     def _click(self, pos) -> None:

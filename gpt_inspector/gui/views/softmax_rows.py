@@ -84,7 +84,7 @@ class SoftmaxRows(QWidget):
             self.head = head
             if self.only_selected.isChecked():
                 self._relayout()
-        rows = snap.head_rows
+        rows = snap.query_row.head_rows
         if rows is None:
             for c, lab in zip(self.curves, self.labels):
                 c.setData([], [])
@@ -93,7 +93,7 @@ class SoftmaxRows(QWidget):
             return
         t = rows.shape[1]
         x = np.arange(t + 1, dtype=np.float64)
-        labels = snap.labels[:t]
+        labels = snap.tokens.labels[:t]
         self.sums = rows.sum(axis=1).tolist()
         tops = rows.argmax(axis=1).tolist()
         new_t = t != getattr(self, "_t", -1)
@@ -121,7 +121,7 @@ class SoftmaxRows(QWidget):
                 lab._shown_color = color
                 lab.setPos(0, 1.0)
         self.title.setText(
-            f"softmax of query {snap.query} “{snap.labels[snap.query]}” · layer {snap.selection.layer}, every head"
+            f"softmax of query {snap.query} “{snap.tokens.labels[snap.query]}” · layer {snap.selection.layer}, every head"
         )
 
     def _clicked(self, ev) -> None:

@@ -163,16 +163,16 @@ class TokenStrip(QScrollArea):
         return "<br>".join(lines)
 
     def set_snapshot(self, snap) -> None:
-        new = list(snap.labels)
+        new = list(snap.tokens.labels)
         old = self.labels
         grew = len(new) > len(old)
         n = min(len(old), len(new))
         first = next((i for i in range(n) if old[i] != new[i]), n)  # first chip whose label changed
         changed = first < max(len(old), len(new))
         self.labels = new
-        self.ids = list(snap.token_ids)
-        self.probs = list(snap.token_probs)
-        self.T, self.query, self.prompt_len = snap.T, snap.query, snap.prompt_len
+        self.ids = list(snap.tokens.token_ids)
+        self.probs = list(snap.tokens.token_probs)
+        self.T, self.query, self.prompt_len = snap.T, snap.query, snap.tokens.prompt_len
         if changed:
             self.canvas.relayout(first)
         else:
