@@ -4,14 +4,16 @@ Layer 0's K‖V for candidate token t at position p, f_p(t), depends on nothing 
 reference search (``search_reference``) runs the whole vocabulary through layer 0 at every probed
 position: one vocabulary pass per position, most of it the Q/K/V projection of every token.
 
-The shared search (``search_shared``) runs the vocabulary through layer 0 once, at position 0, and
-reaches position p through the model's own map from position 0 to p wherever that map is, per KV
-head and per K or V block, an orthogonal matrix plus a shift: f_p(t) = f_0(t) M_p + c_p. Rotary
-embeddings (each pair of a key rotated, values untouched, biases before the rotation, partial
-rotary) and layers without positions (ALiBi) have that form; positions added before a norm (GPT-2's
-learned positions) do not, and keep the reference search. The map is fitted from a sample of
-tokens the model runs at p, and used only where it reproduces them and is orthogonal, both to
-1e-4; then ||f_p(t) - τ|| = ||f_0(t) - (τ - c_p) M_pᵀ||, one subtraction per candidate.
+The shared search (``search_shared``) projects the vocabulary once and ranks every token at every
+position from that, in one of two ways:
+* Rotary and position-free layers: the vocabulary runs through layer 0 at position 0, and position
+  p is reached through the model's own map from 0 to p where that map is, per KV head and per K or
+  V block, an orthogonal matrix plus a shift, f_p(t) = f_0(t) M_p + c_p (each pair of a key rotated,
+  values untouched, biases before the rotation, partial rotary; ALiBi: the identity). The map is
+  fitted from a sample of tokens the model runs at p and used only where it reproduces them and is
+  orthogonal, both to 1e-4; then ||f_p(t) - τ|| = ||f_0(t) - (τ - c_p) M_pᵀ||.
+* GPT-2's learned positions, added before a LayerNorm: the norm and projection written out
+  (``_LearnedPositions``), used only where they reproduce the model's own K‖V on a sample.
 
 That distance only ranks. Every candidate ranked within a margin of the second best runs through
 layer 0 at p, as in the reference search, and the winner and runner-up are picked from those exact
@@ -142,6 +144,7 @@ class _PositionMap:
         self.lm, self.width, self.sample = lm, width, sample
         ones = torch.ones(len(sample), 1, dtype=torch.float64, device=f0_sample.device)
         self.blocks = [torch.cat([b.double(), ones], 1) for b in f0_sample.split(width, dim=1)]  # per block (m, w+1)
+        self.f0: torch.Tensor | None = None
 
     def fit(self, p: int) -> list[tuple[torch.Tensor, torch.Tensor]] | None:
         """Per block (M (w, w), c (w,)) with f_p = f_0 M + c, or None where no orthogonal map fits."""
@@ -157,52 +160,137 @@ class _PositionMap:
             out.append((m, c))
         return out
 
+    def prepare(self, rows: int, tick: Callable[[], None]) -> None:
+        """The vocabulary through layer 0 at position 0, once: f_0 (V, F)."""
+        v, parts = self.lm.vocab_size, []
+        for c0 in range(0, v, rows):
+            parts.append(layer0_at(self.lm, torch.arange(c0, min(v, c0 + rows), device=self.lm.device), 0))  # (C, F)
+            tick()
+        self.f0 = torch.cat(parts)  # (V, F)
 
-def _ranked(f0: torch.Tensor, t0: torch.Tensor, norm: torch.Tensor, rows: int) -> torch.Tensor:
-    """||f0 - t0|| / norm for every vocabulary row, in chunks: (V,) float64."""
-    return torch.cat([(c - t0).norm(dim=1).double().cpu() / norm.cpu() for c in f0.split(rows)])  # (V,)
+    def ranked(self, p: int, tau: torch.Tensor, rows: int) -> torch.Tensor | None:
+        """||f_p(t) - tau|| / ||tau|| for every token through the fitted map (V,), or None where it does not fit."""
+        fit = self.fit(p)
+        if fit is None:
+            return None
+        assert self.f0 is not None
+        t64 = tau.double()  # (F,)
+        t0 = torch.cat([(t - c) @ mm.T for (mm, c), t in zip(fit, t64.split(self.width))]).float()  # (F,) at 0
+        norm = t64.norm().clamp_min(1e-12).cpu()
+        return torch.cat([(c - t0).norm(dim=1).double().cpu() / norm for c in self.f0.split(rows)])  # (V,)
 
 
-def position_map(lm: LoadedModel, n: int, width: int) -> _PositionMap | None:
-    """The map from position 0 to later positions, or None where the shared search does not apply (module doc)."""
+class _LearnedPositions:
+    """GPT-2's layer 0, K‖V = LayerNorm(E_t + P_p) W + b, written out to rank candidates (never to decide).
+
+    Positions enter linearly before the norm, so with x_t = E_t - mean, y_p = P_p - mean, U = (x ⊙ γ) W
+    and Y = (y ⊙ γ) W: f_p(t) = (U_t + Y_p) / σ_tp + β W + b, σ_tp² = |x_t + y_p|² / D + eps. The
+    distance to τ then needs three dot products per token (x·y_p, U·Y_p, U·(τ - βW - b)) instead of
+    a forward through the projection. Used only where it reproduces the model's own K‖V on a sample.
+    """
+
+    def __init__(self, lm: LoadedModel, n: int):
+        tr: Any = lm.model.transformer  # GPT2Model (find checked its parts)
+        ln, attn = tr.h[0].ln_1, tr.h[0].attn.c_attn
+        self.wte: torch.Tensor = tr.wte.weight  # (V, D)
+        d = ln.weight.shape[0]
+        self.lm, self.eps, self.d = lm, float(ln.eps), d
+        with torch.inference_mode():
+            self.g, self.w = ln.weight.float(), attn.weight[:, d : 3 * d].float()  # (D,), (D, F): K then V
+            self.beta = ln.bias.float() @ self.w + attn.bias[d : 3 * d].float()  # (F,)
+            y = tr.wpe.weight[:n].float()  # (n, D)
+            self.y = y - y.mean(1, keepdim=True)
+            self.yy = (self.y * self.y).sum(1)  # (n,)
+            self.Y = (self.y * self.g) @ self.w  # (n, F)
+        self.x: torch.Tensor | None = None
+
+    @staticmethod
+    def find(lm: LoadedModel, n: int) -> _LearnedPositions | None:
+        tr: Any = getattr(lm.model, "transformer", None)
+        try:
+            ln, attn, wpe = tr.h[0].ln_1, tr.h[0].attn.c_attn, tr.wpe
+        except (AttributeError, IndexError, TypeError):
+            return None
+        if not isinstance(ln, torch.nn.LayerNorm) or not isinstance(wpe, torch.nn.Embedding) or ln.bias is None:
+            return None
+        if getattr(attn, "weight", None) is None or attn.weight.shape != (ln.weight.shape[0], 3 * ln.weight.shape[0]):
+            return None
+        return _LearnedPositions(lm, n)
+
+    def _x(self, ids: torch.Tensor) -> torch.Tensor:
+        e = self.wte[ids].float()  # (C, D)
+        return e - e.mean(1, keepdim=True)
+
+    def kv(self, ids: torch.Tensor, p: int) -> torch.Tensor:
+        """The written-out K‖V of ``ids`` at p (C, F), to check against the model's own."""
+        x = self._x(ids)
+        sigma = (((x + self.y[p]) ** 2).sum(1, keepdim=True) / self.d + self.eps).sqrt()  # (C, 1)
+        return ((x * self.g) @ self.w + self.Y[p]) / sigma + self.beta
+
+    def prepare(self, rows: int, tick: Callable[[], None]) -> None:
+        v, xxs, us = self.lm.vocab_size, [], []
+        with torch.inference_mode():
+            for c0 in range(0, v, rows):
+                x = self._x(torch.arange(c0, min(v, c0 + rows), device=self.lm.device))  # (C, D)
+                xxs.append((x * x).sum(1).double())
+                us.append((x * self.g) @ self.w)  # (C, F)
+                tick()
+            # y_p sums to 0, so x_t . y_p = E_t . y_p: the embedding itself, not a centred copy
+            self.x = self.wte.float()  # (V, D)
+        self.U = torch.cat(us)  # (V, F)
+        self.xx, self.UU = torch.cat(xxs), (self.U * self.U).sum(1).double()  # (V,) each
+
+    def ranked(self, p: int, tau: torch.Tensor, rows: int) -> torch.Tensor:
+        assert self.x is not None
+        r = tau.float() - self.beta  # (F,)
+        with torch.inference_mode():
+            xy, uy, ur = (self.x @ self.y[p]).double(), (self.U @ self.Y[p]).double(), (self.U @ r).double()  # (V,)
+        yy, YY, Yr = float(self.yy[p]), float(self.Y[p] @ self.Y[p]), float(self.Y[p] @ r)
+        sigma = ((self.xx + 2 * xy + yy) / self.d + self.eps).sqrt()  # (V,)
+        d2 = (self.UU + 2 * uy + YY) / sigma**2 - 2 * (ur + Yr) / sigma + float(r @ r)  # (V,)
+        return (d2.clamp_min(0).sqrt() / float(tau.norm().clamp_min(1e-12))).cpu()
+
+
+def position_map(lm: LoadedModel, n: int, width: int) -> _PositionMap | _LearnedPositions | None:
+    """How layer 0 reaches each position from one vocabulary pass, or None where the shared search does
+    not apply (module doc)."""
     v = lm.vocab_size
     m = min(v, width + _FIT_EXTRA)
-    if lm.dtype != torch.float32 or n < 2 or m <= width:
+    if lm.dtype != torch.float32 or m <= width:
         return None  # half types round every element past the map's tolerance; tiny vocabularies gain nothing
     sample = torch.linspace(0, v - 1, m, device=lm.device).round().long().unique()  # (m,)
+    learned = _LearnedPositions.find(lm, n)
+    if learned is not None:
+        with torch.inference_mode():
+            for p in {0, n - 1}:
+                want = layer0_at(lm, sample, p)  # (m, F)
+                if (learned.kv(sample, p) - want).abs().max() > _MAP_TOL * want.abs().max().clamp_min(1e-12):
+                    return None
+        return learned
+    if n < 2:
+        return None
     pm = _PositionMap(lm, width, layer0_at(lm, sample, 0), sample)
     return None if pm.fit(n - 1) is None else pm  # the farthest position decides: a position effect shows there
 
 
 def shared_forwards(lm: LoadedModel, n: int, rows: int) -> int:
-    """Forwards (progress ticks) of the shared search: the vocabulary once, then a fit and a check per position."""
-    return math.ceil(lm.vocab_size / rows) + 2 * (n - 1)
+    """Progress ticks of the shared search: the vocabulary once, then a ranking and a check per position."""
+    return math.ceil(lm.vocab_size / rows) + 2 * n
 
 
-def search_shared(lm: LoadedModel, pm: _PositionMap, target: torch.Tensor, n: int, rows: int,
+def search_shared(lm: LoadedModel, pm: _PositionMap | _LearnedPositions, target: torch.Tensor, n: int, rows: int,
                   tick: Callable[[], None], fallback: Callable[[int], torch.Tensor]) -> Best:  # fmt: skip
     """The shared search (module doc); ``fallback(p)`` gives the reference's distances at p (V,) for a
     position whose map does not fit although the farthest one's did."""
-    v = lm.vocab_size
     best = Best(n)
-    f0 = []
-    for c0 in range(0, v, rows):
-        f0.append(layer0_at(lm, torch.arange(c0, min(v, c0 + rows), device=lm.device), 0))  # (C, F)
+    all_ids = torch.arange(lm.vocab_size)
+    pm.prepare(rows, tick)
+    for p in range(n):
+        ranked = pm.ranked(p, target[p], rows)  # (V,)
         tick()
-    f = torch.cat(f0)  # (V, F)
-    all_ids = torch.arange(v)
-    best.update(torch.tensor([0]), distance(f[None], target[0][None, None]), all_ids)  # position 0: f_0 is exact
-    for p in range(1, n):
-        fit = pm.fit(p)
-        tick()
-        if fit is None:
+        if ranked is None:
             best.update(torch.tensor([p]), fallback(p)[None], all_ids)
         else:
-            tau = target[p].double()  # (F,)
-            t0 = torch.cat(
-                [(t - c) @ mm.T for (mm, c), t in zip(fit, tau.split(pm.width))]
-            ).float()  # (F,) at position 0
-            ranked = _ranked(f, t0, tau.norm().clamp_min(1e-12), rows)  # (V,)
             ids, exact = _verify(lm, p, target[p], ranked, rows)
             best.update(torch.tensor([p]), exact[None], ids)
         tick()
