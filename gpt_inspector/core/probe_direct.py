@@ -43,6 +43,8 @@ _MAP_TOL = 1e-4
 _MARGIN = 1e-3
 # sample tokens beyond the block size that fix each position's map
 _FIT_EXTRA = 32
+# positions ranked together (GPT-2): one read of the projected vocabulary serves them all
+_POSITIONS = 32
 
 
 class _Stop(Exception):
@@ -160,7 +162,7 @@ class _PositionMap:
             out.append((m, c))
         return out
 
-    def prepare(self, rows: int, tick: Callable[[], None]) -> None:
+    def prepare(self, rows: int, tick: Callable[[], None], target: torch.Tensor) -> None:
         """The vocabulary through layer 0 at position 0, once: f_0 (V, F)."""
         v, parts = self.lm.vocab_size, []
         for c0 in range(0, v, rows):
@@ -227,7 +229,9 @@ class _LearnedPositions:
         sigma = (((x + self.y[p]) ** 2).sum(1, keepdim=True) / self.d + self.eps).sqrt()  # (C, 1)
         return ((x * self.g) @ self.w + self.Y[p]) / sigma + self.beta
 
-    def prepare(self, rows: int, tick: Callable[[], None]) -> None:
+    def prepare(self, rows: int, tick: Callable[[], None], target: torch.Tensor) -> None:
+        self.r = target.float() - self.beta  # (T, F)
+        self.block: tuple[int, torch.Tensor] | None = None  # (first position, (V, 3, P) dot products)
         v, xxs, us = self.lm.vocab_size, [], []
         with torch.inference_mode():
             for c0 in range(0, v, rows):
@@ -240,11 +244,20 @@ class _LearnedPositions:
         self.U = torch.cat(us)  # (V, F)
         self.xx, self.UU = torch.cat(xxs), (self.U * self.U).sum(1).double()  # (V,) each
 
-    def ranked(self, p: int, tau: torch.Tensor, rows: int) -> torch.Tensor:
+    def _dots(self, p: int) -> torch.Tensor:
+        """(V, 3) float64: x·y_p, U·Y_p, U·r_p, computed for _POSITIONS positions at a time (one read of U)."""
         assert self.x is not None
-        r = tau.float() - self.beta  # (F,)
-        with torch.inference_mode():
-            xy, uy, ur = (self.x @ self.y[p]).double(), (self.U @ self.Y[p]).double(), (self.U @ r).double()  # (V,)
+        if self.block is None or not self.block[0] <= p < self.block[0] + self.block[1].shape[2]:
+            p1 = min(len(self.r), p + _POSITIONS)
+            with torch.inference_mode():
+                xy = self.x @ self.y[p:p1].T  # (V, P)
+                uy_ur = self.U @ torch.cat([self.Y[p:p1], self.r[p:p1]]).T  # (V, 2P)
+            self.block = (p, torch.stack([xy, uy_ur[:, : p1 - p], uy_ur[:, p1 - p :]], 1))  # (V, 3, P)
+        return self.block[1][:, :, p - self.block[0]].double()
+
+    def ranked(self, p: int, tau: torch.Tensor, rows: int) -> torch.Tensor:
+        r = self.r[p]  # (F,)
+        xy, uy, ur = self._dots(p).unbind(1)  # (V,) each
         yy, YY, Yr = float(self.yy[p]), float(self.Y[p] @ self.Y[p]), float(self.Y[p] @ r)
         sigma = ((self.xx + 2 * xy + yy) / self.d + self.eps).sqrt()  # (V,)
         d2 = (self.UU + 2 * uy + YY) / sigma**2 - 2 * (ur + Yr) / sigma + float(r @ r)  # (V,)
@@ -284,7 +297,7 @@ def search_shared(lm: LoadedModel, pm: _PositionMap | _LearnedPositions, target:
     position whose map does not fit although the farthest one's did."""
     best = Best(n)
     all_ids = torch.arange(lm.vocab_size)
-    pm.prepare(rows, tick)
+    pm.prepare(rows, tick, target)
     for p in range(n):
         ranked = pm.ranked(p, target[p], rows)  # (V,)
         tick()
