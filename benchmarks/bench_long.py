@@ -40,59 +40,6 @@ def load() -> str:
     return f"load {os.getloadavg()[0]:.2f}"
 
 
-def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3) -> dict[str, float]:
-    """Step ``session`` in the real window: medians of step end -> built / applied / repainted (seconds).
-
-    The window's overview streams in first (at most ``cap`` seconds), as a user would wait for it.
-    """
-    from PySide6.QtCore import QEventLoop
-    from PySide6.QtWidgets import QApplication
-
-    from gpt_inspector.gui import _pyside_fix
-    from gpt_inspector.gui.main_window import MainWindow
-    from gpt_inspector.gui.views.common import apply_theme
-
-    _pyside_fix.install()
-    app = QApplication.instance() or QApplication([])
-    apply_theme(app)
-    win = MainWindow(restore_layout=False)
-    win.headless_errors, win.persist_layout, win.worker.autosave = True, False, False
-    win.resize(1600, 1000)
-    win.show()
-    rows: list[tuple[float, float, float]] = []
-    measuring = {"on": False}
-
-    def painted(snap):
-        win.repaint()  # synchronous: every visible dock paints now
-        t = time.perf_counter()
-        if measuring["on"] and snap.t_model_done:
-            done, built, applied = win.apply_log[-1]
-            rows.append((built - done, applied - done, t - done))
-
-    win.snapshot_changed.connect(painted)
-
-    def wait():
-        while win.busy:
-            app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
-        app.processEvents()
-
-    win.show_source(session)
-    wait()
-    win.select(layer=layer, head=head)
-    wait()
-    t0 = time.perf_counter()
-    while win.snapshot.thumb_rows < win.snapshot.T and time.perf_counter() - t0 < cap:
-        app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
-    measuring["on"] = True
-    for _ in range(steps):
-        win.step()
-        wait()
-    win.close()
-    cols = list(zip(*rows)) or [[float("nan")]] * 3
-    return {"built": statistics.median(cols[0]), "applied": statistics.median(cols[1]),
-            "painted": statistics.median(cols[2]), "painted_max": max(cols[2])}  # fmt: skip
-
-
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--run", action="store_true", help="run it (without: print this help and exit)")
@@ -110,7 +57,7 @@ def main() -> int:
 
     import numpy as np
     import torch
-    from bench_views import build_model
+    from bench_views import build_model, window_steps
     from transformers import AutoModelForCausalLM
 
     from gpt_inspector import Session, load_model
