@@ -12,7 +12,9 @@ process, with the load average beside each line:
   zoom                 a 512 x 512 exact tile at the newest rows: first snapshot
   window               the real MainWindow (offscreen) with its worker: step end -> every view
                        applied -> window repainted (a forced repaint of every visible widget), median
-                       of --window-steps; skipped with --no-window
+                       of --window-steps; skipped with --no-window. With --softmax-ab, the window runs
+                       twice more, the softmax rows drawing every key (as before they drew block maxima)
+                       and then block maxima, so that change is measured side by side
 Not a test: it takes minutes at 16k and more at 32k.
 
     python benchmarks/bench_long.py --run [--lengths 8192,16384,32768] [--steps 4] [--cap 300] [--no-window]
@@ -48,6 +50,7 @@ def main() -> int:
     ap.add_argument("--window-steps", type=int, default=4)
     ap.add_argument("--cap", type=float, default=300.0, help="seconds the complete overview may take")
     ap.add_argument("--no-window", action="store_true")
+    ap.add_argument("--softmax-ab", action="store_true", help="window with the softmax rows' every key vs block maxima")
     ap.add_argument("--threads", type=int, help="torch threads (default: torch's own choice)")
     ap.add_argument("--model-dir", default=str(Path(tempfile.gettempdir()) / "gpt-inspector-bench-llama-gqa-32k"))
     args = ap.parse_args()
@@ -131,6 +134,16 @@ def main() -> int:
             print(f"  window: step end -> built {1000 * win['built']:.0f} ms, applied {1000 * win['applied']:.0f} ms, "
                   f"repainted {1000 * win['painted']:.0f} ms (max {1000 * win['painted_max']:.0f}); {load()}",
                   flush=True)  # fmt: skip
+        if args.softmax_ab and not args.no_window:
+            import gpt_inspector.gui.views.softmax_rows as rows_mod
+
+            saved = rows_mod.BARS_PER_PIXEL
+            for name, per_pixel in (("every key", 1e12), ("block maxima", saved)):
+                rows_mod.BARS_PER_PIXEL = per_pixel
+                ab = window_steps(s, args.window_steps, args.cap)
+                print(f"  window, softmax rows {name}: step end -> applied {1000 * ab['applied']:.0f} ms, repainted "
+                      f"{1000 * ab['painted']:.0f} ms (max {1000 * ab['painted_max']:.0f}); {load()}", flush=True)  # fmt: skip
+            rows_mod.BARS_PER_PIXEL = saved
         table.append((s.cache_length, view / step, win, readable, complete / hf_prefill, share, switch_first,
                       switch_done, zoom, load()))  # fmt: skip
         del s
