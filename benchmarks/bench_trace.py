@@ -1,11 +1,12 @@
-"""Trace file size against the KV cache it describes, GPT-2-small shapes at T = 1,024.
+"""Trace file size against the KV cache it describes, GPT-2-small shapes (or the GQA Llama) at T = 1,024.
 
-GPT2Config() defaults (124M parameters, random weights), a prompt of ``T - new`` tokens and
+GPT2Config() defaults (124M parameters, random weights; ``--family llama-gqa``: issue 15's model, 8
+heads over 2 KV heads, where q per query head alone is 2x the cache), a prompt of ``T - new`` tokens and
 ``new`` generated steps, float32 on the CPU. Prints the file size, the KV cache size and their
 ratio, split into the primitives (q, K, V, head outputs) and the per-step logits, and the same
 with ``derived=True`` (the matrices written too, the v1 layout's size).
 
-    python benchmarks/bench_trace.py [--t 1024] [--new 24] [--derived]
+    python benchmarks/bench_trace.py [--t 1024] [--new 24] [--derived] [--family gpt2|llama-gqa]
 """
 
 from __future__ import annotations
@@ -25,17 +26,20 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--t", type=int, default=1024)
     ap.add_argument("--new", type=int, default=24)
+    ap.add_argument("--family", choices=["gpt2", "llama-gqa"], default="gpt2")
     ap.add_argument("--derived", action="store_true", help="also time and size the opt-in derived matrices")
     args = ap.parse_args()
 
-    from bench_step import build
+    from bench_step import build, build_llama_gqa
 
     import gpt_inspector as gi
 
     tmp = Path(tempfile.mkdtemp())
-    lm = gi.load_model(build(tmp / "gpt2-small-random"), device="cpu")
+    folder = build(tmp / "m") if args.family == "gpt2" else build_llama_gqa(tmp / "m", args.t + 64)
+    lm = gi.load_model(folder, device="cpu")
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(0, lm.vocab_size, (args.t - args.new + 1,), generator=g).tolist()
+    ids = [i for i in ids if i not in lm.eos_token_ids] + [0] * sum(i in lm.eos_token_ids for i in ids)
     s = gi.Session(lm, prompt_ids=ids)
     s.run(args.new)
     assert s.cache_length == args.t, s.cache_length

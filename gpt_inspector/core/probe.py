@@ -20,7 +20,6 @@ Both cost one pass over the vocabulary per position, so they are opt-in.
 
 from __future__ import annotations
 
-import contextlib
 import itertools
 import math
 import time
@@ -32,9 +31,18 @@ import numpy as np
 import torch
 
 from . import hf
-from .capture import Recorder
 from .errors import InspectorError, check_index
 from .models import LoadedModel
+from .probe_direct import (
+    Best,
+    distance,
+    layer0_at,
+    position_map,
+    run_to_layer,
+    search_reference,
+    search_shared,
+    shared_forwards,  # fmt: skip
+)
 from .source import RunSource
 from .tokens import token_label
 from .validate import json_number
@@ -194,75 +202,6 @@ class ProbeResult:
         }
 
 
-# ---------------------------------------------------------------------- the truncated forward
-
-
-class _Stop(Exception):
-    """Raised from inside the model once the probed layer's K/V are in hand."""
-
-
-class _KVGrabber(Recorder):
-    """A recorder that keeps only the last position's K/V of one layer, then stops the forward.
-
-    Our attention function calls ``_record`` after the cache update, so ``key`` already includes
-    whatever prefix the cache held and its last row is the new position's key.
-    """
-
-    def __init__(self, n_layers: int, stop_layer: int):
-        super().__init__(n_layers, mirror_kv=False)
-        self.stop_layer = stop_layer
-        self.kv: torch.Tensor | None = None
-
-    def _record(self, layer, query, key, value, attention_mask, out, scaling, softcap, sinks=None, bias=None) -> None:
-        if layer != self.stop_layer:
-            return
-        b = key.shape[0]
-        k = key[:, :, -1].reshape(b, -1)  # (B, Hkv*d)
-        v = value[:, :, -1].reshape(b, -1)  # (B, Hkv*d)
-        self.kv = torch.cat([k, v], dim=1).float()  # (B, 2*Hkv*d)
-        raise _Stop
-
-
-def _run_to_layer(
-    lm: LoadedModel, layer: int, ids: torch.Tensor, cache: hf.DynamicCache, position_ids=None, edits=None
-) -> torch.Tensor:
-    """K‖V of ``layer`` at the last input position, per batch row: (B, 2*Hkv*d) float32."""
-    grab = _KVGrabber(lm.n_layers, layer)
-    if edits is not None:
-        grab.edits = edits  # lower layers must attend exactly as they did when the cache was filled
-    kwargs = {} if position_ids is None else {"position_ids": position_ids}
-    with contextlib.suppress(_Stop), torch.inference_mode(), grab.active():
-        hf.call(lm.model, cache, input_ids=ids, use_cache=True, **kwargs)
-    if grab.kv is None:
-        raise InspectorError(f"layer {layer} of {lm.name} never reached the attention function; cannot probe it")
-    return grab.kv
-
-
-class _Best:
-    """Running best and runner-up candidate per position while chunks stream in."""
-
-    def __init__(self, n: int):
-        self.d = torch.full((n, 2), math.inf, dtype=torch.float64)  # (N, 2)
-        self.i = torch.zeros((n, 2), dtype=torch.long)  # (N, 2)
-
-    def update(self, rows: torch.Tensor, dist: torch.Tensor, cand: torch.Tensor) -> None:
-        # rows: (G,) position indices into this table; dist: (G, C); cand: (C,) token ids
-        k = min(2, dist.shape[1])
-        d, j = torch.topk(dist.double().cpu(), k, dim=1, largest=False)  # (G, k)
-        ids = cand.cpu()[j]  # (G, k)
-        all_d = torch.cat([self.d[rows], d], dim=1)  # (G, 2+k)
-        all_i = torch.cat([self.i[rows], ids], dim=1)
-        order = torch.argsort(all_d, dim=1, stable=True)[:, :2]
-        self.d[rows] = torch.gather(all_d, 1, order)
-        self.i[rows] = torch.gather(all_i, 1, order)
-
-
-def _distance(cand: torch.Tensor, target: torch.Tensor) -> torch.Tensor:
-    """Relative L2 distance; cand (..., C, F), target (..., 1, F) -> (..., C)."""
-    norm = target.norm(dim=-1).clamp_min(1e-12)  # (..., 1)
-    return (cand - target).norm(dim=-1) / norm
-
-
 def default_tolerance(dtype: torch.dtype) -> float:
     """Relative distance below which a candidate counts as reproducing the cache exactly."""
     # fp32 batched-vs-single matmuls differ ~1e-7 relative; half types round each element ~1e-3
@@ -386,7 +325,9 @@ def probe_cache(
     if not tol > 0:
         raise InspectorError(f"tolerance must be positive, got {tolerance!r}")
     methods = {layer: _method(layer, context, have) for layer in todo}
-    total = max(1, sum(_n_forwards(lm, layer, n, m) for layer, m in methods.items()))
+    # layer 0: whether the model's positions let one vocabulary pass serve every position (probe_direct)
+    pm = position_map(lm, n, have[0][0].shape[-1]) if "direct" in methods.values() else None
+    total = max(1, sum(_n_forwards(lm, layer, n, m, pm is not None) for layer, m in methods.items()))
     done = itertools.count(1)
     tick = (lambda: None) if progress is None else (lambda: progress(min(next(done), total), total))
     result = ProbeResult(lm.name, lm.vocab_size, n, [], truth)
@@ -397,7 +338,7 @@ def probe_cache(
         target = torch.cat([k.permute(1, 0, 2).reshape(n, -1), v.permute(1, 0, 2).reshape(n, -1)], 1)  # (T, 2*Hkv*d)
         target = target.to(lm.device, torch.float32)
         if method == "direct":
-            best = _probe_direct(lm, target, n, tick)
+            best = _probe_direct(lm, pm, target, n, tick)
         else:
             best = _probe_prefixed(lm, layer, have, target, n, method, tick, _edits)
         verdicts = _verdicts(lm, best, tol, truth)
@@ -442,8 +383,10 @@ def _prefix_chunk(lm: LoadedModel, layer: int, prefix: int) -> int:
     return max(1, min(_vocab_chunk(lm), _PREFIX_BYTES // max(per_row, 1)))
 
 
-def _n_forwards(lm: LoadedModel, layer: int, n: int, method: str) -> int:
+def _n_forwards(lm: LoadedModel, layer: int, n: int, method: str, shared: bool) -> int:
     v = lm.vocab_size
+    if method == "direct" and shared:
+        return shared_forwards(lm, n, _vocab_chunk(lm))
     if method == "direct":
         c = _vocab_chunk(lm)
         per_pass = max(1, _ROWS // c)
@@ -451,29 +394,24 @@ def _n_forwards(lm: LoadedModel, layer: int, n: int, method: str) -> int:
     return sum(math.ceil(v / _prefix_chunk(lm, layer, p)) for p in range(n))
 
 
-def _probe_direct(lm: LoadedModel, target: torch.Tensor, n: int, tick: Callable[[], None]) -> _Best:
-    """Layer 0: every (candidate, position) pair is an independent one-token sequence; target (T, F)."""
-    best = _Best(n)
+def _probe_direct(lm: LoadedModel, pm, target: torch.Tensor, n: int, tick: Callable[[], None]) -> Best:
+    """Layer 0: the shared search where the model's positions allow it, else the reference (probe_direct)."""
     c = _vocab_chunk(lm)
-    g = max(1, _ROWS // c)  # positions per forward when the whole vocabulary fits in one chunk
-    cfg: Any = lm.model.config  # the model's PretrainedConfig (nn.Module types attributes Tensor | Module)
-    for p0 in range(0, n, g):
-        pos = torch.arange(p0, min(n, p0 + g), device=lm.device)  # (G,)
-        for c0 in range(0, lm.vocab_size, c):
-            cand = torch.arange(c0, min(lm.vocab_size, c0 + c), device=lm.device)  # (C,)
-            ids = cand.repeat(len(pos))[:, None]  # (G*C, 1)
-            pids = pos.repeat_interleave(len(cand))[:, None]  # (G*C, 1)
-            out = _run_to_layer(lm, 0, ids, hf.DynamicCache(config=cfg), pids)  # (G*C, F)
-            dist = _distance(out.view(len(pos), len(cand), -1), target[pos][:, None])  # (G, C)
-            best.update(pos.cpu(), dist, cand)
-            tick()
-    return best
+
+    def one_position(p: int) -> torch.Tensor:
+        cand = torch.arange(lm.vocab_size, device=lm.device)  # (V,)
+        return torch.cat([distance(layer0_at(lm, cand[c0 : c0 + c], p)[None], target[p][None, None])[0]
+                          for c0 in range(0, lm.vocab_size, c)])  # fmt: skip
+
+    if pm is None:
+        return search_reference(lm, target, n, _ROWS, tick)
+    return search_shared(lm, pm, target, n, c, tick, one_position)
 
 
 def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tensor, n: int, method: str,
-                    tick: Callable[[], None], edits) -> _Best:  # fmt: skip
+                    tick: Callable[[], None], edits) -> Best:  # fmt: skip
     """Layer > 0, one position at a time, with a prefix from the cache or from recovered tokens."""
-    best = _Best(n)
+    best = Best(n)
     cfg: Any = lm.model.config  # the model's PretrainedConfig (nn.Module types attributes Tensor | Module)
     running = hf.DynamicCache(config=cfg)  # greedy: the recovered prefix, grown one token at a time
     for p in range(n):
@@ -485,7 +423,7 @@ def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tenso
         else:
             if p > 0:  # extend the running prefix by the token recovered at p - 1
                 tok = torch.tensor([[int(best.i[p - 1, 0])]], device=lm.device)
-                _run_to_layer(lm, layer, tok, running, edits=edits)
+                run_to_layer(lm, layer, tok, running, edits=edits)
             # every layer of the probe's own cache holds K/V: models with layers that keep something
             # else (state-space, KV sharing) are refused before a probe (model_refusals)
             held = cast("list[hf.DynamicLayer]", running.layers)
@@ -498,13 +436,13 @@ def _probe_prefixed(lm: LoadedModel, layer: int, have: dict, target: torch.Tenso
             for i, (pk, pv) in enumerate(prefix):
                 cache.update(pk.expand(len(cand), -1, -1, -1), pv.expand(len(cand), -1, -1, -1), i)
             pids = None if p else torch.zeros((len(cand), 1), dtype=torch.long, device=lm.device)
-            out = _run_to_layer(lm, layer, cand[:, None], cache, pids, edits)  # (C, F)
-            best.update(row, _distance(out[None], target[p][None, None]), cand)  # (1, C)
+            out = run_to_layer(lm, layer, cand[:, None], cache, pids, edits)  # (C, F)
+            best.update(row, distance(out[None], target[p][None, None]), cand)  # (1, C)
             tick()
     return best
 
 
-def _verdicts(lm: LoadedModel, best: _Best, tol: float, truth: list[int] | None) -> list[PositionProbe]:
+def _verdicts(lm: LoadedModel, best: Best, tol: float, truth: list[int] | None) -> list[PositionProbe]:
     tok = lm.tokenizer
     out = []
     for p in range(best.d.shape[0]):

@@ -12,6 +12,7 @@ import torch
 
 import gpt_inspector as gi
 from gpt_inspector.core import probe as probe_mod
+from gpt_inspector.core import probe_direct
 from gpt_inspector.core.capture import MaskEdit
 from gpt_inspector.core.errors import InspectorError
 from gpt_inspector.core.probe import probe_cache, probe_session
@@ -122,7 +123,8 @@ def test_chunking_over_vocabulary_and_positions(sessions, monkeypatch):
     small = probe_session(s, layers=(0,), progress=lambda done, total: calls.append((done, total)))
     assert small.layer(0).tokens == ref.layer(0).tokens
     n = s.cache_length
-    assert len(calls) == 7 * n and calls[-1] == (7 * n, 7 * n)
+    # one vocabulary pass (7 chunks) serves every position; then a ranking and a check per position
+    assert len(calls) == 7 + 2 * n and calls[-1] == (len(calls), len(calls))
     monkeypatch.setattr(probe_mod, "_ROWS", 100)
     monkeypatch.setattr(probe_mod, "_PREFIX_BYTES", 100_000)  # deeper layer: chunks shrink as the prefix grows
     calls.clear()
@@ -241,3 +243,35 @@ def test_a_beam_and_a_trace_are_probed_or_refused_in_one_line(tiny_lm, tmp_path)
     with pytest.raises(InspectorError, match="a trace file has no model") as e:
         probe_session(gi.load_trace(tmp_path / "t.safetensors"))
     assert "\n" not in str(e.value)
+
+
+@pytest.mark.parametrize("family, shared", [("gpt2", True), ("llama", True), ("qwen2", True), ("gpt_neox", True),
+                                            ("gemma2", True)])  # fmt: skip
+def test_shared_search_equals_the_reference(family, shared, tiny_lm, monkeypatch):
+    # the shared layer-0 search (one vocabulary pass, ranked then verified) against the reference
+    # (the whole vocabulary at every position), on a clean cache and one with two positions replaced
+    # by noise, where the nearest candidates are not the token and the verification has to work
+    s = gi.Session(tiny_lm(family), PROMPT, temperature=1.0, seed=3)
+    s.run(3)
+    kv = _kv(s, [0])
+    k, v = (a.copy() for a in kv[0])
+    rng = np.random.default_rng(1)
+    for pos in (2, 6):
+        k[:, pos] += rng.normal(size=k[:, pos].shape) * np.abs(k[:, pos]).mean()
+        v[:, pos] += rng.normal(size=v[:, pos].shape) * np.abs(v[:, pos]).mean()
+    monkeypatch.setattr(probe_direct, "_POSITIONS", 3)  # GPT-2's ranking in several blocks of positions
+    used = []
+    real = probe_mod.position_map
+    monkeypatch.setattr(probe_mod, "position_map", lambda *a: used.append(real(*a)) or used[-1])
+    got = [probe_cache(s.lm, c, true_tokens=s.processed_tokens).layer(0) for c in (kv, {0: (k, v)})]
+    assert [u is not None for u in used] == [shared, shared]  # every family here shares one vocabulary pass
+    monkeypatch.setattr(probe_mod, "position_map", lambda *a: None)
+    ref = [probe_cache(s.lm, c, true_tokens=s.processed_tokens).layer(0) for c in (kv, {0: (k, v)})]
+    for g, r in zip(got, ref):
+        assert [p.token_id for p in g.positions] == [p.token_id for p in r.positions]
+        assert [p.runner_up_id for p in g.positions] == [p.runner_up_id for p in r.positions]
+        assert [p.exact for p in g.positions] == [p.exact for p in r.positions]
+        for a, b in zip(g.positions, r.positions):
+            assert a.distance == pytest.approx(b.distance, rel=1e-5, abs=1e-6)
+            assert a.runner_up_distance == pytest.approx(b.runner_up_distance, rel=1e-5, abs=1e-6)
+    assert not ref[1].positions[2].exact and not ref[1].positions[6].exact  # the noise did displace them

@@ -146,3 +146,29 @@ def test_kv_export_of_pooled_rows_says_so(shown, wait_idle, qtbot, long_limits, 
     assert len(shown_figs) == 1 and not no_dialogs
     sub, shape, labels = shown_figs[0]
     assert f"rows: means of {b} positions" in sub and shape[0] == -(-snap.T // b) == len(labels)
+
+
+def test_softmax_rows_past_two_keys_a_pixel_show_block_maxima(shown, wait_idle, qtbot, tiny_lm, monkeypatch):
+    # a row of more keys than the plot has pixels for: each bar is its block's maximum (the limit
+    # lowered so that the tiny checkpoint's T takes that path), computed independently here
+    import gpt_inspector.gui.views.softmax_rows as rows_mod
+
+    monkeypatch.setattr(rows_mod, "MIN_BARS", 4)
+    monkeypatch.setattr(rows_mod, "BARS_PER_PIXEL", 0.0)
+    win = shown(prompt=PROMPT)
+    _press(qtbot, win, Qt.Key.Key_F10)
+    snap = wait_idle(win)
+    ref = Session(tiny_lm("gpt2"), PROMPT)
+    ref.step()
+    t, layer = snap.T, snap.selection.layer
+    b = -(-t // 4)
+    assert t > 8 and b > 1
+    for h, c in enumerate(win.softmax_rows.curves):
+        x, y = c.getData()
+        row = ref.attention(layer, h, "probs")[-1]
+        want = [row[k : k + b].max() for k in range(0, t, b)]
+        np.testing.assert_allclose(y, want, atol=1e-6)
+        assert list(x) == [min(k, t) for k in range(0, len(want) * b + 1, b)]
+    # the label's sum and top key still read the whole row
+    row0 = ref.attention(layer, 0, "probs")[-1]
+    assert win.softmax_rows.labels[0].toPlainText().startswith(f"H0 Σ={row0.sum():.3f}\nmax {row0.max():.2f}")

@@ -1,7 +1,9 @@
 """The softmax row of the selected query position for every head of the layer, as bar charts.
 
 Bars are drawn as one filled step curve per head (not one rectangle per key), so a thousand
-keys cost the same as ten.
+keys cost the same as ten. Past two keys per pixel of the plot, each bar is the maximum of a block
+of keys (the peaks the pixels can show): a fill path through every key of a 32k row cost more than
+the rest of the window's repaint (pyqtgraph's own peak downsampling does not apply to a step curve).
 """
 
 from __future__ import annotations
@@ -17,6 +19,21 @@ from .common import TEXT, TokenAxis, bare, hbox, info_label, vbox
 
 _BRUSH = pg.mkBrush(79, 143, 223, 200)
 _SEL_BRUSH = pg.mkBrush(255, 184, 79, 220)
+BARS_PER_PIXEL = 2  # past this many keys per pixel, blocks of keys share a bar (their maximum)
+MIN_BARS = 64
+
+
+def block_max(rows: np.ndarray, bars: int) -> tuple[np.ndarray, np.ndarray]:
+    """(edges (n + 1,), heights (H, n)): ``rows`` (H, T) as at most ``bars`` bars, each the maximum of its block of keys."""
+    t = rows.shape[1]
+    b = max(1, -(-t // max(1, bars)))
+    if b == 1:
+        return np.arange(t + 1, dtype=np.float64), rows
+    n = -(-t // b)
+    padded = np.zeros((rows.shape[0], n * b), dtype=rows.dtype)  # probabilities: 0 never raises a maximum
+    padded[:, :t] = rows
+    edges = np.minimum(np.arange(n + 1, dtype=np.float64) * b, t)
+    return edges, padded.reshape(rows.shape[0], n, b).max(axis=2)
 
 
 class SoftmaxRows(QWidget):
@@ -92,7 +109,8 @@ class SoftmaxRows(QWidget):
             self.title.setText("softmax rows: no steps yet")
             return
         t = rows.shape[1]
-        x = np.arange(t + 1, dtype=np.float64)
+        width = max((p.getViewBox().width() for p in self.plots), default=0.0)
+        x, bars = block_max(rows, max(MIN_BARS, int(BARS_PER_PIXEL * width)))  # (n + 1,), (H, n)
         labels = snap.tokens.labels[:t]
         self.sums = rows.sum(axis=1).tolist()
         tops = rows.argmax(axis=1).tolist()
@@ -103,9 +121,9 @@ class SoftmaxRows(QWidget):
         for h, (p, c, ax) in enumerate(zip(self.plots, self.curves, self.axes)):
             brush = _SEL_BRUSH if h == head else _BRUSH
             if c.opts["fillBrush"] != brush:
-                c.setData(x, rows[h], brush=brush)
+                c.setData(x, bars[h], brush=brush)
             else:
-                c.setData(x, rows[h], skipFiniteCheck=True)
+                c.setData(x, bars[h], skipFiniteCheck=True)
             ax.set_labels(labels)
             if new_t:
                 p.setXRange(0, t, padding=0)
