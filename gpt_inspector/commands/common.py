@@ -252,6 +252,8 @@ def add_assisted_args(p: argparse.ArgumentParser) -> None:
                    help="prompt lookup: propose the N tokens that followed the last n-gram earlier in the text")  # fmt: skip
     g.add_argument("--num-assistant-tokens", type=int, default=None, metavar="N",
                    help="with --assistant-model: tokens it proposes per round (generate's default 20)")  # fmt: skip
+    g.add_argument("--assistant-confidence-threshold", type=float, default=None, metavar="P",
+                   help="with --assistant-model: it stops proposing below this probability (default 0.4; 0 never)")  # fmt: skip
 
 
 def assisted_given(args) -> bool:
@@ -268,6 +270,12 @@ def check_assisted_args(args, temperature=None) -> None:
         if args.assistant_model is None:
             raise InspectorError("--num-assistant-tokens only applies with --assistant-model")
         validate.integer("--num-assistant-tokens", args.num_assistant_tokens, 1)
+    t = args.assistant_confidence_threshold
+    if t is not None:
+        if args.assistant_model is None:
+            raise InspectorError("--assistant-confidence-threshold only applies with --assistant-model")
+        if not 0 <= t <= 1:
+            raise InspectorError(f"--assistant-confidence-threshold must be from 0 to 1, got {t!r}")
     if args.prompt_lookup_num_tokens is not None:
         validate.integer("--prompt-lookup-num-tokens", args.prompt_lookup_num_tokens, 1)
     if assisted_given(args) and temperature:
@@ -292,4 +300,6 @@ def assisted(args, session, max_new_tokens: int):
 
     draft = load_assistant(args, session.lm)
     return Assisted(session, draft, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
-                    num_assistant_tokens=args.num_assistant_tokens, max_new_tokens=max_new_tokens)  # fmt: skip
+                    num_assistant_tokens=args.num_assistant_tokens,
+                    assistant_confidence_threshold=args.assistant_confidence_threshold,
+                    max_new_tokens=max_new_tokens)  # fmt: skip

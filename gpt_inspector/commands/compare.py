@@ -91,6 +91,7 @@ def run(args) -> int:
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
         seed=args.seed, sampler=common.settings_for(args, lm), assistant=draft,
         prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, num_assistant_tokens=args.num_assistant_tokens,
+        assistant_confidence_threshold=args.assistant_confidence_threshold,
     )  # fmt: skip
     out = result.to_json()
     for w in result.warnings:

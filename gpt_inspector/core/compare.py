@@ -133,6 +133,7 @@ def compare(
     assistant: LoadedModel | None = None,
     prompt_lookup_num_tokens: int | None = None,
     num_assistant_tokens: int | None = None,
+    assistant_confidence_threshold: float | None = None,
 ) -> Comparison:
     """Greedy decoding, beam search and (with ``sample``) a seeded sample on one prompt.
 
@@ -200,7 +201,7 @@ def compare(
 
         a = Assisted(Session(lm, prompt_ids=search.prompt_ids, temperature=0.0), assistant,
                      prompt_lookup_num_tokens=prompt_lookup_num_tokens, num_assistant_tokens=num_assistant_tokens,
-                     max_new_tokens=new_tokens)  # fmt: skip
+                     assistant_confidence_threshold=assistant_confidence_threshold, max_new_tokens=new_tokens)  # fmt: skip
         for r in a.iter_rounds():
             if progress:
                 progress("assisted", r.first_step)

@@ -59,10 +59,12 @@ def test_trace_prompt_lookup_text(tiny_dir, tmp_path, capsys):
 
 def test_compare_assisted_row_is_greedy(tiny_dir, draft, capsys):
     rc, out, err = _run(capsys, "compare", "--model", tiny_dir["gpt2"], "--device", "cpu", "--prompt", PROMPT,
-                        "--max-new-tokens", 8, "--assistant-model", draft, "--json")  # fmt: skip
+                        "--max-new-tokens", 8, "--assistant-model", draft, "--assistant-confidence-threshold", 0,
+                        "--json")  # fmt: skip
     assert rc == 0, err
     got = json.loads(out)
     assert got["assisted"]["token_ids"] == got["greedy"]["token_ids"] and got["assisted"]["diverges_at"] is None
+    assert any(len(r["rejected"]) > 1 for r in got["assisted"]["rounds"])  # proposals cut short, greedy all the same
     assert got["assisted"]["rounds"] and got["assisted"]["assisted"]["mode"] == "draft model"
     rc, out, err = _run(capsys, "compare", "--model", tiny_dir["gpt2"], "--device", "cpu", "--prompt", PROMPT,
                         "--max-new-tokens", 8, "--prompt-lookup-num-tokens", 2)  # fmt: skip
@@ -75,6 +77,7 @@ def test_compare_assisted_row_is_greedy(tiny_dir, draft, capsys):
     [
         (["--prompt-lookup-num-tokens", 0], "--prompt-lookup-num-tokens must be an integer >= 1"),
         (["--num-assistant-tokens", 3], "only applies with --assistant-model"),
+        (["--assistant-model", "x", "--assistant-confidence-threshold", 1.5], "from 0 to 1"),
         (["--prompt-lookup-num-tokens", 2, "--assistant-model", "x"], "not both"),
         (["--prompt-lookup-num-tokens", 2, "--temperature", 0.7], "greedy"),
         (["--assistant-model", "OTHER"], "vocabulary has"),
