@@ -87,6 +87,8 @@ class AssistedPanel(QWidget):
             self.status.setText(text)
 
     def clear(self, why: str = "") -> None:
+        if self.run is None:
+            why = ""  # nothing was run here: the first words stay
         self.run, self.view = None, None
         self.table.setRowCount(0)
         self.rate.setText("")
