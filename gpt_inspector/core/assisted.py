@@ -136,6 +136,9 @@ class Assisted:
                 raise InspectorError(f"{name} must be a whole number >= 1, not {v!r}")
         if assistant is not None:
             check_assistant(session.lm, assistant)
+        if session.recorder.kv_policy is not None:
+            raise InspectorError("a KV cache policy's run evicts after every single step: "
+                                 "assisted decoding runs on the live session, not on the lab's policy run")  # fmt: skip
         if hasattr(session.cache, "rewind_states"):
             # a state-space layer's state after the verifying forward holds the rejected tokens too
             raise InspectorError("a hybrid model's state-space layers cannot be cut back to the middle of a "

@@ -27,7 +27,7 @@ def drafts(tmp_path_factory):
 def _hf(folder):
     from transformers import AutoModelForCausalLM
 
-    return reference(AutoModelForCausalLM.from_pretrained(folder, attn_implementation="sdpa").eval())
+    return reference(AutoModelForCausalLM.from_pretrained(folder, attn_implementation="eager").eval())
 
 
 def _generate_recording(hf_target, ids, **kw):
@@ -89,7 +89,7 @@ def test_draft_model_equals_generate(family, draft, threshold, tiny_lm, tiny_dir
             assert any(len(r.rejected) > 1 for r in a.rounds)  # a crop of several positions
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "qwen2", "gemma2"])  # gemma2: sliding windows, soft-capping
 @pytest.mark.parametrize("n", [2, 6])
 def test_prompt_lookup_equals_generate(family, n, tiny_lm, tiny_dir):
     a = gi.assisted(tiny_lm(family), PROMPT, prompt_lookup_num_tokens=n, max_new_tokens=NEW)
@@ -112,7 +112,7 @@ def test_num_assistant_tokens_is_generates(tiny_lm, tiny_dir, drafts):
     assert max(len(r.proposed) for r in a.rounds) == 3
 
 
-@pytest.mark.parametrize("family", ["gpt2", "llama"])
+@pytest.mark.parametrize("family", ["gpt2", "llama", "gemma2"])
 def test_steps_and_cache_are_plain_greedy_stepping(family, tiny_lm, drafts):
     """Each step's logits are those of greedy stepping one token at a time, and the cache after rounds with
     rejections holds exactly what stepping without the rejected tokens builds."""
