@@ -19,7 +19,7 @@ _NAMES = {
     "MaskEdit": ".core.capture", "Session": ".core.session", "Step": ".core.step", "StepFailed": ".core.errors",
     "Trace": ".core.trace", "load_model": ".core.models", "load_trace": ".core.trace", "save_trace": ".core.trace",
     "compare": ".core.compare", "connect": ".remote.client", "Comparison": ".core.compare", "render_heatmap": ".export", "render_grid": ".export",
-    "Decoding": ".core.decoding",
+    "Decoding": ".core.decoding", "assisted": ".core.assisted", "Assisted": ".core.assisted",
 }  # fmt: skip
 __all__ = sorted(_NAMES)
 

@@ -244,3 +244,65 @@ def save_figure(build, path, what: str) -> None:
     fig = build(figures)
     print(f"{what} saved to {figures.save(fig, path)}", file=sys.stderr)
     figures.close(fig)
+
+
+def add_assisted_args(p: argparse.ArgumentParser) -> None:
+    """generate's assisted-decoding arguments: a draft model or prompt lookup (greedy)."""
+    g = p.add_argument_group("assisted decoding (greedy; one of the first two)")
+    g.add_argument("--assistant-model", default=None, metavar="PATH",
+                   help="a draft model with the target's tokenizer (hub id or folder) proposes tokens")  # fmt: skip
+    g.add_argument("--prompt-lookup-num-tokens", type=int, default=None, metavar="N",
+                   help="prompt lookup: propose the N tokens that followed the last n-gram earlier in the text")  # fmt: skip
+    g.add_argument("--num-assistant-tokens", type=int, default=None, metavar="N",
+                   help="with --assistant-model: tokens it proposes per round (generate's default 20)")  # fmt: skip
+    g.add_argument("--assistant-confidence-threshold", type=float, default=None, metavar="P",
+                   help="with --assistant-model: it stops proposing below this probability (default 0.4; 0 never)")  # fmt: skip
+
+
+def assisted_given(args) -> bool:
+    return args.assistant_model is not None or args.prompt_lookup_num_tokens is not None
+
+
+def check_assisted_args(args, temperature=None) -> None:
+    """Refuse bad assisted-decoding flags before any model loads."""
+    from ..core import validate
+
+    if args.assistant_model is not None and args.prompt_lookup_num_tokens is not None:
+        raise InspectorError("give --assistant-model or --prompt-lookup-num-tokens, not both")
+    if args.num_assistant_tokens is not None:
+        if args.assistant_model is None:
+            raise InspectorError("--num-assistant-tokens only applies with --assistant-model")
+        validate.integer("--num-assistant-tokens", args.num_assistant_tokens, 1)
+    t = args.assistant_confidence_threshold
+    if t is not None:
+        if args.assistant_model is None:
+            raise InspectorError("--assistant-confidence-threshold only applies with --assistant-model")
+        if not 0 <= t <= 1:
+            raise InspectorError(f"--assistant-confidence-threshold must be from 0 to 1, got {t!r}")
+    if args.prompt_lookup_num_tokens is not None:
+        validate.integer("--prompt-lookup-num-tokens", args.prompt_lookup_num_tokens, 1)
+    if assisted_given(args) and temperature:
+        raise InspectorError("assisted decoding here is greedy (do_sample=False): leave --temperature at 0")
+
+
+def load_assistant(args, lm):
+    """``--assistant-model`` loaded with the target's model flags and checked against ``lm`` (same tokenizer),
+    or None."""
+    from ..core.assisted import check_assistant
+
+    if args.assistant_model is None:
+        return None
+    draft = load(argparse.Namespace(**{**vars(args), "model": args.assistant_model, "json": True}))
+    check_assistant(lm, draft)
+    return draft
+
+
+def assisted(args, session, max_new_tokens: int):
+    """The Assisted run over ``session`` the flags ask for."""
+    from ..core.assisted import Assisted
+
+    draft = load_assistant(args, session.lm)
+    return Assisted(session, draft, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+                    num_assistant_tokens=args.num_assistant_tokens,
+                    assistant_confidence_threshold=args.assistant_confidence_threshold,
+                    max_new_tokens=max_new_tokens)  # fmt: skip

@@ -46,6 +46,7 @@ def add_arguments(p):
     s = p.add_argument_group("sampling (with --sample)")
     s.add_argument("--sample", action="store_true", help="also show one seeded sample")
     common.add_decoding_args(p, s, temperature=(None, "default 1.0"), max_new_tokens=False)
+    common.add_assisted_args(p)
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
 
 
@@ -54,6 +55,7 @@ def _check(args) -> None:
     from ..core import validate
 
     common.check_run_args(args)
+    common.check_assisted_args(args)
     validate.length_penalty(args.length_penalty, 2)  # finite; the bound for the model's context follows the load
     if (args.max_length is None) == (args.max_new_tokens is None):
         raise InspectorError("give exactly one of --max-length or --max-new-tokens")
@@ -81,12 +83,15 @@ def run(args) -> int:
 
     _check(args)
     lm = common.load(args)
+    draft = common.load_assistant(args, lm)
     result = compare(
         lm, args.prompt, max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
         num_return_sequences=args.num_return_sequences, length_penalty=args.length_penalty,
         early_stopping=validate.early_stopping(args.early_stopping), sample=args.sample,
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, sampler=common.settings_for(args, lm),
+        seed=args.seed, sampler=common.settings_for(args, lm), assistant=draft,
+        prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, num_assistant_tokens=args.num_assistant_tokens,
+        assistant_confidence_threshold=args.assistant_confidence_threshold,
     )  # fmt: skip
     out = result.to_json()
     for w in result.warnings:
@@ -119,6 +124,8 @@ def render_text(out: dict, width: int = 120) -> str:
     rows = [("greedy", out["greedy"])] + [(f"beam {i + 1}", b) for i, b in enumerate(out["beams"])]
     if "sampled" in out:
         rows.append(("sample", out["sampled"]))
+    if "assisted" in out:
+        rows.append(("assisted", out["assisted"]))
     n_cols = max(len(r["tokens"]) for _, r in rows)
     name_w = max(_width(name) for name, _ in rows) + 2
 
@@ -159,6 +166,12 @@ def render_text(out: dict, width: int = 120) -> str:
         if "score" in r:
             extra.append(f"score {r['score']:.4f}")
         div = r.get("diverges_at")
+        if "rounds" in r:
+            a = r["assisted"]
+            rate = "" if a["acceptance_rate"] is None else f" ({a['acceptance_rate']:.0%})"
+            extra.append(
+                f"{a['mode']}: {a['rounds']} rounds, {a['accepted']} of {a['proposed']} proposed accepted{rate}"
+            )
         if name != "greedy":
             extra.append("same as greedy" if div is None else f"parts from greedy at token {div}")
         lines.append(f"{_pad(name, name_w)}{r['text']!r}" + (f"  ({', '.join(extra)})" if extra else ""))

@@ -16,6 +16,7 @@ def add_arguments(p):
     p.add_argument("--prompt", required=True, help="the text the session starts from")
     p.add_argument("--steps", type=int, required=True, help="steps to run (each feeds one token, chooses the next)")
     common.add_decoding_args(p)
+    common.add_assisted_args(p)
     p.add_argument("--out", required=True, type=common.user_path, help="FILE.safetensors")
     p.add_argument("--force", action="store_true", help="overwrite --out if it exists")
     p.add_argument(
@@ -32,6 +33,7 @@ def run(args) -> int:
 
     validate.count(args.steps, "--steps")
     common.check_run_args(args)
+    common.check_assisted_args(args, args.temperature)
     out = Path(args.out)
     if out.suffix != ".safetensors":
         raise InspectorError(f"--out must end in .safetensors, got {args.out}")
@@ -40,7 +42,12 @@ def run(args) -> int:
     if out.exists() and not args.force:
         raise InspectorError(f"--out {args.out} already exists; pass --force to overwrite it")
     s = common.session(args)
-    steps = s.run(args.steps)
+    a = common.assisted(args, s, args.steps) if common.assisted_given(args) else None
+    if a is not None:
+        a.run()
+        steps = list(s.steps_done)
+    else:
+        steps = s.run(args.steps)
     path = s.save_trace(out, derived=args.derived)
     # the cache as it really is (bytes, and how it is laid out where that is not per-head K and V)
     real, per_head, kept = s.kv_cache_bytes(), s.kv_per_head_bytes(), s.kv_kept_bytes()
@@ -71,6 +78,8 @@ def run(args) -> int:
             "note": s.lm.note,  # which of the model's computations the numbers are, where it has two that differ
             "attention_layers": list(s.attention_layers),
         }
+        if a is not None:
+            out["assisted"] = {**a.summary(), "rounds": [r.to_json() for r in a.rounds]}
         common.print_json(out)
     else:
         # the summary goes with the text: stderr is for errors only, so a script can tell success by it
@@ -82,4 +91,8 @@ def run(args) -> int:
         if kept > real:  # sliding-window layers: the model's cache holds their window, the trace every position
             text += f", kept for inspection {human_bytes(kept)}"
         print(f"{text}; {note}" if note else text)
+        if a is not None:
+            rate = a.acceptance_rate
+            print(f"assisted ({a.mode}): {len(a.rounds)} rounds, {a.accepted} of {a.proposed} proposed tokens "
+                  f"accepted" + ("" if rate is None else f" ({rate:.0%})"))  # fmt: skip
     return 0

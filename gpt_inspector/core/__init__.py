@@ -13,7 +13,7 @@ _NAMES = {
     "check": "mathcheck", "check_all": "mathcheck", "DEMO_MODEL": "models", "LoadedModel": "models",
     "load_model": "models", "probe_cache": "probe", "probe_session": "probe", "MaskEditReport": "session",
     "Session": "session", "Step": "step", "TopEntry": "step", "Trace": "trace", "load_trace": "trace",
-    "save_trace": "trace", "RunSource": "source", "KINDS": "attention",
+    "save_trace": "trace", "RunSource": "source", "KINDS": "attention", "Assisted": "assisted", "assisted": "assisted",
 }  # fmt: skip
 __all__ = sorted(_NAMES)
 

@@ -22,7 +22,7 @@ from .session import Session
 
 class Decoded(TypedDict, total=False):
     """One decoded output (greedy or the sample). ``diverges_at`` is absent for greedy itself;
-    the sample adds ``seed``, ``temperature``, ``top_k`` and ``top_p``."""
+    the sample adds ``seed``, ``temperature``, ``top_k`` and ``top_p``; the assisted row ``assisted`` and ``rounds``."""
 
     token_ids: list[int]  # prompt included
     text: str
@@ -34,6 +34,8 @@ class Decoded(TypedDict, total=False):
     temperature: float
     top_k: int | None
     top_p: float | None
+    assisted: dict  # the assisted row's mode, rounds, proposed, accepted, acceptance_rate
+    rounds: list[dict]  # its rounds (Round.to_json())
 
 
 class BeamOutput(TypedDict):
@@ -74,6 +76,9 @@ class Comparison:
     warnings: list[str]
     # the finished search, for inspecting beams; not data, so out of JSON, repr and equality
     search: BeamSearch = field(repr=False, compare=False)
+    # assisted decoding (compare(..., assistant=... or prompt_lookup_num_tokens=...)): greedy's tokens,
+    # with its rounds; None otherwise
+    assisted: Decoded | None = None
 
     def beam_view(self, r: int) -> BeamView:
         """Returned sequence ``r`` (0 = best) with a Session's read-only accessors."""
@@ -88,6 +93,8 @@ class Comparison:
             out["warnings"] = self.warnings
         if self.sampled is not None:
             out["sampled"] = self.sampled
+        if self.assisted is not None:
+            out["assisted"] = self.assisted
         out["beam_tree"] = self.beam_tree
         return copy.deepcopy(out)
 
@@ -123,6 +130,10 @@ def compare(
     prompt_ids: list[int] | None = None,
     progress: Callable[[str, int], None] | None = None,
     sampler: dict | None = None,
+    assistant: LoadedModel | None = None,
+    prompt_lookup_num_tokens: int | None = None,
+    num_assistant_tokens: int | None = None,
+    assistant_confidence_threshold: float | None = None,
 ) -> Comparison:
     """Greedy decoding, beam search and (with ``sample``) a seeded sample on one prompt.
 
@@ -130,7 +141,8 @@ def compare(
     per-token ``probs`` of the generated tokens and, except greedy, ``diverges_at`` (the first
     token index where it differs from greedy, None if identical). ``progress(what, step)`` is
     called as work advances (``what``: greedy, beams, sample). ``sampler``: more of generate's
-    sampler settings for the sample (``decoding.Decoding``'s names).
+    sampler settings for the sample (``decoding.Decoding``'s names). ``assistant`` (a draft model) or
+    ``prompt_lookup_num_tokens`` adds an assisted-decoding row (greedy: its tokens are greedy's) with its rounds.
     """
     seed = validate.seed(seed)
     search = BeamSearch(
@@ -183,6 +195,19 @@ def compare(
         sampled.update({"seed": seed, "temperature": float(temperature), "top_k": top_k, "top_p": top_p,
                         **{k: v for k, v in s.decoding.to_json().items() if k not in ("temperature", "top_k", "top_p")}})  # fmt: skip
 
+    assisted: Decoded | None = None
+    if assistant is not None or prompt_lookup_num_tokens is not None:
+        from .assisted import Assisted
+
+        a = Assisted(Session(lm, prompt_ids=search.prompt_ids, temperature=0.0), assistant,
+                     prompt_lookup_num_tokens=prompt_lookup_num_tokens, num_assistant_tokens=num_assistant_tokens,
+                     assistant_confidence_threshold=assistant_confidence_threshold, max_new_tokens=new_tokens)  # fmt: skip
+        for r in a.iter_rounds():
+            if progress:
+                progress("assisted", r.first_step)
+        assisted = _session_output(a.session, greedy_ids)
+        assisted.update({"assisted": a.summary(), "rounds": [r.to_json() for r in a.rounds]})
+
     return Comparison(
         model=lm.name,
         prompt=search.prompt,
@@ -203,6 +228,7 @@ def compare(
         beam_tree=search.tree_json(),
         warnings=warnings,
         search=search,
+        assisted=assisted,
     )
 
 

@@ -27,7 +27,7 @@ __all__ = [
     "cache_arg", "family_module", "layer_types", "layer_config", "layer_config_value", "cache_keeps",
     "causal_lm_types", "quiet", "no_progress_bars", "auto_classes",
     "logits_processors", "bytes_to_unicode", "cache_utils", "SHIPPED_FIELDS", "generation_defaults",
-    "logits_processor_list",
+    "logits_processor_list", "candidate_generator",
 ]  # fmt: skip
 
 VERSION: str = transformers.__version__
@@ -254,6 +254,46 @@ def logits_processor_list(settings: dict, eos_token_ids, prompt_length: int, max
     b._prepare_special_tokens(gc, True, device=torch.device("cpu"))
     return list(b._get_logits_processor(gc, input_ids_seq_length=int(prompt_length), device=torch.device("cpu"),
                                         model_kwargs={}))  # fmt: skip
+
+
+def candidate_generator(settings: dict, eos_token_ids, max_length: int, prompt_ids: list[int], vocab_size: int,
+                        device: torch.device, *, assistant_model=None, prompt_lookup_num_tokens: int | None = None,
+                        max_matching_ngram_size: int | None = None, num_assistant_tokens: int | None = None,
+                        assistant_confidence_threshold: float | None = None):  # fmt: skip
+    """The candidate generator ``generate``'s assisted decoding (``_get_candidate_generator``) builds for a
+    decoder-only target with the same tokenizer: ``PromptLookupCandidateGenerator`` for
+    ``prompt_lookup_num_tokens``, else ``AssistedCandidateGenerator`` over ``assistant_model`` (its own
+    generation config: ``num_assistant_tokens``, the schedule, ``assistant_confidence_threshold``; given
+    here, they replace what the draft's config says, as setting them there would). ``settings`` are
+    generate's keyword arguments (do_sample, the processors'), ``max_length`` its max_length."""
+    from transformers import GenerationConfig
+    from transformers.generation.candidate_generator import (
+        AssistedCandidateGenerator,
+        PromptLookupCandidateGenerator,
+    )
+    from transformers.generation.logits_process import LogitsProcessorList
+
+    gc = GenerationConfig(**settings, eos_token_id=list(eos_token_ids) or None, max_length=int(max_length))
+    gc.update(**gc._get_default_generation_params(), defaults_only=True)  # what generate fills in (min_length 0, ...)
+    _builder()._prepare_special_tokens(gc, True, device=device)
+    processors = LogitsProcessorList(logits_processor_list(settings, eos_token_ids, len(prompt_ids), max_length))
+    if prompt_lookup_num_tokens is not None:
+        return PromptLookupCandidateGenerator(
+            eos_token_id=gc._eos_token_tensor, num_output_tokens=int(prompt_lookup_num_tokens),
+            max_matching_ngram_size=max_matching_ngram_size or 2, max_length=gc.max_length,
+            logits_processor=processors, vocab_size=int(vocab_size),
+        )  # fmt: skip
+    ids: Any = torch.tensor([list(prompt_ids)], dtype=torch.long, device=assistant_model.device)  # (1, P): a LongTensor
+    # generate's model_kwargs for an unpadded prompt: the mask it builds, the cache it threads
+    gen = AssistedCandidateGenerator(ids, assistant_model, gc, {"attention_mask": torch.ones_like(ids), "use_cache": True},
+                                     logits_processor=processors)  # fmt: skip
+    if num_assistant_tokens is not None:  # what generate reads off the assistant's generation config
+        gen.num_assistant_tokens = int(num_assistant_tokens)
+    if assistant_confidence_threshold is not None:  # the draft's generate stops below it (0: never)
+        t = float(assistant_confidence_threshold)
+        gen.assistant_confidence_threshold = gen.assistant_generation_config.assistant_confidence_threshold = t
+        gen.generation_config.assistant_confidence_threshold = t
+    return gen
 
 
 def bytes_to_unicode() -> dict[int, str]:

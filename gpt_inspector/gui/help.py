@@ -323,6 +323,13 @@ PAGES: dict[str, Page] = {
     "panel_kv_cache_lab": Page("KV cache lab", "What a KV cache policy (eviction, quantization) costs in bytes and fidelity",
         "Steps a policy run in lockstep with the full cache on the same tokens: KL, top-1 agreement, bytes per layer "
         "and the attention mass lost per head."),
+    "panel_assisted": Page("Assisted decoding", "A draft model or prompt lookup proposes tokens; the model "
+        "verifies them all in one forward",
+        "Each round the proposer (a draft model with this model's tokenizer, or the tokens that followed the last "
+        "n-gram earlier in the text) offers tokens; the model runs them in one forward and keeps its own greedy "
+        "choices up to the first that differs (that one, or the next token when all agree, is its own). The "
+        "rejected tokens' positions are cropped from its KV cache and the draft's. Every step a round adds is an "
+        "ordinary step: every panel shows it. The tokens are generate(assistant_model=..., do_sample=False)'s."),
 }  # fmt: skip
 
 

@@ -45,7 +45,8 @@ AREAS = {
 }
 # the extra panels' docks by a short name (add_panel names a dock "panel_" + its title)
 ALIASES = {"compare": "panel_compare_decoding", "probe": "panel_cache_probe", "math": "panel_math_check",
-           "lens": "panel_logit_lens", "lab": "panel_kv_cache_lab", "interventions": "panel_interventions"}  # fmt: skip
+           "lens": "panel_logit_lens", "lab": "panel_kv_cache_lab", "interventions": "panel_interventions",
+           "assisted": "panel_assisted"}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -77,19 +78,19 @@ class Workspace:
 WORKSPACES = {w.name: w for w in (
     # what the window opens with: the score matrix in the middle (the construction in _build_docks)
     Workspace("Attention", "Alt+1", "The score matrix, the heads' overview, next token, softmax rows, Q/K/V and the KV cache",
-              ("scores",), (("overview",), ("next", "mask", "probe", "math")),
+              ("scores",), (("overview", "assisted"), ("next", "mask", "probe", "math")),
               (("softmax", "interventions"), ("qkv", "lab"), ("kv", "compare", "lens")), side_shares=(0.4, 0.6)),
     Workspace("Cache", "Alt+2", "The KV cache large, Q/K/V beside it; the cache probe and the math check a tab away",
-              ("kv", "interventions"), (("qkv", "probe", "math", "lens"),),
+              ("kv", "interventions", "assisted"), (("qkv", "probe", "math", "lens"),),
               (("next", "mask", "softmax"), ("overview", "lab"), ("scores", "compare")), 0.55),
     Workspace("Lens", "Alt+3", "The logit lens large, the heads' overview and next token beside it",
-              ("lens", "compare", "interventions"), (("overview",), ("next", "mask")),
+              ("lens", "compare", "interventions"), (("overview", "assisted"), ("next", "mask")),
               (("softmax", "math"), ("qkv", "lab"), ("scores", "probe", "kv")), 0.6),
     Workspace("Lab", "Alt+4", "The KV cache lab large, the KV cache beside it to show what the policy evicted",
               ("lab", "math", "lens", "overview"), (("kv", "probe", "interventions"),),
-              (("qkv", "softmax"), ("next", "mask"), ("scores", "compare")), 0.55),
+              (("qkv", "softmax"), ("next", "mask", "assisted"), ("scores", "compare")), 0.55),
     Workspace("Compare", "Alt+5", "Compare decoding large, next token and the heads' overview beside it",
-              ("compare",), (("next", "mask"), ("overview", "interventions")),
+              ("compare", "assisted"), (("next", "mask"), ("overview", "interventions")),
               (("softmax", "qkv", "lab"), ("kv", "lens", "math"), ("scores", "probe")), 0.6, (0.6, 0.4)),
 )}  # fmt: skip
 DEFAULT_WORKSPACE = "Attention"

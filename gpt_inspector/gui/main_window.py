@@ -57,7 +57,7 @@ from .deferred import DeferredViews
 from .layout import MAX_SIZE, PANEL_MIN, STATE_VERSION, WORKSPACES, DockLayout, screen_share  # noqa: F401 (re-exported)
 from .runs import RunSwitcher
 from .viewdata import Snapshot
-from .views import compare, interventions, kvlab, lens, mathcheck, probe
+from .views import assisted, compare, interventions, kvlab, lens, mathcheck, probe
 from .views.common import ElidedLabel
 from .views.kv_cache import KVCacheView, human_bytes
 from .views.mask_editor import MaskEditor
@@ -143,6 +143,9 @@ class MainWindow(DockLayout, QMainWindow):
         )
         self.interventions_panel = self.add_panel(interventions.PANEL_TITLE, interventions.create_panel(self),
                                                   interventions.PANEL_AREA).panel  # fmt: skip
+        self.assisted_panel = self.add_panel(
+            assisted.PANEL_TITLE, assisted.create_panel(self), assisted.PANEL_AREA
+        ).panel
         self._default_state = self.saveState(STATE_VERSION)
         for d in self.docks.values():
             d.dockLocationChanged.connect(self._user_arranged)
@@ -440,6 +443,7 @@ class MainWindow(DockLayout, QMainWindow):
             if self._new_session:  # not a beam or policy run those panels themselves put on show
                 why = "the window shows another session now: run it again on this one"
                 self.lens_panel.clear(why), self.kvlab_panel.clear(why), self.compare_panel.forget(why)
+                self.assisted_panel.clear(why)
         if snap.read_only != self._read_only_shown:
             self._read_only_shown = snap.read_only
             self.session_panel.set_read_only(snap.read_only)

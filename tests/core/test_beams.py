@@ -124,7 +124,7 @@ def test_comparison_to_json_keeps_the_old_dict(tiny_lm):
     # the search is there to inspect beams, not data: out of repr, JSON and equality
     assert "search" not in d and "BeamSearch" not in repr(plain)
     assert {f.name for f in dataclasses.fields(Comparison)} == {*_JSON_KEYS, "sampled", "beam_tree", "warnings",
-                                                                "search"}  # fmt: skip
+                                                                "search", "assisted"}  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         plain.beams = []  # type: ignore[misc]
     assert "return_search" not in inspect.signature(compare).parameters
