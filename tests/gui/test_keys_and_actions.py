@@ -6,6 +6,7 @@ on screen: the status bar, the panels, the snapshot the views show.
 
 from __future__ import annotations
 
+import threading
 import time
 
 import pytest
@@ -67,11 +68,15 @@ def test_f5_toolbar_run_and_debug_run_each_run_the_max_steps_count(shown, wait_i
     assert _step_text(win) == "step 9" and not no_dialogs
 
 
-def _slow_steps(session):
+def _slow_steps(session, release=None):
+    """Steps of at least 50 ms; with ``release`` (a threading.Event), the 4th and later wait for it, so a
+    run is certainly still going when the test's key lands, however slowly a loaded machine paints."""
     orig = session.step
 
     def step():
         time.sleep(0.05)
+        if release is not None and session.n_steps >= 3:
+            release.wait(20)
         st = orig()
         if st.finish_reason == "eos":  # keep going: the run must still be going when Esc comes
             st = session.force_token(5)
@@ -82,7 +87,8 @@ def _slow_steps(session):
 
 def test_esc_pauses_a_run(shown, wait_idle, qtbot, no_dialogs):
     win = shown()
-    win.run_in_worker(_slow_steps)
+    release = threading.Event()
+    win.run_in_worker(lambda s: _slow_steps(s, release))
     wait_idle(win)
     win.session_panel.max_steps.setValue(40)
     _press(qtbot, win, Qt.Key.Key_F5)
@@ -90,6 +96,7 @@ def test_esc_pauses_a_run(shown, wait_idle, qtbot, no_dialogs):
     assert win.st_busy.text().startswith("running:") and win.acts.pause.isEnabled()
     assert not win.acts.step.isEnabled()
     _press(qtbot, win, Qt.Key.Key_Escape)
+    release.set()
     snap = wait_idle(win)
     assert _stopped(win) == "Run stopped: paused"
     assert 3 <= snap.n_steps < 40 and _step_text(win) == f"step {snap.n_steps}"
