@@ -15,7 +15,7 @@ HELP = "compare greedy decoding, beam search (identical to generate) and seeded 
 
 def add_arguments(p):
     common.add_model_args(p)
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    common.add_prompt_args(p, "the text to continue")
     g = p.add_argument_group("length (give exactly one)")
     g.add_argument(
         "--max-length", type=int, default=None, help="total length, prompt included, as generate's max_length"
@@ -111,7 +111,7 @@ def run(args) -> int:
     _check(args)
     lm = common.load(args)
     result = compare(
-        lm, args.prompt, max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
+        lm, **common.prompt_args(args), max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
         num_return_sequences=args.num_return_sequences, length_penalty=args.length_penalty,
         early_stopping=validate.early_stopping(args.early_stopping), sample=args.sample,
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,

@@ -13,13 +13,12 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TypedDict
 
-from . import decoding, validate
+from . import chat, decoding, validate
 from .beams import BeamSearch, BeamView, first_difference
 from .beams import tree as beam_tree
 from .errors import InspectorError
 from .models import LoadedModel
 from .session import Session
-
 
 MAX_SAMPLES = 64  # per temperature: each is a whole run of the model
 MAX_TEMPERATURES = 16
@@ -99,9 +98,10 @@ class Comparison:
     sampled: Decoded | None  # the first of ``samples``; None without samples
     beam_tree: list[dict]  # BeamNode.to_json() of every node, 0 = the prompt
     warnings: list[str]
-    samples: list[Decoded] = field(default_factory=list)  # each temperature's samples, seeds seed, seed + 1, ...
-    rows: list[Row] = field(default_factory=list)  # greedy, beams, samples (then any other kind), in display order
-    fanout_tree: list[dict] = field(default_factory=list)  # ``fanout()`` of ``rows``
+    samples: list[Decoded]  # each temperature's samples, seeds seed, seed + 1, ...
+    rows: list[Row]  # greedy, beams, samples (then any other kind), in display order
+    fanout_tree: list[dict]  # ``fanout()`` of ``rows``
+    chat: dict | None  # the turns the prompt was built from (chat.Chat.to_json()), or None
     # the finished search, for inspecting beams; not data, so out of JSON, repr and equality
     search: BeamSearch = field(repr=False, compare=False)
 
@@ -114,6 +114,8 @@ class Comparison:
         out = {k: getattr(self, k) for k in ("model", "prompt", "prompt_ids", "prompt_length", "max_length", "settings",
                                              "greedy", "beams")}  # fmt: skip
         # the key order the CLI has always printed
+        if self.chat is not None:
+            out["chat"] = self.chat
         if self.warnings:
             out["warnings"] = self.warnings
         if self.sampled is not None:
@@ -190,6 +192,8 @@ def compare(
     samples: int | None = None,
     temperatures: list[float] | None = None,
     prompt_ids: list[int] | None = None,
+    messages: list[dict] | None = None,
+    add_generation_prompt: bool = True,
     progress: Callable[[str, int], None] | None = None,
     sampler: dict | None = None,
 ) -> Comparison:
@@ -202,10 +206,17 @@ def compare(
     Every output has ``token_ids`` (prompt included, as generate returns them), ``text``,
     per-token ``probs`` of the generated tokens and, except greedy, ``diverges_at`` (the first
     token index where it differs from greedy, None if identical). ``progress(what, step)`` is
-    called as work advances (``what``: greedy, beams, sample). ``sampler``: more of generate's
+    called as work advances (``what``: greedy, beams, sample). ``messages``: the prompt is the
+    tokenizer's chat template of these turns (as ``Session(messages=...)``). ``sampler``: more of generate's
     sampler settings for the sample (``decoding.Decoding``'s names).
     """
     seed = validate.seed(seed)
+    made = None
+    if messages is not None:  # the prompt the tokenizer's chat template makes (Session's rule)
+        if prompt or prompt_ids is not None:
+            raise InspectorError("give messages or a prompt, not both")
+        made = chat.build(lm.tokenizer, messages, add_generation_prompt)
+        prompt_ids = list(made.ids)
     search = BeamSearch(
         lm, prompt, num_beams, num_return_sequences, max_length, max_new_tokens, length_penalty, early_stopping,
         prompt_ids=prompt_ids,
@@ -257,8 +268,8 @@ def compare(
         )  # fmt: skip
     drawn: list[Decoded] = []
     greedy_out = _session_output(greedy, None)
-    rows: list[Row] = [{"kind": "greedy", "name": "greedy", **greedy_out}]  # type: ignore[typeddict-item]
-    rows += [{"kind": "beam", "name": f"beam {i + 1}", **b} for i, b in enumerate(beams)]  # type: ignore[typeddict-item]
+    rows: list[Row] = [{"kind": "greedy", "name": "greedy", **greedy_out}]
+    rows += [{"kind": "beam", "name": f"beam {i + 1}", **b} for i, b in enumerate(beams)]
     for t in temps if n_samples else []:
         for j in range(n_samples):
             s = Session(lm, prompt_ids=search.prompt_ids, temperature=t, top_k=top_k, top_p=top_p, seed=seed + j,
@@ -269,7 +280,7 @@ def compare(
                         **{k: v for k, v in s.decoding.to_json().items() if k not in ("temperature", "top_k", "top_p")}})  # fmt: skip
             drawn.append(out)
             name = "sample" if n_samples == 1 and len(temps) == 1 else f"sample {j + 1} · T {float(t):g}"
-            rows.append({"kind": "sample", "name": name, **out})  # type: ignore[typeddict-item]
+            rows.append({"kind": "sample", "name": name, **out})
 
     return Comparison(
         model=lm.name,
@@ -293,6 +304,7 @@ def compare(
         samples=drawn,
         rows=rows,
         fanout_tree=fanout(rows, p, search.prompt),
+        chat=None if made is None else made.to_json(),
         search=search,
     )
 

@@ -12,8 +12,8 @@ from __future__ import annotations
 import contextlib
 
 from . import decoding, validate
-from .edits import HeadEdit, MaskEdit
 from .chat import check_messages
+from .edits import HeadEdit, MaskEdit
 from .errors import InspectorError
 
 RECIPE_FORMAT = "gpt-inspector-recipe/1"

@@ -14,9 +14,9 @@ from pathlib import Path
 
 import torch
 
+from .chat import Chat, check_messages
 from .edits import HeadEdit, MaskEdit
 from .errors import InspectorError
-from .chat import Chat, check_messages
 from .kv_layout import KVLayout
 
 ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}

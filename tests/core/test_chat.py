@@ -28,7 +28,7 @@ def _expected_roles(tok, messages, add_generation_prompt):
     """Each token's role, worked out independently: tokenize the rendering turn by turn and label
     what each turn's content added (the template's markup around it is 'template')."""
     roles, text = [], ""
-    for i, m in enumerate(messages):
+    for m in messages:
         head = text + f"<|endoftext|>{m['role']}\n"
         body = head + m["content"]
         text = body + "\n"
