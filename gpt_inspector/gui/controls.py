@@ -93,7 +93,8 @@ class SessionPanel(QWidget):
         # chat mode: the prompt is the tokenizer's chat template of these turns; the box shows its text
         self.chat: dict | None = None
         self.chat_button = QPushButton("Chat…", toolTip="Build the prompt from the model's chat template: "
-                                       "system / user / assistant turns (Ctrl+Shift+C)", clicked=self.chat_requested)  # fmt: skip
+                                       "system / user / assistant turns (Ctrl+Shift+C)")  # fmt: skip
+        self.chat_button.clicked.connect(self.chat_requested)
         self.plain_button = QPushButton("Plain prompt", visible=False, clicked=lambda: self.set_chat(None),
                                         toolTip="Leave chat mode: the box becomes an ordinary prompt again")  # fmt: skip
         self.chat_label = QLabel(visible=False, wordWrap=True)
