@@ -25,6 +25,7 @@ from PySide6.QtWidgets import (
     QTableWidget,
     QTableWidgetItem,
     QTabWidget,
+    QToolButton,
     QWidget,
 )
 
@@ -116,6 +117,8 @@ class ComparePanel(QWidget):
         self.trees.setTabToolTip(0, "Greedy, the beams and every sample as one fan-out tree")
         self.trees.setTabToolTip(1, "The beam search as it ran: every candidate, pruned ones too")
         self.trees.setCurrentIndex(1)  # until a comparison with samples comes
+        for b in self.trees.tabBar().findChildren(QToolButton):  # the bar's scroll arrows, when the dock is narrow
+            b.setToolTip("Scroll the tabs")
         self.split = split = splitter(Qt.Orientation.Vertical, column((self.table, 1), self.summary), self.trees)
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)
