@@ -95,7 +95,7 @@ class SessionPanel(QWidget):
         self.chat_button = QPushButton("Chat…", toolTip="Build the prompt from the model's chat template: "
                                        "system / user / assistant turns (Ctrl+Shift+C)")  # fmt: skip
         self.chat_button.clicked.connect(self.chat_requested)
-        self.plain_button = QPushButton("Plain prompt", visible=False, clicked=lambda: self.set_chat(None),
+        self.plain_button = QPushButton("Plain", visible=False, clicked=lambda: self.set_chat(None),
                                         toolTip="Leave chat mode: the box becomes an ordinary prompt again")  # fmt: skip
         self.chat_label = QLabel(visible=False, wordWrap=True)
         vbox(g, self.chat_label, self.prompt, hbox(None, (self.start_button, 1), self.chat_button, self.plain_button))
@@ -297,10 +297,11 @@ class SessionPanel(QWidget):
         self.plain_button.setVisible(on)
         self.chat_label.setVisible(on)
         if on:
-            n = len(chat["messages"])
             roles = ", ".join(m["role"] for m in chat["messages"])
-            gen = "; generation prompt" if chat["add_generation_prompt"] else ""
-            self.chat_label.setText(f"<b>chat</b>: {n} turn{'s' * (n != 1)} ({roles}){gen} — the template's text:")
+            gen = " + generation prompt" if chat["add_generation_prompt"] else ""
+            self.chat_label.setText(f"<b>chat</b>: {roles}{gen}")
+            self.chat_label.setToolTip(f"{len(chat['messages'])} turns through the model's chat template; the box "
+                                       "shows the exact text it made (Chat… edits the turns, Plain leaves chat mode)")  # fmt: skip
         self.prompt.setToolTip("The exact text the chat template made of the turns; Chat… edits them" if on else
                                "The text the model continues; Start (or Step after an edit) runs it")  # fmt: skip
 

@@ -63,7 +63,11 @@ def test_chat_journey(qtbot, chat_window, wait_idle, chat_dir, dialogs):
     assert list(snap.token_ids[: snap.prompt_len]) == ids and snap.prompt_len == len(ids)
     sp = win.session_panel
     assert sp.prompt.toPlainText() == text and sp.prompt.isReadOnly()
-    assert sp.chat_label.isVisible() and "2 turns" in sp.chat_label.text() and sp.plain_button.isVisible()
+    assert (
+        sp.chat_label.isVisible()
+        and "system, user + generation prompt" in sp.chat_label.text()
+        and sp.plain_button.isVisible()
+    )
     # the strip: each prompt token's role, in its tooltip and the strip's legend
     strip = win.token_strip
     roles = list(snap.roles)
