@@ -123,3 +123,34 @@ def test_recipe_with_bad_chat_refused(chat_lm):
     rec["chat"] = {"messages": tiny_chat.MESSAGES[:1], "add_generation_prompt": True}
     with pytest.raises(InspectorError, match="other tokens"):
         gi.Session.replay(chat_lm("gpt2"), rec)
+
+
+@pytest.mark.parametrize(
+    ("chat", "msg"),
+    [
+        ({"messages": [{"role": "user"}], "add_generation_prompt": True, "roles": None}, "malformed"),
+        ({"messages": [{"role": "user", "content": 1}], "add_generation_prompt": True, "roles": "$N"}, "content"),
+        (
+            {"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True, "roles": ["user"]},
+            "malformed",
+        ),
+        ({"messages": [{"role": "user", "content": "x"}], "add_generation_prompt": True, "roles": "$N9"}, "role"),
+    ],
+)
+def test_trace_with_bad_chat_metadata_refused(chat, msg, chat_lm, tmp_path):
+    from safetensors import safe_open
+    from safetensors.torch import load_file, save_file
+
+    s = gi.Session(chat_lm("gpt2"), messages=tiny_chat.MESSAGES[:2])
+    s.step()
+    path = s.save_trace(tmp_path / "t.safetensors")
+    with safe_open(str(path), "pt") as f:
+        meta = dict(f.metadata())
+    n = len(s.prompt_ids)
+    if isinstance(chat["roles"], str):  # as many roles as prompt tokens
+        chat = dict(chat, roles={"$N": ["user"] * n, "$N9": ["x" * 99] * n}[chat["roles"]])
+    meta["chat"] = json.dumps(chat)
+    bad = tmp_path / "bad.safetensors"
+    save_file(load_file(str(path)), str(bad), metadata=meta)
+    with pytest.raises(InspectorError, match=msg):
+        gi.load_trace(bad)
