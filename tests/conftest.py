@@ -26,6 +26,21 @@ def tiny_dir(tmp_path_factory):
 
 
 @pytest.fixture(scope="session")
+def chat_dir(tiny_dir, tmp_path_factory):
+    """family -> a copy of the tiny checkpoint whose tokenizer has a chat template (tests/tiny_chat.py)."""
+    import tiny_chat
+
+    root, made = tmp_path_factory.mktemp("chat"), {}
+
+    def get(family):
+        if family not in made:
+            made[family] = tiny_chat.with_template(tiny_dir[family], root / family)
+        return made[family]
+
+    return get
+
+
+@pytest.fixture(scope="session")
 def tiny_lm(tiny_dir):
     """family -> LoadedModel on the CPU, or GPT_INSPECTOR_TEST_DEVICE (loaded once per test run)."""
     from gpt_inspector import load_model

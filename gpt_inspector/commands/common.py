@@ -48,6 +48,49 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     )
 
 
+class _Turn(argparse.Action):
+    """--system/--user/--assistant TEXT: one turn each, kept in the order given on the command line."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        turns = list(getattr(namespace, "turns", None) or [])
+        turns.append({"role": self.dest.removeprefix("turn_"), "content": values})
+        namespace.turns = turns
+
+
+def add_prompt_args(p: argparse.ArgumentParser, help_text: str, required: bool = True) -> None:
+    """--prompt, or a chat: --messages FILE.json and/or --system/--user/--assistant turns (the tokenizer's template)."""
+    p.add_argument("--prompt", default=None, help=help_text + (" (or a chat: --messages, --user)" if required else ""))
+    g = p.add_argument_group("chat (the prompt built by the tokenizer's chat template instead of --prompt)")
+    g.add_argument("--messages", default=None, type=user_path, metavar="FILE.json",
+                   help='the turns: [{"role": "system", "content": "..."}, {"role": "user", ...}, ...]')  # fmt: skip
+    for role in ("system", "user", "assistant"):
+        g.add_argument(f"--{role}", dest=f"turn_{role}", action=_Turn, metavar="TEXT",
+                       help=f"a {role} turn, after --messages' turns, in command-line order (repeatable)")  # fmt: skip
+    g.add_argument("--no-generation-prompt", dest="add_generation_prompt", action="store_false",
+                   help="leave out the template's assistant header at the end (generate's add_generation_prompt=False)")  # fmt: skip
+    p.set_defaults(turns=None, prompt_required=required)
+
+
+def prompt_args(args) -> dict:
+    """``{"prompt": ...}`` or ``{"messages": [...], "add_generation_prompt": ...}``; checked, before the model loads."""
+    from ..core import chat, validate
+
+    msgs = chat.load_messages(args.messages) if getattr(args, "messages", None) else []
+    msgs += getattr(args, "turns", None) or []
+    if msgs:
+        if args.prompt is not None:
+            raise InspectorError("give --prompt or chat turns (--messages, --system, --user), not both")
+        return {"messages": chat.check_messages(msgs), "add_generation_prompt": args.add_generation_prompt}
+    if getattr(args, "add_generation_prompt", True) is False:
+        raise InspectorError("--no-generation-prompt needs chat turns (--messages, --user)")
+    if args.prompt is None:
+        if getattr(args, "prompt_required", False):
+            raise InspectorError("give --prompt TEXT, or chat turns with --messages FILE.json or --user TEXT")
+        return {}
+    validate.text(args.prompt, "--prompt")
+    return {"prompt": args.prompt}
+
+
 def add_decoding_args(p: argparse.ArgumentParser, g=None, temperature=(0.0, "0 = greedy (default)"),
                       sampler: bool = True, max_new_tokens: bool = True) -> None:  # fmt: skip
     """The decoding flags, in group ``g`` (default: a new "decoding" group); ``temperature``: its (default, help);
@@ -159,8 +202,8 @@ def session(args):
     from ..core import Session
 
     lm = load(args)
-    return Session(lm, args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
-                   **settings_for(args, lm))  # fmt: skip
+    return Session(lm, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                   **prompt_args(args), **settings_for(args, lm))  # fmt: skip
 
 
 def settings_for(args, lm) -> dict:
@@ -176,7 +219,7 @@ def check_run_args(args) -> None:
     """Refuse a bad prompt, seed or decoding setting before the (slow) model load."""
     from ..core import decoding, validate
 
-    validate.text(args.prompt, "--prompt")
+    prompt_args(args)
     validate.seed(args.seed, "--seed")
     if getattr(args, "temperature", None) is not None:
         decoding.validate(args.temperature, args.top_k, args.top_p)

@@ -10,12 +10,12 @@ from ..core.errors import InspectorError
 from . import common
 
 NAME = "compare"
-HELP = "compare greedy decoding, beam search (identical to generate) and a seeded sample on one prompt"
+HELP = "compare greedy decoding, beam search (identical to generate) and seeded samples on one prompt"
 
 
 def add_arguments(p):
     common.add_model_args(p)
-    p.add_argument("--prompt", required=True, help="the text to continue")
+    common.add_prompt_args(p, "the text to continue")
     g = p.add_argument_group("length (give exactly one)")
     g.add_argument(
         "--max-length", type=int, default=None, help="total length, prompt included, as generate's max_length"
@@ -43,8 +43,12 @@ def add_arguments(p):
         metavar="{true,false,never}",
         help="stop as soon as num_beams hypotheses are finished (bare flag = true); 'never' = exhaustive",
     )
-    s = p.add_argument_group("sampling (with --sample)")
-    s.add_argument("--sample", action="store_true", help="also show one seeded sample")
+    s = p.add_argument_group("sampling (with --sample or --samples)")
+    s.add_argument("--sample", action="store_true", help="also show one seeded sample (= --samples 1)")
+    s.add_argument("--samples", type=int, default=None, metavar="N",
+                   help="N seeded samples at each temperature, seeds --seed, --seed + 1, ...")  # fmt: skip
+    s.add_argument("--temperatures", default=None, metavar="T,T,...",
+                   help="sample at each of these temperatures (with --samples; default: --temperature)")  # fmt: skip
     common.add_decoding_args(p, s, temperature=(None, "default 1.0"), max_new_tokens=False)
     common.add_assisted_args(p)
     p.add_argument("--json", action="store_true", help="print the comparison as one JSON object")
@@ -70,11 +74,36 @@ def _check(args) -> None:
     if args.max_length is not None:
         validate.integer("--max-length", args.max_length, 1)
     validate.early_stopping(args.early_stopping)
-    if not args.sample:
+    if args.samples is not None:
+        validate.integer("--samples", args.samples, 1)
+    if args.temperatures is not None:
+        if args.samples is None:
+            raise InspectorError("--temperatures only applies with --samples")
+        if args.temperature is not None:
+            raise InspectorError("give --temperature or --temperatures, not both")
+        args.temperatures = _floats(args.temperatures, "--temperatures")
+    if not args.sample and args.samples is None:
         given = [n for n in ("temperature", "top_k", "top_p", *common.SAMPLER_FLAGS, "suppress_tokens", "bad_words_ids",
                              "bad_words") if getattr(args, n) is not None]  # fmt: skip
         if given:
-            raise InspectorError(f"--{given[0].replace('_', '-')} only applies with --sample")
+            raise InspectorError(f"--{given[0].replace('_', '-')} only applies with --sample or --samples")
+
+
+def _floats(text: str, what: str) -> list[float]:
+    import math
+
+    out = []
+    for part in str(text).split(","):
+        if part.strip():
+            try:
+                out.append(float(part))
+            except ValueError:
+                raise InspectorError(f"{what} takes comma-separated numbers, got {text!r}") from None
+    if not out:
+        raise InspectorError(f"{what} is empty")
+    if not all(math.isfinite(t) and t > 0 for t in out):
+        raise InspectorError(f"{what}: every temperature must be a finite number > 0, got {text!r}")
+    return out
 
 
 def run(args) -> int:
@@ -85,13 +114,13 @@ def run(args) -> int:
     lm = common.load(args)
     draft = common.load_assistant(args, lm)
     result = compare(
-        lm, args.prompt, max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
+        lm, **common.prompt_args(args), max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
         num_return_sequences=args.num_return_sequences, length_penalty=args.length_penalty,
         early_stopping=validate.early_stopping(args.early_stopping), sample=args.sample,
         temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
-        seed=args.seed, sampler=common.settings_for(args, lm), assistant=draft,
-        prompt_lookup_num_tokens=args.prompt_lookup_num_tokens, num_assistant_tokens=args.num_assistant_tokens,
-        assistant_confidence_threshold=args.assistant_confidence_threshold,
+        seed=args.seed, sampler=common.settings_for(args, lm), samples=args.samples, temperatures=args.temperatures,
+        assistant=draft, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+        num_assistant_tokens=args.num_assistant_tokens, assistant_confidence_threshold=args.assistant_confidence_threshold,
     )  # fmt: skip
     out = result.to_json()
     for w in result.warnings:
@@ -121,11 +150,7 @@ def render_text(out: dict, width: int = 120) -> str:
     """The outputs as aligned columns, one per generated position, the first token that differs
     from greedy marked ``»tok«`` and each token's probability under it."""
     p = out["prompt_length"]
-    rows = [("greedy", out["greedy"])] + [(f"beam {i + 1}", b) for i, b in enumerate(out["beams"])]
-    if "sampled" in out:
-        rows.append(("sample", out["sampled"]))
-    if "assisted" in out:
-        rows.append(("assisted", out["assisted"]))
+    rows = [(r["name"], r) for r in out["rows"]]
     n_cols = max(len(r["tokens"]) for _, r in rows)
     name_w = max(_width(name) for name, _ in rows) + 2
 
@@ -172,6 +197,8 @@ def render_text(out: dict, width: int = 120) -> str:
             extra.append(
                 f"{a['mode']}: {a['rounds']} rounds, {a['accepted']} of {a['proposed']} proposed accepted{rate}"
             )
+        if "seed" in r:
+            extra.append(f"seed {r['seed']}, T {r['temperature']:g}")
         if name != "greedy":
             extra.append("same as greedy" if div is None else f"parts from greedy at token {div}")
         lines.append(f"{_pad(name, name_w)}{r['text']!r}" + (f"  ({', '.join(extra)})" if extra else ""))

@@ -11,7 +11,7 @@ HELP = "the logit lens after every layer and each head's direct contribution to 
 
 def add_arguments(p):
     common.add_model_args(p)
-    p.add_argument("--prompt", required=True, help="the text to start from")
+    common.add_prompt_args(p, "the text to start from")
     p.add_argument("--steps", type=int, default=1, help="steps to run; the lens shows the last one (default 1)")
     common.add_decoding_args(p)
     p.add_argument("--top", type=int, default=5, help="tokens listed per layer (default 5)")

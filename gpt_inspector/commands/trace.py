@@ -13,7 +13,7 @@ HELP = "step a model N tokens with full capture and save a trace file"
 
 def add_arguments(p):
     common.add_model_args(p)
-    p.add_argument("--prompt", required=True, help="the text the session starts from")
+    common.add_prompt_args(p, "the text the session starts from")
     p.add_argument("--steps", type=int, required=True, help="steps to run (each feeds one token, chooses the next)")
     common.add_decoding_args(p)
     common.add_assisted_args(p)

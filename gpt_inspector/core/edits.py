@@ -229,4 +229,9 @@ def restart_starts_new_session(session, wanted) -> bool:
     prompt or seed cannot be reached by stepping back; changed decoding settings can, so they
     are applied to the restarted session instead.
     """
-    return wanted is not None and (wanted.prompt != session.prompt or wanted.seed != session.seed)
+    if wanted is None:
+        return False
+    chat, want = getattr(session, "chat", None), getattr(wanted, "chat", None)
+    if chat is not None or want is not None:  # a chat session: its turns, not the text they make, are the prompt
+        return want is None or chat is None or want != chat.to_json() or wanted.seed != session.seed
+    return wanted.prompt != session.prompt or wanted.seed != session.seed

@@ -27,7 +27,7 @@ __all__ = [
     "cache_arg", "family_module", "layer_types", "layer_config", "layer_config_value", "cache_keeps",
     "causal_lm_types", "quiet", "no_progress_bars", "auto_classes",
     "logits_processors", "bytes_to_unicode", "cache_utils", "SHIPPED_FIELDS", "generation_defaults",
-    "logits_processor_list", "candidate_generator",
+    "logits_processor_list", "candidate_generator", "chat_template_of", "apply_chat_template",
 ]  # fmt: skip
 
 VERSION: str = transformers.__version__
@@ -315,3 +315,19 @@ def quiet() -> None:
 
     hf_logging.set_verbosity_error()
     no_progress_bars()
+
+
+def chat_template_of(tokenizer) -> str | None:
+    """The tokenizer's chat template (Jinja text), or None where it ships none."""
+    t = getattr(tokenizer, "chat_template", None)
+    if isinstance(t, dict):  # named templates: generate's default is the one called "default"
+        t = t.get("default")
+    return t if isinstance(t, str) and t.strip() else None
+
+
+def apply_chat_template(tokenizer, messages: list[dict], add_generation_prompt: bool) -> tuple[str, list[int]]:
+    """(the rendered text, its token ids), both exactly as ``tokenizer.apply_chat_template`` gives them."""
+    text = tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=add_generation_prompt)
+    ids = tokenizer.apply_chat_template(messages, tokenize=True, return_dict=False,
+                                        add_generation_prompt=add_generation_prompt)  # fmt: skip
+    return str(text), [int(i) for i in ids]

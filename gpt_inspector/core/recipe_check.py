@@ -12,6 +12,7 @@ from __future__ import annotations
 import contextlib
 
 from . import decoding, validate
+from .chat import check_messages
 from .edits import HeadEdit, MaskEdit
 from .errors import InspectorError
 
@@ -171,6 +172,11 @@ def check_recipe(recipe) -> dict:
         _ids(recipe["tokens"], "tokens")
     if "forced" in recipe and not isinstance(recipe["forced"], dict):
         raise InspectorError(f"forced must be an object, got {_short(recipe['forced'])}")
+    if "chat" in recipe:
+        c = recipe["chat"]
+        if not isinstance(c, dict) or not isinstance(c.get("add_generation_prompt"), bool):
+            raise InspectorError('chat must be an object with "messages" and a true/false "add_generation_prompt"')
+        check_messages(c.get("messages"))
     _load(recipe.get("load"))
     return recipe
 

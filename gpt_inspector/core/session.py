@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from . import decoding, hf, kv_layout, validate
+from . import chat, decoding, hf, kv_layout, validate
 from .attention import KINDS
 from .capture import scratch_forward
 from .edits import HeadEdit, MaskEdit
@@ -112,16 +112,25 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         *,
         prompt_ids: list[int] | None = None,
         decoding: decoding.Decoding | None = None,
+        messages: list[dict] | None = None,
+        add_generation_prompt: bool = True,
         **settings,
     ):
         self.lm = model
+        # the prompt made by the tokenizer's chat template (its ids exactly apply_chat_template's), or None
+        self.chat: chat.Chat | None = None
+        if messages is not None:
+            if prompt or prompt_ids is not None:
+                raise InspectorError("give messages or a prompt, not both")
+            self.chat = chat.build(model.tokenizer, messages, add_generation_prompt)
+            prompt_ids = list(self.chat.ids)
         self.decoding = decoding if decoding is not None else _decoding(temperature, top_k, top_p, **settings)
         # the checkpoint's own generation-config defaults, which generate applies unless overridden
         self.shipped = hf.generation_defaults(model.model)
         self._samplers: dict = {}
         self.seed = validate.seed(seed)
         ids = validate.prompt_ids(model, prompt, prompt_ids)  # before decode: a bad id must not reach the tokenizer
-        self.prompt = prompt if prompt_ids is None else model.tokenizer.decode(ids)
+        self.prompt = prompt if prompt_ids is None else self.chat.text if self.chat else model.tokenizer.decode(ids)
         if len(ids) >= model.context_length:
             raise InspectorError(
                 f"prompt is {len(ids)} tokens; the model's context is {model.context_length}, "
@@ -457,6 +466,7 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
             "mask_edits": [e.to_json() for e in self.mask_edits],
             "head_edits": [e.to_json() for e in self._head_edits],
             "tokens": list(self.tokens),
+            **({} if self.chat is None else {"chat": self.chat.to_json()}),
         }
 
     @classmethod
@@ -473,8 +483,15 @@ class Session(EditingMixin, ModelShape, RunSource, Run):
         ops = compact_ops(recipe["ops"], edit_shape(lm))
         if sum(op["op"] in ("mask", "heads") for op in ops) > MAX_RECOMPUTES:
             raise InspectorError(f"more than {MAX_RECOMPUTES} mask or head edit operations")
-        s = cls(lm, recipe["prompt"], seed=recipe["seed"], prompt_ids=list(recipe["prompt_ids"]),
-                decoding=decoding.Decoding.from_json(recipe["initial_decoding"]))  # fmt: skip
+        dec = decoding.Decoding.from_json(recipe["initial_decoding"])
+        if "chat" in recipe:  # the turns again, through the template: the same ids, checked below
+            c = recipe["chat"]
+            s = cls(lm, seed=recipe["seed"], decoding=dec, messages=c["messages"],
+                    add_generation_prompt=c["add_generation_prompt"])  # fmt: skip
+            if s.prompt_ids != list(recipe["prompt_ids"]):
+                raise InspectorError("this model's chat template makes other tokens of the recipe's messages")
+        else:
+            s = cls(lm, recipe["prompt"], seed=recipe["seed"], prompt_ids=list(recipe["prompt_ids"]), decoding=dec)
         for n, op in enumerate(ops):
             if cancelled is not None and cancelled():
                 raise Cancelled("the restore was cancelled")

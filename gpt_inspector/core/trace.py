@@ -13,6 +13,7 @@ reads a tensor: a corrupt or foreign file raises ``InspectorError`` and nothing 
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import os
 from pathlib import Path
@@ -121,6 +122,7 @@ def save_trace(source: RunSource, path: str | os.PathLike, derived: bool = False
         # what the model's cache held per layer (a latent, shared layers): kv_cache_bytes as it really was
         **({} if source.kv_layout is None else {"kv_layout": json.dumps(source.kv_layout.to_json())}),
         "finished": source.finished or "",
+        **_chat_meta(source),
         "derived": "1" if derived else "0",
         **({} if policy is None else {"kv_policy": json.dumps({"name": policy.describe(), "kind": "eviction"})}),
         "attn_out_start": str(source.head_output_start),
@@ -278,6 +280,8 @@ class Trace(RunSource):
         self.text: str = meta["text"]
         self.tokens: list[int] = tensors["tokens"].tolist()
         self.prompt_ids: list[int] = self.tokens[: meta["prompt_length"]]
+        chat = meta.get("chat")  # the turns the prompt was built from, with each prompt token's role
+        self.chat = None if chat is None else dataclasses.replace(chat, ids=tuple(self.prompt_ids))
         self.finished: str | None = meta["finished"] or None
         self.mask_edits: list[MaskEdit] = [MaskEdit.from_json(e) for e in meta["mask_edits"]]
         self.head_edits: list[HeadEdit] = [HeadEdit.from_json(e) for e in meta["head_edits"]]
@@ -345,6 +349,13 @@ class Trace(RunSource):
     @property
     def step_logits(self) -> np.ndarray:
         return self._t["step_logits"].numpy()
+
+
+def _chat_meta(source) -> dict:
+    chat = getattr(source, "chat", None)
+    if chat is None:
+        return {}
+    return {"chat": json.dumps({**chat.to_json(), "roles": list(chat.roles)})}
 
 
 def _trace_sampler(meta: dict) -> tuple[decoding.Decoding, decoding.Sampler]:

@@ -14,6 +14,7 @@ from pathlib import Path
 
 import torch
 
+from .chat import Chat, check_messages
 from .edits import HeadEdit, MaskEdit
 from .errors import InspectorError
 from .kv_layout import KVLayout
@@ -75,6 +76,20 @@ def _json(name: str, meta: dict, key: str, typ):
     return val
 
 
+def _chat(name: str, c: dict, prompt: str, prompt_length: int) -> Chat:
+    roles, gen = c.get("roles"), c.get("add_generation_prompt")
+    if not isinstance(gen, bool) or not isinstance(roles, list) or len(roles) != prompt_length:
+        raise InspectorError(f"{name}: metadata 'chat' is malformed")
+    if not all(isinstance(r, str) and len(r) <= 64 for r in roles):
+        raise InspectorError(f"{name}: metadata 'chat' has a role that is not short text")
+    try:
+        msgs = check_messages(c.get("messages"))
+    except InspectorError as e:
+        raise InspectorError(f"{name}: metadata 'chat': {e}") from None
+    # the ids are the trace's prompt tokens, which the tensors check: not repeated here
+    return Chat(tuple((m["role"], m["content"]) for m in msgs), gen, prompt, (), tuple(roles))
+
+
 def _int(name: str, meta: dict, key: str) -> int:
     try:
         return int(meta[key])
@@ -118,6 +133,9 @@ def validate_header(name: str, header: dict, meta: dict, v1: bool) -> tuple[dict
             out["kv_layout"] = KVLayout.from_json(_json(name, meta, "kv_layout", dict), L)
         except ValueError as e:
             raise InspectorError(f"{name}: metadata 'kv_layout' is malformed: {e}") from None
+    out["chat"] = None
+    if "chat" in meta:
+        out["chat"] = _chat(name, _json(name, meta, "chat", dict), out["prompt"], out["prompt_length"])
     if H > MAX_HEADS:
         raise InspectorError(f"{name}: {H:,} heads per layer; a trace holds at most {MAX_HEADS}")
     if L > 4096 or d > 65536 or V > 1 << 24:

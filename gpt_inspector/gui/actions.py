@@ -64,6 +64,8 @@ class WindowActions(QObject):
         self.export = A("Export view…", w.export_view, "Ctrl+E", "Export the selected head's matrix")
         self.export_grid = A("Export grid…", w.export_grid, "Ctrl+Shift+E", "Export every head's pattern")
         self.load = A("Load model…", w.load_from_controls, "Ctrl+L", "Load the model chosen in the Session panel")
+        self.chat = A("Chat prompt…", w.open_chat, "Ctrl+Shift+C",
+                      "Build the prompt from the model's chat template: system / user / assistant turns")  # fmt: skip
         self.quit = A("Quit", w.close, QKeySequence.StandardKey.Quit)
         self.reset_layout = A(
             "Reset layout", w.reset_layout, None, "Put every panel back where it started (the Attention workspace)"
@@ -82,7 +84,7 @@ class WindowActions(QObject):
         mb = w.menuBar()
         self.recent_menu = QMenu("Recent traces", w)
         self.recent_menu.aboutToShow.connect(self._fill_recent_traces)
-        _fill(mb.addMenu("&File"), self.load, None, self.open, self.recent_menu, self.save, None, self.export, self.export_grid,
+        _fill(mb.addMenu("&File"), self.load, self.chat, None, self.open, self.recent_menu, self.save, None, self.export, self.export_grid,
               None, self.quit)  # fmt: skip
         _fill(mb.addMenu("&Debug"), *debug, None, self.redecide)
         _fill(

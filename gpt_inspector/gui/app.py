@@ -132,9 +132,11 @@ def _image_bytes(pixmap, fmt: str) -> bytes | None:
 
 
 def run(args) -> int:
-    from ..commands.common import window_settings
+    from ..commands.common import prompt_args, window_settings
 
     sampler = window_settings(args)  # bad values: one line, exit 2, before any window
+    start = prompt_args(args) if args is not None else {}  # a chat's turns: a bad file refused here too
+    chat = start if "messages" in start else None
     screenshot = _get(args, "screenshot")
     if screenshot:
         from ..core import outfile
@@ -179,7 +181,10 @@ def run(args) -> int:
         win.resize(*(_get(args, "screenshot_size") or SCREENSHOT_SIZE))
     win.persist_layout = not screenshot
     prompt = _get(args, "prompt")
-    if prompt is not None:
+    if chat is not None:
+        win.session_panel.set_chat(chat)
+        prompt = ""
+    elif prompt is not None:
         win.session_panel.prompt.setPlainText(prompt)
     else:
         prompt = win.session_panel.prompt.toPlainText() or DEFAULT_PROMPT
@@ -193,12 +198,12 @@ def run(args) -> int:
     win.worker.autosave = not screenshot
     win.show()
     recipe = None
-    if not screenshot and _get(args, "model") is None and _get(args, "prompt") is None:
+    if not screenshot and _get(args, "model") is None and _get(args, "prompt") is None and chat is None:
         recipe = _offer_restore(win)
     if recipe is not None:
         win.restore(recipe)
     else:
-        win.load_model(spec, SessionSpec(prompt, t, k, p, win.session_panel.seed.value(), sampler))
+        win.load_model(spec, SessionSpec(prompt, t, k, p, win.session_panel.seed.value(), sampler, chat=chat))
         if not screenshot:
             tour.offer_at_start(win)
     n = steps if steps is not None else (DEFAULT_STEPS if screenshot else None)

@@ -43,6 +43,14 @@ class SessionSpec:
     top_p: float | None = None
     seed: int = 0
     settings: dict | None = None  # generate's other sampler settings (decoding.Decoding's names)
+    # a chat prompt instead of ``prompt``: {"messages": [...], "add_generation_prompt": bool} (core.chat)
+    chat: dict | None = None
+
+    def session_kwargs(self) -> dict:
+        """``Session``'s keyword arguments for this spec (the model aside)."""
+        start = {"prompt": self.prompt} if self.chat is None else dict(self.chat)
+        return {**start, "temperature": self.temperature, "top_k": self.top_k, "top_p": self.top_p,
+                "seed": self.seed, **(self.settings or {})}  # fmt: skip
 
 
 def _no_bool(owner: str, **values) -> None:

@@ -62,7 +62,7 @@ class Controller(QObject):
     error = Signal(str, str, str)  # title, message, kind: "user" | "model" | "internal"
     notice = Signal(str)  # a line for the status bar from the worker
     posted = Signal(object)  # a command, as it is queued for the worker
-    session_shown = Signal(str, int)  # prompt, seed of the live session now shown
+    session_shown = Signal(str, int, object)  # prompt, seed, chat (or None) of the live session now shown
     runs_changed = Signal()  # ``run_infos`` or ``shown_run`` changed
 
     def __init__(self, parent: QObject | None = None):

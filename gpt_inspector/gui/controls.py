@@ -11,6 +11,7 @@ from PySide6.QtWidgets import (
     QFileDialog,
     QFormLayout,
     QGroupBox,
+    QLabel,
     QLineEdit,
     QPlainTextEdit,
     QPushButton,
@@ -36,6 +37,7 @@ THROTTLE_MS = 40  # decoding changes from a dragged slider: at most ~25 redraws 
 class SessionPanel(QWidget):
     load_requested = Signal()
     start_requested = Signal()
+    chat_requested = Signal()  # Chat…: the window opens the turns editor
     decoding_changed = Signal()  # throttled; read decoding() and sampler_settings() for the values
     bad_input = Signal(str)  # a malformed id list: the window shows it in a dialog
 
@@ -88,7 +90,15 @@ class SessionPanel(QWidget):
             "Start from this prompt", toolTip="New session with this prompt and seed (mask edits are kept)"
         )
         self.start_button.clicked.connect(self.start_requested)
-        vbox(g, self.prompt, self.start_button)
+        # chat mode: the prompt is the tokenizer's chat template of these turns; the box shows its text
+        self.chat: dict | None = None
+        self.chat_button = QPushButton("Chat…", toolTip="Build the prompt from the model's chat template: "
+                                       "system / user / assistant turns (Ctrl+Shift+C)")  # fmt: skip
+        self.chat_button.clicked.connect(self.chat_requested)
+        self.plain_button = QPushButton("Plain", visible=False, clicked=lambda: self.set_chat(None),
+                                        toolTip="Leave chat mode: the box becomes an ordinary prompt again")  # fmt: skip
+        self.chat_label = QLabel(visible=False, wordWrap=True)
+        vbox(g, self.chat_label, self.prompt, hbox(None, (self.start_button, 1), self.chat_button, self.plain_button))
         lay.addWidget(g)
 
         # before the controls that start it
@@ -276,7 +286,24 @@ class SessionPanel(QWidget):
 
     def session_spec(self) -> SessionSpec:
         t, k, p = self.decoding()
-        return SessionSpec(self.prompt.toPlainText(), t, k, p, self.seed.value(), self.sampler_settings())
+        return SessionSpec(self.prompt.toPlainText(), t, k, p, self.seed.value(), self.sampler_settings(),
+                           chat=self.chat)  # fmt: skip
+
+    def set_chat(self, chat: dict | None) -> None:
+        """Chat mode with these turns (``core.chat.Chat.to_json()``), or plain-prompt mode (None)."""
+        self.chat = chat
+        on = chat is not None
+        self.prompt.setReadOnly(on)  # the template's text: edit the turns (Chat…), not the text
+        self.plain_button.setVisible(on)
+        self.chat_label.setVisible(on)
+        if on:
+            roles = ", ".join(m["role"] for m in chat["messages"])
+            gen = " + generation prompt" if chat["add_generation_prompt"] else ""
+            self.chat_label.setText(f"<b>chat</b>: {roles}{gen}")
+            self.chat_label.setToolTip(f"{len(chat['messages'])} turns through the model's chat template; the box "
+                                       "shows the exact text it made (Chat… edits the turns, Plain leaves chat mode)")  # fmt: skip
+        self.prompt.setToolTip("The exact text the chat template made of the turns; Chat… edits them" if on else
+                               "The text the model continues; Start (or Step after an edit) runs it")  # fmt: skip
 
     def refresh_recent(self) -> None:
         current = self.model.currentText()

@@ -269,7 +269,9 @@ PAGES: dict[str, Page] = {
     "tokens": Page("Tokens", "Every token of the prompt and the generation; click one to select that query position",
         "One chip per token (the tokenizer's pieces, not words). Click a chip to make it the query the other panels "
         "show; the newest one follows the run (End). Generated chips are tinted by the probability they were "
-        "chosen with (dark: unlikely, yellow: likely); a dashed chip is chosen but not yet fed to the model.<br>"
+        "chosen with (dark: unlikely, yellow: likely); a dashed chip is chosen but not yet fed to the model. "
+        "A chat prompt's tokens (Chat…) carry a bar in their role's colour: system, user, assistant turns' "
+        "content, or template (what the chat template wrote around them).<br>"
         "Legend: " + TOKEN_LEGEND, _live_tokens),
     "scores": Page("Score matrix", "One head's T × T attention: rows are queries, columns keys; hover a cell for its numbers",
         "Rows are query positions, columns keys; one layer and head at one stage of the equation: " + _STAGES + ". "
@@ -305,8 +307,11 @@ PAGES: dict[str, Page] = {
         "them, each with its colour bar. A step adds one row to every layer. Right: the bytes of the model's own "
         "cache per layer (click a bar to select the layer) and after each step.", _live_kv),
     "panel_compare_decoding": Page("Compare decoding", "Greedy, beam search and sampling side by side on this prompt",
-        "Runs the prompt greedily, with beam search (as model.generate does) and sampled, and shows where the texts "
-        "part; any beam opens read-only in the window."),
+        "Runs the prompt greedily, with beam search (as model.generate does) and N seeded samples at each "
+        "temperature (seeds seed, seed + 1, ...: each is generate(do_sample=True) with that seed), and shows where "
+        "the texts part: in the table, and in the All outputs tree, where every output shares a node with the "
+        "others while their tokens agree and the node where it first leaves greedy is orange. Any beam opens "
+        "read-only in the window."),
     "panel_cache_probe": Page("Cache probe", "How much of the prompt can be read back from the cached K and V alone",
         "An attacker holding only the KV cache: for each position, the token whose keys match best."),
     "panel_math_check": Page("Math check", "softmax(qKᵀ·scale + mask)V recomputed in float64 beside the model's output",

@@ -171,6 +171,7 @@ class MainWindow(DockLayout, QMainWindow):
         sp, ctl = self.session_panel, self.controller
         sp.load_requested.connect(self.load_from_controls)
         sp.start_requested.connect(self.start_session)
+        sp.chat_requested.connect(self.open_chat)
         sp.decoding_changed.connect(self._decoding_changed)
         sp.bad_input.connect(lambda text: self.show_error("Decoding", text, "user"))
         self.token_strip.position_clicked.connect(ctl.select_query)
@@ -423,9 +424,18 @@ class MainWindow(DockLayout, QMainWindow):
             self._confirm[serial] = (text, len(self.errors))
         return serial
 
-    def _session_shown(self, prompt: str, seed: int) -> None:
+    def open_chat(self) -> None:
+        """The turns editor (Chat…); its OK starts a session on the chat template's prompt."""
+        from .chat_dialog import ChatDialog
+
+        self.chat_dialog = d = ChatDialog(self, self.session_panel.chat)
+        d.accepted.connect(lambda: (self.session_panel.set_chat(d.chat()), self.start_session()))
+        d.open()
+
+    def _session_shown(self, prompt: str, seed: int, chat: dict | None = None) -> None:
         # the controls show what runs, so that a later difference means the user edited them
         sp = self.session_panel
+        sp.set_chat(chat)
         if sp.prompt.toPlainText() != prompt:
             sp.prompt.setPlainText(prompt)
         self._shown_prompt = prompt

@@ -54,6 +54,7 @@ class TokensPart:
     finished: str | None = None
     step: Step | None = None  # a copy of the newest step (its tensors are never modified in place)
     decoding: dict = field(default_factory=dict)
+    roles: tuple[str, ...] = ()  # a chat prompt's tokens' roles (core.chat), else empty
 
 
 @dataclass(frozen=True)

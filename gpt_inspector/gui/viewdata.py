@@ -291,6 +291,7 @@ class ViewModel:
                 finished=o.finished,
                 step=None if cur is None else copy.copy(cur),
                 decoding=o.decoding.to_json(),
+                roles=() if getattr(o, "chat", None) is None else tuple(o.chat.roles),
             ),
             mask=MaskPart(
                 tuple(o.mask_edits),

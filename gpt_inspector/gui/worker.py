@@ -72,7 +72,9 @@ class Worker(QObject):
     done = Signal(int)  # serial of a finished command
     called = Signal(int, object, object)  # serial, result, exception (run_in_worker)
     notice = Signal(str)  # one line for the status bar: something the user did not ask for in so many words
-    session_shown = Signal(str, int)  # prompt, seed of the live session now shown
+    session_shown = Signal(
+        str, int, object
+    )  # prompt, seed, chat (Chat.to_json() or None) of the live session now shown
     runs_changed = Signal(object, int)  # tuple of runs.RunInfo, id of the run shown
     _command = Signal(int, object)
 
@@ -250,7 +252,8 @@ class Worker(QObject):
             self.lm = lm
             self.loaded.emit(self._describe())
         if run.live:
-            self.session_shown.emit(run.obj.prompt, int(run.obj.seed))
+            chat = run.obj.chat
+            self.session_shown.emit(run.obj.prompt, int(run.obj.seed), None if chat is None else chat.to_json())
         self._publish()
 
     def _runs_changed(self) -> None:
@@ -266,9 +269,9 @@ class Worker(QObject):
         s = self._session()
         if wanted is None or not restart_starts_new_session(s, wanted):
             return s
-        what = "prompt" if wanted.prompt != s.prompt else "seed"
+        what = "chat" if wanted.chat is not None else "prompt" if wanted.prompt != s.prompt else "seed"
         self._do_new_session(0, C.NewSession(wanted))
-        text = wanted.prompt if len(wanted.prompt) <= 40 else wanted.prompt[:39] + "…"
+        text = self.obj.prompt if len(self.obj.prompt) <= 40 else self.obj.prompt[:39] + "…"
         self.notice.emit(f"The {what} changed: started a new session from “{text}” (seed {wanted.seed})")
         return self.obj
 
@@ -289,8 +292,7 @@ class Worker(QObject):
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
         lm = _load_model(model)
-        sess = Session(lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed,
-                       **(session.settings or {}))  # fmt: skip
+        sess = Session(lm, **session.session_kwargs())
         self.lm, self.model_spec = lm, model
         self.loaded.emit(self._describe())
         self._show(sess)
@@ -326,8 +328,9 @@ class Worker(QObject):
             # session is moved aside, not overwritten by the fresh one's autosave
             d = recipe["initial_decoding"]
             kept = self._set_aside_autosave()
-            self._show(Session(self.lm, recipe["prompt"], seed=recipe["seed"], prompt_ids=list(recipe["prompt_ids"]),
-                               decoding=Decoding.from_json(d)))  # fmt: skip
+            start = dict(recipe["chat"]) if "chat" in recipe else {"prompt": recipe["prompt"],
+                                                                   "prompt_ids": list(recipe["prompt_ids"])}  # fmt: skip
+            self._show(Session(self.lm, seed=recipe["seed"], decoding=Decoding.from_json(d), **start))
             where = f"; the saved session is kept as {kept}" if kept else ""
             self.notice.emit(f"Restore cancelled: started fresh{where}")
             return
@@ -356,8 +359,7 @@ class Worker(QObject):
             raise InspectorError("no model loaded: choose a model and press Load")
         session = cmd.session
         old = None if self.runs.live is None else self.runs.live.obj
-        sess = Session(self.lm, session.prompt, session.temperature, session.top_k, session.top_p, session.seed,
-                       **(session.settings or {}))  # fmt: skip
+        sess = Session(self.lm, **session.session_kwargs())
         if cmd.keep_edits and old is not None and old.mask_edits:
             sess.set_mask_edits(old.mask_edits)
         self._show(sess)

@@ -95,6 +95,7 @@ def test_result_before_the_end_is_refused(tiny_lm):
 
 # what compare() returned as a dict before it returned a Comparison: the CLI's --json keys
 _JSON_KEYS = ["model", "prompt", "prompt_ids", "prompt_length", "max_length", "settings", "greedy", "beams"]
+_NEW_KEYS = ["rows", "fanout_tree"]
 _SETTINGS_KEYS = {"num_beams", "num_return_sequences", "length_penalty", "early_stopping", "eos_token_ids",
                   "pad_token_id"}  # fmt: skip
 
@@ -107,7 +108,8 @@ def test_comparison_to_json_keeps_the_old_dict(tiny_lm):
     lm = tiny_lm("llama")
     plain = compare(lm, "One two", max_new_tokens=3, num_beams=2, num_return_sequences=2)
     d = plain.to_json()
-    assert list(d) == [*_JSON_KEYS, "beam_tree"]  # no sampled, no warnings: absent, not null
+    # the old keys in the old order; the rows (every output with its kind) and the fan-out tree after them
+    assert list(d) == [*_JSON_KEYS, "beam_tree", *_NEW_KEYS]  # no sampled, no warnings: absent, not null
     assert set(d["settings"]) == _SETTINGS_KEYS
     assert set(d["greedy"]) == {"token_ids", "text", "tokens", "probs", "finish_reason"}
     assert all(set(b) == {"token_ids", "text", "score", "tokens", "probs", "length", "diverges_at"} for b in d["beams"])
@@ -116,7 +118,7 @@ def test_comparison_to_json_keeps_the_old_dict(tiny_lm):
     assert len(plain.beams) == 2  # to_json hands out a copy
 
     sampled = compare(lm, "One two", max_new_tokens=3, num_beams=2, sample=True, seed=5).to_json()
-    assert list(sampled) == [*_JSON_KEYS, "sampled", "beam_tree"]
+    assert list(sampled) == [*_JSON_KEYS, "sampled", "samples", "beam_tree", *_NEW_KEYS]
     assert set(sampled["sampled"]) == {"token_ids", "text", "tokens", "probs", "finish_reason", "diverges_at", "seed",
                                        "temperature", "top_k", "top_p"}  # fmt: skip
     assert json.loads(json.dumps(sampled)) == sampled
@@ -124,7 +126,8 @@ def test_comparison_to_json_keeps_the_old_dict(tiny_lm):
     # the search is there to inspect beams, not data: out of repr, JSON and equality
     assert "search" not in d and "BeamSearch" not in repr(plain)
     assert {f.name for f in dataclasses.fields(Comparison)} == {*_JSON_KEYS, "sampled", "beam_tree", "warnings",
-                                                                "search", "assisted"}  # fmt: skip
+                                                                "search", "samples", "chat", "assisted",
+                                                                *_NEW_KEYS}  # fmt: skip
     with pytest.raises(dataclasses.FrozenInstanceError):
         plain.beams = []  # type: ignore[misc]
     assert "return_search" not in inspect.signature(compare).parameters
@@ -139,7 +142,7 @@ def test_comparison_warns_about_unmirrored_processors(tiny_lm, monkeypatch):
     out = compare(lm, "One two", max_new_tokens=2, num_beams=2)
     assert out.warnings and "repetition_penalty" in out.warnings[0]
     d = out.to_json()
-    assert list(d) == [*_JSON_KEYS, "warnings", "beam_tree"] and d["warnings"] == out.warnings
+    assert list(d) == [*_JSON_KEYS, "warnings", "beam_tree", *_NEW_KEYS] and d["warnings"] == out.warnings
 
 
 def test_first_difference():

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from PySide6.QtCore import Qt
 
 pytest.importorskip("pytestqt")
 
@@ -178,7 +179,7 @@ def test_controls_fit_a_narrow_dock(qtbot, result):
 
 
 def test_tree_is_fitted_and_legible_after_a_comparison(qtbot, result):
-    from gpt_inspector.gui.views.compare import _MIN_SCALE
+    from gpt_inspector.gui.views.compare_tree import _MIN_SCALE
 
     panel = ComparePanel()
     qtbot.addWidget(panel)
@@ -186,7 +187,12 @@ def test_tree_is_fitted_and_legible_after_a_comparison(qtbot, result):
     panel.show()
     qtbot.waitExposed(panel)
     panel.show_result(result)
+    assert panel.trees.currentIndex() == 0  # a sample came: the fan-out tree in front
+    bar = panel.trees.tabBar()
+    qtbot.mouseClick(bar, Qt.MouseButton.LeftButton, pos=bar.tabRect(1).center())  # the user picks the beam tree
+    assert panel.trees.currentIndex() == 1
     tree = panel.tree
+    qtbot.waitUntil(lambda: tree.isVisible() and tree.viewport().width() > 100, timeout=3000)
     vp = tree.viewport().rect()
     # fitted to the tree's final size: as large as fits, never shrunk below legible, never magnified
     scene = tree.sceneRect()
@@ -248,3 +254,37 @@ def test_inspect_beam_shows_the_beam_in_the_main_window(qtbot, make_window, wait
         ref = hf_eager("llama")(torch.tensor([list(snap.token_ids[: snap.T])]), output_attentions=True).attentions
     sel = snap.selection
     np.testing.assert_allclose(np.nan_to_num(snap.matrix), ref[sel.layer][0, sel.head].numpy(), atol=1e-5)
+
+
+def test_samples_at_temperatures_fan_out_from_greedy(qtbot, make_window):
+    """The user asks for 2 samples at T 0.8 and 1.6: six rows, one fan-out tree, each divergence marked."""
+    win = make_window("gpt2", "She eats an apple")
+    panel = win.findChildren(ComparePanel)[0]
+    panel.new_tokens.setValue(4)
+    panel.samples.setFocus()
+    panel.samples.selectAll()
+    qtbot.keyClicks(panel.samples, "2")
+    assert panel.temperatures.isEnabled() and panel.seed.isEnabled()
+    panel.temperatures.selectAll()
+    qtbot.keyClicks(panel.temperatures, "0.8, 1.6")
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.result is not None, timeout=30000)
+    r = panel.result
+    assert [(s["seed"], s["temperature"]) for s in r.samples] == [(0, 0.8), (1, 0.8), (0, 1.6), (1, 1.6)]
+    assert panel.row_names == ["greedy", "beam 1", "beam 2", "sample 1 · T 0.8", "sample 2 · T 0.8",
+                               "sample 1 · T 1.6", "sample 2 · T 1.6"]  # fmt: skip
+    assert panel.trees.currentIndex() == 0 and panel.fanout.isVisible()
+    p = r.prompt_length
+    items = panel.fanout.node_items
+    assert set(items) == {n["id"] for n in r.fanout_tree}
+    for row, out in enumerate(r.rows):
+        states = [panel.cell_state(row, c) for c in range(len(out["tokens"]))]
+        div = out.get("diverges_at")
+        parts = [n for n in r.fanout_tree if row in n["parts"]]
+        if div is None or div - p >= len(out["tokens"]):
+            assert PARTS not in states and not parts
+        else:  # the table cell and the tree node where it leaves greedy, both marked
+            assert states.index(PARTS) == div - p and items[parts[0]["id"]].data(0) == "parts"
+    assert any(n["parts"] for n in r.fanout_tree)  # T 1.6 on a random net leaves greedy somewhere
+    tip = items[r.fanout_tree[1]["id"]].toolTip()
+    assert "greedy: p = " in tip

@@ -1,38 +1,36 @@
-"""Decoding comparison panel: greedy, beam search and a seeded sample side by side, and the beam tree.
+"""Decoding comparison panel: greedy, beam search and seeded samples side by side, and two trees.
 
 Display only. The comparison (``gpt_inspector.core.compare.compare``) runs on the worker thread;
 ``create_panel`` wires the Compare button to ``window.run_in_worker`` and hands the ``Comparison``
 to ``ComparePanel.show_result``; "Inspect beam" shows the chosen beam in the main window, read-only.
+The table has one row per ``Comparison.rows`` entry, whatever its kind; the trees are in ``compare_tree``.
 """
 
 from __future__ import annotations
 
 import html
-import math
 from typing import TYPE_CHECKING
 
-from PySide6.QtCore import QRectF, Qt, Signal
-from PySide6.QtGui import QBrush, QColor, QFont, QPainter, QPainterPath, QPen
+from PySide6.QtCore import Qt, Signal
+from PySide6.QtGui import QBrush, QColor
 from PySide6.QtWidgets import (
     QAbstractItemView,
-    QCheckBox,
     QComboBox,
     QDoubleSpinBox,
-    QGraphicsItem,
-    QGraphicsPathItem,
-    QGraphicsScene,
-    QGraphicsSimpleTextItem,
-    QGraphicsView,
     QHeaderView,
     QLabel,
+    QLineEdit,
     QPushButton,
     QSpinBox,
     QTableWidget,
     QTableWidgetItem,
+    QTabWidget,
+    QToolButton,
     QWidget,
 )
 
-from .common import FlowLayout, PanelJob, column, elide, group, splitter, vbox, wrapped_label
+from .common import FlowLayout, PanelJob, column, group, splitter, vbox, wrapped_label
+from .compare_tree import _AFTER_BG, _PARTS_BG, _PROB_BG, BeamTreeView, FanoutTreeView
 
 if TYPE_CHECKING:
     from ...core.compare import Comparison
@@ -42,229 +40,6 @@ PANEL_AREA = "bottom"
 
 # cell and node states, stored on the items (Qt.UserRole) so tests and tooltips can read them
 SAME, PARTS, AFTER = "same", "parts", "after"
-
-_PARTS_BG = QColor(255, 140, 40, 190)  # the first token that differs from greedy
-_AFTER_BG = QColor(255, 140, 40, 70)  # later tokens that differ from greedy at that position
-_PROB_BG = (79, 143, 223)  # per-token probability, as alpha
-_ALIVE = QColor("#4fa3ff")
-_FINISHED = QColor("#3fb950")
-_RETURNED = QColor("#ffb84f")
-_PRUNED = QColor("#6e7381")
-_PRUNED_FILL = QColor(110, 115, 129, 40)
-_TEXT = QColor("#c8ccd4")
-_BACKGROUND = QColor("#1b1e24")
-
-_DX, _DY = 96.0, 30.0  # tree spacing: per step, per leaf
-_NODE_W, _NODE_H = 78.0, 22.0
-_MIN_SCALE = 0.75  # below this node labels drop under ~9 px: scroll instead of shrinking further
-
-
-def _fmt(x) -> str:
-    return "–" if x is None else f"{x:.3f}"
-
-
-class BeamTreeView(QGraphicsView):
-    """The search as a tree: nodes are tokens, edges carry the cumulative score.
-
-    Pruned branches are grey and dashed, finished hypotheses green, the returned sequences' paths
-    outlined in amber. Wheel zooms. A new tree is fitted to the view (never below a legible
-    scale) and refitted as the view resizes, until the user zooms or drags.
-    """
-
-    node_clicked = Signal(int)
-
-    def __init__(self, parent: QWidget | None = None):
-        self._scene = QGraphicsScene()
-        super().__init__(self._scene, parent, dragMode=QGraphicsView.DragMode.ScrollHandDrag,
-                         transformationAnchor=QGraphicsView.ViewportAnchor.AnchorUnderMouse,
-                         backgroundBrush=QBrush(_BACKGROUND))  # the plots' dark background, in any Qt theme  # fmt: skip
-        self.setRenderHint(QPainter.RenderHint.Antialiasing, True)
-        self.node_items: dict[int, QGraphicsPathItem] = {}
-        self.edge_items: dict[int, QGraphicsPathItem] = {}  # keyed by the child node
-        self._focus: tuple[float, float] | None = None  # scene point to keep in view when it cannot all fit
-        self._auto_fit = False
-
-    def wheelEvent(self, ev):  # noqa: N802 (Qt)
-        self._auto_fit = False
-        f = 1.15 if ev.angleDelta().y() > 0 else 1 / 1.15
-        self.scale(f, f)
-
-    def resizeEvent(self, ev):  # noqa: N802 (Qt)
-        super().resizeEvent(ev)
-        # the panel is laid out (splitter, dock, tab) after the tree is drawn: fit to the final size
-        if self._auto_fit:
-            self.fit()
-
-    def showEvent(self, ev):  # noqa: N802 (Qt)
-        super().showEvent(ev)
-        if self._auto_fit:
-            self.fit()
-
-    def fit(self) -> None:
-        """Scale the tree to the view, between a legible minimum and 1:1; centre on the best path if it overflows."""
-        rect = self._scene.sceneRect()
-        vp = self.viewport().rect()
-        if not self.node_items or rect.isEmpty() or vp.width() < 2 or vp.height() < 2:
-            return
-        f = min(vp.width() / rect.width(), vp.height() / rect.height())
-        f = max(_MIN_SCALE, min(1.0, f))
-        self.resetTransform()
-        self.scale(f, f)
-        fits = rect.width() * f <= vp.width() and rect.height() * f <= vp.height()
-        if fits or self._focus is None:
-            self.centerOn(rect.center())
-        else:
-            self.centerOn(*self._focus)
-
-    @property
-    def zoom(self) -> float:
-        return self.transform().m11()
-
-    def clear(self) -> None:
-        self._focus = None
-        self._auto_fit = False
-        self._scene.clear()
-        self.node_items.clear()
-        self.edge_items.clear()
-
-    @staticmethod
-    def layout(nodes: list[dict]) -> dict[int, tuple[float, float]]:
-        """(x, y) per node id: x by step, leaves stacked in rank order, parents centred on children."""
-        children: dict[int, list[dict]] = {}
-        for n in nodes:
-            if n["parent"] is not None:
-                children.setdefault(n["parent"], []).append(n)
-        for kids in children.values():
-            kids.sort(key=lambda n: (n["rank"], n["id"]))
-        pos: dict[int, tuple[float, float]] = {}
-        next_leaf = 0.0
-        roots = [n for n in nodes if n["parent"] is None]
-        # iterative post-order: trees can be deeper than Python's recursion limit
-        for root in roots:
-            stack: list[tuple[dict, bool]] = [(root, False)]
-            while stack:
-                n, expanded = stack.pop()
-                kids = children.get(n["id"], [])
-                if not kids:
-                    pos[n["id"]] = ((n["step"] + 1) * _DX, next_leaf * _DY)
-                    next_leaf += 1
-                elif expanded:
-                    ys = [pos[k["id"]][1] for k in kids]
-                    pos[n["id"]] = ((n["step"] + 1) * _DX, (min(ys) + max(ys)) / 2)
-                else:
-                    stack.append((n, True))
-                    stack.extend((k, False) for k in reversed(kids))
-        return pos
-
-    def show_tree(self, nodes: list[dict]) -> None:
-        self.clear()
-        if not nodes:
-            return
-        pos = self.layout(nodes)
-        small = QFont()
-        small.setPointSizeF(max(6.0, small.pointSizeF() * 0.8))
-        # edges first, so nodes paint over them
-        for n in nodes:
-            if n["parent"] is None:
-                continue
-            (x0, y0), (x1, y1) = pos[n["parent"]], pos[n["id"]]
-            path = QPainterPath()
-            path.moveTo(x0 + _NODE_W / 2, y0)
-            mid = (x0 + _NODE_W / 2 + x1 - _NODE_W / 2) / 2
-            path.cubicTo(mid, y0, mid, y1, x1 - _NODE_W / 2, y1)
-            pruned = n["status"] == "pruned"
-            color = _RETURNED if n.get("returned") is not None else (_PRUNED if pruned else _ALIVE)
-            pen = QPen(color, 2.2 if n.get("returned") is not None else 1.2)
-            if pruned:
-                pen.setStyle(Qt.PenStyle.DashLine)
-            edge = QGraphicsPathItem(path)
-            edge.setPen(pen)
-            edge.setZValue(0)
-            edge.setData(0, n["status"])
-            self._scene.addItem(edge)
-            self.edge_items[n["id"]] = edge
-            label = QGraphicsSimpleTextItem(_fmt(n["score"]))
-            label.setFont(small)
-            label.setBrush(QBrush(_PRUNED if pruned else _TEXT))
-            br = label.boundingRect()
-            # next to the child: siblings sit _DY apart, so labels never pile up at the fork
-            label.setPos(x1 - _NODE_W / 2 - br.width() - 3, y1 - br.height())
-            label.setZValue(1)
-            self._scene.addItem(label)
-        for n in nodes:
-            x, y = pos[n["id"]]
-            self._add_node(n, x, y)
-        self._scene.setSceneRect(self._scene.itemsBoundingRect().adjusted(-20, -20, 20, 20))
-        best = [n for n in nodes if n.get("returned") == 0]
-        best = best or [n for n in nodes if n["status"] != "pruned"] or nodes
-        best.sort(key=lambda n: n["step"])
-        self._focus = pos[best[len(best) // 2]["id"]]
-        self._auto_fit = True
-        self.fit()
-
-    def _add_node(self, n: dict, x: float, y: float) -> None:
-        status = n["status"]
-        path = QPainterPath()
-        if n["parent"] is not None:
-            w, left = _NODE_W, x - _NODE_W / 2
-        else:  # the prompt grows leftwards so its edges still leave from the usual place
-            w = max(_NODE_W, 7.0 * min(len(n["text"]), 24) + 12)
-            left = x + _NODE_W / 2 - w
-        path.addRoundedRect(QRectF(left, y - _NODE_H / 2, w, _NODE_H), 6, 6)
-        item = QGraphicsPathItem(path)
-        if status == "pruned":
-            pen, fill = QPen(_PRUNED, 1.0, Qt.PenStyle.DashLine), QBrush(_PRUNED_FILL)
-        elif status == "finished":
-            pen, fill = QPen(_FINISHED, 2.0), QBrush(QColor(63, 185, 80, 70))
-        else:
-            pen, fill = QPen(_ALIVE, 1.5), QBrush(QColor(79, 163, 255, 50))
-        if n.get("returned") is not None:
-            pen = QPen(_RETURNED, 2.5)
-        item.setPen(pen)
-        item.setBrush(fill)
-        item.setZValue(2)
-        item.setData(0, status)
-        item.setData(1, n["id"])
-        item.setFlag(QGraphicsItem.GraphicsItemFlag.ItemIsSelectable, True)
-        item.setToolTip(self._tooltip(n))
-        self._scene.addItem(item)
-        text = n["text"] if n["parent"] is not None else elide(n["text"], 24)
-        if n.get("stopped"):
-            text += " ■"
-        label = QGraphicsSimpleTextItem(elide(text, 11) if n["parent"] is not None else text, item)
-        label.setBrush(QBrush(_PRUNED if status == "pruned" else _TEXT))
-        br = label.boundingRect()
-        rect = path.boundingRect()
-        label.setPos(rect.center().x() - br.width() / 2, rect.center().y() - br.height() / 2)
-        self.node_items[n["id"]] = item
-
-    @staticmethod
-    def _tooltip(n: dict) -> str:
-        if n["parent"] is None:
-            return f"prompt: {n['text']}"
-        lines = [
-            f"step {n['step']}: {n['text']!r} (id {n['token_id']})",
-            f"from beam {None if n['parent_beam'] is None else n['parent_beam'] + 1}, rank {n['rank'] + 1}",
-            f"log p = {_fmt(n['logprob'])}" + ("" if n["logprob"] is None else f"  (p = {math.exp(n['logprob']):.3f})"),
-            f"cumulative score = {_fmt(n['score'])}",
-        ]
-        if n.get("stopped"):
-            lines.append(f"stopped; length-normalised score = {_fmt(n.get('normalized'))}")
-        fate = {"beam": f"kept as beam {(n.get('beam') or 0) + 1}", "finished": "entered the finished hypotheses",
-                "dropped": "stopped but not kept", "pruned": "not kept"}.get(n.get("fate"), n.get("fate"))  # fmt: skip
-        lines.append(f"at its step: {fate}; now: {n['status']}")
-        if n.get("returned") is not None:
-            lines.append(f"on the path of returned sequence {n['returned'] + 1}")
-        return "\n".join(lines)
-
-    def mousePressEvent(self, ev):  # noqa: N802 (Qt)
-        self._auto_fit = False  # a click may start a drag: leave the view where the user puts it
-        item = self.itemAt(ev.position().toPoint())
-        while item is not None and item.data(1) is None:
-            item = item.parentItem()
-        if item is not None:
-            self.node_clicked.emit(int(item.data(1)))
-        super().mousePressEvent(ev)
 
 
 class ComparePanel(QWidget):
@@ -293,28 +68,29 @@ class ComparePanel(QWidget):
                                              toolTip="hypothesis score = sum log p / generated_length ** length_penalty")  # fmt: skip
         self.early = QComboBox(toolTip="early_stopping")
         self.early.addItems(["False", "True", "never"])
-        self.sample = QCheckBox("sample", toolTip="also draw one seeded sample")
-        self.temperature = QDoubleSpinBox(
-            minimum=0.05, maximum=10.0, value=1.0, singleStep=0.1, decimals=2, toolTip="sampling temperature"
-        )
-        self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=0, toolTip="sampling seed")
+        self.samples = QSpinBox(minimum=0, maximum=64, value=0, specialValueText="off",
+                                toolTip="seeded samples at each temperature (seeds: seed, seed + 1, ...)")  # fmt: skip
+        self.temperatures = QLineEdit("1.0", toolTip="sampling temperatures, comma-separated (0.7, 1.0, 1.5)")
+        self.temperatures.setMaximumWidth(110)
+        self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=0, toolTip="the first sample's seed")
         self.run_button = QPushButton(
             "Compare",
             toolTip="Run greedy, beam search and sampling on this prompt side by side",
             clicked=lambda: self.compare_requested.emit(self.settings()),
         )
         self.beams.valueChanged.connect(lambda v: self.returns.setMaximum(v))
-        self.sample.toggled.connect(self.temperature.setEnabled)
-        self.sample.toggled.connect(self.seed.setEnabled)
-        self.temperature.setEnabled(False)
-        self.seed.setEnabled(False)
+        for w in (self.temperatures, self.seed):
+            self.samples.valueChanged.connect(lambda n, w=w: w.setEnabled(n > 0))
+            w.setEnabled(False)
 
         # one long row would need ~1,400 px and the panel often docks at ~430: let the controls wrap
         controls = FlowLayout(spacing=8)
         for label, w in (("beams", self.beams), ("return", self.returns), ("new tokens", self.new_tokens),
                          ("length penalty", self.length_penalty), ("early stopping", self.early)):  # fmt: skip
             controls.addWidget(group(QLabel(label), w))
-        controls.addWidget(group(self.sample, QLabel("T"), self.temperature, QLabel("seed"), self.seed))
+        controls.addWidget(
+            group(QLabel("samples"), self.samples, QLabel("T"), self.temperatures, QLabel("seed"), self.seed)
+        )
         controls.addWidget(self.run_button)
 
         self.summary = wrapped_label("Compare greedy decoding, beam search and a seeded sample on the session's prompt.",
@@ -325,15 +101,26 @@ class ComparePanel(QWidget):
         self.table.verticalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.table.horizontalHeader().setSectionResizeMode(QHeaderView.ResizeMode.ResizeToContents)
         self.tree = BeamTreeView()
-
+        self.fanout = FanoutTreeView()
+        fan_legend = wrapped_label(
+            "every output as one tree, sharing a node while their tokens agree — <span style='color:#4fa3ff'>blue</span>: "
+            "greedy · <span style='color:#ffb84f'>amber</span>: beams · <span style='color:#c586f7'>violet</span>: samples · "
+            "<span style='background:#ff8c28'>orange</span>: where an output first leaves greedy", rich=True,
+        )  # fmt: skip
         legend = wrapped_label(  # wrapped: one line of it is ~700 px, wider than the dock
             "beam tree — edges: cumulative log-prob · <span style='color:#ffb84f'>amber</span>: returned · "
             "<span style='color:#3fb950'>green</span>: finished · <span style='color:#4fa3ff'>blue</span>: alive · "
             "<span style='color:#6e7381'>grey dashed</span>: pruned · ■ stopped (EOS or max length)", rich=True,
         )  # fmt: skip
-        self.split = split = splitter(
-            Qt.Orientation.Vertical, column((self.table, 1), self.summary), column(legend, (self.tree, 1), spacing=1)
-        )
+        self.trees = QTabWidget(documentMode=True)
+        self.trees.addTab(column(fan_legend, (self.fanout, 1), spacing=1), "All outputs")
+        self.trees.addTab(column(legend, (self.tree, 1), spacing=1), "Beam search")
+        self.trees.setTabToolTip(0, "Greedy, the beams and every sample as one fan-out tree")
+        self.trees.setTabToolTip(1, "The beam search as it ran: every candidate, pruned ones too")
+        self.trees.setCurrentIndex(1)  # until a comparison with samples comes
+        for b in self.trees.tabBar().findChildren(QToolButton):  # the bar's scroll arrows, when the dock is narrow
+            b.setToolTip("Scroll the tabs")
+        self.split = split = splitter(Qt.Orientation.Vertical, column((self.table, 1), self.summary), self.trees)
         split.setStretchFactor(0, 1)
         split.setStretchFactor(1, 2)
 
@@ -356,10 +143,21 @@ class ComparePanel(QWidget):
             "max_new_tokens": self.new_tokens.value(),
             "length_penalty": self.length_penalty.value(),
             "early_stopping": early,
-            "sample": self.sample.isChecked(),
-            "temperature": self.temperature.value(),
+            "samples": self.samples.value(),
+            "temperatures": self.temperature_list(),
             "seed": self.seed.value(),
         }
+
+    def temperature_list(self) -> list[float]:
+        """The temperatures typed; what is not a number > 0 is refused by compare() in words."""
+        out = []
+        for part in self.temperatures.text().replace(";", ",").split(","):
+            if part.strip():
+                try:
+                    out.append(float(part))
+                except ValueError:
+                    out.append(float("nan"))  # compare() says which
+        return out
 
     def set_busy(self, busy: bool, text: str = "") -> None:
         self.run_button.setEnabled(not busy)
@@ -377,6 +175,7 @@ class ComparePanel(QWidget):
         self.table.clear()
         self.table.setRowCount(0)
         self.tree.clear()
+        self.fanout.clear()
         self.inspect_pick.clear()
         self.inspect_pick.setEnabled(False)
         self.inspect_button.setEnabled(False)
@@ -392,10 +191,7 @@ class ComparePanel(QWidget):
         self.inspect_pick.setEnabled(can)
         self.inspect_button.setEnabled(can)
         p = int(result.prompt_length)
-        rows: list[tuple[str, dict]] = [("greedy", dict(result.greedy))]
-        rows += [(f"beam {i + 1}", dict(b)) for i, b in enumerate(result.beams)]
-        if result.sampled is not None:
-            rows.append(("sample", dict(result.sampled)))
+        rows: list[tuple[str, dict]] = [(r["name"], dict(r)) for r in result.rows]
         self.row_names = [name for name, _ in rows]
         n_cols = max((len(r.get("tokens", [])) for _, r in rows), default=0)
         greedy_ids = result.greedy["token_ids"]
@@ -408,6 +204,8 @@ class ComparePanel(QWidget):
         for r, (name, out) in enumerate(rows):
             score = out.get("score")
             headers.append(name if score is None else f"{name}  {score:.3f}")
+            if "seed" in out:
+                name = f"{name} (seed {out['seed']})"
             div = out.get("diverges_at")
             for i, (label, prob) in enumerate(zip(out.get("tokens", []), out.get("probs", []))):
                 pos = p + i
@@ -437,6 +235,8 @@ class ComparePanel(QWidget):
         t.setVerticalHeaderLabels(headers)
         self.summary.setText(self._summary_html(result, rows))
         self.tree.show_tree(result.beam_tree)
+        self.fanout.show_tree(result.fanout_tree, [dict(r) for r in result.rows])
+        self.trees.setCurrentIndex(0 if result.samples else 1)
         # the table needs only its rows; give the rest to the tree
         t.resizeRowsToContents()
         want = t.horizontalHeader().height() + sum(t.rowHeight(r) for r in range(t.rowCount())) + 6
@@ -445,6 +245,7 @@ class ComparePanel(QWidget):
         if total > want:
             self.split.setSizes([want, total - want])
         self.tree.fit()  # the splitter just gave the tree its size
+        self.fanout.fit()
         self.result_shown.emit()
 
     def cell_state(self, row: int, col: int) -> str | None:

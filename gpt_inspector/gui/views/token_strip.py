@@ -12,6 +12,7 @@ from PySide6.QtCore import QRect, QSize, Qt, Signal
 from PySide6.QtGui import QColor, QFont, QFontMetrics, QPainter, QPen
 from PySide6.QtWidgets import QScrollArea, QToolTip, QWidget
 
+from ..chat_dialog import ROLE_COLORS, ROLE_TIP
 from .common import prob_color
 
 _PAD, _GAP, _H = 5, 3, 20
@@ -122,6 +123,10 @@ class _Canvas(QWidget):
             lum = bg.redF() * 0.3 + bg.greenF() * 0.59 + bg.blueF() * 0.11
             p.setPen(QColor("#111111") if lum > 0.55 and not pending else QColor("#eef0f3"))
             p.drawText(r, Qt.AlignmentFlag.AlignCenter, s.labels[i])
+            if i < len(s.roles):  # a chat prompt: the turn it came from, as a bar under the chip
+                p.fillRect(
+                    r.left() + 2, r.bottom() - 2, r.width() - 4, 3, QColor(ROLE_COLORS.get(s.roles[i], "#d7dae0"))
+                )
         p.end()
 
 
@@ -138,6 +143,7 @@ class TokenStrip(QScrollArea):
         self.T = 0
         self.query = -1
         self.prompt_len = 0
+        self.roles: list[str] = []  # per prompt token of a chat prompt: system, user, assistant or template
         self.setWidgetResizable(True)
         self.setHorizontalScrollBarPolicy(Qt.ScrollBarPolicy.ScrollBarAlwaysOff)
         self.canvas = _Canvas(self)
@@ -151,6 +157,9 @@ class TokenStrip(QScrollArea):
 
     def tooltip(self, i: int) -> str:
         kind = "prompt" if i < self.prompt_len else "generated"
+        if i < len(self.roles):
+            kind = f"prompt · <span style='color:{ROLE_COLORS.get(self.roles[i], '#d7dae0')}'>{self.roles[i]}</span>"
+            kind += " (chat template markup)" if self.roles[i] == "template" else " turn"
         lines = [f"<b>{html.escape(self.labels[i])}</b>", f"position {i} · id {self.ids[i]} · {kind}"]
         p = self.probs[i] if i < len(self.probs) else None
         if p is not None:
@@ -173,6 +182,11 @@ class TokenStrip(QScrollArea):
         self.ids = list(snap.tokens.token_ids)
         self.probs = list(snap.tokens.token_probs)
         self.T, self.query, self.prompt_len = snap.T, snap.query, snap.tokens.prompt_len
+        roles = list(snap.tokens.roles)
+        if roles != self.roles:
+            self.roles = roles
+            self.setToolTip(STRIP_TIP + ("<br>" + ROLE_TIP if roles else ""))
+            self.canvas.update()
         if changed:
             self.canvas.relayout(first)
         else:
