@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"gpt-inspector {__version__}")
     common.add_model_args(p)
     p.add_argument("--prompt", default=None, help="prompt to start the window with")
+    p.add_argument(
+        "--connect", default=None, metavar="URL",
+        help="open the window on the engine gpt-inspector serve runs (the ws://HOST:PORT/?token=... line it printed)",
+    )  # fmt: skip
     common.add_sampler_args(p.add_argument_group("the window's sampler (generate's names)"), max_new_tokens=False)
     p.add_argument("--steps", type=int, default=None, help="with --screenshot: steps to run first")
     p.add_argument(

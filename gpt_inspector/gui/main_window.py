@@ -33,6 +33,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from . import remote_link
 from . import settings as _settings
 from .actions import RECENT_TRACES, WindowActions
 from .commands import (
@@ -133,6 +134,7 @@ class MainWindow(DockLayout, QMainWindow):
         self.tools_menu = self.acts.tools_menu
         self.view_menu = self.acts.view_menu
         self._build_status()
+        remote_link.install_banner(self)  # says when the link to a remote engine is down
         # each panel module names its dock and builds its panel against this window, in this order
         self.compare_panel, self.probe_panel, self.mathcheck_panel, self.lens_panel, self.kvlab_panel = (
             self.add_panel(m.PANEL_TITLE, m.create_panel(self), m.PANEL_AREA).panel

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -40,6 +41,7 @@ DTYPES = {
     "bfloat16": (torch.bfloat16, "<i2"),  # numpy has no bfloat16: its 16 bits travel as an int16
     "int64": (torch.int64, "<i8"),
     "bool": (torch.bool, "|b1"),
+    "uint8": (torch.uint8, "|u1"),  # a trace file's bytes
 }
 _WIRE_NAME = {t: name for name, (t, _) in DTYPES.items()}
 
@@ -56,7 +58,7 @@ class WireError(InspectorError):
 class Arg:
     """One argument: its type, whether it may be absent or null, and its bounds."""
 
-    def __init__(self, kind: str, required: bool = True, nullable: bool = False, lo=None, hi=None, n: int = 0):
+    def __init__(self, kind: str, required: bool = True, nullable: bool = False, lo=None, hi=None, n: Any = 0):
         self.kind, self.required, self.nullable, self.lo, self.hi, self.n = kind, required, nullable, lo, hi, n
 
     def check(self, name: str, v):
@@ -96,6 +98,12 @@ class Arg:
                 raise WireError(f"argument {name!r} must be a list of at most {self.n} integers")
             item = Arg("int", lo=self.lo, hi=self.hi)
             return [item.check(f"{name}[]", x) for x in v]
+        if kind == "object":  # an object of optional fields, each checked by its own Arg (``n``: the schema)
+            return _check_obj(f"argument {name!r}", v, self.n)
+        if kind == "int_lists":
+            if not isinstance(v, list) or len(v) > MAX_LIST:
+                raise WireError(f"argument {name!r} must be a list of at most {MAX_LIST} lists of integers")
+            return [Arg("ints", lo=0, hi=MAX_INT, n=MAX_LIST).check(f"{name}[]", x) for x in v]
         if kind in ("mask_edits", "head_edits"):
             if not isinstance(v, list) or len(v) > MAX_LIST:
                 raise WireError(f"argument {name!r} must be a list of at most {MAX_LIST} edits")
@@ -130,17 +138,36 @@ HEAD_EDIT = {"layer": Arg("int", lo=0, hi=4096), "head": Arg("int", False, True,
 DECODING = {"temperature": Arg("float", False, False, 0.0, 1e6), "top_k": Arg("int", False, True, 1, MAX_INT),
             "top_p": Arg("float", False, True, 0.0, 1.0)}  # fmt: skip
 
+_P = dict(lo=0.0, hi=1.0)
+_N = dict(lo=0, hi=MAX_INT)
+# generate's other sampler settings (core.decoding.Decoding's names); the server's Decoding checks the rest
+SETTINGS = {"min_p": Arg("float", False, True, **_P), "typical_p": Arg("float", False, True, **_P),
+            "epsilon_cutoff": Arg("float", False, True, **_P), "eta_cutoff": Arg("float", False, True, **_P),
+            "repetition_penalty": Arg("float", False, True, 0.0, 1e6),
+            "no_repeat_ngram_size": Arg("int", False, True, **_N),
+            "suppress_tokens": Arg("ints", False, True, n=MAX_LIST, **_N),
+            "bad_words_ids": Arg("int_lists", False, True), "min_new_tokens": Arg("int", False, True, **_N),
+            "forced_eos_token_id": Arg("int", False, True, **_N), "max_new_tokens": Arg("int", False, True, **_N)}  # fmt: skip
+_SETTINGS = Arg("object", False, True, n=SETTINGS)
+_KIND = Arg("choice", n=KINDS)
+_KEYS = Arg("int", False, True, 0, MAX_INT)
+
 # every operation the server knows, with its arguments; anything else is refused
 OPS: dict[str, dict[str, Arg]] = {
     "hello": {},
     "state": {},
-    "open": {"prompt": Arg("str", n=MAX_TEXT), "seed": Arg("int", False, lo=0, hi=(1 << 63) - 1), **DECODING},
+    "open": {
+        "prompt": Arg("str", n=MAX_TEXT),
+        "seed": Arg("int", False, lo=0, hi=(1 << 63) - 1),
+        **DECODING,
+        "settings": _SETTINGS,
+    },
     "step": {},
     "run": {"n": Arg("int", lo=0, hi=1 << 20)},
     "step_back": {},
     "restart": {},
     "force_token": {"token_id": Arg("int", lo=0, hi=MAX_INT)},
-    "set_decoding": {**DECODING, "redecide": Arg("bool", False)},
+    "set_decoding": {**DECODING, "redecide": Arg("bool", False), "settings": _SETTINGS},
     "set_mask_edits": {"edits": Arg("mask_edits")},
     "set_head_edits": {"edits": Arg("head_edits")},
     "queries": {"layer": LAYER, **ROWS, "heads": HEADS},
@@ -166,6 +193,32 @@ OPS: dict[str, dict[str, Arg]] = {
     "labels": {"ids": Arg("ints", lo=0, hi=MAX_INT, n=MAX_LIST)},
     "recipe": {},
     "kv_cache_bytes": {"layer": Arg("int", False, True, 0, 4096)},
+    # what a window shows (remote/reads.py): view-sized reads, and the few commands only it sends
+    "layers": {},
+    "allowed_rows": {"layer": LAYER, **ROWS, "keys": _KEYS, "heads": HEADS},
+    "bias_rows": {"layer": LAYER, **ROWS, "heads": HEADS},
+    "overview_bins": {**ROWS, "size": Arg("int", lo=1, hi=MAX_INT)},
+    "pooled_rows": {
+        "layer": LAYER,
+        "head": HEAD,
+        "kind": _KIND,
+        **ROWS,
+        "keys": Arg("int", **_POS),
+        "block": Arg("int", lo=1, hi=1 << 20),
+    },  # fmt: skip
+    "attention_block": {
+        "layer": LAYER,
+        "head": HEAD,
+        "kind": _KIND,
+        **ROWS,
+        "k0": Arg("int", **_POS),
+        "k1": Arg("int", **_POS),
+        "every": Arg("bool", False),
+        "block": Arg("int", False, lo=1, hi=1 << 20),
+    },  # fmt: skip
+    "kv_history": {"lengths": Arg("ints", lo=0, hi=MAX_INT, n=MAX_LIST)},
+    "patch_edit": {"layer": LAYER, "head": HEAD, "prompt": Arg("str", n=MAX_TEXT)},
+    "trace": {"derived": Arg("bool", False)},
 }
 
 

@@ -480,6 +480,8 @@ def _compare_job(settings: dict):
         from ...core.errors import InspectorError
 
         lm = getattr(source, "lm", None)
+        if lm is None and getattr(source, "engine", None) is not None:
+            raise InspectorError("compare and beams run where the model is: not served over the link to the engine yet")
         if lm is None:
             raise InspectorError("load a model first: comparing decodings needs a live model, not a trace")
         return compare(lm, prompt_ids=list(source.prompt_ids), **settings)

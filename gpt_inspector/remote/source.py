@@ -1,0 +1,233 @@
+"""The run-source protocol over the wire: what lets the window (and any reader of a ``RunSource``)
+read a session that runs on a remote engine.
+
+Every read asks the engine for exactly what it names (the rows, the tiles, the bins), computed
+there by the same reader code a local session runs, and keeps the answer until the session
+changes; the whole-layer primitives (q, K, V of a layer, what the Q/K/V and KV cache panels show)
+are kept across steps and extended by the new rows only, cropped where a step back or an edit
+changed them. Nothing T x T and never every layer's cache, unless a reader asks for exactly that
+(``attention``, an export; ``save_trace``, a download).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import numpy as np
+import torch
+
+from ..core import outfile
+from ..core.errors import InspectorError
+from ..core.source import CAPABILITIES, Live, RunSource
+
+# what runs only where the model is, for now: each refusal is the one line a front end shows
+NOT_REMOTE = ("probe", "recompute", "lens", "kvlab")
+
+
+def _why(name: str) -> str:
+    return f"{name} runs on the engine's side and is not served over the link yet; run it where the model is"
+
+
+class RemoteReads(RunSource):
+    """The reader half of ``client.RemoteSession``: a ``RunSource`` whose primitives live on the engine."""
+
+    read_only = False
+    lm = None  # the model is on the engine's machine
+    kv_layout = None  # answered by the engine (kv_* below), never derived here
+    # set by the client from the engine's hello and state
+    where: str
+    dtype: str
+    n_layers: int
+    n_heads: int
+    cache_length: int
+    _kv: dict
+
+    def _call_t(self, op: str, **args) -> tuple[object, list[torch.Tensor]]:  # the client's
+        raise NotImplementedError
+
+    def _require(self) -> None:  # the client's
+        raise NotImplementedError
+
+    # ------------------------------------------------------------------ the cache of reads
+    def _reset_reads(self) -> None:
+        """Forget every read (a new session, a reconnect): nothing kept is known to be current."""
+        self._reads: dict[tuple, object] = {}
+        self._prims: dict[tuple[str, int], torch.Tensor] = {}  # (op, layer) -> (h, n, d): rows 0..n current
+        self._consts: dict | None = None  # per-layer constants (op "layers")
+        self._kv_hist: dict[int, tuple[int, int]] = {}  # length -> (cache bytes, kept bytes)
+        self._kv = {}
+
+    def _changed(self, changed_from: int) -> None:
+        """The session changed; records from position ``changed_from`` on may differ."""
+        self._reads.clear()
+        for key, rows in list(self._prims.items()):
+            self._prims[key] = rows[:, : min(changed_from, rows.shape[1])]
+
+    def _read(self, op: str, **args) -> tuple[object, list[torch.Tensor]]:
+        """One read, answered from the cache while the session has not changed since it was made."""
+        self._require()
+        key = (op, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in args.items()))
+        hit = self._reads.get(key)
+        if hit is None:
+            hit = self._reads[key] = self._call_t(op, **args)
+        return hit  # type: ignore[return-value]
+
+    # ------------------------------------------------------------------ events (the window's view model)
+    def subscribe(self, fn: Callable[[str, object], None]) -> None:
+        self._listeners.append(fn)
+
+    def _emit(self, event: str, payload) -> None:
+        for fn in list(self._listeners):
+            fn(event, payload)
+
+    # ------------------------------------------------------------------ what the source is
+    @property
+    def live(self) -> Live:
+        return Live({c: _why(CAPABILITIES[c]) for c in NOT_REMOTE})
+
+    @property
+    def engine(self) -> str:  # type: ignore[override]
+        return self.where
+
+    @property
+    def source_name(self) -> str:
+        return f"{self.model_name} on {self.where}"
+
+    @property
+    def cache_dtype(self) -> str:
+        return self.dtype
+
+    @property
+    def kv_itemsize(self) -> int:
+        return torch.empty((), dtype=getattr(torch, self.dtype)).element_size()
+
+    @property
+    def attention_layers(self) -> tuple[int, ...]:  # type: ignore[override]
+        return tuple(self._attention_layers)
+
+    @property
+    def records(self):  # type: ignore[override]
+        raise InspectorError(_why("reading the raw records"))
+
+    @property
+    def head_output_start(self) -> int:
+        return int(self._layer_consts()["head_output_start"])
+
+    def _layer_consts(self) -> dict:
+        if self._consts is None:
+            self._consts = self._read("layers")[0]  # type: ignore[assignment]
+        return self._consts  # type: ignore[return-value]
+
+    def scaling(self, layer: int) -> float:
+        return float(self._layer_consts()["scaling"][self.check_layer(layer)])
+
+    def softcap(self, layer: int) -> float | None:
+        cap = self._layer_consts()["softcap"][self.check_layer(layer)]
+        return None if cap is None else float(cap)
+
+    def sink(self, layer: int) -> torch.Tensor | None:
+        x = self._layer_consts()["sink"][self.check_layer(layer)]
+        return None if x is None else torch.tensor(x, dtype=torch.float32)  # (H,)
+
+    # ------------------------------------------------------------------ primitives: kept, extended by new rows
+    def _rows(self, op: str, layer: int, p0: int = 0, p1: int | None = None, heads=None) -> torch.Tensor:
+        self._require()
+        t = self.cache_length
+        p1 = t if p1 is None else p1
+        heads = None if heads is None else [int(h) for h in heads]
+        if p0 != 0 or p1 != t or heads is not None:
+            return self._read(op, layer=int(layer), p0=int(p0), p1=int(p1), heads=heads)[1][0]
+        have = self._prims.get((op, layer))
+        n = 0 if have is None else have.shape[1]
+        if have is None or n < t:
+            new = self._call_t(op, layer=int(layer), p0=n, p1=t, heads=None)[1][0]  # (h, t - n, d)
+            have = new if have is None or n == 0 else torch.cat([have, new], dim=1)
+            self._prims[(op, layer)] = have
+        return have[:, :t]
+
+    def queries(self, layer: int, p0: int = 0, p1: int | None = None, heads=None) -> torch.Tensor:
+        """q of query rows p0..p1 (default all) for ``heads`` (default every head): (h, n, d)."""
+        return self._rows("queries", layer, p0, p1, heads)
+
+    def keys(self, layer: int, p0: int = 0, p1: int | None = None, heads=None) -> torch.Tensor:
+        """The cached keys of positions p0..p1 for KV ``heads`` (default every KV head): (h_kv, n, d)."""
+        return self._rows("keys", layer, p0, p1, heads)
+
+    def values(self, layer: int, p0: int = 0, p1: int | None = None, heads=None) -> torch.Tensor:
+        return self._rows("values", layer, p0, p1, heads)
+
+    # ------------------------------------------------------------------ derived reads, computed on the engine
+    def attention_rows(self, layer: int, p0: int, p1: int, kind: str = "probs", heads=None,
+                       keys: int | None = None) -> torch.Tensor:  # fmt: skip
+        """Query rows p0..p1 of ``kind`` (h, n, T) float32, computed on the server; only those rows travel."""
+        heads = None if heads is None else [int(h) for h in heads]
+        return self._read("attention_rows", layer=int(layer), p0=int(p0), p1=int(p1), kind=kind, heads=heads,
+                          keys=keys)[1][0]  # fmt: skip
+
+    def allowed_rows(self, layer: int, p0: int, p1: int, keys: int | None = None) -> torch.Tensor:
+        """(H, p1 - p0, T) bool: the keys those query rows could attend to (see ``RunSource``)."""
+        return self._read("allowed_rows", layer=int(layer), p0=int(p0), p1=int(p1), keys=keys)[1][0]
+
+    def allowed(self, layer: int, head: int) -> np.ndarray:
+        t = self.require_positions()
+        rows = self._read("allowed_rows", layer=int(layer), p0=0, p1=t, heads=[int(head)])[1][0]
+        return rows[0].numpy()  # (T, T): asked for whole (an export)
+
+    def bias_rows(self, layer: int, p0: int, p1: int, heads=None) -> torch.Tensor | None:
+        if self.check_layer(layer) not in self._layer_consts()["biased"]:
+            return None
+        heads = None if heads is None else [int(h) for h in heads]
+        has, tensors = self._read("bias_rows", layer=int(layer), p0=int(p0), p1=int(p1), heads=heads)
+        return tensors[0] if has else None
+
+    def overview_bins(self, p0: int, p1: int, size: int) -> np.ndarray:
+        return self._read("overview_bins", p0=int(p0), p1=int(p1), size=int(size))[1][0].numpy()
+
+    def pooled_rows(self, layer: int, head: int, kind: str, p0: int, p1: int, keys: int, block: int) -> np.ndarray:
+        return self._read("pooled_rows", layer=int(layer), head=int(head), kind=kind, p0=int(p0), p1=int(p1),
+                          keys=int(keys), block=int(block))[1][0].numpy()  # fmt: skip
+
+    def attention_block(self, layer: int, head: int, kind: str, p0: int, p1: int, k0: int, k1: int,
+                        every: bool = False, block: int = 1) -> np.ndarray:  # fmt: skip
+        return self._read("attention_block", layer=int(layer), head=int(head), kind=kind, p0=int(p0), p1=int(p1),
+                          k0=int(k0), k1=int(k1), every=bool(every), block=int(block))[1][0].numpy()  # fmt: skip
+
+    def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
+        """The whole (T, T) float32 numpy matrix of one head: asked for, so it travels whole."""
+        return self._read("attention", layer=int(layer), head=int(head), kind=kind)[1][0].numpy()
+
+    # ------------------------------------------------------------------ KV cache sizes, as the engine counts them
+    def _kv_at(self, which: str, layer: int | None, length: int | None) -> int:
+        self._require()
+        if length is None or length == self.cache_length:
+            per = self._kv[which]
+            return int(sum(per) if layer is None else per[self.check_layer(layer)])
+        if layer is not None:
+            raise InspectorError("a remote session gives the KV bytes of one layer at its current length only")
+        if length not in self._kv_hist:
+            self._kv_hist[length] = tuple(self._call("kv_history", lengths=[int(length)])[0])  # type: ignore[attr-defined]
+        return int(self._kv_hist[length][0 if which == "cache" else 1])
+
+    def kv_cache_bytes(self, layer: int | None = None, length: int | None = None) -> int:
+        return self._kv_at("cache", layer, length)
+
+    def kv_kept_bytes(self, layer: int | None = None, length: int | None = None) -> int:
+        return self._kv_at("kept", layer, length)
+
+    def kv_cache_positions(self, layer: int, length: int | None = None) -> int:
+        if length is not None and length != self.cache_length:
+            raise InspectorError("a remote session gives the positions its cache holds now only")
+        return int(self._kv["positions"][self.check_layer(layer)])
+
+    # ------------------------------------------------------------------ downloads
+    def save_trace(self, path, derived: bool = False):
+        """Save the session as a trace file here (the engine writes it, the bytes come over the link)."""
+        from pathlib import Path
+
+        path = Path(outfile.expand(path))
+        if path.suffix != ".safetensors":
+            raise InspectorError(f"trace files end in .safetensors, got {path.name}")
+        outfile.check_target(path)
+        self._require()
+        data = self._call_t("trace", derived=bool(derived))[1][0]
+        return outfile.write_bytes(path, data.numpy().tobytes())
