@@ -152,7 +152,35 @@ def load(args):
     return lm
 
 
+def add_connect_arg(p):
+    p.add_argument(
+        "--connect", default=None, metavar="URL",
+        help="run on the engine gpt-inspector serve runs (the ws://HOST:PORT/?token=... line it printed) "
+        "instead of loading a model here",
+    )  # fmt: skip
+
+
+def remote_session(args):
+    """A new session on the engine at ``--connect`` (the model is the engine's); one line for a bad URL or token."""
+    from ..remote.client import connect
+
+    if getattr(args, "model", None) is not None:
+        raise InspectorError("--connect runs on the engine's model: leave out --model")
+    if getattr(args, "bad_words", None) is not None:
+        raise InspectorError("--bad-words needs the model's tokenizer: with --connect give --bad-words-ids")
+    return connect(args.connect, prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                   seed=args.seed, **sampler_settings(args))  # fmt: skip
+
+
+def release(s) -> None:
+    """Close ``s``'s link where it is a remote engine's session (a local one has nothing to close)."""
+    if s.engine is not None:
+        s.close()
+
+
 def session(args):
+    if getattr(args, "connect", None):
+        return remote_session(args)
     from ..core import Session
 
     lm = load(args)

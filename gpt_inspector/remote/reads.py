@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import os
 import tempfile
+from dataclasses import fields
 from typing import TYPE_CHECKING
 
 import numpy as np
@@ -82,6 +83,32 @@ class ReadOps:
             src.step()
         return s.patch_edit(layer, head, src).to_json(), []
 
+    def op_text(self):
+        return self._s().text, []
+
+    def op_head_outputs(self, layer):
+        return None, [self._s().head_outputs(layer)]  # (H, T, d): the math check's model side, one layer
+
+    def op_lens(self, top_k=5):
+        from ..core.lens import lens
+
+        r = lens(self._s(), top_k)
+        top = lambda xs: [[e.token_id, e.label, e.prob, e.logit] for e in xs]  # noqa: E731
+        head = {"step": r.step, "position": r.position, "token_id": r.token_id, "label": r.label, "logit": r.logit,
+                "layers": [[x.layer, x.prob, x.logit, top(x.top)] for x in r.layers], "remainder": r.remainder,
+                "note": r.note, "attribution": r.attribution is not None}  # fmt: skip
+        return head, [] if r.attribution is None else [torch.from_numpy(np.ascontiguousarray(r.attribution))]
+
+    def op_math_check(self, layer, head, position=None, tolerance=None):
+        from ..core.mathcheck import check
+
+        return pack(check(self._s(), layer, head, position, tolerance))
+
+    def op_math_check_all(self, layers=None, tolerance=None):
+        from ..core.mathcheck import check_all
+
+        return pack(check_all(self._s(), layers, tolerance))
+
     def op_trace(self, derived=False):
         """The session as a trace file (docs/trace-format.md), its bytes: saved where the client runs."""
         s = self._s()
@@ -91,6 +118,28 @@ class ReadOps:
             with open(path, "rb") as f:
                 data = np.frombuffer(f.read(), dtype=np.uint8).copy()
         return None, [torch.from_numpy(data)]  # (bytes,) uint8
+
+
+def pack(obj) -> tuple[dict, list[torch.Tensor]]:
+    """A flat dataclass of numbers, strings and arrays as (JSON, tensors): each array by its index."""
+    out, tensors = {}, []
+    for f in fields(obj):
+        v = getattr(obj, f.name)
+        if isinstance(v, np.ndarray):
+            out[f.name] = {"tensor": len(tensors)}
+            tensors.append(torch.from_numpy(np.ascontiguousarray(v)))
+        else:
+            out[f.name] = v.item() if isinstance(v, np.generic) else v
+    return out, tensors
+
+
+def unpack(cls, result: dict, tensors: list[torch.Tensor]):
+    """``pack``'s inverse: the dataclass ``cls`` with its arrays back as numpy arrays."""
+    kw = {}
+    for f in fields(cls):
+        v = result[f.name]
+        kw[f.name] = tensors[v["tensor"]].numpy() if isinstance(v, dict) and set(v) == {"tensor"} else v
+    return cls(**kw)
 
 
 def _rows(s, p0: int, p1: int) -> int:

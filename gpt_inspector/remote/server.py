@@ -72,7 +72,7 @@ class Engine(ReadOps):
         return {"model_name": lm.name, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "n_kv_heads": lm.n_kv_heads,
                 "head_dim": lm.head_dim, "context_length": lm.context_length, "vocab_size": lm.vocab_size,
                 "dtype": str(lm.dtype).removeprefix("torch."), "unverified": lm.unverified,
-                "session": self.session is not None, "device": str(lm.device)}  # fmt: skip
+                "session": self.session is not None, "device": str(lm.device), "note": lm.note}  # fmt: skip
 
     def state(self) -> dict:
         s = self._s()
@@ -90,7 +90,9 @@ class Engine(ReadOps):
                 "head_edits": [e.to_json() for e in s.head_edits], "changed_from": changed_from,
                 "kv": {"cache": [s.kv_cache_bytes(i) for i in range(s.n_layers)],
                        "kept": [s.kv_kept_bytes(i) for i in range(s.n_layers)],
-                       "positions": [s.kv_cache_positions(i) for i in range(s.n_layers)]}}  # fmt: skip
+                       "positions": [s.kv_cache_positions(i) for i in range(s.n_layers)],
+                       "per_head": s.kv_per_head_bytes(),
+                       "note": "" if s.kv_layout is None else s.kv_layout.describe()}}  # fmt: skip
 
     def _changing(self, change, edits: bool = False):
         """Run ``change(session)``; the reply carries what it changed (only the tail, except after edits)."""

@@ -21,7 +21,7 @@ from ..core.errors import InspectorError
 from ..core.source import CAPABILITIES, Live, RunSource
 
 # what runs only where the model is, for now: each refusal is the one line a front end shows
-NOT_REMOTE = ("probe", "recompute", "lens", "kvlab")
+NOT_REMOTE = ("probe", "kvlab")
 
 
 def _why(name: str) -> str:
@@ -214,10 +214,66 @@ class RemoteReads(RunSource):
     def kv_kept_bytes(self, layer: int | None = None, length: int | None = None) -> int:
         return self._kv_at("kept", layer, length)
 
+    def kv_per_head_bytes(self, layer: int | None = None) -> int:
+        if layer is not None:
+            raise InspectorError("a remote session gives the per-head bytes of the whole cache only")
+        self._require()
+        return int(self._kv["per_head"])
+
+    @property
+    def kv_note(self) -> str:
+        """How the model's cache is laid out, where it is not per-head K and V (the engine's ``KVLayout.describe``)."""
+        return str(self._kv.get("note", ""))
+
+    @property
+    def text(self) -> str:
+        """The prompt and every chosen token, decoded by the engine's tokenizer."""
+        return str(self._read("text")[0])
+
     def kv_cache_positions(self, layer: int, length: int | None = None) -> int:
         if length is not None and length != self.cache_length:
             raise InspectorError("a remote session gives the positions its cache holds now only")
         return int(self._kv["positions"][self.check_layer(layer)])
+
+    # ------------------------------------------------------------------ computed on the engine, as a whole
+    def head_outputs(self, layer: int) -> torch.Tensor:
+        """(H, T, d) the attention output per head, as the engine has it (rows before its
+        ``head_output_start`` recomputed there): one layer, asked for."""
+        return self._read("head_outputs", layer=int(layer))[1][0]
+
+    def head_output_row(self, layer: int, position: int) -> torch.Tensor:
+        return self.head_outputs(layer)[:, position]  # (H, d)
+
+    def kept_head_outputs(self, layer: int) -> tuple[int, torch.Tensor]:
+        return 0, self.head_outputs(layer)
+
+    def remote_lens(self, top_k: int = 5):
+        """``core.lens.lens`` of the session, computed on the engine (it has the model)."""
+        from ..core.lens import LensLayer, LensResult
+        from ..core.step import TopEntry
+
+        r, tensors = self._read("lens", top_k=int(top_k))
+        layers = [LensLayer(int(i), [TopEntry(int(a), str(b), float(c), float(d)) for a, b, c, d in top], float(p),
+                            float(lg)) for i, p, lg, top in r["layers"]]  # type: ignore[index]  # fmt: skip
+        return LensResult(r["step"], r["position"], r["token_id"], r["label"], layers,  # type: ignore[index]
+                          tensors[0].numpy() if r["attribution"] else None, r["remainder"], r["logit"],  # type: ignore[index]
+                          r["note"])  # type: ignore[index]  # fmt: skip
+
+    def remote_math_check(self, layer: int, head: int, position: int | None = None, tolerance: float | None = None):
+        """``core.mathcheck.check``, computed on the engine (float64, beside the model's own output)."""
+        from ..core.mathcheck import MathCheck
+        from .reads import unpack
+
+        r, tensors = self._read("math_check", layer=int(layer), head=int(head), position=position, tolerance=tolerance)
+        return unpack(MathCheck, r, tensors)  # type: ignore[arg-type]
+
+    def remote_math_check_all(self, layers=None, tolerance: float | None = None):
+        from ..core.mathcheck import MathCheckReport
+        from .reads import unpack
+
+        layers = None if layers is None else [int(i) for i in ([layers] if isinstance(layers, int) else layers)]
+        r, tensors = self._read("math_check_all", layers=layers, tolerance=tolerance)
+        return unpack(MathCheckReport, r, tensors)  # type: ignore[arg-type]
 
     # ------------------------------------------------------------------ downloads
     def save_trace(self, path, derived: bool = False):

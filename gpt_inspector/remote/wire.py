@@ -219,6 +219,19 @@ OPS: dict[str, dict[str, Arg]] = {
     "kv_history": {"lengths": Arg("ints", lo=0, hi=MAX_INT, n=MAX_LIST)},
     "patch_edit": {"layer": LAYER, "head": HEAD, "prompt": Arg("str", n=MAX_TEXT)},
     "trace": {"derived": Arg("bool", False)},
+    "head_outputs": {"layer": LAYER},
+    "text": {},
+    "lens": {"top_k": Arg("int", False, lo=1, hi=1000)},
+    "math_check": {
+        "layer": LAYER,
+        "head": HEAD,
+        "position": Arg("int", False, True, **_N),
+        "tolerance": Arg("float", False, True, 0.0, 1e6),
+    },  # fmt: skip
+    "math_check_all": {
+        "layers": Arg("ints", False, True, lo=0, hi=4096, n=4096),
+        "tolerance": Arg("float", False, True, 0.0, 1e6),
+    },  # fmt: skip
 }
 
 

@@ -360,8 +360,20 @@ class ComparePanel(QWidget):
             "seed": self.seed.value(),
         }
 
+    refused: str | None = None  # why Compare cannot run on the session shown (a remote engine's), or None
+
+    def refuse(self, why: str | None) -> None:
+        """Disable Compare, its tooltip saying ``why`` (None: enable it again)."""
+        if why == self.refused:
+            return
+        if self.refused is None:
+            self._tip = self.run_button.toolTip()
+        self.refused = why
+        self.run_button.setToolTip(self._tip if why is None else why)
+        self.run_button.setEnabled(why is None)
+
     def set_busy(self, busy: bool, text: str = "") -> None:
-        self.run_button.setEnabled(not busy)
+        self.run_button.setEnabled(not busy and self.refused is None)
         if text:
             self.summary.setText(text)
 
