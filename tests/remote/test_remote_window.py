@@ -247,3 +247,32 @@ def test_a_dropped_link_is_said_within_seconds_and_the_window_reconnects(server,
         snap.query_row.head_rows, s.attention_rows(0, s.cache_length - 1, s.cache_length)[:, 0].numpy()
     )
     assert not no_dialogs and not win.errors
+
+
+def test_the_tools_in_a_remote_window_run_on_the_engine_or_say_why_not(server, window, local_lm, qtbot, no_dialogs,
+                                                                       tmp_path):  # fmt: skip
+    from gpt_inspector.core.lens import lens
+    from gpt_inspector.core.mathcheck import check
+
+    win, r = window(server.url)
+    press(qtbot, win, Qt.Key.Key_3, Qt.KeyboardModifier.AltModifier)  # the Lens workspace: the panel in front
+    qtbot.waitUntil(win.lens_panel.isVisible, timeout=5000)
+    s, panel = gi.Session(local_lm, PROMPT), win.lens_panel
+    for i in range(2):  # the panel follows the steps; once the lens is on, a step keeps what it reads
+        press(qtbot, win, Qt.Key.Key_F10)
+        qtbot.waitUntil(lambda i=i: panel.result is not None and panel.result.step == i, timeout=20000)
+        s.step()
+        want = lens(s)
+        assert panel.result.to_json() == want.to_json()  # computed by the engine: the local numbers
+    press(qtbot, win, Qt.Key.Key_M, Qt.KeyboardModifier.ControlModifier)  # check the selected head's math
+    qtbot.waitUntil(lambda: win.mathcheck_panel.check is not None, timeout=20000)
+    got, want = win.mathcheck_panel.check, check(s, 0, 0)
+    assert np.array_equal(got.recomputed, want.recomputed) and np.array_equal(got.model, want.model) and got.ok
+    # what runs only where the model is: disabled, the tooltip says why (no AttributeError, no dialog)
+    for button in (win.probe_panel.probe_button, win.kvlab_panel.run_button, win.compare_panel.run_button):
+        assert not button.isEnabled() and "not served over the link" in button.toolTip(), button.text()
+    path = tmp_path / "run.safetensors"
+    win.save_trace(str(path))  # File ▸ Save trace's action after its file dialog: the engine's file, saved here
+    wait(qtbot, win)
+    assert gi.load_trace(path).tokens == s.tokens
+    assert not no_dialogs and not win.errors
