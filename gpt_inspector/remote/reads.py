@@ -42,6 +42,12 @@ class ReadOps:
                 "biased": [i for i in sorted(att) if s.score_bias(i) is not None],
                 "head_output_start": s.head_output_start}, []  # fmt: skip
 
+    def op_qkv_rows(self, layer, p0, p1):
+        """q, K and V of positions p0..p1 of one layer in one reply: (H, n, d), (H_kv, n, d), (H_kv, n, d)."""
+        s = self._s()
+        _rows(s, p0, p1)
+        return None, [s.queries(layer)[:, p0:p1], s.keys(layer)[:, p0:p1], s.values(layer)[:, p0:p1]]
+
     def op_allowed_rows(self, layer, p0, p1, keys=None, heads=None):
         a = self._s().allowed_rows(layer, p0, p1, keys)  # (H, n, T) bool
         return None, [a if heads is None else a[torch.as_tensor(heads, dtype=torch.long)]]

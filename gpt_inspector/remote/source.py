@@ -22,6 +22,7 @@ from ..core.source import CAPABILITIES, Live, RunSource
 
 # what runs only where the model is, for now: each refusal is the one line a front end shows
 NOT_REMOTE = ("probe", "kvlab")
+QKV = ("queries", "keys", "values")
 
 
 def _why(name: str) -> str:
@@ -138,11 +139,14 @@ class RemoteReads(RunSource):
         if p0 != 0 or p1 != t or heads is not None:
             return self._read(op, layer=int(layer), p0=int(p0), p1=int(p1), heads=heads)[1][0]
         have = self._prims.get((op, layer))
-        n = 0 if have is None else have.shape[1]
-        if have is None or n < t:
-            new = self._call_t(op, layer=int(layer), p0=n, p1=t, heads=None)[1][0]  # (h, t - n, d)
-            have = new if have is None or n == 0 else torch.cat([have, new], dim=1)
-            self._prims[(op, layer)] = have
+        if have is None or have.shape[1] < t:
+            # the Q/K/V and KV cache panels read all three of a layer: its new rows come in one request
+            kept = [self._prims.get((x, layer)) for x in QKV]
+            n = min(0 if x is None else x.shape[1] for x in kept)
+            new = self._call_t("qkv_rows", layer=int(layer), p0=n, p1=t)[1]  # 3 x (h, t - n, d)
+            for x, old, rows in zip(QKV, kept, new):
+                self._prims[(x, layer)] = rows if old is None or n == 0 else torch.cat([old[:, :n], rows], dim=1)
+            have = self._prims[(op, layer)]
         return have[:, :t]
 
     def queries(self, layer: int, p0: int = 0, p1: int | None = None, heads=None) -> torch.Tensor:

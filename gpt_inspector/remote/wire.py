@@ -195,6 +195,7 @@ OPS: dict[str, dict[str, Arg]] = {
     "kv_cache_bytes": {"layer": Arg("int", False, True, 0, 4096)},
     # what a window shows (remote/reads.py): view-sized reads, and the few commands only it sends
     "layers": {},
+    "qkv_rows": {"layer": LAYER, **ROWS},
     "allowed_rows": {"layer": LAYER, **ROWS, "keys": _KEYS, "heads": HEADS},
     "bias_rows": {"layer": LAYER, **ROWS, "heads": HEADS},
     "overview_bins": {**ROWS, "size": Arg("int", lo=1, hi=MAX_INT)},

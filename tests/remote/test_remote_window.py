@@ -206,6 +206,7 @@ def test_after_a_step_only_the_new_rows_cross_the_wire(server, window, qtbot):
     snap = wait(qtbot, win)
     t = snap.T
     assert t == t0 + 1 and sent[0][0] == "step"
+    assert len(sent) <= 6  # the step, the bins, the head's rows and mask, a row of every head, q/K/V: one each
     for op, args in sent[1:]:
         assert op not in ("attention", "trace", "distribution"), op  # never a whole matrix, a file or (V,)
         if "p0" in args:  # q, K, V, rows, bins, blocks: only positions the step added
