@@ -277,3 +277,27 @@ def test_the_tools_in_a_remote_window_run_on_the_engine_or_say_why_not(server, w
     wait(qtbot, win)
     assert gi.load_trace(path).tokens == s.tokens
     assert not no_dialogs and not win.errors
+
+
+def test_gpt_inspector_connect_opens_the_window_on_the_engine_or_refuses_in_one_line(server, local_lm, tmp_path,
+                                                                                      monkeypatch, capsys):  # fmt: skip
+    from gpt_inspector.cli import build_parser, main
+    from gpt_inspector.gui import app
+    from gpt_inspector.gui.main_window import MainWindow
+
+    titles = []
+    grab = MainWindow.grab
+    monkeypatch.setattr(MainWindow, "grab", lambda win, *a: titles.append((win.windowTitle(), win.snapshot)) or
+                        grab(win, *a))  # fmt: skip
+    out = tmp_path / "shot.png"
+    args = ["--connect", server.url, "--prompt", PROMPT, "--steps", "2", "--screenshot", str(out)]
+    assert app.run(build_parser().parse_args(args)) == 0 and out.is_file()
+    title, snap = titles[-1]
+    s = gi.Session(local_lm, PROMPT)
+    s.run(2)
+    assert "on engine 127.0.0.1:" in title and snap.tokens.token_ids == tuple(s.tokens)  # the engine's session
+    for url, words in ((server.url.split("?")[0] + "?token=wrong", "valid token is required"),
+                       ("127.0.0.1:8765", "ws://HOST:PORT")):  # fmt: skip
+        assert main(["--connect", url, "--screenshot", str(tmp_path / "x.png")]) == 2
+        err = capsys.readouterr().err
+        assert err.count("\n") == 1 and words in err and "Traceback" not in err
