@@ -17,6 +17,8 @@ import torch
 
 from ..core.errors import InspectorError
 
+MAX_BINS = 1 << 24  # numbers (float64) in one answer of overview bins
+
 if TYPE_CHECKING:
     from ..core.session import Session
 
@@ -59,6 +61,9 @@ class ReadOps:
     def op_overview_bins(self, p0, p1, size):
         s = self._s()
         _rows(s, p0, p1)
+        bins = s.n_layers * s.n_heads * ((p1 - 1) // size - p0 // size + 1) * -(-p1 // size)
+        if p1 > p0 and bins > MAX_BINS:  # the overview's bins are few; this many would only fill the engine's memory
+            raise InspectorError(f"{bins} overview bins asked for; the limit is {MAX_BINS}: use a larger size")
         return None, [torch.from_numpy(s.overview_bins(p0, p1, size))]  # (L, H, row bins, key bins) float64
 
     def op_pooled_rows(self, layer, head, kind, p0, p1, keys, block):
