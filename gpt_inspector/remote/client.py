@@ -341,7 +341,9 @@ class RemoteSession(RemoteReads):
         return head, tensors
 
     def step(self) -> RemoteStep:
-        self._change("step")
+        then = self._predicted()  # what the last repaint read, moved on by a step: answered in the same reply
+        head, tensors = self._change("step", **({"then": then} if then else {}))
+        self._prefetched(then, head.get("then"), tensors)
         self._emit("step", self.current)
         return self.current
 

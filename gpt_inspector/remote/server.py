@@ -119,9 +119,20 @@ class Engine(ReadOps):
         self.session = Session(self.lm, prompt, temperature, top_k, top_p, seed, **(settings or {}))
         return self.state(), []
 
-    def op_step(self):
+    def op_step(self, then=None):
         _, sync = self._changing(lambda s: s.step())
-        return sync, []
+        tensors: list[torch.Tensor] = []
+        if then:  # the reads the client expects to repaint with: answered now, each on its own
+            sync["then"] = []
+            for call in then:
+                try:
+                    result, ts = getattr(self, f"op_{call['op']}")(**call["args"])
+                except (InspectorError, StepFailed) as e:
+                    sync["then"].append([False, _one_line(e), 0])
+                    continue
+                sync["then"].append([True, result, len(ts)])
+                tensors += ts
+        return sync, tensors
 
     def op_run(self, n):
         def run(s):

@@ -19,10 +19,16 @@ import torch
 from ..core import outfile
 from ..core.errors import InspectorError
 from ..core.source import CAPABILITIES, Live, RunSource
+from .wire import MAX_THEN, THEN_OPS
 
 # what runs only where the model is, for now: each refusal is the one line a front end shows
 NOT_REMOTE = ("probe", "kvlab")
 QKV = ("queries", "keys", "values")
+MOVING = ("p0", "p1", "keys", "k0", "k1")  # the arguments that name positions
+
+
+def _key(op: str, args: dict) -> tuple:
+    return (op, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in args.items()))
 
 
 def _why(name: str) -> str:
@@ -57,21 +63,49 @@ class RemoteReads(RunSource):
         self._consts: dict | None = None  # per-layer constants (op "layers")
         self._kv_hist: dict[int, tuple[int, int]] = {}  # length -> (cache bytes, kept bytes)
         self._kv = {}
+        self._log: list[tuple[str, dict]] = []  # the reads since the last change (what a repaint read)
+        self._log_t = 0  # the positions when they began
 
     def _changed(self, changed_from: int) -> None:
         """The session changed; records from position ``changed_from`` on may differ."""
         self._reads.clear()
+        self._log, self._log_t = [], self.cache_length
         for key, rows in list(self._prims.items()):
             self._prims[key] = rows[:, : min(changed_from, rows.shape[1])]
 
     def _read(self, op: str, **args) -> tuple[object, list[torch.Tensor]]:
         """One read, answered from the cache while the session has not changed since it was made."""
         self._require()
-        key = (op, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in args.items()))
+        key = _key(op, args)
+        if op in THEN_OPS:
+            self._log.append((op, args))
         hit = self._reads.get(key)
         if hit is None:
             hit = self._reads[key] = self._call_t(op, **args)
         return hit  # type: ignore[return-value]
+
+    def _predicted(self) -> list[dict] | None:
+        """The reads the repaint after one more step will make, if the last repaint's are known: the
+        same reads, their newest positions moved on by one. A step's reply carries their answers (one
+        round trip in all); a wrong guess costs only its bytes, never a number (nothing else reads them)."""
+        t = self.cache_length
+        if not self._log or self._log_t != t:
+            return None
+        out: list[dict] = []
+        for op, args in self._log:
+            moved = {k: v + 1 if k in MOVING and isinstance(v, int) and t - 1 <= v <= t else v for k, v in args.items()}
+            call = {"op": op, "args": moved}
+            if call not in out:
+                out.append(call)
+        return out[:MAX_THEN]
+
+    def _prefetched(self, then: list[dict] | None, answers, tensors: list[torch.Tensor]) -> None:
+        """Keep the answers a step's reply carried for the reads ``then`` asked for."""
+        i = 0
+        for call, (ok, result, n) in zip(then or (), answers or ()):
+            if ok:
+                self._reads[_key(call["op"], call["args"])] = (result, tensors[i : i + n])
+            i += n
 
     # ------------------------------------------------------------------ events (the window's view model)
     def subscribe(self, fn: Callable[[str, object], None]) -> None:
@@ -143,7 +177,7 @@ class RemoteReads(RunSource):
             # the Q/K/V and KV cache panels read all three of a layer: its new rows come in one request
             kept = [self._prims.get((x, layer)) for x in QKV]
             n = min(0 if x is None else x.shape[1] for x in kept)
-            new = self._call_t("qkv_rows", layer=int(layer), p0=n, p1=t)[1]  # 3 x (h, t - n, d)
+            new = self._read("qkv_rows", layer=int(layer), p0=n, p1=t)[1]  # 3 x (h, t - n, d)
             for x, old, rows in zip(QKV, kept, new):
                 self._prims[(x, layer)] = rows if old is None or n == 0 else torch.cat([old[:, :n], rows], dim=1)
             have = self._prims[(op, layer)]

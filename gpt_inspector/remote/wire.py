@@ -25,7 +25,7 @@ MAX_REQUEST_BYTES = 1 << 20
 # a reply's header (token lists, labels, a recipe); its tensors are counted separately
 MAX_HEADER_BYTES = 64 << 20
 MAX_TENSOR_BYTES = 4 << 30
-MAX_TENSORS = 16
+MAX_TENSORS = 64  # a step's reply carries the reads a window repaints after it (``then``)
 MAX_DIMS = 4
 MAX_ID = (1 << 53) - 1  # exact in a JSON number read as a double
 MAX_INT = 1 << 31
@@ -99,11 +99,23 @@ class Arg:
             item = Arg("int", lo=self.lo, hi=self.hi)
             return [item.check(f"{name}[]", x) for x in v]
         if kind == "object":  # an object of optional fields, each checked by its own Arg (``n``: the schema)
+            if not self.n:  # checked by the caller against a schema of its own
+                if not isinstance(v, dict):
+                    raise WireError(f"argument {name!r} must be an object")
+                return v
             return _check_obj(f"argument {name!r}", v, self.n)
         if kind == "int_lists":
             if not isinstance(v, list) or len(v) > MAX_LIST:
                 raise WireError(f"argument {name!r} must be a list of at most {MAX_LIST} lists of integers")
             return [Arg("ints", lo=0, hi=MAX_INT, n=MAX_LIST).check(f"{name}[]", x) for x in v]
+        if kind == "calls":  # reads run after a step, in its reply: each one checked as a request of its own
+            if not isinstance(v, list) or len(v) > MAX_THEN:
+                raise WireError(f"argument {name!r} must be a list of at most {MAX_THEN} reads")
+            out = []
+            for call in v:
+                c = _check_obj(f"{name}[]", call, {"op": Arg("choice", n=THEN_OPS), "args": Arg("object", n={})})
+                out.append({"op": c["op"], "args": _check_obj(f"{name}[] {c['op']!r}", call["args"], OPS[c["op"]])})
+            return out
         if kind in ("mask_edits", "head_edits"):
             if not isinstance(v, list) or len(v) > MAX_LIST:
                 raise WireError(f"argument {name!r} must be a list of at most {MAX_LIST} edits")
@@ -150,6 +162,10 @@ SETTINGS = {"min_p": Arg("float", False, True, **_P), "typical_p": Arg("float", 
             "forced_eos_token_id": Arg("int", False, True, **_N), "max_new_tokens": Arg("int", False, True, **_N)}  # fmt: skip
 _SETTINGS = Arg("object", False, True, n=SETTINGS)
 _KIND = Arg("choice", n=KINDS)
+# the reads a step's reply may carry (``then``): what a window repaints after a step, one round trip in all
+THEN_OPS = ("overview_bins", "attention_rows", "allowed_rows", "qkv_rows", "bias_rows", "pooled_rows",
+            "attention_block")  # fmt: skip
+MAX_THEN = 12
 _KEYS = Arg("int", False, True, 0, MAX_INT)
 
 # every operation the server knows, with its arguments; anything else is refused
@@ -162,7 +178,7 @@ OPS: dict[str, dict[str, Arg]] = {
         **DECODING,
         "settings": _SETTINGS,
     },
-    "step": {},
+    "step": {"then": Arg("calls", False, True)},
     "run": {"n": Arg("int", lo=0, hi=1 << 20)},
     "step_back": {},
     "restart": {},
