@@ -95,3 +95,24 @@ def test_cli_connect_refuses_a_bad_url_or_token_in_one_line(server, args, words,
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and words in err and "Traceback" not in err
     assert server.url.split("token=")[1] not in err
+
+
+def test_the_view_sized_reads_are_the_local_readers_bit_for_bit(pair):
+    # what the window reads past 1,024 positions (pooled rows, pooled raw columns, a zoomed tile) and the
+    # overview's bins, at small blocks on the tiny run: the engine's answer is the local reader's
+    r, s = pair
+    t = s.cache_length
+    assert np.array_equal(r.overview_bins(0, t, 2), s.overview_bins(0, t, 2))
+    assert np.array_equal(r.overview_bins(t - 1, t, 4), s.overview_bins(t - 1, t, 4))
+    for kind in ("raw", "scores", "masked_scores", "probs"):
+        a, b = r.pooled_rows(1, 3, kind, 2, t, t, 2), s.pooled_rows(1, 3, kind, 2, t, t, 2)
+        assert np.array_equal(a, b, equal_nan=True), kind
+        a, b = r.attention_block(0, 1, kind, 1, t - 1, 2, t), s.attention_block(0, 1, kind, 1, t - 1, 2, t)
+        assert np.array_equal(a, b, equal_nan=True), kind
+        a = r.attention_block(0, 2, kind, 0, 4, 4, t, every=True, block=2)
+        b = s.attention_block(0, 2, kind, 0, 4, 4, t, every=True, block=2)
+        assert np.array_equal(a, b, equal_nan=True), kind
+    assert torch.equal(r.allowed_rows(1, 2, t), s.allowed_rows(1, 2, t))
+    assert np.array_equal(r.allowed(1, 0), s.allowed(1, 0))
+    assert (r.kv_cache_bytes(), r.kv_kept_bytes(), r.kv_cache_bytes(length=t - 2)) == (
+        s.kv_cache_bytes(), s.kv_kept_bytes(), s.kv_cache_bytes(length=t - 2))  # fmt: skip
