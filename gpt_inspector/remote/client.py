@@ -158,7 +158,7 @@ class RemoteSession(RemoteReads):
             raise LinkLost(f"cannot reach the engine at {self.where}: {_one_line(e)}") from None
         info = self._call("hello")
         for k in ("model_name", "n_layers", "n_heads", "n_kv_heads", "head_dim", "context_length", "vocab_size",
-                  "dtype", "unverified", "device", "note"):  # fmt: skip
+                  "dtype", "unverified", "device", "note", "refused"):  # fmt: skip
             setattr(self, k, info[k])
         self._state = None
         if info["session"]:

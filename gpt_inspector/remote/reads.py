@@ -120,6 +120,13 @@ class ReadOps:
 
         return pack(check_all(self._s(), layers, tolerance))
 
+    def op_probe(self, layers, context="auto", tolerance=None):
+        from dataclasses import asdict
+
+        from ..core.probe import probe_session
+
+        return asdict(probe_session(self._s(), layers, context=context, tolerance=tolerance)), []
+
     def op_trace(self, derived=False):
         """The session as a trace file (docs/trace-format.md), its bytes: saved where the client runs."""
         s = self._s()

@@ -22,6 +22,7 @@ from ..core import outfile
 from ..core.edits import HeadEdit, MaskEdit
 from ..core.errors import InspectorError, StepFailed
 from ..core.session import Session
+from ..core.source import model_refusals
 from ..core.step import top_entries
 from . import wire
 from .reads import ReadOps
@@ -72,7 +73,8 @@ class Engine(ReadOps):
         return {"model_name": lm.name, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "n_kv_heads": lm.n_kv_heads,
                 "head_dim": lm.head_dim, "context_length": lm.context_length, "vocab_size": lm.vocab_size,
                 "dtype": str(lm.dtype).removeprefix("torch."), "unverified": lm.unverified,
-                "session": self.session is not None, "device": str(lm.device), "note": lm.note}  # fmt: skip
+                "session": self.session is not None, "device": str(lm.device), "note": lm.note,
+                "refused": model_refusals(lm)}  # fmt: skip
 
     def state(self) -> dict:
         s = self._s()

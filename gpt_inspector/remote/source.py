@@ -22,7 +22,7 @@ from ..core.source import CAPABILITIES, Live, RunSource
 from .wire import MAX_THEN, THEN_OPS
 
 # what runs only where the model is, for now: each refusal is the one line a front end shows
-NOT_REMOTE = ("probe", "kvlab")
+NOT_REMOTE = ("kvlab",)
 QKV = ("queries", "keys", "values")
 MOVING = ("p0", "p1", "keys", "k0", "k1")  # the arguments that name positions
 
@@ -116,9 +116,11 @@ class RemoteReads(RunSource):
             fn(event, payload)
 
     # ------------------------------------------------------------------ what the source is
+    refused: dict = {}  # what the engine's model rules out on any session (core.source.model_refusals)
+
     @property
     def live(self) -> Live:
-        return Live({c: _why(CAPABILITIES[c]) for c in NOT_REMOTE})
+        return Live({**self.refused, **{c: _why(CAPABILITIES[c]) for c in NOT_REMOTE}})
 
     @property
     def engine(self) -> str:  # type: ignore[override]
@@ -312,6 +314,16 @@ class RemoteReads(RunSource):
         layers = None if layers is None else [int(i) for i in ([layers] if isinstance(layers, int) else layers)]
         r, tensors = self._read("math_check_all", layers=layers, tolerance=tolerance)
         return unpack(MathCheckReport, r, tensors)  # type: ignore[arg-type]
+
+    def remote_probe(self, layers=(0,), context: str = "auto", tolerance: float | None = None):
+        """``core.probe.probe_session``, run on the engine (the probe replays candidates through its model)."""
+        from ..core.probe import LayerProbe, PositionProbe, ProbeResult
+
+        self.live.require("probe")
+        layers = [int(layers)] if isinstance(layers, int) else [int(i) for i in layers]
+        r: dict = self._read("probe", layers=layers, context=context, tolerance=tolerance)[0]  # type: ignore[assignment]
+        out = [LayerProbe(**{**x, "positions": [PositionProbe(**p) for p in x["positions"]]}) for x in r["layers"]]
+        return ProbeResult(**{**r, "layers": out})
 
     # ------------------------------------------------------------------ downloads
     def save_trace(self, path, derived: bool = False):

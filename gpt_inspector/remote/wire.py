@@ -238,6 +238,11 @@ OPS: dict[str, dict[str, Arg]] = {
     "trace": {"derived": Arg("bool", False)},
     "head_outputs": {"layer": LAYER},
     "text": {},
+    "probe": {
+        "layers": Arg("ints", lo=0, hi=4096, n=4096),
+        "context": Arg("choice", False, n=("auto", "cache", "greedy")),
+        "tolerance": Arg("float", False, True, 0.0, 1e6),
+    },  # fmt: skip
     "lens": {"top_k": Arg("int", False, lo=1, hi=1000)},
     "math_check": {
         "layer": LAYER,

@@ -255,6 +255,7 @@ def test_the_tools_in_a_remote_window_run_on_the_engine_or_say_why_not(server, w
                                                                        tmp_path):  # fmt: skip
     from gpt_inspector.core.lens import lens
     from gpt_inspector.core.mathcheck import check
+    from gpt_inspector.core.probe import probe_session
 
     win, r = window(server.url)
     press(qtbot, win, Qt.Key.Key_3, Qt.KeyboardModifier.AltModifier)  # the Lens workspace: the panel in front
@@ -270,8 +271,19 @@ def test_the_tools_in_a_remote_window_run_on_the_engine_or_say_why_not(server, w
     qtbot.waitUntil(lambda: win.mathcheck_panel.check is not None, timeout=20000)
     got, want = win.mathcheck_panel.check, check(s, 0, 0)
     assert np.array_equal(got.recomputed, want.recomputed) and np.array_equal(got.model, want.model) and got.ok
+    probe = win.probe_panel  # the cache probe replays candidates through the engine's model, there
+    win.raise_panel(probe)
+    qtbot.waitUntil(probe.probe_button.isEnabled, timeout=10000)
+    qtbot.mouseClick(probe.probe_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: probe.result is not None, timeout=30000)
+    want = probe_session(s, layers=probe.chosen_layers()).to_json()
+    got = probe.result.to_json()
+    for x in (want, got):
+        for layer in x["layers"]:
+            layer.pop("seconds")
+    assert got == want
     # what runs only where the model is: disabled, the tooltip says why (no AttributeError, no dialog)
-    for button in (win.probe_panel.probe_button, win.kvlab_panel.run_button, win.compare_panel.run_button):
+    for button in (win.kvlab_panel.run_button, win.compare_panel.run_button):
         assert not button.isEnabled() and "not served over the link" in button.toolTip(), button.text()
     path = tmp_path / "run.safetensors"
     win.save_trace(str(path))  # File ▸ Save trace's action after its file dialog: the engine's file, saved here
