@@ -157,6 +157,11 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    finally:
+        if args.command is not None:
+            from .commands import common
+
+            common.release_remote()
 
 
 if __name__ == "__main__":

@@ -168,8 +168,19 @@ def remote_session(args):
         raise InspectorError("--connect runs on the engine's model: leave out --model")
     if getattr(args, "bad_words", None) is not None:
         raise InspectorError("--bad-words needs the model's tokenizer: with --connect give --bad-words-ids")
-    return connect(args.connect, prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
-                   seed=args.seed, **sampler_settings(args))  # fmt: skip
+    r = connect(args.connect, prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                seed=args.seed, **sampler_settings(args))  # fmt: skip
+    _REMOTE.append(r)
+    return r
+
+
+_REMOTE: list = []  # the remote sessions a command opened: closed when it returns (cli._main), freeing the engine
+
+
+def release_remote() -> None:
+    """Close every link a command opened to a remote engine (its one client slot is free at once)."""
+    while _REMOTE:
+        _REMOTE.pop().close()
 
 
 def release(s) -> None:

@@ -116,3 +116,25 @@ def test_the_view_sized_reads_are_the_local_readers_bit_for_bit(pair):
     assert np.array_equal(r.allowed(1, 0), s.allowed(1, 0))
     assert (r.kv_cache_bytes(), r.kv_kept_bytes(), r.kv_cache_bytes(length=t - 2)) == (
         s.kv_cache_bytes(), s.kv_kept_bytes(), s.kv_cache_bytes(length=t - 2))  # fmt: skip
+
+
+def test_cli_math_check_probe_cache_and_export_take_connect(server, local_lm, tmp_path, capsys):
+    from gpt_inspector.core.probe import probe_session
+
+    base = ["--connect", server.url, "--prompt", PROMPT, "--steps", "2"]
+    s = gi.Session(local_lm, PROMPT)
+    s.run(2)
+    assert main(["math-check", *base, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out) == json.loads(json.dumps(check_all(s).to_json(), ensure_ascii=True))
+    assert main(["probe-cache", *base, "--layers", "0,1", "--json"]) == 0
+    got, want = json.loads(capsys.readouterr().out), probe_session(s, [0, 1]).to_json()
+    for x in (got, want):
+        for layer in x["layers"]:
+            layer.pop("seconds")
+    assert got == json.loads(json.dumps(want))
+    out = tmp_path / "l1.svg"
+    assert main(["export", *base, "--layer", "1", "--head", "2", "--kind", "probs", "--out", str(out)]) == 0
+    gi.render_heatmap(s, 1, 2, "probs", tmp_path / "local.svg")
+    assert out.read_bytes() == (tmp_path / "local.svg").read_bytes()
+    with gi.connect(server.url) as r:  # every command gave the engine's one client slot back when it ended
+        assert r.tokens == s.tokens
