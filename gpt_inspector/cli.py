@@ -41,6 +41,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--version", action="version", version=f"gpt-inspector {__version__}")
     common.add_model_args(p)
     common.add_prompt_args(p, "prompt to start the window with", required=False)
+    p.add_argument(
+        "--connect", default=None, metavar="URL",
+        help="open the window on the engine gpt-inspector serve runs (the ws://HOST:PORT/?token=... line it printed)",
+    )  # fmt: skip
     common.add_sampler_args(p.add_argument_group("the window's sampler (generate's names)"), max_new_tokens=False)
     p.add_argument("--steps", type=int, default=None, help="with --screenshot: steps to run first")
     p.add_argument(
@@ -153,6 +157,11 @@ def _main(argv: list[str] | None) -> int:
         return 2
     except BrokenPipeError:
         return 0
+    finally:
+        if args.command is not None:
+            from .commands import common
+
+            common.release_remote()
 
 
 if __name__ == "__main__":

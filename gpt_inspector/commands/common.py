@@ -198,7 +198,50 @@ def load(args):
     return lm
 
 
+def add_connect_arg(p):
+    p.add_argument(
+        "--connect", default=None, metavar="URL",
+        help="run on the engine gpt-inspector serve runs (the ws://HOST:PORT/?token=... line it printed) "
+        "instead of loading a model here",
+    )  # fmt: skip
+
+
+def remote_session(args):
+    """A new session on the engine at ``--connect`` (the model is the engine's); one line for a bad URL or token."""
+    from ..remote.client import connect
+
+    if getattr(args, "model", None) is not None:
+        raise InspectorError("--connect runs on the engine's model: leave out --model")
+    if getattr(args, "bad_words", None) is not None:
+        raise InspectorError("--bad-words needs the model's tokenizer: with --connect give --bad-words-ids")
+    if prompt_args(args).get("messages") is not None:
+        raise InspectorError("chat turns are not sent to a remote engine yet: with --connect give --prompt")
+    if assisted_given(args):
+        raise InspectorError("assisted decoding does not run over --connect yet")
+    r = connect(args.connect, prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+                seed=args.seed, **sampler_settings(args))  # fmt: skip
+    _REMOTE.append(r)
+    return r
+
+
+_REMOTE: list = []  # the remote sessions a command opened: closed when it returns (cli._main), freeing the engine
+
+
+def release_remote() -> None:
+    """Close every link a command opened to a remote engine (its one client slot is free at once)."""
+    while _REMOTE:
+        _REMOTE.pop().close()
+
+
+def release(s) -> None:
+    """Close ``s``'s link where it is a remote engine's session (a local one has nothing to close)."""
+    if s.engine is not None:
+        s.close()
+
+
 def session(args):
+    if getattr(args, "connect", None):
+        return remote_session(args)
     from ..core import Session
 
     lm = load(args)
@@ -303,7 +346,10 @@ def add_assisted_args(p: argparse.ArgumentParser) -> None:
 
 
 def assisted_given(args) -> bool:
-    return args.assistant_model is not None or args.prompt_lookup_num_tokens is not None
+    return (
+        getattr(args, "assistant_model", None) is not None
+        or getattr(args, "prompt_lookup_num_tokens", None) is not None
+    )
 
 
 def check_assisted_args(args, temperature=None) -> None:

@@ -33,6 +33,7 @@ def add_arguments(p):
         help="FILE.safetensors saved by `gpt-inspector trace` or the window",
     )
     common.add_model_args(p)
+    common.add_connect_arg(p)
     p.add_argument("--prompt", default=None, help="without --trace: the prompt to run")
     p.add_argument("--steps", type=int, default=None, help="without --trace: steps to run first")
     common.add_decoding_args(p)

@@ -11,6 +11,7 @@ HELP = "the logit lens after every layer and each head's direct contribution to 
 
 def add_arguments(p):
     common.add_model_args(p)
+    common.add_connect_arg(p)
     common.add_prompt_args(p, "the text to start from")
     p.add_argument("--steps", type=int, default=1, help="steps to run; the lens shows the last one (default 1)")
     common.add_decoding_args(p)
@@ -34,7 +35,6 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..core import validate
-    from ..core.lens import lens
 
     validate.count(args.steps)
     top = validate.integer("--top", args.top, 1)
@@ -45,6 +45,15 @@ def run(args) -> int:
         check_format(args.out)  # before the model runs
         common.check_out(args.out)
     s = common.session(args)
+    try:
+        return _lens_on(args, s, knocks, top)
+    finally:
+        common.release(s)  # a remote engine's one client slot is free at once
+
+
+def _lens_on(args, s, knocks, top):
+    from ..core.lens import lens
+
     s.run(args.steps)
     before = None
     if knocks:
@@ -55,10 +64,10 @@ def run(args) -> int:
     r = lens(s, top_k=min(top, 50))
     if args.out is not None:
         common.save_figure(
-            lambda figures: figures.lens_figure(r, s.lm.name, unverified=s.unverified), args.out, "lens figure"
+            lambda figures: figures.lens_figure(r, s.model_name, unverified=s.unverified), args.out, "lens figure"
         )
     if args.json:
-        out = {"model": s.lm.name, "text": s.text, **r.to_json()}
+        out = {"model": s.model_name, "text": s.text, **r.to_json()}
         if knocks:
             out["knock_out"] = {"edits": [e.to_json() for e in knocks], **before}
         common.print_json(out)

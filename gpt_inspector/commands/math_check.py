@@ -18,6 +18,7 @@ def add_arguments(p):
     src.add_argument("--trace", default=None, help="a trace file (.safetensors) saved by `trace`")
     src.add_argument("--prompt", default=None, help="run the model on this prompt instead")
     common.add_model_args(p)
+    common.add_connect_arg(p)
     p.add_argument("--steps", type=int, default=1, help="with --prompt: steps to run (default 1)")
     common.add_decoding_args(p)
     p.add_argument("--layer", type=int, default=None, help="check only this layer")

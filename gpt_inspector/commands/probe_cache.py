@@ -12,6 +12,7 @@ HELP = "recover every cached token from the KV cache alone (layer 0 by default) 
 
 def add_arguments(p):
     common.add_model_args(p)
+    common.add_connect_arg(p)
     p.add_argument("--prompt", required=True, help="the text the session starts from")
     p.add_argument("--steps", type=int, default=1, help="steps to run before probing (default 1: the prompt only)")
     common.add_decoding_args(p)

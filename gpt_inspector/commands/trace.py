@@ -13,6 +13,7 @@ HELP = "step a model N tokens with full capture and save a trace file"
 
 def add_arguments(p):
     common.add_model_args(p)
+    common.add_connect_arg(p)
     common.add_prompt_args(p, "the text the session starts from")
     p.add_argument("--steps", type=int, required=True, help="steps to run (each feeds one token, chooses the next)")
     common.add_decoding_args(p)
@@ -29,7 +30,6 @@ def add_arguments(p):
 
 def run(args) -> int:
     from ..core import validate
-    from ..core.kv_layout import human_bytes
 
     validate.count(args.steps, "--steps")
     common.check_run_args(args)
@@ -42,6 +42,15 @@ def run(args) -> int:
     if out.exists() and not args.force:
         raise InspectorError(f"--out {args.out} already exists; pass --force to overwrite it")
     s = common.session(args)
+    try:
+        return _trace_on(args, s, out)
+    finally:
+        common.release(s)  # a remote engine's one client slot is free at once
+
+
+def _trace_on(args, s, out):
+    from ..core.kv_layout import human_bytes
+
     a = common.assisted(args, s, args.steps) if common.assisted_given(args) else None
     if a is not None:
         a.run()
@@ -51,10 +60,10 @@ def run(args) -> int:
     path = s.save_trace(out, derived=args.derived)
     # the cache as it really is (bytes, and how it is laid out where that is not per-head K and V)
     real, per_head, kept = s.kv_cache_bytes(), s.kv_per_head_bytes(), s.kv_kept_bytes()
-    note = s.kv_layout.describe() if s.kv_layout is not None else ""
+    note = s.kv_layout.describe() if s.kv_layout is not None else getattr(s, "kv_note", "")
     if args.json:
         out = {
-            "model": s.lm.name,
+            "model": s.model_name,
             "tokens": s.tokens,
             "prompt_length": len(s.prompt_ids),
             "text": s.text,
@@ -75,7 +84,9 @@ def run(args) -> int:
             "kv_per_head_bytes": per_head,
             "kv_kept_bytes": kept,
             "kv_cache": note,
-            "note": s.lm.note,  # which of the model's computations the numbers are, where it has two that differ
+            "note": s.lm.note
+            if s.lm is not None
+            else s.note,  # which of the model's computations the numbers are, where it has two that differ
             "attention_layers": list(s.attention_layers),
         }
         if a is not None:

@@ -82,7 +82,7 @@ def run_until(session, *, max_steps: int | None = None, target: int | None = Non
     if target is not None:
         planned = target - session.n_steps
     else:
-        planned = max_steps if max_steps is not None else session.lm.context_length
+        planned = max_steps if max_steps is not None else session.context_length
     while done < planned:
         if cancelled():
             return Stopped("paused", "paused", done)

@@ -62,6 +62,8 @@ class Row(TypedDict, total=False):
     temperature: float
     top_k: int | None
     top_p: float | None
+    assisted: dict  # an assisted row's summary and rounds, as in ``Decoded``
+    rounds: list[dict]
 
 
 class BeamOutput(TypedDict):
@@ -306,7 +308,7 @@ def compare(
                 progress("assisted", r.first_step)
         assisted = _session_output(a.session, greedy_ids)
         assisted.update({"assisted": a.summary(), "rounds": [r.to_json() for r in a.rounds]})
-        rows.append({"kind": "assisted", "name": "assisted", **assisted})  # type: ignore[typeddict-item]
+        rows.append({"kind": "assisted", "name": "assisted", **assisted})
 
     return Comparison(
         model=lm.name,

@@ -224,6 +224,8 @@ def lens(session, top_k: int = 5, stop=None) -> LensResult:
     ``stop``: a callable asked now and then; when it says True the computation ends with
     Cancelled (the window computes the lens while its worker is idle, and gives way to a step).
     """
+    if getattr(session, "engine", None) is not None:  # the model is on a remote engine: it runs this code there
+        return session.remote_lens(top_k)
     cur = session.current
     if cur is None:
         raise InspectorError("no step yet: run a step first")

@@ -242,6 +242,8 @@ def _sink(source, layer: int) -> np.ndarray | None:
 
 def check(source, layer: int, head: int, position: int | None = None, tolerance: float | None = None) -> MathCheck:
     """Recompute one head's output at one query position (default: the last) and compare."""
+    if getattr(source, "engine", None) is not None:  # a remote engine's session: it runs this code beside the model
+        return source.remote_math_check(layer, head, position, tolerance)
     layer, head = source.check_layer(layer), source.check_head(head)
     _validate_tolerance(tolerance)
     t = source.require_positions()
@@ -291,6 +293,8 @@ def _blocks(n_heads: int, t: int, d: int) -> tuple[int, int]:
 
 def check_all(source, layers=None, tolerance: float | None = None) -> MathCheckReport:
     """Check every head at every position of the given layers (default all); max |diff| per head."""
+    if getattr(source, "engine", None) is not None:
+        return source.remote_math_check_all(layers, tolerance)
     _validate_tolerance(tolerance)
     t = source.require_positions()
     if layers is None:

@@ -30,7 +30,6 @@ import warnings
 
 import numpy as np
 
-from . import attention as eq
 from .attention import MASKING_KINDS
 
 EXACT_BUDGET = 1 << 32  # multiply-adds the exact block maxima of a whole figure may cost (~a few s on a CPU)
@@ -207,6 +206,33 @@ def _spread(n: int) -> list[int]:
     return order
 
 
+def bin_rows(rows_of, n_layers: int, n_heads: int, size: int, p0: int, p1: int) -> np.ndarray:
+    """(L, H, row bins, key bins) float64: query rows p0..p1 summed into ``size`` x ``size`` bins.
+
+    ``rows_of(layer, p0, p1)`` -> (H, n, k) probs over the first k keys, p1 <= k (the keys it leaves
+    out have probability 0: rows never attend past themselves). Row bins start at p0 // size.
+    """
+    s = size
+    key_starts = np.arange(0, p1, s)
+    out = np.zeros((n_layers, n_heads, (p1 - 1) // s - p0 // s + 1, len(key_starts)), dtype=np.float64)
+    # rows in chunks, so a first build at long T never holds H x T x T for a layer at once
+    chunk = max(1, ROWS_BUDGET // max(1, n_heads * p1))
+    for layer in range(n_layers):
+        for c0 in range(p0, p1, chunk):
+            c1 = min(p1, c0 + chunk)
+            rb = np.arange(c0, c1) // s
+            row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
+            r = rows_of(layer, c0, c1)  # (H, n, k)
+            ks = key_starts[key_starts < r.shape[2]]
+            if len(row_starts) == 1:  # the usual chunk, inside one row bin: sum its rows first (n times less to bin)
+                kb = np.add.reduceat(r.sum(axis=1, keepdims=True), ks, axis=2)  # (H, 1, nbk)
+            else:
+                kb = np.add.reduceat(np.add.reduceat(r, ks, axis=2), row_starts, axis=1)  # (H, n_rowbins, nbk)
+            first = int(rb[0]) - p0 // s
+            out[layer, :, first : first + kb.shape[1], : kb.shape[2]] += kb
+    return out
+
+
 class Thumbnails:
     """L x H downsampled attention patterns, kept as binned sums of query rows.
 
@@ -261,35 +287,21 @@ class Thumbnails:
         self.T = t
 
     def add_rows(self, rows_of, p0: int, p1: int) -> None:
-        """Add query rows p0..p1, none added before.
+        """Add query rows p0..p1, none added before (``bin_rows`` says what ``rows_of`` gives)."""
+        if p1 > p0:
+            self.extend(p1)
+            self.add_bins(p0, p1, bin_rows(rows_of, self.L, self.H, self.size, p0, p1))
 
-        ``rows_of(layer, p0, p1)`` -> (H, n, k) probs over the first k keys, p1 <= k <= T (the
-        keys it leaves out have probability 0: rows never attend past themselves).
-        """
+    def add_bins(self, p0: int, p1: int, bins: np.ndarray) -> None:
+        """Add query rows p0..p1, none added before, as ``bin_rows`` summed them at this ``size``
+        (computed here or where the model runs: a remote engine sends these sums, not the rows)."""
         if p1 <= p0:
             return
         self.extend(p1)
         assert not self.have[p0:p1].any(), (p0, p1)
-        s, t = self.size, self.T
-        key_starts = np.arange(0, t, s)
-        # rows in chunks, so a first build at long T never holds H x T x T for a layer at once
-        chunk = max(1, ROWS_BUDGET // max(1, self.H * t))
-        for layer in range(self.L):
-            for c0 in range(p0, p1, chunk):
-                c1 = min(p1, c0 + chunk)
-                rb = np.arange(c0, c1) // s
-                row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
-                r = rows_of(layer, c0, c1)  # (H, n, k)
-                ks = key_starts[key_starts < r.shape[2]]
-                if (
-                    len(row_starts) == 1
-                ):  # the usual chunk, inside one row bin: sum its rows first (n times less to bin)
-                    kb = np.add.reduceat(r.sum(axis=1, keepdims=True), ks, axis=2)  # (H, 1, nbk)
-                else:
-                    kb = np.add.reduceat(np.add.reduceat(r, ks, axis=2), row_starts, axis=1)  # (H, n_rowbins, nbk)
-                first_bin = int(rb[0])
-                self.sums[layer, :, first_bin : first_bin + kb.shape[1], : kb.shape[2]] += kb
-        np.add.at(self.counts, np.arange(p0, p1) // s, 1)
+        b0 = p0 // self.size
+        self.sums[:, :, b0 : b0 + bins.shape[2], : bins.shape[3]] += bins
+        np.add.at(self.counts, np.arange(p0, p1) // self.size, 1)
         self.have[p0:p1] = True
         self._image = None
 
@@ -421,21 +433,13 @@ class PooledMatrix:
             p1 = min(t, p0 + chunk)
             # the masked stages hide every key past the chunk's last row: those whole blocks stay NaN
             kt = min(t, -(-p1 // s) * s) if masked else t
-            rows = source.attention_rows(layer, p0, p1, self.kind, heads=(head,), keys=kt)[0].numpy()  # (n, kt)
-            hidden = ~source.allowed_rows(layer, p0, p1, kt)[head].numpy() if masked else np.zeros(rows.shape, bool)
-            pv, pm = pool_max(rows, hidden, s, s)  # (n/s, kt/s)
-            img[p0 // s : p0 // s + pv.shape[0], : pv.shape[1]] = np.where(pm, np.nan, pv)
+            pv = source.pooled_rows(layer, head, self.kind, p0, p1, kt, s)  # (n/s, kt/s), NaN: masked
+            img[p0 // s : p0 // s + pv.shape[0], : pv.shape[1]] = pv
         if not masked and keep and t != self.T:
             # the raw stages show every key: the earlier rows gain the new keys' columns (or, after
             # a step back, lose the cut ones from their last key block)
             c0 = (min(self.T, t) // s) * s
-            q = source.queries(layer)[head, : keep * s]  # (keep*s, d)
-            k = source.keys(layer)[source.kv_head_of(head, layer), c0:t]  # (t - c0, d)
-            every = np.ones((q.shape[0], k.shape[0]), dtype=bool)
-            import torch
-
-            cols = eq.equation(q, k, source.scaling(layer), source.softcap(layer), torch.from_numpy(every), self.kind)
-            pv, _ = pool_max(cols.numpy(), np.zeros(every.shape, bool), s, s)  # (keep, nb - c0/s)
-            img[:keep, c0 // s :] = pv
+            img[:keep, c0 // s :] = source.attention_block(layer, head, self.kind, 0, keep * s, c0, t, every=True,
+                                                           block=s)  # fmt: skip
         self.img, self.T, self.dirty, self.done = img, t, t, done
         return img

@@ -353,6 +353,8 @@ def probe_session(session: RunSource, layers: Iterable[int] | int = (0,), **kwar
     t = session.cache_length
     if t == 0:
         raise InspectorError("nothing cached yet: run a step first")
+    if getattr(session, "engine", None) is not None:  # a remote engine's session: it runs this code beside the model
+        return session.remote_probe(layers, **kwargs)  # type: ignore[attr-defined]
     session.live.require("probe")  # the probe replays candidates through the run's model
     assert session.lm is not None  # a source whose live allows the probe has its model
     # the K/V every reader of the run sees: a session's are its cache's, a beam's the rows recorded on its path

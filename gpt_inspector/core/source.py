@@ -33,6 +33,7 @@ from . import attention as eq
 from .edits import allowed_rows
 from .errors import InspectorError, check_index
 from .live import Live
+from .tiles import ViewTiles
 
 if TYPE_CHECKING:
     from .decoding import Decoding
@@ -110,8 +111,8 @@ def to_numpy(t: torch.Tensor) -> np.ndarray:
     return t.detach().to(torch.float32).numpy().copy()
 
 
-class RunSource:
-    """The shared reader over a run's primitives (see the module docstring)."""
+class RunSource(ViewTiles):
+    """The shared reader over a run's primitives (see the module docstring); ``ViewTiles``: view-sized reads."""
 
     records: RunRecords
     read_only: bool = True
@@ -234,8 +235,7 @@ class RunSource:
         return self.check_attention_layer(layer), self.require_positions()
 
     # ------------------------------------------------------------------ primitives, checked
-    # zero-copy views for front ends that must stay fast at long contexts; read them on the
-    # thread that changes the source, and only until its next change (do not modify)
+    # zero-copy views for fast front ends: read them on the thread that changes the source, until its next change
     def queries(self, layer: int) -> torch.Tensor:
         """q of every processed position as attention received it, (H, T, d)."""
         return self.records.queries(self._checked(layer)[0])
@@ -436,8 +436,7 @@ class RunSource:
         """The attention output the model computed, per head: (H, T, d) float32, before the output projection."""
         return to_numpy(self.head_outputs(layer))
 
-    # what the cache holds per layer (core.kv_layout.KVLayout); None: an ordinary per-head cache
-    kv_layout: KVLayout | None = None
+    kv_layout: KVLayout | None = None  # what the cache holds per layer (core.kv_layout.KVLayout); None: per-head
 
     @property
     def attention_layers(self) -> tuple[int, ...]:

@@ -131,6 +131,25 @@ def _image_bytes(pixmap, fmt: str) -> bytes | None:
     return bytes(data.data()) if ok else None
 
 
+def _connect(args, sampler: dict):
+    """The remote session ``--connect URL`` names (None without it): the server's own session, or a
+    new one when ``--prompt`` is given or the server has none. InspectorError in one line otherwise."""
+    url = _get(args, "connect")
+    if not url:
+        return None
+    from ..remote.client import RemoteSession
+
+    r = RemoteSession(url)
+    prompt = _get(args, "prompt")
+    if prompt is not None or not r.tokens:
+        from .controls import DEFAULT_PROMPT
+
+        extra = {k: v for k, v in sampler.items() if k not in ("temperature", "top_k", "top_p")}
+        r.open(DEFAULT_PROMPT if prompt is None else prompt, sampler.get("temperature", 0.0), sampler.get("top_k"),
+               sampler.get("top_p"), _get(args, "seed") or 0, **extra)  # fmt: skip
+    return r
+
+
 def run(args) -> int:
     from ..commands.common import prompt_args, window_settings
 
@@ -157,6 +176,7 @@ def run(args) -> int:
     if problem is not None:
         print(f"gpt-inspector: error: {problem}", file=sys.stderr)
         return 2
+    remote = _connect(args, sampler)  # a bad URL or token: one line, exit 2, before any window
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -198,9 +218,17 @@ def run(args) -> int:
     win.worker.autosave = not screenshot
     win.show()
     recipe = None
-    if not screenshot and _get(args, "model") is None and _get(args, "prompt") is None and chat is None:
+    if (
+        remote is None
+        and not screenshot
+        and _get(args, "model") is None
+        and _get(args, "prompt") is None
+        and chat is None
+    ):
         recipe = _offer_restore(win)
-    if recipe is not None:
+    if remote is not None:
+        win.show_source(remote)  # the live session, on the engine: the controls show its prompt and seed
+    elif recipe is not None:
         win.restore(recipe)
     else:
         win.load_model(spec, SessionSpec(prompt, t, k, p, win.session_panel.seed.value(), sampler, chat=chat))

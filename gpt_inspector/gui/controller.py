@@ -64,6 +64,7 @@ class Controller(QObject):
     posted = Signal(object)  # a command, as it is queued for the worker
     session_shown = Signal(str, int, object)  # prompt, seed, chat (or None) of the live session now shown
     runs_changed = Signal()  # ``run_infos`` or ``shown_run`` changed
+    link_changed = Signal(bool, str)  # a remote engine's link is up (True) or lost, and one line saying so
 
     def __init__(self, parent: QObject | None = None):
         super().__init__(parent)
@@ -95,6 +96,7 @@ class Controller(QObject):
         w.notice.connect(self.notice)
         w.session_shown.connect(self.session_shown)
         w.runs_changed.connect(self._runs_changed)
+        w.link.connect(self.link_changed)
 
     # ------------------------------------------------------------------ state
     @property

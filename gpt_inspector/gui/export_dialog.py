@@ -333,3 +333,22 @@ def export_lens(parent, result, model_name: str, unverified: str | None = None) 
 
 
 __all__ = ["ExportDialog", "export_grid", "export_lens", "export_matrix", "export_view"]
+
+
+def export_kv(window, which: str) -> None:
+    """The window's selected layer's K or V cache as an image, from its snapshot (the GUI thread's)."""
+    snap = window.snapshot
+    m = None if snap is None else (snap.kv_k if which == "k" else snap.kv_v)
+    if m is None:
+        QMessageBox.information(window, "Export", "Nothing cached yet: run a step first.")
+        return
+    layer, name = snap.selection.layer, which.upper()
+    b = snap.kv_block  # past the exact limit a row is the mean of b positions, labelled by its first
+    export_matrix(
+        window, m, list(snap.labels[: snap.T : b]),
+        f"{snap.model_name} · layer {layer} · {name} cache · step {snap.n_steps}",
+        f"kv-L{layer}-{which}.png",
+        subtitle=f"{snap.T} positions × {snap.n_kv_heads} KV heads × {snap.head_dim} dims ({snap.dtype})"
+        + (f" · rows: means of {b} positions" if b > 1 else ""),
+        col_title="KV head × dimension", unverified=snap.unverified,
+    )  # fmt: skip

@@ -35,6 +35,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
+from . import remote_link
 from . import settings as _settings
 from .actions import RECENT_TRACES, WindowActions
 from .commands import (
@@ -136,6 +137,7 @@ class MainWindow(DockLayout, QMainWindow):
         self.tools_menu = self.acts.tools_menu
         self.view_menu = self.acts.view_menu
         self._build_status()
+        remote_link.install_banner(self)  # says when the link to a remote engine is down
         # each panel module names its dock and builds its panel against this window, in this order
         self.compare_panel, self.probe_panel, self.mathcheck_panel, self.lens_panel, self.kvlab_panel = (
             self.add_panel(m.PANEL_TITLE, m.create_panel(self), m.PANEL_AREA).panel
@@ -572,23 +574,9 @@ class MainWindow(DockLayout, QMainWindow):
 
     def export_kv(self, which: str = "k") -> None:
         """The selected layer's K or V cache as an image, from the snapshot (safe on this thread)."""
-        snap = self.snapshot
-        m = None if snap is None else (snap.kv_k if which == "k" else snap.kv_v)
-        if m is None:
-            QMessageBox.information(self, "Export", "Nothing cached yet: run a step first.")
-            return
-        from . import export_dialog as mod
+        from . import export_dialog
 
-        layer, name = snap.selection.layer, which.upper()
-        b = snap.kv_block  # past the exact limit a row is the mean of b positions, labelled by its first
-        mod.export_matrix(
-            self, m, list(snap.labels[: snap.T : b]),
-            f"{snap.model_name} · layer {layer} · {name} cache · step {snap.n_steps}",
-            f"kv-L{layer}-{which}.png",
-            subtitle=f"{snap.T} positions × {snap.n_kv_heads} KV heads × {snap.head_dim} dims ({snap.dtype})"
-            + (f" · rows: means of {b} positions" if b > 1 else ""),
-            col_title="KV head × dimension", unverified=snap.unverified,
-        )  # fmt: skip
+        export_dialog.export_kv(self, which)
 
     def showEvent(self, ev) -> None:
         super().showEvent(ev)

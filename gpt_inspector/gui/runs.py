@@ -193,4 +193,7 @@ class RunSwitcher(QToolBar):
         name = run.name if run is not None else snap.source_name
         model = snap.model_name.rstrip("/").rsplit("/", 1)[-1]
         ro = " (read-only)" if snap.read_only or (run is not None and run.read_only) else ""
+        if snap.engine is not None:  # a remote engine: which one, always in sight
+            host = snap.engine.split("://", 1)[-1]
+            return f"gpt-inspector — {name} — {model} on engine {host}{ro}", f"{name}{ro} · {model} on engine {host}"
         return f"gpt-inspector — {name} — {model}{ro}", f"{name}{ro}"

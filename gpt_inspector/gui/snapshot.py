@@ -165,6 +165,7 @@ class Snapshot:
     t_built: float = 0.0
     source_id: int = 0  # changes when another session, model or trace is shown: results about the old one are stale
     unverified: str | None = None  # why the load's fidelity self-test could not vouch for the numbers
+    engine: str | None = None  # the remote engine the run is on ("ws://host:port"), or None: this process
     # what can be executed on the source shown (core.source.Live): every "can I run this here"
     live: Live = Live.nothing("no run is shown")
 

@@ -19,7 +19,6 @@ from dataclasses import replace
 import numpy as np
 import torch
 
-from ..core import attention as eq
 from ..core.attention import KIND_LABELS, KINDS
 from ..core.kvlab import policy_rows
 from ..core.pooling import PooledMatrix, ThreadChooser, Thumbnails, one_thread, pool_rows, pow2_block, torch_threads
@@ -43,19 +42,6 @@ __all__ = ["KIND_LABELS", "MaskReportInfo", "Selection", "Snapshot", "Thumbnails
 _SOURCE_IDS = itertools.count(1)
 
 
-def _probs_rows(source: RunSource):
-    """``rows_of(layer, p0, p1)`` -> (H, n, p1) softmax rows over the keys they can reach, for the overview."""
-    attending = set(source.attention_layers)
-
-    def rows(layer, p0, p1):
-        if layer not in attending:  # a hybrid's state-space layer: no attention, a blank thumbnail row
-            return np.zeros((source.n_heads, p1 - p0, p1), dtype=np.float32)  # (H, n, p1)
-        # keys past the last row get probability 0 at every head: leaving them out halves a full pass
-        return source.attention_rows(layer, p0, p1, "probs", keys=p1).numpy()  # (H, n, p1)
-
-    return rows
-
-
 # ---------------------------------------------------------------------------------------- overview
 EXACT_LIMIT = 1024  # up to this many positions the score matrix is exact cell for cell
 DISPLAY_CELLS = 1024  # beyond, it is pooled to at most this many blocks per side...
@@ -65,7 +51,8 @@ SYNC_BUDGET = 1 << 22  # overview numbers (rows x keys x heads) a build adds bef
 
 def full_thumbnails(source: RunSource, max_bins: int = 32) -> Thumbnails:
     th = Thumbnails(source.n_layers, source.n_heads, max_bins)
-    th.add_rows(_probs_rows(source), 0, source.cache_length)
+    th.extend(source.cache_length)
+    th.add_bins(0, source.cache_length, source.overview_bins(0, source.cache_length, th.size))
     return th
 
 
@@ -83,11 +70,13 @@ class ViewModel:
         self.read_only = source.read_only
         self.L, self.H = source.n_layers, source.n_heads
         lm = source.lm
-        self.device = str(lm.device) if lm is not None else "trace"
+        if lm is not None:
+            self.device = str(lm.device)
+        else:  # a remote engine's device, named with the engine; a trace runs nowhere
+            self.device = "trace" if source.engine is None else f"{source.device} on {source.engine}"
         self.dtype = source.cache_dtype  # a model's dtype, or what a trace's cache held
         self.thumbs = Thumbnails(self.L, self.H, max_bins)
         self._threads = ThreadChooser()  # for the streamed overview: one thread or all, by timing
-        self._rows_of = _probs_rows(source)
         self.selection = Selection()
         self.version = 0
         self.serial = 0
@@ -115,7 +104,8 @@ class ViewModel:
         self.version += 1
         self.t_model_done = time.perf_counter()
         if event == "step":
-            self._kv_hist[payload.index :] = [self._kv_totals(s.cache_length)]
+            # after step i the cache holds the prompt and i tokens (a remote run may report several steps at once)
+            self._kv_hist[payload.index :] = [self._kv_totals(s.prompt_length + payload.index)]
             self.mask_report = None
         elif event == "step_back":
             self._invalidate(s.cache_length)
@@ -217,7 +207,7 @@ class ViewModel:
                     k = self._threads.pick()
                     t0 = time.perf_counter()
                     with torch_threads(k):
-                        th.add_rows(self._rows_of, p0, p1)
+                        th.add_bins(p0, p1, self.obj.overview_bins(p0, p1, th.size))
                     self._threads.record(k, time.perf_counter() - t0, cost)
                     spent += cost
                     if deadline is not None and time.perf_counter() >= deadline:
@@ -271,6 +261,7 @@ class ViewModel:
             state_version=self.version,
             read_only=self.read_only,
             unverified=o.unverified,
+            engine=o.engine,
             live=o.live,
             source_name=o.source_name,
             model_name=o.model_name,
@@ -345,12 +336,7 @@ class ViewModel:
             if masked:
                 m[:v, v:] = np.nan
             else:  # the raw stages show future keys too: the new keys' columns of the earlier rows
-                q = o.queries(layer)[head, :v]  # (v, d)
-                k = o.keys(layer)[o.kv_head_of(head, layer), v:t]  # (t - v, d)
-                every = torch.ones(v, t - v, dtype=torch.bool)
-                bias = None if kind == "raw" else o.bias_rows(layer, 0, v, (head,))  # (1, v, T): ALiBi, doge
-                bias = None if bias is None else bias[0, :, v:t]  # (v, t - v)
-                m[:v, v:] = eq.equation(q, k, o.scaling(layer), o.softcap(layer), every, kind, None, bias).numpy()
+                m[:v, v:] = o.attention_block(layer, head, kind, 0, v, v, t, every=True)  # (v, t - v)
         self._mat, self._mat_dirty = (key, t, m, a), t
         return m, a
 
@@ -383,9 +369,7 @@ class ViewModel:
                 return prev[3], (q0, k0)
             # a view that follows the newest rows: keep the rows it has; their new keys are future ones
             start = prev[1]
-        rows = o.attention_rows(sel.layer, start, q1, sel.kind, heads=(sel.head,))[0].numpy()[:, k0:k1]  # (n, m)
-        if masked:
-            rows = np.where(o.allowed_rows(sel.layer, start, q1)[sel.head].numpy()[:, k0:k1], rows, np.float32(np.nan))
+        rows = o.attention_block(sel.layer, sel.head, sel.kind, start, q1, k0, k1)  # (n, m), NaN where masked
         if start > q0:
             old = np.full((start - q0, k1 - k0), np.nan, dtype=np.float32)
             old[:, : prev[3].shape[1]] = prev[3]

@@ -19,7 +19,7 @@ import time
 import traceback
 from dataclasses import asdict
 
-from PySide6.QtCore import QObject, QThread, QTimer, Signal, Slot
+from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
 from ..core.breakpoints import Breakpoints, finish, run_until
 from ..core.capture import HeadEdit, MaskEdit
@@ -28,7 +28,7 @@ from ..core.edits import restart_starts_new_session, toggle_cells
 from ..core.errors import Cancelled, InspectorError, StepFailed
 from ..core.recipe_check import check_recipe
 from ..core.session import Session
-from . import autosave, gc_guard
+from . import autosave, gc_guard, remote_link
 from . import commands as C
 from .commands import ModelSpec, SessionSpec
 from .runs import Runs
@@ -76,6 +76,7 @@ class Worker(QObject):
         str, int, object
     )  # prompt, seed, chat (Chat.to_json() or None) of the live session now shown
     runs_changed = Signal(object, int)  # tuple of runs.RunInfo, id of the run shown
+    link = Signal(bool, str)  # a remote engine's link: up (True) or lost (False), and one line saying so
     _command = Signal(int, object)
 
     def __init__(self):
@@ -102,6 +103,7 @@ class Worker(QObject):
         self._autosaved = ""
         self._refining: ViewModel | None = None  # the view model a streamed overview slice is queued for
         self._streaming = False  # slices ran since the overview was last complete
+        self.remote = remote_link.RemoteLink(self)  # a remote engine's link: watched, and re-made when it drops
         self._command.connect(self._dispatch)
 
     # ------------------------------------------------------------------ GUI-thread API
@@ -110,6 +112,8 @@ class Worker(QObject):
         self._thread = QThread()
         self._thread.setObjectName("gpt-inspector worker")
         self.moveToThread(self._thread)
+        # on the worker thread as it ends: its timers are stopped by the thread that started them
+        self._thread.finished.connect(self.remote.shutdown, Qt.ConnectionType.DirectConnection)
         self._thread.start()
 
     def stop(self) -> None:
@@ -151,6 +155,8 @@ class Worker(QObject):
         try:
             HANDLERS[type(command)](self, serial, command)
         except Exception as e:  # a bug must not kill the thread or the session
+            if self.remote.lost(e):  # the link dropped: said once in the banner, the window keeps what it shows
+                return
             if isinstance(e, InspectorError):
                 self.error.emit("Cannot do that", str(e), "user")
             elif isinstance(e, StepFailed):
@@ -211,8 +217,8 @@ class Worker(QObject):
     def _autosave(self) -> None:
         """Write the session recipe when it changed (every step of a run included)."""
         live = self.runs.live  # the live session, whichever run is shown
-        if not self.autosave or live is None:
-            return
+        if not self.autosave or live is None or live.obj.lm is None:
+            return  # a remote session is the engine's: it keeps it (and saves its recipe when stopped)
         recipe = live.obj.recipe()
         lm = live.obj.lm
         recipe["load"] = _placement(lm)
@@ -251,6 +257,8 @@ class Worker(QObject):
         if lm is not None and lm is not self.lm:
             self.lm = lm
             self.loaded.emit(self._describe())
+        elif run.obj.engine is not None:
+            self.remote.attach(run.obj)
         if run.live:
             chat = run.obj.chat
             self.session_shown.emit(run.obj.prompt, int(run.obj.seed), None if chat is None else chat.to_json())
@@ -355,6 +363,9 @@ class Worker(QObject):
 
     @handles(C.NewSession)
     def _do_new_session(self, serial, cmd: C.NewSession) -> None:
+        live = self.runs.live
+        if live is not None and live.obj.engine is not None:  # a remote engine: the session is opened there
+            return self._show(self.remote.new_session(live.obj, cmd.session, cmd.keep_edits))
         if self.lm is None:
             raise InspectorError("no model loaded: choose a model and press Load")
         session = cmd.session
@@ -476,12 +487,15 @@ class Worker(QObject):
     def _do_patch_head(self, serial, cmd: C.PatchHead) -> None:
         s = self._session()
         self.busy.emit(f"Running “{cmd.prompt}” to patch head {cmd.layer}.{cmd.head} from it…")
-        src = Session(s.lm, cmd.prompt)
-        while src.cache_length < s.cache_length and not src.finished:
-            src.step()
+        if s.engine is not None:  # the engine runs the patch source beside its session
+            edit = s.patch_edit_from(cmd.layer, cmd.head, cmd.prompt)
+        else:
+            src = Session(s.lm, cmd.prompt)
+            while src.cache_length < s.cache_length and not src.finished:
+                src.step()
+            edit = s.patch_edit(cmd.layer, cmd.head, src)
         text = cmd.prompt if len(cmd.prompt) <= 40 else cmd.prompt[:39] + "…"
-        self._add_head_edit(serial, s, s.patch_edit(cmd.layer, cmd.head, src),
-                            f"head {cmd.layer}.{cmd.head} patched from “{text}”")  # fmt: skip
+        self._add_head_edit(serial, s, edit, f"head {cmd.layer}.{cmd.head} patched from “{text}”")
 
     @handles(C.UndoEdit)
     def _do_undo_edit(self, serial, cmd: C.UndoEdit) -> None:

@@ -20,8 +20,9 @@ import torch
 from ..core.decoding import Decoding
 from ..core.edits import HeadEdit, MaskEdit
 from ..core.errors import InspectorError
-from ..core.step import TOP_N, TopEntry
+from ..core.step import TOP_N, Stage, TopEntry
 from . import wire
+from .source import RemoteReads
 
 # the client pings the server this often and gives up on a silent link after PING_TIMEOUT more
 PING_INTERVAL, PING_TIMEOUT = 1.0, 4.0
@@ -40,7 +41,7 @@ class RemoteRefused(InspectorError):
 
 
 def connect(url: str, prompt: str | None = None, temperature: float = 0.0, top_k: int | None = None,
-            top_p: float | None = None, seed: int = 0, timeout: float = 10.0) -> RemoteSession:  # fmt: skip
+            top_p: float | None = None, seed: int = 0, timeout: float = 10.0, **settings) -> RemoteSession:  # fmt: skip
     """Attach to the engine at ``url`` (the line ``gpt-inspector serve`` printed, token included).
 
     With ``prompt`` a new session starts on it (replacing the server's); without, the server's
@@ -48,7 +49,7 @@ def connect(url: str, prompt: str | None = None, temperature: float = 0.0, top_k
     """
     r = RemoteSession(url, timeout)
     if prompt is not None:
-        r.open(prompt, temperature, top_k, top_p, seed)
+        r.open(prompt, temperature, top_k, top_p, seed, **settings)
     return r
 
 
@@ -67,14 +68,17 @@ class RemoteStep:
     finish_reason: str | None
     prob: float
     top: list[TopEntry]
+    stages: tuple[Stage, ...] = ()  # raw logits, then each of generate's processors (in brief, as Step's)
     _client: RemoteSession | None = field(default=None, repr=False, compare=False)
 
     @classmethod
     def from_json(cls, d: dict, client: RemoteSession) -> RemoteStep:
-        top = [TopEntry(int(i), str(lb), float(p), float(lg)) for i, lb, p, lg in d["top"]]
         keys = ("index", "position", "token_id", "token_text", "label", "entropy", "forced", "time_s",
                 "finish_reason", "prob")  # fmt: skip
-        return cls(**{k: d[k] for k in keys}, top=top, _client=client)
+        stages = tuple(Stage(x["key"], x["label"], x["origin"], _entries(x["top"]), x["kept"], _entries(x["removed"]),
+                             x["n_removed"], tuple((_entry(m[:4]), m[4], m[5]) for m in x["moved"]))
+                       for x in d.get("stages", ()))  # fmt: skip
+        return cls(**{k: d[k] for k in keys}, top=list(_entries(d["top"])), stages=stages, _client=client)
 
     @property
     def logits(self) -> torch.Tensor:
@@ -101,10 +105,14 @@ class RemoteReport:
         return float(0.5 * (self.before - self.after).abs().sum())
 
 
-class RemoteSession:
-    """The Session API over the wire (see the module docstring); one request at a time."""
+class RemoteSession(RemoteReads):
+    """The Session API over the wire (see the module docstring), and a run source (``RemoteReads``):
+    the window drives one as it drives a local session. One request at a time.
 
-    read_only = False
+    Traffic: ``bytes_sent``, ``bytes_received`` and ``requests`` count everything since the
+    connection object was made; ``step_bytes`` counts the bytes (both ways) since the last command
+    that changed the session began: read after a step and its repaint, the bytes that step cost.
+    """
 
     def __init__(self, url: str, timeout: float = 10.0):
         parts = urlsplit(url)
@@ -117,12 +125,16 @@ class RemoteSession:
         self._lock = threading.Lock()
         self._conn = None
         self._next_id = 0
-        self.bytes_sent = self.bytes_received = 0
+        self.bytes_sent = self.bytes_received = self.requests = 0
+        self._change_mark = 0
+        self._listeners: list = []
+        self._label_of: dict[int, str] = {}  # token id -> label, from every token seen
+        self._reset_reads()
         self.tokens: list[int] = []
         self._labels: list[str] = []
         self.steps_done: list[RemoteStep] = []
         # until a session is open on the server (connect(url, prompt=...))
-        self.prompt, self.prompt_ids, self.seed, self.attention_layers = None, [], 0, []
+        self.prompt, self.prompt_ids, self.seed, self._attention_layers = None, [], 0, []
         self.cache_length, self.finished, self.decoding = 0, None, Decoding()
         self.mask_edits: list[MaskEdit] = []
         self.head_edits: list[HeadEdit] = []
@@ -146,20 +158,27 @@ class RemoteSession:
             raise LinkLost(f"cannot reach the engine at {self.where}: {_one_line(e)}") from None
         info = self._call("hello")
         for k in ("model_name", "n_layers", "n_heads", "n_kv_heads", "head_dim", "context_length", "vocab_size",
-                  "dtype", "unverified"):  # fmt: skip
+                  "dtype", "unverified", "device", "note", "refused"):  # fmt: skip
             setattr(self, k, info[k])
         self._state = None
         if info["session"]:
             self._take(self._call("state"))
 
-    def reconnect(self, timeout: float = 30.0) -> RemoteSession:
+    def reconnect(self, timeout: float = 30.0, open_timeout: float | None = None) -> RemoteSession:
         """Connect again (after ``LinkLost``) and take the server's session back, where the server has it.
 
         Retries until ``timeout`` seconds have passed: a server that has not yet noticed the old
-        link is gone answers "another client" for a moment.
+        link is gone answers "another client" for a moment. ``open_timeout``: how long one attempt
+        waits for the handshake (default the connection's ``timeout``).
         """
         self.close()
-        self._attach_retrying(timeout, busy_only=False)
+        keep = self.timeout
+        self.timeout = keep if open_timeout is None else open_timeout
+        try:
+            self._attach_retrying(timeout, busy_only=False)
+        finally:
+            self.timeout = keep
+        self._listeners.clear()  # what watched the old state (a window's view model) builds anew from this one
         return self
 
     def _attach_retrying(self, seconds: float, busy_only: bool) -> None:
@@ -207,6 +226,7 @@ class RemoteSession:
             except (TypeError, ValueError) as e:  # before anything is sent: the link stays as it was
                 raise InspectorError(f"{op}: arguments must be plain numbers, strings and lists ({e})") from None
             try:
+                self.requests += 1
                 self._conn.send(msg)
                 self.bytes_sent += len(msg.encode())
                 data = self._conn.recv()
@@ -233,17 +253,34 @@ class RemoteSession:
         return head.get("result"), tensors
 
     # ------------------------------------------------------------------ mirrored state
+    @property
+    def step_bytes(self) -> int:
+        """Bytes both ways since the last command that changed the session began (see the class docstring)."""
+        return self.bytes_sent + self.bytes_received - self._change_mark
+
+    @property
+    def link_alive(self) -> bool:
+        """Whether the link is up as far as this side knows (a stalled one is closed by the pings)."""
+        from websockets.protocol import State
+
+        conn = self._conn
+        return conn is not None and conn.protocol.state is State.OPEN
+
     def _take(self, st: dict) -> None:
         self._state = st
-        for k in ("prompt", "prompt_ids", "seed", "attention_layers"):
+        self._reset_reads()
+        self.tokens, self._labels, self.steps_done = [], [], []
+        for k in ("prompt", "prompt_ids", "seed"):
             if k in st:
                 setattr(self, k, st[k])
+        self._attention_layers = list(st.get("attention_layers", self._attention_layers))
         self._sync(st)
 
     def _sync(self, d: dict) -> None:
         t0, k0 = d["tokens_from"], d["steps_from"]
         self.tokens = self.tokens[:t0] + list(d["tokens"])
         self._labels = self._labels[:t0] + list(d["labels"])
+        self._label_of.update(zip(d["tokens"], d["labels"]))
         self.steps_done = self.steps_done[:k0] + [RemoteStep.from_json(x, self) for x in d["steps"]]
         if len(self.tokens) != d["n_tokens"] or len(self.steps_done) != d["n_steps"]:
             self._take(self._call("state"))  # out of step (never expected): take the whole state
@@ -252,6 +289,8 @@ class RemoteSession:
         self.decoding = Decoding(**d["decoding"])
         self.mask_edits = [MaskEdit.from_json(e) for e in d["mask_edits"]]
         self.head_edits = [HeadEdit.from_json(e) for e in d["head_edits"]]
+        self._kv = d["kv"]
+        self._changed(d.get("changed_from", 0))
 
     def _require(self) -> None:
         if self._state is None:
@@ -279,48 +318,68 @@ class RemoteSession:
         return self._call("labels", ids=[int(i) for i in ids])
 
     def label(self, token_id: int) -> str:
-        return self.token_labels([token_id])[0]
+        lab = self._label_of.get(int(token_id))
+        if lab is None:
+            lab = self._label_of[int(token_id)] = self.token_labels([token_id])[0]
+        return lab
 
     # ------------------------------------------------------------------ commands
     def open(self, prompt: str, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             seed: int = 0) -> None:  # fmt: skip
-        """Start a new session on the server (the one it had is dropped)."""
-        self.tokens, self._labels, self.steps_done = [], [], []
-        self._take(self._call("open", prompt=prompt, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed))
+             seed: int = 0, **settings) -> None:  # fmt: skip
+        """Start a new session on the server (the one it had is dropped); ``settings``: generate's
+        other sampler settings, as ``Session`` takes them."""
+        self._change_mark = self.bytes_sent + self.bytes_received
+        self._listeners.clear()  # a new session: views of the old one are done with
+        self._take(self._call("open", prompt=prompt, temperature=temperature, top_k=top_k, top_p=top_p, seed=int(seed),
+                              settings=_settings(settings)))  # fmt: skip
 
     def _change(self, op: str, **args):
         self._require()
+        self._change_mark = self.bytes_sent + self.bytes_received
         head, tensors = self._call_t(op, **args)
         self._sync(head)
         return head, tensors
 
     def step(self) -> RemoteStep:
-        self._change("step")
+        then = self._predicted()  # what the last repaint read, moved on by a step: answered in the same reply
+        head, tensors = self._change("step", **({"then": then} if then else {}))
+        self._prefetched(then, head.get("then"), tensors)
+        self._emit("step", self.current)
         return self.current
 
     def run(self, n: int) -> list[RemoteStep]:
         before = self.n_steps
         self._change("run", n=n)
+        for st in self.steps_done[before:]:
+            self._emit("step", st)
         return self.steps_done[before:]
 
-    def step_back(self) -> RemoteStep:
-        gone = self.current
-        self._change("step_back")
+    def _going_back(self, op: str) -> list[RemoteStep]:
+        had = list(self.steps_done)
+        self._change(op)
+        gone = had[self.n_steps :][::-1]  # newest first, as a local session steps back
+        for st in gone:
+            self._emit("step_back", st)
         return gone
 
+    def step_back(self) -> RemoteStep:
+        return self._going_back("step_back")[0]
+
     def restart(self) -> None:
-        self._change("restart")
+        self._going_back("restart")
 
     def force_token(self, token_id: int) -> RemoteStep:
-        self._change("force_token", token_id=token_id)
+        self._change("force_token", token_id=int(token_id))
+        self._emit("force", self.current)
         return self.current
 
     _UNSET = object()
 
-    def set_decoding(self, temperature=_UNSET, top_k=_UNSET, top_p=_UNSET, redecide: bool = False):
+    def set_decoding(self, temperature=_UNSET, top_k=_UNSET, top_p=_UNSET, redecide: bool = False, **settings):
         args = {k: v for k, v in (("temperature", temperature), ("top_k", top_k), ("top_p", top_p))
                 if v is not self._UNSET}  # fmt: skip
-        self._change("set_decoding", **args, redecide=redecide)
+        self._change("set_decoding", **args, redecide=redecide, settings=_settings(settings))
+        self._emit("decoding", self.current)
         return self.current
 
     def set_temperature(self, t: float, redecide: bool = False):
@@ -335,9 +394,13 @@ class RemoteSession:
     def _report(self, op: str, edits) -> RemoteReport:
         head, tensors = self._change(op, edits=edits)
         before, after = tensors if head["has_distributions"] else (None, None)
-        return RemoteReport(head["earliest_position"], head["recomputed"], before, after)
+        report = RemoteReport(head["earliest_position"], head["recomputed"], before, after)
+        self._emit("mask", report)
+        return report
 
-    def set_mask_edits(self, edits) -> RemoteReport:
+    # progress and cancelled: as Session takes them; the engine recomputes in one request, so a
+    # remote recompute reports no progress and runs to its end once sent
+    def set_mask_edits(self, edits, progress=None, cancelled=None) -> RemoteReport:
         return self._report("set_mask_edits", [_edit_json(e, MaskEdit) for e in edits])
 
     def add_mask_edit(self, edit: MaskEdit) -> RemoteReport:
@@ -346,42 +409,19 @@ class RemoteSession:
     def clear_mask_edits(self) -> RemoteReport:
         return self.set_mask_edits([])
 
-    def set_head_edits(self, edits) -> RemoteReport:
+    def set_head_edits(self, edits, progress=None, cancelled=None) -> RemoteReport:
         """Knock-outs (``HeadEdit(layer, head)``) and patches (``patch_from``: the source run's token ids)."""
         return self._report("set_head_edits", [_edit_json(e, HeadEdit) for e in edits])
 
     def knock_out(self, layer: int, head: int | None = None) -> RemoteReport:
         return self.set_head_edits([*self.head_edits, HeadEdit(layer, head)])
 
-    # ------------------------------------------------------------------ reads: the rows asked for
-    def _rows(self, op: str, layer: int, p0: int, p1: int | None, heads) -> torch.Tensor:
+    def patch_edit_from(self, layer: int, head: int, prompt: str) -> HeadEdit:
+        """The HeadEdit that patches (layer, head) from a run of ``prompt`` the engine steps as far as this one."""
         self._require()
-        p1 = self.cache_length if p1 is None else p1
-        heads = None if heads is None else [int(h) for h in heads]
-        return self._call_t(op, layer=layer, p0=p0, p1=p1, heads=heads)[1][0]
+        return HeadEdit.from_json(self._call("patch_edit", layer=int(layer), head=int(head), prompt=str(prompt)))
 
-    def queries(self, layer: int, p0: int = 0, p1: int | None = None, heads=None) -> torch.Tensor:
-        """q of query rows p0..p1 (default all) for ``heads`` (default every head): (h, n, d)."""
-        return self._rows("queries", layer, p0, p1, heads)
-
-    def keys(self, layer: int, p0: int = 0, p1: int | None = None, heads=None) -> torch.Tensor:
-        """The cached keys of positions p0..p1 for KV ``heads`` (default every KV head): (h_kv, n, d)."""
-        return self._rows("keys", layer, p0, p1, heads)
-
-    def values(self, layer: int, p0: int = 0, p1: int | None = None, heads=None) -> torch.Tensor:
-        return self._rows("values", layer, p0, p1, heads)
-
-    def qkv(self, layer: int):
-        """q (H, T, d), k (H_kv, T, d), v (H_kv, T, d) as float32 numpy arrays, as ``Session.qkv``."""
-        return tuple(x.to(torch.float32).numpy() for x in (self.queries(layer), self.keys(layer), self.values(layer)))
-
-    def attention_rows(self, layer: int, p0: int, p1: int, kind: str = "probs", heads=None,
-                       keys: int | None = None) -> torch.Tensor:  # fmt: skip
-        """Query rows p0..p1 of ``kind`` (h, n, T) float32, computed on the server; only those rows travel."""
-        self._require()
-        heads = None if heads is None else [int(h) for h in heads]
-        return self._call_t("attention_rows", layer=layer, p0=p0, p1=p1, kind=kind, heads=heads, keys=keys)[1][0]
-
+    # ------------------------------------------------------------------ reads beyond the run-source protocol
     def layers_attention_rows(self, layers, p0: int, p1: int, kind: str = "probs", heads=None,
                               keys: int | None = None) -> torch.Tensor:  # fmt: skip
         """``attention_rows`` of several layers in one request, stacked: (L, h, n, T). A window repaints
@@ -391,11 +431,6 @@ class RemoteSession:
         layers = [int(i) for i in layers]
         out = self._call_t("layers_attention_rows", layers=layers, p0=p0, p1=p1, kind=kind, heads=heads, keys=keys)
         return out[1][0]
-
-    def attention(self, layer: int, head: int, kind: str = "probs"):
-        """The whole (T, T) float32 numpy matrix of one head: asked for, so it travels whole."""
-        self._require()
-        return self._call_t("attention", layer=layer, head=head, kind=kind)[1][0].numpy()
 
     def distribution(self, index: int | None = None) -> tuple[torch.Tensor, torch.Tensor]:
         """(logits, probs), each (V,) float32, of step ``index`` (default the current one)."""
@@ -413,16 +448,29 @@ class RemoteSession:
         self._require()
         return self._call("recipe")
 
-    def kv_cache_bytes(self, layer: int | None = None) -> int:
-        self._require()
-        return self._call("kv_cache_bytes", layer=layer)
-
 
 def _edit_json(e, cls) -> dict:
     if not isinstance(e, cls):
         raise InspectorError(f"expected {cls.__name__} values, got {e!r}")
     d = e.to_json()
     return {k: v for k, v in d.items() if v is not None}
+
+
+def _entry(x) -> TopEntry:
+    i, lb, p, lg = x
+    return TopEntry(int(i), str(lb), float(p), float(lg))
+
+
+def _entries(xs) -> tuple[TopEntry, ...]:
+    return tuple(_entry(x) for x in xs)
+
+
+def _settings(settings: dict) -> dict | None:
+    """generate's other sampler settings as the wire takes them (tuples as lists), or None."""
+    if not settings:
+        return None
+    return {k: [list(x) if isinstance(x, tuple) else x for x in v] if isinstance(v, tuple) else v
+            for k, v in settings.items()}  # fmt: skip
 
 
 def _one_line(e: BaseException) -> str:

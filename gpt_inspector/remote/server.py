@@ -22,8 +22,10 @@ from ..core import outfile
 from ..core.edits import HeadEdit, MaskEdit
 from ..core.errors import InspectorError, StepFailed
 from ..core.session import Session
+from ..core.source import model_refusals
 from ..core.step import top_entries
 from . import wire
+from .reads import ReadOps
 
 BUSY = "another client is connected to this engine; close it first (one client at a time)"
 BAD_TOKEN = "a valid token is required: use the whole URL that gpt-inspector serve printed"
@@ -32,15 +34,22 @@ BAD_TOKEN = "a valid token is required: use the whole URL that gpt-inspector ser
 PING_INTERVAL, PING_TIMEOUT, CLOSE_TIMEOUT = 5.0, 10.0, 2.0
 
 
+def _top(entries) -> list:
+    return [[e.token_id, e.label, e.prob, e.logit] for e in entries]
+
+
 def step_json(s) -> dict:
-    """A step as the client mirrors it; the (V,) logits and probs stay here until asked for."""
+    """A step as the client mirrors it, with its sampler stages in brief; the (V,) logits and probs
+    stay here until asked for."""
+    stages = [{"key": x.key, "label": x.label, "origin": x.origin, "top": _top(x.top), "kept": x.kept,
+               "removed": _top(x.removed), "n_removed": x.n_removed,
+               "moved": [[*_top([e])[0], a, b] for e, a, b in x.moved]} for x in s.stages]  # fmt: skip
     return {"index": s.index, "position": s.position, "token_id": s.token_id, "token_text": s.token_text,
             "label": s.label, "entropy": s.entropy, "forced": s.forced, "time_s": s.time_s,
-            "finish_reason": s.finish_reason, "prob": s.prob,
-            "top": [[e.token_id, e.label, e.prob, e.logit] for e in s.top]}  # fmt: skip
+            "finish_reason": s.finish_reason, "prob": s.prob, "top": _top(s.top), "stages": stages}  # fmt: skip
 
 
-class Engine:
+class Engine(ReadOps):
     """The loaded model and its session, and every operation of ``wire.OPS`` on them."""
 
     def __init__(self, lm, session: Session | None = None):
@@ -64,7 +73,8 @@ class Engine:
         return {"model_name": lm.name, "n_layers": lm.n_layers, "n_heads": lm.n_heads, "n_kv_heads": lm.n_kv_heads,
                 "head_dim": lm.head_dim, "context_length": lm.context_length, "vocab_size": lm.vocab_size,
                 "dtype": str(lm.dtype).removeprefix("torch."), "unverified": lm.unverified,
-                "session": self.session is not None}  # fmt: skip
+                "session": self.session is not None, "device": str(lm.device), "note": lm.note,
+                "refused": model_refusals(lm)}  # fmt: skip
 
     def state(self) -> dict:
         s = self._s()
@@ -72,23 +82,33 @@ class Engine:
                 "attention_layers": list(s.attention_layers), **self._sync(s, 0, 0)}  # fmt: skip
 
     @staticmethod
-    def _sync(s: Session, tokens_from: int, steps_from: int) -> dict:
+    def _sync(s: Session, tokens_from: int, steps_from: int, changed_from: int = 0) -> dict:
         """What changed: the tokens and steps from those indices on, and the small state around them."""
         return {"n_tokens": len(s.tokens), "tokens_from": tokens_from, "tokens": s.tokens[tokens_from:],
                 "labels": s.token_labels(s.tokens[tokens_from:]), "n_steps": s.n_steps, "steps_from": steps_from,
                 "steps": [step_json(x) for x in s.steps_done[steps_from:]], "cache_length": s.cache_length,
                 "finished": s.finished, "decoding": s.decoding.to_json(),
                 "mask_edits": [e.to_json() for e in s.mask_edits],
-                "head_edits": [e.to_json() for e in s.head_edits]}  # fmt: skip
+                "head_edits": [e.to_json() for e in s.head_edits], "changed_from": changed_from,
+                "kv": {"cache": [s.kv_cache_bytes(i) for i in range(s.n_layers)],
+                       "kept": [s.kv_kept_bytes(i) for i in range(s.n_layers)],
+                       "positions": [s.kv_cache_positions(i) for i in range(s.n_layers)],
+                       "per_head": s.kv_per_head_bytes(),
+                       "note": "" if s.kv_layout is None else s.kv_layout.describe()}}  # fmt: skip
 
     def _changing(self, change, edits: bool = False):
         """Run ``change(session)``; the reply carries what it changed (only the tail, except after edits)."""
         s = self._s()
-        n_tokens, n_steps = len(s.tokens), s.n_steps
+        n_tokens, n_steps, length = len(s.tokens), s.n_steps, s.cache_length
         out = change(s)
         t0 = max(0, min(n_tokens, len(s.tokens)) - 1)
         k0 = 0 if edits else max(0, min(n_steps, s.n_steps) - 1)
-        return out, self._sync(s, t0, k0)
+        # the first position whose records may differ now: a step appends, a step back crops, an
+        # edit recomputes from its earliest affected position
+        changed = min(length, s.cache_length)
+        if edits and out.earliest_position is not None:
+            changed = min(changed, out.earliest_position)
+        return out, self._sync(s, t0, k0, changed)
 
     # ------------------------------------------------------------------ session commands
     def op_hello(self):
@@ -97,13 +117,24 @@ class Engine:
     def op_state(self):
         return self.state(), []
 
-    def op_open(self, prompt, seed=0, temperature=0.0, top_k=None, top_p=None):
-        self.session = Session(self.lm, prompt, temperature, top_k, top_p, seed)
+    def op_open(self, prompt, seed=0, temperature=0.0, top_k=None, top_p=None, settings=None):
+        self.session = Session(self.lm, prompt, temperature, top_k, top_p, seed, **(settings or {}))
         return self.state(), []
 
-    def op_step(self):
+    def op_step(self, then=None):
         _, sync = self._changing(lambda s: s.step())
-        return sync, []
+        tensors: list[torch.Tensor] = []
+        if then:  # the reads the client expects to repaint with: answered now, each on its own
+            sync["then"] = []
+            for call in then:
+                try:
+                    result, ts = getattr(self, f"op_{call['op']}")(**call["args"])
+                except Exception as e:  # a read that fails fails alone: the step happened, its reply must say so
+                    sync["then"].append([False, _one_line(e), 0])
+                    continue
+                sync["then"].append([True, result, len(ts)])
+                tensors += ts
+        return sync, tensors
 
     def op_run(self, n):
         def run(s):
@@ -123,7 +154,8 @@ class Engine:
     def op_force_token(self, token_id):
         return self._changing(lambda s: s.force_token(token_id))[1], []
 
-    def op_set_decoding(self, redecide=False, **changes):
+    def op_set_decoding(self, redecide=False, settings=None, **changes):
+        changes.update(settings or {})
         return self._changing(lambda s: s.set_decoding(**changes, redecide=redecide))[1], []
 
     def _report(self, report, sync):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 import math
 import sys
+from typing import Any
 
 import numpy as np
 import torch
@@ -24,7 +25,7 @@ MAX_REQUEST_BYTES = 1 << 20
 # a reply's header (token lists, labels, a recipe); its tensors are counted separately
 MAX_HEADER_BYTES = 64 << 20
 MAX_TENSOR_BYTES = 4 << 30
-MAX_TENSORS = 16
+MAX_TENSORS = 64  # a step's reply carries the reads a window repaints after it (``then``)
 MAX_DIMS = 4
 MAX_ID = (1 << 53) - 1  # exact in a JSON number read as a double
 MAX_INT = 1 << 31
@@ -40,6 +41,7 @@ DTYPES = {
     "bfloat16": (torch.bfloat16, "<i2"),  # numpy has no bfloat16: its 16 bits travel as an int16
     "int64": (torch.int64, "<i8"),
     "bool": (torch.bool, "|b1"),
+    "uint8": (torch.uint8, "|u1"),  # a trace file's bytes
 }
 _WIRE_NAME = {t: name for name, (t, _) in DTYPES.items()}
 
@@ -56,7 +58,7 @@ class WireError(InspectorError):
 class Arg:
     """One argument: its type, whether it may be absent or null, and its bounds."""
 
-    def __init__(self, kind: str, required: bool = True, nullable: bool = False, lo=None, hi=None, n: int = 0):
+    def __init__(self, kind: str, required: bool = True, nullable: bool = False, lo=None, hi=None, n: Any = 0):
         self.kind, self.required, self.nullable, self.lo, self.hi, self.n = kind, required, nullable, lo, hi, n
 
     def check(self, name: str, v):
@@ -96,6 +98,24 @@ class Arg:
                 raise WireError(f"argument {name!r} must be a list of at most {self.n} integers")
             item = Arg("int", lo=self.lo, hi=self.hi)
             return [item.check(f"{name}[]", x) for x in v]
+        if kind == "object":  # an object of optional fields, each checked by its own Arg (``n``: the schema)
+            if not self.n:  # checked by the caller against a schema of its own
+                if not isinstance(v, dict):
+                    raise WireError(f"argument {name!r} must be an object")
+                return v
+            return _check_obj(f"argument {name!r}", v, self.n)
+        if kind == "int_lists":
+            if not isinstance(v, list) or len(v) > MAX_LIST:
+                raise WireError(f"argument {name!r} must be a list of at most {MAX_LIST} lists of integers")
+            return [Arg("ints", lo=0, hi=MAX_INT, n=MAX_LIST).check(f"{name}[]", x) for x in v]
+        if kind == "calls":  # reads run after a step, in its reply: each one checked as a request of its own
+            if not isinstance(v, list) or len(v) > MAX_THEN:
+                raise WireError(f"argument {name!r} must be a list of at most {MAX_THEN} reads")
+            out = []
+            for call in v:
+                c = _check_obj(f"{name}[]", call, {"op": Arg("choice", n=THEN_OPS), "args": Arg("object", n={})})
+                out.append({"op": c["op"], "args": _check_obj(f"{name}[] {c['op']!r}", call["args"], OPS[c["op"]])})
+            return out
         if kind in ("mask_edits", "head_edits"):
             if not isinstance(v, list) or len(v) > MAX_LIST:
                 raise WireError(f"argument {name!r} must be a list of at most {MAX_LIST} edits")
@@ -130,17 +150,40 @@ HEAD_EDIT = {"layer": Arg("int", lo=0, hi=4096), "head": Arg("int", False, True,
 DECODING = {"temperature": Arg("float", False, False, 0.0, 1e6), "top_k": Arg("int", False, True, 1, MAX_INT),
             "top_p": Arg("float", False, True, 0.0, 1.0)}  # fmt: skip
 
+_P = dict(lo=0.0, hi=1.0)
+_N = dict(lo=0, hi=MAX_INT)
+# generate's other sampler settings (core.decoding.Decoding's names); the server's Decoding checks the rest
+SETTINGS = {"min_p": Arg("float", False, True, **_P), "typical_p": Arg("float", False, True, **_P),
+            "epsilon_cutoff": Arg("float", False, True, **_P), "eta_cutoff": Arg("float", False, True, **_P),
+            "repetition_penalty": Arg("float", False, True, 0.0, 1e6),
+            "no_repeat_ngram_size": Arg("int", False, True, **_N),
+            "suppress_tokens": Arg("ints", False, True, n=MAX_LIST, **_N),
+            "bad_words_ids": Arg("int_lists", False, True), "min_new_tokens": Arg("int", False, True, **_N),
+            "forced_eos_token_id": Arg("int", False, True, **_N), "max_new_tokens": Arg("int", False, True, **_N)}  # fmt: skip
+_SETTINGS = Arg("object", False, True, n=SETTINGS)
+_KIND = Arg("choice", n=KINDS)
+# the reads a step's reply may carry (``then``): what a window repaints after a step, one round trip in all
+THEN_OPS = ("overview_bins", "attention_rows", "allowed_rows", "qkv_rows", "bias_rows", "pooled_rows",
+            "attention_block")  # fmt: skip
+MAX_THEN = 12
+_KEYS = Arg("int", False, True, 0, MAX_INT)
+
 # every operation the server knows, with its arguments; anything else is refused
 OPS: dict[str, dict[str, Arg]] = {
     "hello": {},
     "state": {},
-    "open": {"prompt": Arg("str", n=MAX_TEXT), "seed": Arg("int", False, lo=0, hi=(1 << 63) - 1), **DECODING},
-    "step": {},
+    "open": {
+        "prompt": Arg("str", n=MAX_TEXT),
+        "seed": Arg("int", False, lo=0, hi=(1 << 63) - 1),
+        **DECODING,
+        "settings": _SETTINGS,
+    },
+    "step": {"then": Arg("calls", False, True)},
     "run": {"n": Arg("int", lo=0, hi=1 << 20)},
     "step_back": {},
     "restart": {},
     "force_token": {"token_id": Arg("int", lo=0, hi=MAX_INT)},
-    "set_decoding": {**DECODING, "redecide": Arg("bool", False)},
+    "set_decoding": {**DECODING, "redecide": Arg("bool", False), "settings": _SETTINGS},
     "set_mask_edits": {"edits": Arg("mask_edits")},
     "set_head_edits": {"edits": Arg("head_edits")},
     "queries": {"layer": LAYER, **ROWS, "heads": HEADS},
@@ -166,6 +209,51 @@ OPS: dict[str, dict[str, Arg]] = {
     "labels": {"ids": Arg("ints", lo=0, hi=MAX_INT, n=MAX_LIST)},
     "recipe": {},
     "kv_cache_bytes": {"layer": Arg("int", False, True, 0, 4096)},
+    # what a window shows (remote/reads.py): view-sized reads, and the few commands only it sends
+    "layers": {},
+    "qkv_rows": {"layer": LAYER, **ROWS},
+    "allowed_rows": {"layer": LAYER, **ROWS, "keys": _KEYS, "heads": HEADS},
+    "bias_rows": {"layer": LAYER, **ROWS, "heads": HEADS},
+    "overview_bins": {**ROWS, "size": Arg("int", lo=1, hi=MAX_INT)},
+    "pooled_rows": {
+        "layer": LAYER,
+        "head": HEAD,
+        "kind": _KIND,
+        **ROWS,
+        "keys": Arg("int", **_POS),
+        "block": Arg("int", lo=1, hi=1 << 20),
+    },  # fmt: skip
+    "attention_block": {
+        "layer": LAYER,
+        "head": HEAD,
+        "kind": _KIND,
+        **ROWS,
+        "k0": Arg("int", **_POS),
+        "k1": Arg("int", **_POS),
+        "every": Arg("bool", False),
+        "block": Arg("int", False, lo=1, hi=1 << 20),
+    },  # fmt: skip
+    "kv_history": {"lengths": Arg("ints", lo=0, hi=MAX_INT, n=MAX_LIST)},
+    "patch_edit": {"layer": LAYER, "head": HEAD, "prompt": Arg("str", n=MAX_TEXT)},
+    "trace": {"derived": Arg("bool", False)},
+    "head_outputs": {"layer": LAYER},
+    "text": {},
+    "probe": {
+        "layers": Arg("ints", lo=0, hi=4096, n=4096),
+        "context": Arg("choice", False, n=("auto", "cache", "greedy")),
+        "tolerance": Arg("float", False, True, 0.0, 1e6),
+    },  # fmt: skip
+    "lens": {"top_k": Arg("int", False, lo=1, hi=1000)},
+    "math_check": {
+        "layer": LAYER,
+        "head": HEAD,
+        "position": Arg("int", False, True, **_N),
+        "tolerance": Arg("float", False, True, 0.0, 1e6),
+    },  # fmt: skip
+    "math_check_all": {
+        "layers": Arg("ints", False, True, lo=0, hi=4096, n=4096),
+        "tolerance": Arg("float", False, True, 0.0, 1e6),
+    },  # fmt: skip
 }
 
 

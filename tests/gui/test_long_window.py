@@ -69,13 +69,13 @@ def test_first_overview_streams_while_the_window_answers(shown, wait_idle, qtbot
     monkeypatch.setattr(vd, "SYNC_BUDGET", 1)  # every build adds one chunk; the rest streams in slices
     monkeypatch.setattr(pooled_mod, "CHUNK_ROWS", 1)
     monkeypatch.setattr(worker_mod, "REFINE_SLICE", 0.0)  # one chunk per slice
-    add = pooled_mod.Thumbnails.add_rows
+    add = pooled_mod.Thumbnails.add_bins
 
     def slow_add(self, *a):  # a long context's chunk takes a while: the window must not wait for the last
         time.sleep(0.03)
         return add(self, *a)
 
-    monkeypatch.setattr(pooled_mod.Thumbnails, "add_rows", slow_add)
+    monkeypatch.setattr(pooled_mod.Thumbnails, "add_bins", slow_add)
     win = shown(prompt=PROMPT)
     seen = []
     win.snapshot_changed.connect(

@@ -155,7 +155,9 @@ def create_panel(window) -> AssistedPanel:
             from ...core.session import Session
 
             if not isinstance(src, Session):
-                raise InspectorError("assisted decoding steps a live session: show the live session first")
+                raise InspectorError(
+                    "assisted decoding steps a live session in this window: not a trace, a beam or a remote engine"
+                )
             draft = None
             if mode == DRAFT:
                 if path not in drafts:

@@ -159,8 +159,20 @@ class ComparePanel(QWidget):
                     out.append(float("nan"))  # compare() says which
         return out
 
+    refused: str | None = None  # why Compare cannot run on the session shown (a remote engine's), or None
+
+    def refuse(self, why: str | None) -> None:
+        """Disable Compare, its tooltip saying ``why`` (None: enable it again)."""
+        if why == self.refused:
+            return
+        if self.refused is None:
+            self._tip = self.run_button.toolTip()
+        self.refused = why
+        self.run_button.setToolTip(self._tip if why is None else why)
+        self.run_button.setEnabled(why is None)
+
     def set_busy(self, busy: bool, text: str = "") -> None:
-        self.run_button.setEnabled(not busy)
+        self.run_button.setEnabled(not busy and self.refused is None)
         if text:
             self.summary.setText(text)
 
@@ -282,7 +294,7 @@ def _compare_job(settings: dict):
     def job(source):
         from ...core.compare import compare
 
-        source.live.require("compare")  # a trace says why not, in one line
+        source.live.require("compare")  # a trace or a remote engine says why not, in one line
         assert source.lm is not None  # a source whose live allows "compare" has its model
         return compare(source.lm, prompt_ids=list(source.prompt_ids), **settings)
 

@@ -151,9 +151,22 @@ class KVLabPanel(QWidget):
         budget = None if name in QUANT or self.budget.value() == 0 else self.budget.value()
         return name, budget, self.steps.value(), self.free.isChecked()
 
+    refused: str | None = None  # why the lab cannot run on the session shown (a remote engine's), or None
+
+    def refuse(self, why: str | None) -> None:
+        """Disable Run, its tooltip saying ``why`` (None: enable it again)."""
+        if why == self.refused:
+            return
+        if self.refused is None:
+            self._tip = self.run_button.toolTip()
+        self.refused = why
+        self.run_button.setToolTip(self._tip if why is None else why)
+        self.run_button.setEnabled(why is None)
+
     def set_busy(self, busy: bool, text: str = "") -> None:
         for b in (self.run_button, self.step_button, self.back_button, self.probe_button, self.show_button):
             b.setEnabled(not busy and (b is self.run_button or self.view is not None))
+        self.run_button.setEnabled(not busy and self.refused is None)
         if busy:
             self.status.setText(text)
 

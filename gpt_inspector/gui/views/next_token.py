@@ -25,7 +25,6 @@ from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QComboBox, QPushButton, QWidget
 
 from ...core.decoding import MODEL_DEFAULT
-from ...core.step import TOP_N
 from .common import (
     BAR_BRUSH,
     CHOSEN_BRUSH,
@@ -182,7 +181,7 @@ class NextTokenView(QWidget):
         self.stage_info.setText("" if final and len(stages) <= 1 else self._stage_text(st, pick))
         listed = st.top if final else stages[pick].top
         kept = [e for e in listed if e.prob > 0]
-        self.cut = len(kept) < min(TOP_N, len(st.probs))  # top-k / top-p left fewer than Step.top's ten
+        self.cut = len(kept) < len(st.top)  # top-k / top-p left fewer than Step.top's min(ten, V)
         self.top_ids = [e.token_id for e in kept]
         self.probs = [e.prob for e in kept]
         self.chosen = st.token_id
