@@ -86,8 +86,10 @@ class SessionPanel(QWidget):
         g = QGroupBox("Prompt")
         self.prompt = QPlainTextEdit(DEFAULT_PROMPT, maximumHeight=80,
                                      toolTip="The text the model continues; Start (or Step after an edit) runs it")  # fmt: skip
+        # "Start", not "Start from this prompt": beside Chat… and Plain the longer name made the Session
+        # column scroll sideways at 1366 px; the tooltip says the rest
         self.start_button = QPushButton(
-            "Start from this prompt", toolTip="New session with this prompt and seed (mask edits are kept)"
+            "Start", toolTip="Start from this prompt: a new session with this prompt and seed (mask edits are kept)"
         )
         self.start_button.clicked.connect(self.start_requested)
         # chat mode: the prompt is the tokenizer's chat template of these turns; the box shows its text
