@@ -30,7 +30,7 @@ NAMES = EVICTION[:-1] + QUANT  # what the CLI offers (custom takes a Python func
 
 # the options ``make`` passes on, per kind of policy (a sweep gives each policy the ones it takes)
 OPTIONS = {
-    "eviction": ("sinks", "recent", "window", "kernel", "layer_budgets"),
+    "eviction": ("sinks", "recent", "window", "kernel", "layer_budgets", "schedule", "page", "share"),
     "quantization": ("group", "residual", "scheme"),
 }
 
