@@ -48,3 +48,13 @@ def test_the_sweep_puts_the_needle_beside_kl(demo):
     assert [n["found"] for n in res.to_json()["needle"]] == [
         needle.check(demo, lambda: make(name, 16)).found for name in ("streaming", "snapkv")
     ]
+    # the frontier's last panel: needles answered against bytes, one line per policy
+    from gpt_inspector.figures import frontier_figure
+
+    fig = frontier_figure(res)
+    ax = fig.axes[-1]
+    assert len(fig.axes) == 2 and "needles answered (full cache: 100%)" in ax.get_ylabel()
+    assert [list(line.get_ydata()) for line in ax.get_lines()] == [
+        [pts["streaming"]["needle_found"]],
+        [pts["snapkv"]["needle_found"]],
+    ]
