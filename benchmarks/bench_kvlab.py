@@ -9,7 +9,13 @@ GPT2Config() defaults (124M parameters, random weights), a prompt of 512 tokens 
   deferred evictions included; target <= 10%);
 - lab step / HF generate: one lockstep step (reference and policy run as one batch of two, then
   the measures) against HF generate's per-token decode time (target <= 2.2);
-- the state the lab keeps after each step for an exact step back, against a lab step.
+- the state the lab keeps after each step for an exact step back, against a lab step;
+- the lockstep run against HF generate (untimed, once per prompt): the lab's reference tokens and
+  logits against ``generate``'s greedy ones on the same prompt, and whether the policy run's
+  tokens (teacher-forced) were fed the same.
+
+A policy is a name or ``name:option=value:...`` with the serving options (``schedule``, ``page``,
+``share``), e.g. ``h2o:page=16:schedule=4`` or ``tova:share=layer``.
 
 Then the sweep (``--sweep-jobs N``, default 2; 0 skips it): the same sweep (policies x budgets
 over ``--sweep-prompts`` prompts) with jobs=1 and jobs=N, wall time side by side (worker start-up
@@ -67,9 +73,36 @@ def _time_calls(policy) -> list[float]:
     return spent
 
 
+def policy_from(spec: str, budget: int):
+    """``name`` or ``name:option=value:...`` (the serving options) as a policy; a quantization takes no budget."""
+    from gpt_inspector.core.kvlab import make
+
+    name, *opts = spec.split(":")
+    kw = {k: int(v) if v.isdigit() else v for k, v in (o.split("=", 1) for o in opts)}
+    return make(name, None if name.startswith(("int", "fp8")) else budget, **kw)
+
+
+def lockstep(hf, labs: dict, ids: list[int], args) -> None:
+    """The lab's reference against HF generate's greedy run on the same prompt, and each policy run's
+    fed tokens against the reference's (teacher-forced: they must be the same)."""
+    first = next(iter(labs.values()))
+    n = len(first.history)
+    x = torch.tensor([ids], device=args.device)
+    with torch.inference_mode():
+        g = hf.generate(x, max_new_tokens=n, min_new_tokens=n, do_sample=False, pad_token_id=0, eos_token_id=None,
+                        output_logits=True, return_dict_in_generate=True)  # fmt: skip
+    want = g.sequences[0, len(ids) :].tolist()
+    worst = max(float((s.logits.float() - lg[0].float().cpu()).abs().max())
+                for s, lg in zip(first.reference.steps_done, g.logits))  # fmt: skip
+    same = first.reference.tokens[len(ids) :][:n] == want
+    fed = all(lab.run.tokens[len(ids) :][:n] == want for lab in labs.values())
+    print(f"  lockstep vs HF generate, {n} greedy tokens: reference tokens {'the same' if same else 'DIFFERENT'}, "
+          f"max |logit diff| {worst:.2e} (HF sdpa vs the inspector's eager attention); every policy run fed the "
+          f"same tokens: {'yes' if fed else 'NO'}")  # fmt: skip
+
+
 def bench_policy_alone(args) -> None:
     """attend + observe per layer for ``--new`` decode steps after a prompt of ``--prompts`` tokens."""
-    from gpt_inspector.core.kvlab import make
 
     n_layers, n_heads, d = 12, 12, 64
     t0, n = int(args.prompts.split(",")[0]), args.new
@@ -79,7 +112,7 @@ def bench_policy_alone(args) -> None:
     row = torch.softmax(torch.randn(1, n_heads, 1, t0 + n + 1, generator=g), -1)  # (1, H, 1, T), cut per step
 
     def once(name) -> float:
-        p = make(name, args.budget)
+        p = policy_from(name, args.budget)
         p.bind(n_layers, n_heads, n_heads, d, 1024, 4)
         for layer in range(n_layers):
             p.attend(layer, k[:, :, :t0], v[:, :, :t0], 0, n_heads)
@@ -131,7 +164,7 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--prompts", default="512")
-    ap.add_argument("--policies", default="h2o,streaming,tova,int4,fp8-e4m3")
+    ap.add_argument("--policies", default="h2o,streaming,tova,h2o:page=16:schedule=4,tova:share=layer,int4,fp8-e4m3")
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument(
         "--threads",
@@ -157,7 +190,7 @@ def main() -> None:
 
     import gpt_inspector as gi
     from gpt_inspector.core.capture import Recorder
-    from gpt_inspector.core.kvlab import KVLab, make
+    from gpt_inspector.core.kvlab import KVLab
 
     folder = build(Path(tempfile.mkdtemp()) / "gpt2-small-random")
     lm = gi.load_model(folder, device=args.device)
@@ -170,13 +203,14 @@ def main() -> None:
     g = torch.Generator().manual_seed(0)
     names = args.policies.split(",")
 
-    def policy(name):
-        return make(name, None if name.startswith(("int", "fp8")) else args.budget)
+    def policy(spec):
+        return policy_from(spec, args.budget)
 
     for plen in (int(p) for p in args.prompts.split(",")):
         ids = torch.randint(0, 50000, (plen,), generator=g).tolist()
         n = args.new - 2  # decode steps timed after the prefill and one warm-up step
         times: dict[str, list[float]] = {}
+        labs: dict = {}
         for _ in range(args.reps):
             x = torch.tensor([ids], device=args.device)
             kw = {"do_sample": False, "pad_token_id": 0, "eos_token_id": None}
@@ -208,6 +242,7 @@ def main() -> None:
                 lab.step()
                 lab.step()
                 times.setdefault(f"lab:{name}", []).append(per_token(lab.step, n))
+                labs[name] = lab
                 # what the lab keeps after each step so a step back restores the policy exactly
                 times.setdefault(f"keep:{name}", []).append(per_token(lab.policy.snapshot, n))
         med = {k: statistics.median(v) * (1 if k.startswith("share:") else 1e3) for k, v in times.items()}
@@ -221,6 +256,7 @@ def main() -> None:
                   "(target <= 2.2)")  # fmt: skip
             keep = med[f"keep:{name}"]
             print(f"  {'':<9} state kept per step for step back {keep:.3f} ms = {keep / lab_ms:.2%} of a lab step")
+        lockstep(hf, labs, ids, args)
     if args.sweep_jobs > 1:
         bench_sweep(lm, folder, args)
 

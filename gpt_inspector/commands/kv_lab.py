@@ -47,6 +47,16 @@ def add_arguments(p):
     g.add_argument(
         "--window", type=int, default=None, help="snapkv: observation window at the prompt's end (default 8)"
     )
+    g.add_argument("--schedule", default=None, metavar="WHEN",
+                   help="eviction: when the cache is cut to the budget: step (after every step; default), prefill "
+                        "(after the prompt only), N (after the prompt and every N steps) or append (never: "
+                        "just the accounting)")  # fmt: skip
+    g.add_argument("--page", type=int, default=None,
+                   help="eviction: evict whole pages of N positions (ranked by their entries' mean score), and count "
+                        "bytes as a paged cache allocates them (default 1: entries)")  # fmt: skip
+    g.add_argument("--share", default=None, choices=("head", "layer"),
+                   help="eviction: head (each KV head its own budget; default) or layer (AdaKV: a layer's KV heads "
+                        "share their budgets, allocated by score)")  # fmt: skip
     g.add_argument("--group", type=int, default=None, help="int quantization: group size (default min(32, head size))")
     g.add_argument(
         "--scheme",
@@ -66,6 +76,9 @@ def add_arguments(p):
     s.add_argument("--policies", default=None, help="sweep: comma-separated policies")
     s.add_argument("--budgets", default=None, help="sweep: comma-separated budgets for the eviction policies")
     s.add_argument("--no-probe", action="store_true", help="sweep: skip the cache probe (no privacy axis)")
+    s.add_argument("--needle", action="store_true",
+                   help="sweep: also plant facts early in a long prompt and ask for them at its end, per policy: "
+                        "does it still answer them greedily as the full cache does (a panel of the frontier)")  # fmt: skip
     s.add_argument("--jobs", type=int, default=1,
                    help="sweep: worker processes running (policy, budget) labs side by side, each loading the model "
                         "and using cores/N threads (default 1: this process)")  # fmt: skip
@@ -109,6 +122,14 @@ def _options(args) -> dict:
             out[key] = validate.integer(f"--{key}", v, low)
     if args.scheme is not None:
         out["scheme"] = args.scheme
+    if getattr(args, "page", None) is not None:
+        out["page"] = validate.integer("--page", args.page, 1)
+    if getattr(args, "schedule", None) is not None:
+        from ..core.kvlab.serving import check_schedule
+
+        out["schedule"] = check_schedule(args.schedule)
+    if getattr(args, "share", None) is not None:
+        out["share"] = args.share
     if getattr(args, "layer_budget", None):
         out["layer_budgets"] = dict(_layer_budget(text) for text in args.layer_budget)
     return out
@@ -158,7 +179,7 @@ def run(args) -> int:
             lost = "n/a" if bool(np.isnan(st.lost_mass).any()) else f"{float(st.lost_mass.max()):.3f}"
             print(f"step {st.index + 1:>3}  ref {st.reference_label!r:<14} policy {st.policy_label!r:<14} "
                   f"KL {st.kl:.3e}  bytes {sum(st.bytes_policy):>10,} / {sum(st.bytes_full):>10,}  "
-                  f"lost mass max {lost}{mark}")  # fmt: skip
+                  f"lost mass max {lost}{_paged(st)}{mark}")  # fmt: skip
     summary = lab.summary()
     privacy = lab.probe() if args.probe else None
     if args.out is not None:
@@ -175,7 +196,9 @@ def run(args) -> int:
     full, kept = summary["bytes_full"], summary["bytes_kept"]
     print(f"{summary['policy']}: mean KL {summary['mean_kl']:.3e}, top-1 agreement {summary['agreement']:.0%}, "
           f"first divergence {'none' if k is None else f'step {k + 1}'}; cache {summary['bytes_policy']:,} of "
-          f"{full:,} bytes" + (f" (kept for inspection {kept:,})" if kept > full else ""))  # fmt: skip
+          f"{full:,} bytes" + (f" (kept for inspection {kept:,})" if kept > full else "")
+          + (f"; in pages of {summary['page']}: {summary['bytes_paged']:,} of {summary['bytes_full_paged']:,}"
+             if summary["page"] > 1 and summary["bytes_paged"] is not None else ""))  # fmt: skip
     if args.free_running:
         parted = lab.parted_at
         print(f"texts part at step {parted + 1}" if parted is not None else "texts never part")
@@ -184,6 +207,10 @@ def run(args) -> int:
         print(f"cache probe (layer 0): {privacy.recovered} of {privacy.prompt_tokens} prompt tokens recovered "
               f"({privacy.held} still held)")  # fmt: skip
     return 0
+
+
+def _paged(st) -> str:
+    return "" if st.page == 1 or st.bytes_paged is None else f"  paged {sum(st.bytes_paged):>10,}"
 
 
 def _from_one(summary: dict) -> dict:
@@ -253,18 +280,24 @@ def _sweep(args) -> int:
 
     # Ctrl+C stops the sweep here; nothing is written (the figure and table are written only when complete)
     result = sweep(lm, prompts, pairs, args.steps, probe=not args.no_probe, options=opts, progress=progress,
-                   jobs=jobs, load=load)  # fmt: skip
+                   jobs=jobs, load=load, needle=args.needle)  # fmt: skip
     if args.out is not None:
         common.save_figure(lambda figures: figures.frontier_figure(result), args.out, "frontier")
     if args.json is not None:
         _write_json(result.to_json(), args.json)
         if args.json == "-":
             return 0
-    print(f"{'policy':<10} {'budget':>6} {'bytes':>7} {'mean KL':>10} {'top-1':>6} {'probe':>7}")
+    print(f"{'policy':<10} {'budget':>6} {'bytes':>7} {'mean KL':>10} {'top-1':>6} {'probe':>7}"
+          + (f" {'needle':>7}" if args.needle else ""))  # fmt: skip
     for p in result.points():
         rec = "-" if p["recovered_fraction"] is None else f"{p['recovered_fraction']:.0%}"
         budget = "-" if p["budget"] is None else p["budget"]
         print(
             f"{p['policy']:<10} {budget:>6} {p['bytes_ratio']:>7.1%} {p['mean_kl']:>10.3e} {p['agreement']:>6.0%} {rec:>7}"
+            + (f" {p['needle_found']:>7.0%}" if "needle_found" in p else "")
         )
+    if result.needles:
+        ref = next(iter(result.needles.values()))
+        print(f"needle: {len(ref.cases)} facts planted ~{ref.cases[0]['prompt_tokens']} tokens back; the full cache "
+              f"answers {ref.reference_found} of them")  # fmt: skip
     return 0

@@ -20,11 +20,13 @@ def frontier_figure(result) -> HeatmapFigure:
     KL(reference || policy) per step, and the share of prompt tokens the probe recovers."""
     points = result.points()
     probed = any(p["recovered_fraction"] is not None for p in points)
+    needled = any("needle_found" in p for p in points)
+    n_panels = 1 + probed + needled
     with _style():
-        fig = _new_figure(9.0 if probed else 6.4, 4.0)
-        gs = fig.add_gridspec(1, 2 if probed else 1, wspace=0.32, left=0.1 if probed else 0.16, right=0.98, top=0.8,
+        fig = _new_figure(2.6 + 3.2 * n_panels if n_panels > 1 else 6.4, 4.0)
+        gs = fig.add_gridspec(1, n_panels, wspace=0.32, left=0.1 if n_panels > 1 else 0.16, right=0.98, top=0.8,
                               bottom=0.14)  # fmt: skip
-        axes = [fig.add_subplot(gs[0, i]) for i in range(2 if probed else 1)]
+        axes = [fig.add_subplot(gs[0, i]) for i in range(n_panels)]
         names = list(dict.fromkeys(p["policy"] for p in points))
         for i, name in enumerate(names):
             mine = sorted((p for p in points if p["policy"] == name), key=lambda p: p["bytes_ratio"])
@@ -36,6 +38,8 @@ def frontier_figure(result) -> HeatmapFigure:
                 ys.append(
                     np.array([np.nan if p["recovered_fraction"] is None else p["recovered_fraction"] for p in mine])
                 )
+            if needled:
+                ys.append(np.array([p.get("needle_found", np.nan) for p in mine]))
             for ax, y in zip(axes, ys):
                 ax.plot(x, y, marker=marker, color=color, label=name, linewidth=1.2, markersize=4)
                 for p, xi, yi in zip(mine, x, y):
@@ -48,6 +52,11 @@ def frontier_figure(result) -> HeatmapFigure:
         if probed:
             axes[1].set_ylabel("prompt tokens the cache probe recovers")
             axes[1].set_ylim(-0.03, 1.03)
+        if needled:
+            # what a user would lose: a fact planted early in the prompt, answered greedily or not
+            ref = max((p.get("needle_reference_found", 0.0) for p in points), default=0.0)
+            axes[-1].set_ylabel(f"needles answered (full cache: {ref:.0%})")
+            axes[-1].set_ylim(-0.03, 1.03)
         for ax in axes:
             ax.set_xlabel("policy cache / full cache (bytes)")
             ax.set_xlim(0, 1.05)

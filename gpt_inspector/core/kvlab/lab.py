@@ -53,6 +53,10 @@ class LabStep:
     policy_label: str = ""
     # per layer, what the inspector keeps of the reference (every position): more than bytes_full on windowed layers
     bytes_kept: list[int] = field(default_factory=list)
+    # per layer, as a paged cache would allocate them (the policy's page size; None: a quantized store)
+    bytes_paged: list[int] | None = None
+    bytes_full_paged: list[int] | None = None
+    page: int = 1
 
     @property
     def bytes_ratio(self) -> float:
@@ -71,6 +75,9 @@ class LabStep:
             "lost_mass_max": None if np.isnan(self.lost_mass).any() else float(self.lost_mass.max()),
             "lost_mass": None if np.isnan(self.lost_mass).any() else self.lost_mass.round(6).tolist(),
             "evicted_per_layer": list(self.evicted_now),
+            "page": self.page,
+            "bytes_paged": None if self.bytes_paged is None else sum(self.bytes_paged),
+            "bytes_full_paged": None if self.bytes_full_paged is None else sum(self.bytes_full_paged),
         }  # fmt: skip
 
 
@@ -314,7 +321,16 @@ class KVLab:
             lost_mass=lost, evicted_now=evicted_now, reference_label=self.reference.label(ref.token_id),
             policy_label=self.run.label(own),
             bytes_kept=[self.reference.kv_kept_bytes(i, length=t) for i in range(lm.n_layers)],
+            **self._paged(t),
         )  # fmt: skip
+
+    def _paged(self, t: int) -> dict:
+        page = getattr(self.policy, "page", 1)
+        paged = [self.policy.paged_bytes(i, t) for i in range(self.lm.n_layers)]
+        if any(b is None for b in paged):
+            return {"page": page}
+        full = [self.policy.full_bytes(i, t, page) for i in range(self.lm.n_layers)]
+        return {"bytes_paged": paged, "bytes_full_paged": full, "page": page}
 
     def evicted(self, layer: int) -> np.ndarray:
         """(Hkv, T) bool: the cache rows the policy no longer holds, per KV head."""
@@ -365,6 +381,10 @@ class KVLab:
             "bytes_policy": sum(h[-1].bytes_policy) if h else 0,
             "bytes_full": sum(h[-1].bytes_full) if h else 0,
             "bytes_kept": sum(h[-1].bytes_kept) if h else 0,
+            "page": getattr(self.policy, "page", 1),
+            "bytes_paged": sum(h[-1].bytes_paged) if h and h[-1].bytes_paged is not None else None,
+            "bytes_full_paged": sum(h[-1].bytes_full_paged) if h and h[-1].bytes_full_paged is not None else None,
+            "settings": self.policy.settings(),
             "reference_text": self.reference.generated_text,
             "policy_text": self.run.generated_text,
         }

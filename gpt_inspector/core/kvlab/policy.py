@@ -35,7 +35,7 @@ import torch.nn.functional as F
 
 from .. import attention as eq
 from ..errors import InspectorError
-from . import registry
+from . import registry, serving
 from .registry import EVICTION, NAMES, QUANT
 from .scorers import ScoreFunction, Scorer, Seen, checked
 
@@ -114,23 +114,39 @@ class Policy:
         """Bytes this layer's policy cache holds for ``length`` positions."""
         return self._held_bytes(layer, length, None)
 
-    def _held_bytes(self, layer: int, length: int, evicted: torch.Tensor | None) -> int:
+    def paged_bytes(self, layer: int, length: int, page: int | None = None) -> int | None:
+        """Bytes a paged cache of ``page``-position pages (default: the policy's own page) allocates for
+        what this layer's policy cache holds; None where pages mean nothing (a quantized store)."""
+        return None if self.kind == "quantization" else self._held_bytes(layer, length, None, page or 1)
+
+    def full_bytes(self, layer: int, length: int, page: int = 1) -> int:
+        """Bytes of the full cache (nothing evicted, full precision), in pages of ``page`` positions."""
+        return self._held_bytes(layer, length, None, page)
+
+    def _held_bytes(self, layer: int, length: int, evicted: torch.Tensor | None, page: int = 1) -> int:
         """Bytes of the entries not ``evicted`` ((Hkv, length) bool; None: none is) among those the
-        model's own cache holds for ``layer`` after ``length`` positions."""
+        model's own cache holds for ``layer`` after ``length`` positions; with ``page`` > 1, of the
+        pages of that many positions holding them (``serving.paged_entries``)."""
+        held = (
+            torch.ones(self.n_kv_heads, length, dtype=torch.bool) if evicted is None else ~evicted.cpu()
+        )  # (Hkv, length)
         lk = None if self.layout is None else self.layout.layers[layer]
         if lk is None:  # no layout known: a per-head cache of every position; or a layer without attention
             if self.layout is not None:
                 return 0
-            n = self.n_kv_heads * length if evicted is None else int((~evicted).sum())
-            return 2 * n * self.head_dim * self.itemsize
+            return 2 * serving.paged_entries(held, 0, page) * self.head_dim * self.itemsize
         lo = length - lk.held(length)
         if lk.reads is not None and lk.reads != layer:
             return 0  # it reads another layer's cache (KV sharing)
         if lk.reads is None:  # a latent or untiled heads: a row goes only once every KV head evicted it
-            rows = length - lo if evicted is None else int((~evicted[:, lo:]).any(0).sum())
+            rows = serving.paged_entries(held.any(0, keepdim=True), lo, page)
             return rows * lk.cache_numbers * self.itemsize
-        n = self.n_kv_heads * (length - lo) if evicted is None else int((~evicted[:, lo:]).sum())
+        n = serving.paged_entries(held, lo, page)
         return n * (lk.cache_numbers // self.n_kv_heads) * self.itemsize  # per KV head: its K and V
+
+    def settings(self) -> dict:
+        """The serving settings (``Eviction``'s schedule, page and share), as the JSON outputs record them."""
+        return {}
 
     def snapshot(self):
         """The policy's state now (taken after each step), for ``restore`` to put back exactly after a
@@ -176,12 +192,15 @@ class Eviction(Policy):
     ``name``: a registered scorer's name (``registry``) or a ``Scorer``; ``budget``: entries per KV
     head (None: unlimited); ``layer_budgets``: ``{layer: n}`` or ``{layer: [n per KV head]}``
     overriding it. ``window`` and ``kernel`` go to a scorer that takes them (SnapKV), ``scorer`` (a
-    function) to ``custom``.
+    function) to ``custom``. Serving constraints (``serving``): ``schedule`` (``step``, ``prefill``,
+    ``append`` or every N steps), ``page`` (evict whole pages of that many positions; bytes counted
+    in pages), ``share`` (``head``, or ``layer``: AdaKV, a layer's heads share its budget).
     """
 
     def __init__(self, name: str | Scorer, budget: int | None, *, sinks: int | None = None, recent: int | None = None,
                  layer_budgets: Mapping | None = None, window: int = 8, kernel: int = 5,
-                 scorer: ScoreFunction | None = None):  # fmt: skip
+                 scorer: ScoreFunction | None = None, schedule: str | int = "step", page: int | None = None,
+                 share: str = "head"):  # fmt: skip
         if isinstance(name, Scorer):
             rule = name
         else:
@@ -192,6 +211,9 @@ class Eviction(Policy):
         self.name, self.budget, self.sinks, self.recent = rule.name or type(rule).__name__, budget, sinks, recent
         self.layer_budgets = dict(layer_budgets or {})
         self.window, self.kernel = window, kernel
+        self.serving = serving.Serving.checked(schedule, page, share)
+        self.schedule, self.page, self.share = self.serving.schedule, self.serving.page, self.serving.share
+        self._prompt_length: int | None = None  # set by the prompt's forward: decode steps count from it
 
     @property
     def reads_probs(self) -> bool:
@@ -199,7 +221,13 @@ class Eviction(Policy):
         return self.scorer.needs_attention and not self.scorer.prompt_only
 
     def describe(self) -> str:
-        return f"{self.name} budget {'unlimited' if self.budget is None else self.budget}"
+        return self.serving.describe(self.name, self.budget)
+
+    def settings(self) -> dict:
+        return self.serving.settings()
+
+    def paged_bytes(self, layer, length, page=None):
+        return self._held_bytes(layer, length, self.evicted(layer, length), page or self.page)
 
     def bind(self, n_layers, n_heads, n_kv_heads, head_dim, context, itemsize, device="cpu") -> None:
         for what, v in (
@@ -229,9 +257,12 @@ class Eviction(Policy):
                 min((int(b.min()) for b in self.budgets if b is not None), default=5)
             )
         for layer, b in enumerate(self.budgets):
-            if b is None:
+            if b is None or self.schedule == "append":  # append-only never evicts: any budget is room enough
                 continue
             low = int(b.min())
+            if self.page > 1:
+                self.serving.check_pages(layer, low, self._sinks, self._recent(low), self.scorer.recent_is_the_rest)
+                continue
             # a recent window that is whatever the sinks leave needs no room of its own
             protected = self.sinks + (0 if self.scorer.recent_is_the_rest else self._recent(low))
             if low <= protected:
@@ -267,6 +298,13 @@ class Eviction(Policy):
         self._pending: dict[int, tuple[int, torch.Tensor | None]] = {}  # layer -> (Tk, what scores it)
         # what the next decode forward's attend reads, made by that flush: (Tk, {layer: (grown evicted_at, block)})
         self._next: tuple[int, dict] | None = None
+        self._prompt_length = None
+
+    def _due(self, tq: int, tk: int) -> bool:
+        """Whether this forward evicts, by the schedule (the prompt's forward sets where steps count from)."""
+        if tq == tk:
+            self._prompt_length = tk
+        return self.serving.due(tk - (self._prompt_length or tk))
 
     @property
     def evicted_at(self) -> list[torch.Tensor]:
@@ -342,10 +380,13 @@ class Eviction(Policy):
     def observe(self, layer, query, k, mask, scaling, softcap, probs) -> None:
         budget, rule = self.budgets[layer], self.scorer
         tq, tk = query.shape[2], k.shape[2]
-        if rule.prompt_only and tk > tq:
-            return  # the prompt was compressed once; generated entries are all kept
+        if rule.prompt_only and tk > tq or self.schedule == "append":
+            return  # the prompt was compressed once (generated entries are all kept); or nothing is ever evicted
         if budget is None and not rule.accumulates:
             return  # unlimited: nothing is ever evicted, no score needed
+        due = self._due(tq, tk)
+        if not due and not rule.accumulates:
+            return  # not this step (its schedule): nothing to score
         # the attention rows the scorer reads, (H, n, Tk) float32
         p = self._probs(query, k, mask, scaling, softcap, probs, rule.rows(tq)) if rule.needs_attention else None
         if tq == 1 and budget is not None and rule.batched and self._uniform_budget(layer):
@@ -360,7 +401,7 @@ class Eviction(Policy):
         if rule.accumulates:
             acc = self.scores[layer]  # the sum so far, (Hkv, Tk - 1) or longer after a step back
             score = self.scores[layer] = F.pad(acc[:, :tk], (0, max(0, tk - acc.shape[1]))) + score
-        if budget is not None:
+        if budget is not None and due:
             self._evict(layer, score, budget, tk)
 
     def _uniform_budget(self, layer: int) -> bool:
@@ -410,12 +451,15 @@ class Eviction(Policy):
                 self.scores[layer] = score[i]
         for i, layer in enumerate(layers):
             self._evicted_at[layer] = ev[i]
+        if not self._due(1, tk):
+            self._next = None  # nothing evicted: the next forward's attend builds its blocks
+            return
         # a deferred layer is under a budget (observe defers only those)
         budget = torch.stack(cast("list[torch.Tensor]", [self.budgets[layer] for layer in layers]))  # (n, Hkv)
         held = ev == NEVER  # (n, Hkv, Tk)
         excess = held.sum(2) - budget  # (n, Hkv)
         most = int(excess.max())
-        if most > 1:  # not the steady state: each layer ranks its own
+        if most > 1 or self.page > 1 or self.share == "layer":  # not the steady state: each layer ranks its own
             for i, layer in enumerate(layers):
                 self._evict(layer, score[i], self.budgets[layer], tk)
         elif most == 1:
@@ -447,6 +491,10 @@ class Eviction(Policy):
 
     def _evict(self, layer, score, budget, tk) -> None:
         """Cut every KV head over its budget down to it, all heads at once (no per-head loop)."""
+        if self.page > 1 or self.share == "layer":
+            self.serving.evict(self._evicted_at[layer], score, budget, tk, self._sinks,
+                               [self._recent(int(b)) for b in budget], self.scorer.recent_is_the_rest)  # fmt: skip
+            return
         ev = self.evicted_at[layer]  # (Hkv, Tk)
         held = ev == NEVER  # (Hkv, Tk)
         excess = held.sum(1) - budget  # (Hkv,)

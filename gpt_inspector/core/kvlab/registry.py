@@ -70,7 +70,7 @@ def rule(name: str) -> str:
 
 # the options ``make`` passes on, per kind of policy (a sweep gives each policy the ones it takes)
 OPTIONS = {
-    "eviction": ("sinks", "recent", "window", "kernel", "layer_budgets"),
+    "eviction": ("sinks", "recent", "window", "kernel", "layer_budgets", "schedule", "page", "share"),
     "quantization": ("group", "residual", "scheme"),
 }
 

@@ -42,6 +42,8 @@ class SweepRow:
     probe_held: int | None = None
     probe_recovered: int | None = None
     seconds: float = 0.0
+    bytes_paged: int | None = None  # as a paged cache of the policy's page size allocates them
+    bytes_full_paged: int | None = None
 
     @property
     def bytes_ratio(self) -> float:
@@ -57,6 +59,9 @@ class SweepResult:
     steps: int
     prompts: list[str]
     rows: list[SweepRow] = field(default_factory=list)
+    options: dict = field(default_factory=dict)
+    # (policy, budget) -> the needle check (``needle``), where the sweep ran it
+    needles: dict = field(default_factory=dict)
 
     def points(self) -> list[dict]:
         """One point per (policy, budget): means over the prompts."""
@@ -71,12 +76,24 @@ class SweepResult:
                 **{k: float(np.mean([getattr(r, k) for r in rows])) for k in ("bytes_ratio", "bytes_policy", "mean_kl", "agreement")},
                 "recovered_fraction": (float(sum(r.probe_recovered or 0 for r in probed) / sum(r.prompt_tokens for r in probed))
                                        if probed else None),
+                **self._needle_point(policy, budget),
             })  # fmt: skip
         return out
 
+    def _needle_point(self, policy: str, budget) -> dict:
+        got = self.needles.get((policy, budget))
+        if got is None:
+            return {}
+        return {"needle_found": got.found / len(got.cases), "needle_same": got.same / len(got.cases),
+                "needle_reference_found": got.reference_found / len(got.cases)}  # fmt: skip
+
     def to_json(self) -> dict:
-        return {"format": TABLE_FORMAT, "model": self.model_name, "steps": self.steps, "prompts": self.prompts,
-                "points": self.points(), "rows": [r.to_json() for r in self.rows]}  # fmt: skip
+        out = {"format": TABLE_FORMAT, "model": self.model_name, "steps": self.steps, "prompts": self.prompts,
+               "options": {k: v for k, v in self.options.items() if k != "layer_budgets"},
+               "points": self.points(), "rows": [r.to_json() for r in self.rows]}  # fmt: skip
+        if self.needles:
+            out["needle"] = [{"budget": b, **r.to_json()} for (_, b), r in self.needles.items()]
+        return out
 
 
 def plan(policies: Sequence[str], budgets: Sequence[int | None]) -> list[tuple[str, int | None]]:
@@ -109,14 +126,15 @@ def load_spec(lm) -> dict:
 
 def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], steps: int, *, probe: bool = True,
           options: dict | None = None, progress: Callable[[int, int, str], None] | None = None, jobs: int = 1,
-          load: dict | None = None) -> SweepResult:  # fmt: skip
+          load: dict | None = None, needle: bool = False) -> SweepResult:  # fmt: skip
     """Run every (policy, budget) pair over every prompt for ``steps`` teacher-forced steps.
 
     ``options`` go to every policy that takes them (sinks, recent, window for eviction; group,
     residual for quantization). ``progress(done, total, what)`` after each lab; raising from it
     (or Ctrl+C) stops the sweep (and its workers), and nothing partial is returned.
     ``jobs``: worker processes (1: this one); each loads the model with ``load_model(**load)``
-    (default ``load_spec(lm)``: lm's folder or hub id, device and dtype).
+    (default ``load_spec(lm)``: lm's folder or hub id, device and dtype). ``needle``: also run the
+    needle check (``needle.CASES``) once per (policy, budget), in this process, after the labs.
     """
     options = dict(options or {})
     prompts = list(prompts)
@@ -128,7 +146,7 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
         build_policy(name, budget, options).bind(
             lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4
         )
-    result = SweepResult(lm.name, int(steps), prompts)
+    result = SweepResult(lm.name, int(steps), prompts, options=options)
     tasks = [(pi, name, budget) for pi in range(len(prompts)) for name, budget in pairs]
     total = len(tasks)
     work = [(i, prompts[pi], pi, name, budget, steps, probe, options) for i, (pi, name, budget) in enumerate(tasks)]
@@ -161,6 +179,15 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
                 pool.terminate()
             pool.join()
     result.rows.extend(r for r in rows if r is not None)  # every one, once the loop finished
+    if needle:
+        from . import needle as needles
+
+        for i, (name, budget) in enumerate(pairs, start=1):
+            result.needles[name, budget] = needles.check(
+                lm, lambda n=name, b=budget: build_policy(n, b, options), name=name
+            )
+            if progress is not None:
+                progress(i, len(pairs), f"needle check: {name}{'' if budget is None else f' budget {budget}'}")
     return result
 
 
@@ -174,7 +201,8 @@ def _row(state: dict, prompt: str, pi: int, name: str, budget, steps: int, probe
     lab.run_steps(steps)
     s = lab.summary()
     row = SweepRow(name, budget, pi, s["steps"], s["mean_kl"], s["max_kl"], s["agreement"],
-                   s["first_divergence"], s["bytes_policy"], s["bytes_full"], lab.run.prompt_length)  # fmt: skip
+                   s["first_divergence"], s["bytes_policy"], s["bytes_full"], lab.run.prompt_length,
+                   bytes_paged=s["bytes_paged"], bytes_full_paged=s["bytes_full_paged"])  # fmt: skip
     if probe:
         pr = lab.probe()
         row.probe_held, row.probe_recovered = pr.held, pr.recovered

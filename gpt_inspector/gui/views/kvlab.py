@@ -31,6 +31,9 @@ from .common import FlowLayout, PanelJob, group, report_error, table, vbox, wrap
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
 WIDE = 640  # px: from this width the KL plot and the bytes table sit side by side
+# the schedule picker's items: what it shows, what the policy takes (core.kvlab.serving)
+SCHEDULES = (("every step", "step"), ("prefill only", "prefill"), ("every 2 steps", 2), ("every 4 steps", 4),
+             ("every 8 steps", 8), ("append-only", "append"))  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -89,6 +92,15 @@ class KVLabPanel(QWidget):
         self.budget = QSpinBox(minimum=0, maximum=1_000_000, value=32, specialValueText="unlimited",
                                toolTip="Cache entries kept per KV head (eviction policies); 0 = unlimited")  # fmt: skip
         self.steps = QSpinBox(minimum=1, maximum=4096, value=16, toolTip="Lab steps per Run")
+        self.schedule = QComboBox(toolTip="When the cache is cut to the budget: after every step, after the prompt "
+                                  "only, every N steps (growing by N - 1 in between), or never (append-only: just "
+                                  "the accounting)")  # fmt: skip
+        self.schedule.addItems([text for text, _ in SCHEDULES])
+        self.page = QSpinBox(minimum=1, maximum=1024, value=1, specialValueText="entries",
+                             toolTip="Evict whole pages of this many positions (ranked by their entries' mean score), "
+                                     "as a paged cache allocates them; bytes are shown in pages beside")  # fmt: skip
+        self.shared = QCheckBox("AdaKV", toolTip="A layer's KV heads share their budgets, allocated by score (each "
+                                "keeps a safeguard of 20% of its own)")  # fmt: skip
         self.free = QCheckBox(
             "free-running", toolTip="The policy run chooses its own tokens (default: it is fed the reference's)"
         )
@@ -106,7 +118,7 @@ class KVLabPanel(QWidget):
         self.show_button = QPushButton("Show policy run", enabled=False, toolTip="Show the policy run in the window: evicted "
                                        "entries are masked columns in the score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
         self.show_button.clicked.connect(self.show_requested)
-        self.policy.currentTextChanged.connect(lambda name: self.budget.setEnabled(name not in QUANT))
+        self.policy.currentTextChanged.connect(self._policy_changed)
         self.status = wrapped_label("pick a policy and a budget, then Run: the lab steps it beside the full cache")
         self.bytes_label = QLabel("")
         self.privacy_label = QLabel("")
@@ -130,6 +142,7 @@ class KVLabPanel(QWidget):
         # the panel is a tab of the Q/K/V dock (~300-450 px wide): the controls wrap, Run stays in reach
         top = FlowLayout(spacing=6)
         for w in (group(QLabel("policy"), self.policy), group(QLabel("budget"), self.budget),
+                  group(QLabel("evict"), self.schedule), group(QLabel("page"), self.page), self.shared,
                   group(QLabel("steps"), self.steps), self.free, self.run_button, self.step_button, self.back_button,
                   self.probe_button, self.show_button):  # fmt: skip
             top.addWidget(w)
@@ -145,6 +158,10 @@ class KVLabPanel(QWidget):
         want = Qt.Orientation.Horizontal if self.width() >= WIDE else Qt.Orientation.Vertical
         if self.split.orientation() != want:
             self.split.setOrientation(want)
+
+    def _policy_changed(self, name: str) -> None:
+        for w in (self.budget, self.schedule, self.page, self.shared):  # eviction's knobs
+            w.setEnabled(name not in QUANT)
 
     def settings(self) -> tuple[str, int | None, int, bool]:
         name = self.policy.currentText()
@@ -162,6 +179,13 @@ class KVLabPanel(QWidget):
         self.refused = why
         self.run_button.setToolTip(self._tip if why is None else why)
         self.run_button.setEnabled(why is None)
+
+    def options(self) -> dict:
+        """The eviction policy's serving options (schedule, page, share); none for a quantization."""
+        if self.policy.currentText() in QUANT:
+            return {}
+        return {"schedule": SCHEDULES[self.schedule.currentIndex()][1], "page": self.page.value(),
+                "share": "layer" if self.shared.isChecked() else "head"}  # fmt: skip
 
     def set_busy(self, busy: bool, text: str = "") -> None:
         for b in (self.run_button, self.step_button, self.back_button, self.probe_button, self.show_button):
@@ -210,8 +234,10 @@ class KVLabPanel(QWidget):
                             f"first divergence {fd}{parted}")  # fmt: skip
         pol, full, kept = sum(last.bytes_policy), sum(last.bytes_full), sum(last.bytes_kept)
         # the full cache is the model's own (sliding-window layers: their window); the inspector keeps every position
+        paged = "" if last.page == 1 or last.bytes_paged is None else (
+            f"; in pages of {last.page}: {sum(last.bytes_paged):,} of {sum(last.bytes_full_paged or []):,}")  # fmt: skip
         self.bytes_label.setText(f"cache after step {last.index + 1}: {pol:,} of {full:,} bytes ({pol / full:.1%})"
-                                 + (f"; kept for inspection {kept:,}" if kept > full else ""))  # fmt: skip
+                                 + (f"; kept for inspection {kept:,}" if kept > full else "") + paged)  # fmt: skip
         self.table.setRowCount(len(last.bytes_policy))
         lost = last.lost_mass
         kept_per_layer = last.bytes_kept or last.bytes_full
@@ -243,6 +269,7 @@ def create_panel(window) -> KVLabPanel:
 
     def run() -> None:
         name, budget, n, free = panel.settings()
+        opts = panel.options()
         if not panel.job.running:
             panel.following = False  # a fresh lab: not the one shown in the window
 
@@ -251,7 +278,7 @@ def create_panel(window) -> KVLabPanel:
 
             src.live.require("kvlab")
             d = src.decoding
-            lab = KVLab(src.lm, policy=make(name, budget), prompt_ids=list(src.prompt_ids), free_running=free,
+            lab = KVLab(src.lm, policy=make(name, budget, **opts), prompt_ids=list(src.prompt_ids), free_running=free,
                         temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=src.seed)  # fmt: skip
             for i, _ in enumerate(lab.steps(n), 1):
                 panel.progressed.emit(name, i, n)  # queued to the GUI thread
