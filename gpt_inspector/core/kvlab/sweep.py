@@ -10,6 +10,7 @@ numbers.
 
 from __future__ import annotations
 
+import functools
 import os
 import time
 from collections.abc import Callable, Sequence
@@ -183,9 +184,8 @@ def sweep(lm, prompts: Sequence[str], pairs: Sequence[tuple[str, int | None]], s
         from . import needle as needles
 
         for i, (name, budget) in enumerate(pairs, start=1):
-            result.needles[name, budget] = needles.check(
-                lm, lambda n=name, b=budget: build_policy(n, b, options), name=name
-            )
+            result.needles[name, budget] = needles.check(lm, functools.partial(build_policy, name, budget, options),
+                                                         name=name)  # fmt: skip
             if progress is not None:
                 progress(i, len(pairs), f"needle check: {name}{'' if budget is None else f' budget {budget}'}")
     return result
