@@ -143,6 +143,10 @@ SAMPLER_FLAGS = ("min_p", "typical_p", "epsilon_cutoff", "eta_cutoff", "repetiti
 def sampler_settings(args) -> dict:
     """The sampler flags given, as ``Session``'s keyword arguments (``--bad-words`` needs the tokenizer:
     see ``bad_words``); InspectorError for a malformed list."""
+    if getattr(args, "max_new_tokens", None) is not None:  # else -1 or 0 passed unnoticed without --forced-eos-token-id
+        from ..core import validate
+
+        validate.count(args.max_new_tokens, "--max-new-tokens")
     out = {k: getattr(args, k) for k in SAMPLER_FLAGS if getattr(args, k, None) is not None}
     if out.get("forced_eos_token_id") is not None and getattr(args, "max_new_tokens", None) is not None:
         out["max_new_tokens"] = args.max_new_tokens

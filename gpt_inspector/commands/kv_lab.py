@@ -157,6 +157,11 @@ def run(args) -> int:
         common.check_out(args.out)
     if args.sweep:
         return _sweep(args)
+    given = [flag for flag, on in (("--prompts", args.prompts is not None), ("--policies", args.policies is not None),
+             ("--budgets", args.budgets is not None), ("--no-probe", args.no_probe), ("--needle", args.needle),
+             ("--jobs", args.jobs != 1)) if on]  # fmt: skip
+    if given:  # else silently ignored: the user asked for a sweep and got one run
+        raise InspectorError(f"{', '.join(given)} {'is' if len(given) == 1 else 'are'} for a sweep: add --sweep")
     if args.prompt is None or args.policy is None:
         raise InspectorError("kv-lab needs --prompt and --policy (or --sweep with --prompts, --policies, --budgets)")
     common.check_run_args(args)

@@ -40,6 +40,18 @@ CASES = [
     ("compare max-new-tokens 10**9", ["compare", "--prompt", "x", "--max-new-tokens", str(10**9)], "context"),
     ("compare bad utf-8", ["compare", "--prompt", BAD_UTF8, "--max-new-tokens", "2"], "lone surrogate"),
     ("math-check seed 2**64", ["math-check", "--prompt", "x", "--steps", "2", "--seed", str(2**64)], "seed"),
+    # found by scripts/attack.py: accepted and silently ignored before
+    ("trace max-new-tokens -1", TRACE + ["--max-new-tokens", "-1"], "--max-new-tokens must be an integer >= 1"),
+    (
+        "kv-lab budgets without sweep",
+        ["kv-lab", "--prompt", "x", "--policy", "h2o", "--budgets", "4"],
+        "--budgets is for a sweep: add --sweep",
+    ),
+    (
+        "kv-lab jobs without sweep",
+        ["kv-lab", "--prompt", "x", "--policy", "h2o", "--jobs", "2", "--needle"],
+        "--needle, --jobs are for a sweep",
+    ),
 ]
 # where the result cannot be written: refused before the model loads. {dir}: a folder named d.png, {fifo}: a FIFO
 # (stands in for /dev/null), {long}: a 300-character name, {prompts}: a prompts file; a ~user that does not exist
