@@ -6,6 +6,9 @@ import pytest
 import torch
 from PySide6.QtCore import Qt
 
+from gpt_inspector.core.errors import InspectorError
+from gpt_inspector.core.live import Live
+
 pytest.importorskip("pytestqt")
 
 from gpt_inspector.core.beams import BeamView  # noqa: E402
@@ -114,6 +117,10 @@ def test_create_panel_runs_through_the_worker(qtbot, tiny_lm, result):
     class _Session:  # what the worker would pass: the live session
         lm = tiny_lm("gpt2")
         prompt_ids = [5, 6, 7]
+        live = Live()  # every capability
+
+    class _Trace:  # a source with no model: its live refuses, in one line
+        live = Live.nothing("it has no model; load the model and re-run the prompt")
 
     n = torch.get_num_threads()
     torch.set_num_threads(1)
@@ -132,8 +139,8 @@ def test_create_panel_runs_through_the_worker(qtbot, tiny_lm, result):
     assert len(win.shown) == 1 and isinstance(win.shown[0], BeamView) and win.names == ["Beam 2"]
     assert win.shown[0].tokens == out.beams[1]["token_ids"][: out.beams[1]["length"]]
     assert len(win.jobs) == 1  # nothing ran on the worker for it
-    with pytest.raises(Exception, match="live model"):
-        fn(object())  # a trace has no model
+    with pytest.raises(InspectorError, match="comparing decodings needs a live session: it has no model"):
+        fn(_Trace())
     callback(None, ValueError("no model loaded"))
     assert "no model loaded" in panel.summary.text()
 
@@ -288,3 +295,21 @@ def test_samples_at_temperatures_fan_out_from_greedy(qtbot, make_window):
     assert any(n["parts"] for n in r.fanout_tree)  # T 1.6 on a random net leaves greedy somewhere
     tip = items[r.fanout_tree[1]["id"]].toolTip()
     assert "greedy: p = " in tip
+
+
+def test_an_assisted_row_beside_greedy(qtbot, make_window):
+    """Prompt lookup with 3 tokens a round: an "assisted" row whose tokens are greedy's, in the table and the tree."""
+    win = make_window("gpt2", "She eats an apple. She eats an apple. She eats")
+    panel = win.findChildren(ComparePanel)[0]
+    panel.new_tokens.setValue(4)
+    panel.lookup.setFocus()
+    panel.lookup.selectAll()
+    qtbot.keyClicks(panel.lookup, "3")
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.result is not None, timeout=30000)
+    r = panel.result
+    assert panel.row_names[-1] == "assisted" and r.rows[-1]["kind"] == "assisted"
+    assert r.rows[-1]["token_ids"] == r.greedy["token_ids"] and r.rows[-1].get("diverges_at") is None
+    assert r.assisted is not None and r.assisted["assisted"]["mode"] == "prompt lookup"
+    last = len(r.rows) - 1  # the assisted row walks greedy's path through the fan-out tree, node for node
+    assert [n["id"] for n in r.fanout_tree if last in n["rows"]] == [n["id"] for n in r.fanout_tree if 0 in n["rows"]]

@@ -73,6 +73,9 @@ class ComparePanel(QWidget):
         self.temperatures = QLineEdit("1.0", toolTip="sampling temperatures, comma-separated (0.7, 1.0, 1.5)")
         self.temperatures.setMaximumWidth(110)
         self.seed = QSpinBox(minimum=0, maximum=2**31 - 1, value=0, toolTip="the first sample's seed")
+        self.lookup = QSpinBox(minimum=0, maximum=64, value=0, specialValueText="off",
+                               toolTip="assisted decoding by prompt lookup: tokens proposed per round "
+                                       "(generate's prompt_lookup_num_tokens); its row's tokens are greedy's")  # fmt: skip
         self.run_button = QPushButton(
             "Compare",
             toolTip="Run greedy, beam search and sampling on this prompt side by side",
@@ -91,6 +94,7 @@ class ComparePanel(QWidget):
         controls.addWidget(
             group(QLabel("samples"), self.samples, QLabel("T"), self.temperatures, QLabel("seed"), self.seed)
         )
+        controls.addWidget(group(QLabel("assisted"), self.lookup))
         controls.addWidget(self.run_button)
 
         self.summary = wrapped_label("Compare greedy decoding, beam search and a seeded sample on the session's prompt.",
@@ -146,6 +150,7 @@ class ComparePanel(QWidget):
             "samples": self.samples.value(),
             "temperatures": self.temperature_list(),
             "seed": self.seed.value(),
+            "prompt_lookup_num_tokens": self.lookup.value() or None,
         }
 
     def temperature_list(self) -> list[float]:
