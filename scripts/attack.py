@@ -224,6 +224,7 @@ def main() -> int:
     ap.add_argument("--only", choices=["cli", "models"])
     ap.add_argument("--timeout", type=float, default=120.0)
     ap.add_argument("--list", action="store_true", help="also list the cases that ran (exit 0)")
+    ap.add_argument("--log", type=Path, help="write every case's outcome to this file, one JSON object a line")
     args = ap.parse_args()
     os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
     from gpt_inspector.cli import quiet_transformers
@@ -242,18 +243,23 @@ def main() -> int:
         if args.only in (None, "models"):
             groups.append(("model folders", model_cases(tmp)))
         escaped_total = 0
+        log = args.log.open("w") if args.log else None
         for title, cases in groups:
             counts = {"refused": 0, "ran": 0, "escaped": 0}
             t0 = time.monotonic()
             for name, argv in cases:
                 outcome, detail = run_case(fill(argv, tmp), tmp, args.timeout)
                 counts[outcome] += 1
+                if log:
+                    print(json.dumps({"case": name, "outcome": outcome, "detail": detail}), file=log, flush=True)
                 if outcome == "escaped" or (outcome == "ran" and args.list):
                     print(f"  {outcome:8s} {name}: {detail}", flush=True)
             escaped_total += counts["escaped"]
             print(f"{title}: {len(cases)} cases, {counts['refused']} refused in one line, {counts['ran']} ran "
                   f"(a value the command accepts), {counts['escaped']} escaped "
                   f"({time.monotonic() - t0:.0f} s)", flush=True)  # fmt: skip
+        if log:
+            log.close()
         return 1 if escaped_total else 0
     finally:
         (tmp / "ro").chmod(stat.S_IRWXU)
