@@ -15,7 +15,9 @@ GPT2Config() defaults (124M parameters, random weights), a prompt of 512 tokens 
   tokens (teacher-forced) were fed the same.
 
 A policy is a name or ``name:option=value:...`` with the serving options (``schedule``, ``page``,
-``share``), e.g. ``h2o:page=16:schedule=4`` or ``tova:share=layer``.
+``share``), e.g. ``h2o:page=16:schedule=4`` or ``tova:share=layer``; or a kvpress-exact press run by
+``from_press``, ``press:NAME[:ratio=R][:every=K]`` (NAME: knorm, streaming, keydiff, random;
+``every``: also compress while decoding after every K-th step, default 1, so that each step pays for it).
 
 Then the sweep (``--sweep-jobs N``, default 2; 0 skips it): the same sweep (policies x budgets
 over ``--sweep-prompts`` prompts) with jobs=1 and jobs=N, wall time side by side (worker start-up
@@ -62,10 +64,10 @@ def _time_calls(policy) -> list[float]:
     for attr in ("attend", "observe"):
         fn = getattr(policy, attr)
 
-        def timed(*a, _fn=fn):
+        def timed(*a, _fn=fn, **kw):  # a press's attend also takes the forward's query
             t0 = time.perf_counter()
             try:
-                return _fn(*a)
+                return _fn(*a, **kw)
             finally:
                 spent[0] += time.perf_counter() - t0
 
@@ -78,6 +80,16 @@ def policy_from(spec: str, budget: int):
     from gpt_inspector.core.kvlab import make
 
     name, *opts = spec.split(":")
+    if name == "press":  # a kvpress-exact press, per step: press:knorm:ratio=0.5:every=1
+        from gpt_inspector.core.kvlab import presses
+        from gpt_inspector.core.kvlab.press_policy import from_press
+
+        kind, *opts = opts
+        kw = dict(o.split("=", 1) for o in opts)
+        cls = {"knorm": presses.KnormPress, "streaming": presses.StreamingLLMPress, "keydiff": presses.KeyDiffPress,
+               "random": presses.RandomPress}[kind]  # fmt: skip
+        return from_press(cls(compression_ratio=float(kw.get("ratio", 0.5))), every=int(kw.get("every", 1)),
+                          name=spec)  # fmt: skip
     kw = {k: int(v) if v.isdigit() else v for k, v in (o.split("=", 1) for o in opts)}
     return make(name, None if name.startswith(("int", "fp8")) else budget, **kw)
 
@@ -164,7 +176,9 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--new", type=int, default=32)
     ap.add_argument("--prompts", default="512")
-    ap.add_argument("--policies", default="h2o,streaming,tova,h2o:page=16:schedule=4,tova:share=layer,int4,fp8-e4m3")
+    ap.add_argument(
+        "--policies", default="h2o,streaming,tova,h2o:page=16:schedule=4,tova:share=layer,press:knorm,int4,fp8-e4m3"
+    )
     ap.add_argument("--budget", type=int, default=256)
     ap.add_argument(
         "--threads",
@@ -232,6 +246,8 @@ def main() -> None:
                 p = policy(name)
                 p.bind(lm.n_layers, lm.n_heads, lm.n_kv_heads, lm.head_dim, lm.context_length, 4, lm.device)
                 p.attach(s.recorder)
+                if hasattr(p, "bind_model"):  # a press reads the attention modules' inputs (as KVLab binds it)
+                    p.bind_model(lm.model)
                 s.step()
                 s.step()  # the first decode step quantizes the whole prompt once: not the steady state
                 inside = _time_calls(p)
