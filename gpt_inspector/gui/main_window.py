@@ -215,7 +215,7 @@ class MainWindow(DockLayout, QMainWindow):
         self.st_stopped = ElidedLabel("", objectName="run_stopped", styleSheet="color: #ffb84f;")
         # the run's name and why it stopped (empty: none) take their text's width, up to a cap, never the rest: at
         # 1366 px two expanding labels left a message ("Loaded …") 296 px, cut in the middle of a word
-        for lab, cap in ((self.st_run, 260), (self.st_stopped, 420)):
+        for lab, cap in ((self.st_run, 380), (self.st_stopped, 420)):  # 380: "Live session · llama on engine HOST:PORT"
             lab.setSizePolicy(QSizePolicy.Policy.Preferred, QSizePolicy.Policy.Fixed)
             lab.setMaximumWidth(cap)
         sb.addWidget(self.st_busy)

@@ -79,6 +79,10 @@ class RemoteLink:
 
     def new_session(self, obj, spec, keep_edits: bool):
         """Open a new session from the controls' ``spec`` on the engine; ``obj`` stays the live source."""
+        if getattr(spec, "chat", None) is not None:  # before anything changes on the engine
+            from ..core.errors import InspectorError
+
+            raise InspectorError("chat prompts are not sent to a remote engine yet: give the engine a plain prompt")
         edits = list(obj.mask_edits) if keep_edits else []
         obj.open(spec.prompt, spec.temperature, spec.top_k, spec.top_p, spec.seed, **(spec.settings or {}))
         if edits:

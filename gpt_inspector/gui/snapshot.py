@@ -55,6 +55,7 @@ class TokensPart:
     step: Step | None = None  # a copy of the newest step (its tensors are never modified in place)
     decoding: dict = field(default_factory=dict)
     roles: tuple[str, ...] = ()  # a chat prompt's tokens' roles (core.chat), else empty
+    vocab_size: int = 0  # the model's: Step.top lists min(TOP_N, vocab_size) tokens unless the sampler cut some
 
 
 @dataclass(frozen=True)

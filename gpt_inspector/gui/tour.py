@@ -314,7 +314,8 @@ class Tour(QObject):
         panel = self.win.compare_panel
         if not panel.run_button.isEnabled():
             return  # a comparison is on its way
-        panel.sample.setChecked(False)
+        panel.samples.setValue(0)  # greedy and the beams only: no samples, no assisted row
+        panel.lookup.setValue(0)
         panel.beams.setValue(BEAMS)
         panel.returns.setValue(BEAMS)
         panel.new_tokens.setValue(BEAM_TOKENS)

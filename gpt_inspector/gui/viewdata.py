@@ -283,6 +283,7 @@ class ViewModel:
                 step=None if cur is None else copy.copy(cur),
                 decoding=o.decoding.to_json(),
                 roles=() if getattr(o, "chat", None) is None else tuple(o.chat.roles),
+                vocab_size=int(o.vocab_size),
             ),
             mask=MaskPart(
                 tuple(o.mask_edits),

@@ -114,6 +114,8 @@ class RemoteSession(RemoteReads):
     that changed the session began: read after a step and its repaint, the bytes that step cost.
     """
 
+    chat = None  # a chat prompt's turns (core.chat): not sent to an engine yet, so never one here
+
     def __init__(self, url: str, timeout: float = 10.0):
         parts = urlsplit(url)
         if parts.scheme not in ("ws", "wss") or not parts.hostname:

@@ -173,8 +173,13 @@ class ElidedLabel(QLabel):
     def setText(self, text: str) -> None:  # noqa: N802 (Qt)
         self._full = text
         self.setToolTip(text if text else "")
-        self._elide()
         self.updateGeometry()
+        # lay the parent out now: a label that takes its text's width (the status bar's) would otherwise
+        # show the new text elided to the old width, "" after an empty one, until the next layout pass
+        lay = self.parentWidget().layout() if self.parentWidget() is not None else None
+        if lay is not None and self.isVisible():
+            lay.activate()
+        self._elide()
 
     def full_text(self) -> str:
         return self._full

@@ -25,6 +25,7 @@ from PySide6.QtGui import QFontMetrics
 from PySide6.QtWidgets import QComboBox, QPushButton, QWidget
 
 from ...core.decoding import MODEL_DEFAULT
+from ...core.step import TOP_N
 from .common import (
     BAR_BRUSH,
     CHOSEN_BRUSH,
@@ -181,7 +182,8 @@ class NextTokenView(QWidget):
         self.stage_info.setText("" if final and len(stages) <= 1 else self._stage_text(st, pick))
         listed = st.top if final else stages[pick].top
         kept = [e for e in listed if e.prob > 0]
-        self.cut = len(kept) < len(st.top)  # top-k / top-p left fewer than Step.top's min(ten, V)
+        # top-k / top-p left fewer than Step.top's min(ten, V) (Step.top lists only the kept: p > 0)
+        self.cut = len(kept) < min(TOP_N, snap.tokens.vocab_size or TOP_N)
         self.top_ids = [e.token_id for e in kept]
         self.probs = [e.prob for e in kept]
         self.chosen = st.token_id
