@@ -134,6 +134,9 @@ class Assisted:
         for name, v in numbers.items():
             if v is not None and (isinstance(v, bool) or not isinstance(v, int) or v < 1):
                 raise InspectorError(f"{name} must be a whole number >= 1, not {v!r}")
+            limit = session.context_length
+            if name != "max_new_tokens" and v is not None and v > limit:  # transformers overflowed a C long on 10**30
+                raise InspectorError(f"{name} must be at most the model's context, {limit} tokens, not {v}")
         if assistant is not None:
             check_assistant(session.lm, assistant)
         if session.recorder.kv_policy is not None:

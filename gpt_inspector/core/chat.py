@@ -10,6 +10,7 @@ prompt) is ``template``.
 from __future__ import annotations
 
 import json
+import os
 from dataclasses import dataclass
 
 from . import hf, validate
@@ -57,9 +58,19 @@ def check_messages(messages) -> list[dict]:
     return out
 
 
+MAX_MESSAGES_BYTES = 64 * 2**20  # a long conversation is a few MB
+
+
 def load_messages(path) -> list[dict]:
     """The messages in a JSON file (a list of turns, or {"messages": [...]}), checked."""
+    import stat
+
     try:
+        # a FIFO or a device would block the read (or never end): a messages file is a regular file
+        if not stat.S_ISREG(os.stat(path).st_mode):
+            raise InspectorError(f"{path} is not a regular file: give a JSON file of messages")
+        if os.path.getsize(path) > MAX_MESSAGES_BYTES:
+            raise InspectorError(f"{path} is larger than {MAX_MESSAGES_BYTES // 2**20} MiB: too large for chat messages")
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except OSError as e:

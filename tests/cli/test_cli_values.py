@@ -52,6 +52,13 @@ CASES = [
         ["kv-lab", "--prompt", "x", "--policy", "h2o", "--jobs", "2", "--needle"],
         "--needle, --jobs are for a sweep",
     ),
+    # found by scripts/attack.py in the new options: a C long overflowed in transformers; a FIFO blocked the read
+    (
+        "trace prompt-lookup 10**30",
+        TRACE + ["--prompt-lookup-num-tokens", str(10**30)],
+        "must be at most the model's context",
+    ),
+    ("compare messages fifo", ["compare", "--messages", "{fifo}.json", "--max-new-tokens", "2"], "not a regular file"),
 ]
 # where the result cannot be written: refused before the model loads. {dir}: a folder named d.png, {fifo}: a FIFO
 # (stands in for /dev/null), {long}: a 300-character name, {prompts}: a prompts file; a ~user that does not exist
