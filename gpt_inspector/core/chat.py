@@ -70,7 +70,9 @@ def load_messages(path) -> list[dict]:
         if not stat.S_ISREG(os.stat(path).st_mode):
             raise InspectorError(f"{path} is not a regular file: give a JSON file of messages")
         if os.path.getsize(path) > MAX_MESSAGES_BYTES:
-            raise InspectorError(f"{path} is larger than {MAX_MESSAGES_BYTES // 2**20} MiB: too large for chat messages")
+            raise InspectorError(
+                f"{path} is larger than {MAX_MESSAGES_BYTES // 2**20} MiB: too large for chat messages"
+            )
         with open(path, encoding="utf-8") as f:
             data = json.load(f)
     except OSError as e:
