@@ -42,7 +42,7 @@ def build_parser() -> argparse.ArgumentParser:
     common.add_model_args(p)
     common.add_prompt_args(p, "prompt to start the window with", required=False)
     p.add_argument(
-        "--connect", default=None, metavar="URL",
+        "--connect", default=None, metavar="URL", type=common.connect_url,
         help="open the window on the engine gpt-inspector serve runs (the ws://HOST:PORT/?token=... line it printed)",
     )  # fmt: skip
     common.add_sampler_args(p.add_argument_group("the window's sampler (generate's names)"), max_new_tokens=False)

@@ -202,9 +202,16 @@ def load(args):
     return lm
 
 
+def connect_url(text: str) -> str:
+    """``--connect``'s value: an empty one would silently run here instead (argparse makes this one line)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("needs the ws://HOST:PORT/?token=... line gpt-inspector serve printed")
+    return text
+
+
 def add_connect_arg(p):
     p.add_argument(
-        "--connect", default=None, metavar="URL",
+        "--connect", default=None, metavar="URL", type=connect_url,
         help="run on the engine gpt-inspector serve runs (the ws://HOST:PORT/?token=... line it printed) "
         "instead of loading a model here",
     )  # fmt: skip

@@ -169,6 +169,14 @@ def run(args) -> int:
     if args.json not in (None, "-"):
         common.check_out(args.json)
     opts = _options(args)
+    from ..core.kvlab import registry
+
+    # a sweep gives each policy the options it takes; one run names its policy: say what would be ignored
+    unused = [k for k in opts if k not in registry.options(name)]
+    if unused:
+        flags = ", ".join("--layer-budget" if k == "layer_budgets" else f"--{k}" for k in unused)
+        what = "an eviction" if registry.kind(name) == "eviction" else "a quantization"
+        raise InspectorError(f"{name} is {what} policy: it does not take {flags}")
     import numpy as np
 
     from ..core.kvlab import KVLab

@@ -58,6 +58,17 @@ CASES = [
         TRACE + ["--prompt-lookup-num-tokens", str(10**30)],
         "must be at most the model's context",
     ),
+    (
+        "kv-lab page on a quantization",
+        ["kv-lab", "--prompt", "x", "--policy", "int8", "--page", "16", "--schedule", "4"],
+        "int8 is a quantization policy: it does not take --page, --schedule",
+    ),
+    (
+        "kv-lab group on an eviction",
+        ["kv-lab", "--prompt", "x", "--policy", "h2o", "--group", "8"],
+        "h2o is an eviction policy: it does not take --group",
+    ),
+    ("trace connect empty", TRACE + ["--connect", ""], "argument --connect: needs the ws://"),
     ("compare messages fifo", ["compare", "--messages", "{fifo}.json", "--max-new-tokens", "2"], "not a regular file"),
 ]
 # where the result cannot be written: refused before the model loads. {dir}: a folder named d.png, {fifo}: a FIFO
