@@ -29,7 +29,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import FlowLayout, PanelJob, column, group, splitter, vbox, wrapped_label
+from .common import FlowLayout, PanelJob, RefusesRun, column, group, splitter, vbox, wrapped_label
 from .compare_tree import _AFTER_BG, _PARTS_BG, _PROB_BG, BeamTreeView, FanoutTreeView
 
 if TYPE_CHECKING:
@@ -42,7 +42,7 @@ PANEL_AREA = "bottom"
 SAME, PARTS, AFTER = "same", "parts", "after"
 
 
-class ComparePanel(QWidget):
+class ComparePanel(RefusesRun, QWidget):  # a remote engine greys Run out (refuse)
     """Greedy, beams 1..R and the seeded sample side by side; where they part from greedy highlighted.
 
     ``show_result(result)`` takes the ``Comparison`` that ``gpt_inspector.core.compare.compare``
@@ -163,18 +163,6 @@ class ComparePanel(QWidget):
                 except ValueError:
                     out.append(float("nan"))  # compare() says which
         return out
-
-    refused: str | None = None  # why Compare cannot run on the session shown (a remote engine's), or None
-
-    def refuse(self, why: str | None) -> None:
-        """Disable Compare, its tooltip saying ``why`` (None: enable it again)."""
-        if why == self.refused:
-            return
-        if self.refused is None:
-            self._tip = self.run_button.toolTip()
-        self.refused = why
-        self.run_button.setToolTip(self._tip if why is None else why)
-        self.run_button.setEnabled(why is None)
 
     def set_busy(self, busy: bool, text: str = "") -> None:
         self.run_button.setEnabled(not busy and self.refused is None)

@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
 from ...core.errors import InspectorError
 from ...core.kvlab.registry import NAMES as POLICIES  # the registry imports no torch: neither does the panel
 from ...core.kvlab.registry import QUANT, rule
-from .common import FlowLayout, PanelJob, group, report_error, table, vbox, wrapped_label
+from .common import FlowLayout, PanelJob, RefusesRun, group, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
@@ -60,7 +60,7 @@ class LabView:
         return LabView(self.policy, self.free_running, steps, first, parted if self.free_running else None)
 
 
-class KVLabPanel(QWidget):
+class KVLabPanel(RefusesRun, QWidget):  # a remote engine greys Run out (refuse)
     """Policy controls, the per-step KL / top-1 plot with the first divergence marked, bytes per layer."""
 
     run_requested = Signal()
@@ -167,18 +167,6 @@ class KVLabPanel(QWidget):
         name = self.policy.currentText()
         budget = None if name in QUANT or self.budget.value() == 0 else self.budget.value()
         return name, budget, self.steps.value(), self.free.isChecked()
-
-    refused: str | None = None  # why the lab cannot run on the session shown (a remote engine's), or None
-
-    def refuse(self, why: str | None) -> None:
-        """Disable Run, its tooltip saying ``why`` (None: enable it again)."""
-        if why == self.refused:
-            return
-        if self.refused is None:
-            self._tip = self.run_button.toolTip()
-        self.refused = why
-        self.run_button.setToolTip(self._tip if why is None else why)
-        self.run_button.setEnabled(why is None)
 
     def options(self) -> dict:
         """The eviction policy's serving options (schedule, page, share); none for a quantization."""
