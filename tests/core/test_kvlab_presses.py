@@ -11,6 +11,7 @@ import torch
 from transformers import DynamicCache
 
 from gpt_inspector.core import InspectorError
+from gpt_inspector.core.hf import call
 from gpt_inspector.core.kvlab import KVLab, from_press, presses
 
 PROMPT = "She eats an apple. He reads a book. They walk to the park. The cat sat on the mat and"
@@ -33,7 +34,7 @@ def hf_press_run(hf, ids: list[int], context: int, score_of, ratio: float, steps
     ctx = torch.tensor([ids[:context]])
     cache = DynamicCache()
     with torch.no_grad():
-        hf(input_ids=ctx, past_key_values=cache, use_cache=True)
+        call(hf, cache, input_ids=ctx, use_cache=True)  # the cache under this release's keyword
     kept = []
     for layer in cache.layers:
         k, v = layer.keys, layer.values  # (1, Hkv, C, d)
@@ -46,11 +47,11 @@ def hf_press_run(hf, ids: list[int], context: int, score_of, ratio: float, steps
     logits = []
     with torch.no_grad():
         pos = torch.arange(context, len(ids))[None]
-        out = hf(input_ids=torch.tensor([ids[context:]]), past_key_values=cache, position_ids=pos)
+        out = call(hf, cache, input_ids=torch.tensor([ids[context:]]), position_ids=pos)
         for i in range(steps):
             logits.append(out.logits[0, -1].float())
             nxt = out.logits[0, -1].argmax()
-            out = hf(input_ids=nxt.view(1, 1), past_key_values=cache, position_ids=torch.tensor([[len(ids) + i]]))
+            out = call(hf, cache, input_ids=nxt.view(1, 1), position_ids=torch.tensor([[len(ids) + i]]))
     return torch.stack(kept), torch.stack(logits)
 
 
