@@ -43,6 +43,16 @@ def _fmt(x) -> str:
     return "–" if x is None else f"{x:.3f}"
 
 
+def _edge(a: tuple[float, float], b: tuple[float, float]) -> QPainterPath:
+    """A curve from the right side of the node at ``a`` to the left side of the node at ``b`` (centres)."""
+    (x0, y0), (x1, y1) = a, b
+    path = QPainterPath()
+    path.moveTo(x0 + _NODE_W / 2, y0)
+    mid = (x0 + _NODE_W / 2 + x1 - _NODE_W / 2) / 2
+    path.cubicTo(mid, y0, mid, y1, x1 - _NODE_W / 2, y1)
+    return path
+
+
 class BeamTreeView(QGraphicsView):
     """The search as a tree: nodes are tokens, edges carry the cumulative score.
 
@@ -147,11 +157,8 @@ class BeamTreeView(QGraphicsView):
         for n in nodes:
             if n["parent"] is None:
                 continue
-            (x0, y0), (x1, y1) = pos[n["parent"]], pos[n["id"]]
-            path = QPainterPath()
-            path.moveTo(x0 + _NODE_W / 2, y0)
-            mid = (x0 + _NODE_W / 2 + x1 - _NODE_W / 2) / 2
-            path.cubicTo(mid, y0, mid, y1, x1 - _NODE_W / 2, y1)
+            x1, y1 = pos[n["id"]]
+            path = _edge(pos[n["parent"]], (x1, y1))
             pruned = n["status"] == "pruned"
             color = _RETURNED if n.get("returned") is not None else (_PRUNED if pruned else _ALIVE)
             pen = QPen(color, 2.2 if n.get("returned") is not None else 1.2)
@@ -265,11 +272,8 @@ class FanoutTreeView(BeamTreeView):
         for n in nodes:
             if n["parent"] is None:
                 continue
-            (x0, y0), (x1, y1) = pos[n["parent"]], pos[n["id"]]
-            path = QPainterPath()
-            path.moveTo(x0 + _NODE_W / 2, y0)
-            mid = (x0 + _NODE_W / 2 + x1 - _NODE_W / 2) / 2
-            path.cubicTo(mid, y0, mid, y1, x1 - _NODE_W / 2, y1)
+            x1, y1 = pos[n["id"]]
+            path = _edge(pos[n["parent"]], (x1, y1))
             edge = QGraphicsPathItem(path)
             edge.setPen(QPen(self._color(n, rows), 2.2 if n["greedy"] else 1.4))
             edge.setZValue(0)
