@@ -6,6 +6,7 @@ Errors a user can fix print one line on stderr and exit with status 2, never a t
 from __future__ import annotations
 
 import argparse
+import contextlib
 import sys
 
 from . import __version__
@@ -116,6 +117,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except KeyboardInterrupt:
         print("gpt-inspector: interrupted", file=sys.stderr)
+        _forget_unhandled_interrupt()
         return 130
     finally:
         if signal.getsignal(signal.SIGINT) is _on_sigint:
@@ -123,6 +125,16 @@ def main(argv: list[str] | None = None) -> int:
 
 
 _interrupt = {"seen": False}
+
+
+def _forget_unhandled_interrupt() -> None:
+    """Exit 130, not -2: CPython ends by re-raising SIGINT on itself when a KeyboardInterrupt left code run
+    through ``PyRun_*`` (a Rust extension's ``py.run``), even one caught further up, as this one was; any
+    ``PyRun_SimpleString`` clears that flag (about 1 run in 5 of Ctrl+C 1.5 s into ``trace`` ended with -2)."""
+    import ctypes
+
+    with contextlib.suppress(Exception):
+        ctypes.pythonapi.PyRun_SimpleString(b"")
 
 
 def _on_sigint(signum, frame):
