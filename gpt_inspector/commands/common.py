@@ -217,8 +217,9 @@ def add_connect_arg(p):
     )  # fmt: skip
 
 
-def remote_session(args):
-    """A new session on the engine at ``--connect`` (the model is the engine's); one line for a bad URL or token."""
+def remote_session(args, lookup: bool = False):
+    """A new session on the engine at ``--connect`` (the model is the engine's); one line for a bad URL or token.
+    ``lookup``: the command runs prompt-lookup assisted decoding on the engine itself (compare's row)."""
     from ..remote.client import connect
 
     if getattr(args, "model", None) is not None:
@@ -227,9 +228,10 @@ def remote_session(args):
         raise InspectorError("--bad-words needs the model's tokenizer: with --connect give --bad-words-ids")
     if prompt_args(args).get("messages") is not None:
         raise InspectorError("chat turns are not sent to a remote engine yet: with --connect give --prompt")
-    if assisted_given(args):
+    if assisted_given(args) and not (lookup and getattr(args, "assistant_model", None) is None):
         raise InspectorError("assisted decoding does not run over --connect yet")
-    r = connect(args.connect, prompt=args.prompt, temperature=args.temperature, top_k=args.top_k, top_p=args.top_p,
+    temperature = 0.0 if args.temperature is None else args.temperature  # compare's: for its samples only
+    r = connect(args.connect, prompt=args.prompt, temperature=temperature, top_k=args.top_k, top_p=args.top_p,
                 seed=args.seed, **sampler_settings(args))  # fmt: skip
     _REMOTE.append(r)
     return r

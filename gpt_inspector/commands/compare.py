@@ -15,6 +15,7 @@ HELP = "compare greedy decoding, beam search (identical to generate) and seeded 
 
 def add_arguments(p):
     common.add_model_args(p)
+    common.add_connect_arg(p)
     common.add_prompt_args(p, "the text to continue")
     g = p.add_argument_group("length (give exactly one)")
     g.add_argument(
@@ -111,6 +112,11 @@ def run(args) -> int:
     from ..core.compare import compare
 
     _check(args)
+    if args.connect:
+        out = _remote(args)
+        for w in out.get("warnings", []):
+            print(f"gpt-inspector: warning: {w}", file=sys.stderr)
+        return _print(args, out)
     lm = common.load(args)
     draft = common.load_assistant(args, lm)
     result = compare(
@@ -125,6 +131,36 @@ def run(args) -> int:
     out = result.to_json()
     for w in result.warnings:
         print(f"gpt-inspector: warning: {w}", file=sys.stderr)
+    return _print(args, out)
+
+
+def _remote(args) -> dict:
+    """The comparison run by the engine at ``--connect`` on ``--prompt``: its JSON, as a local one's."""
+    if args.assistant_model is not None:
+        raise InspectorError("--assistant-model needs its draft model beside the engine's: with --connect use "
+                             "--prompt-lookup-num-tokens")  # fmt: skip
+    s = common.remote_session(args, lookup=True)
+    try:
+        result = s.remote_compare(
+            max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
+            num_return_sequences=args.num_return_sequences, length_penalty=args.length_penalty,
+            early_stopping=_early(args.early_stopping), sample=args.sample,
+            temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
+            seed=args.seed, sampler=common.sampler_settings(args) or None, samples=args.samples,
+            temperatures=args.temperatures, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+        )  # fmt: skip
+    finally:
+        common.release(s)  # the engine's one client slot is free at once
+    return result.to_json()
+
+
+def _early(text):
+    from ..core import validate
+
+    return validate.early_stopping(text)
+
+
+def _print(args, out: dict) -> int:
     if args.json:
         common.print_json(out)
     else:

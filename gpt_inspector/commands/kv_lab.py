@@ -16,6 +16,7 @@ HELP = "what a KV cache policy (eviction, quantization) costs in bytes, fidelity
 
 def add_arguments(p):
     common.add_model_args(p)
+    common.add_connect_arg(p)  # one run: the engine runs the lab on its model (a sweep runs where the model is)
     p.add_argument("--prompt", default=None, help="the text to start from (one run)")
     p.add_argument("--policy", default=None, help=f"one of {', '.join(POLICIES)}")
     p.add_argument(
@@ -156,6 +157,8 @@ def run(args) -> int:
         check_format(args.out)
         common.check_out(args.out)
     if args.sweep:
+        if args.connect:
+            raise InspectorError("--sweep runs where the model is (its workers load the model): leave out --connect")
         return _sweep(args)
     given = [flag for flag, on in (("--prompts", args.prompts is not None), ("--policies", args.policies is not None),
              ("--budgets", args.budgets is not None), ("--no-probe", args.no_probe), ("--needle", args.needle),
@@ -177,15 +180,28 @@ def run(args) -> int:
         flags = ", ".join("--layer-budget" if k == "layer_budgets" else f"--{k}" for k in unused)
         what = "an eviction" if registry.kind(name) == "eviction" else "a quantization"
         raise InspectorError(f"{name} is {what} policy: it does not take {flags}")
-    import numpy as np
-
     from ..core.kvlab import KVLab
+    from ..core.kvlab.lab import final_rows
     from ..core.kvlab.sweep import build_policy
 
     policy = build_policy(name, args.budget, opts)  # refused before the model loads if it makes no sense
+    if args.connect:  # the engine runs both runs; its steps, bytes and probe come back
+        s = common.remote_session(args)
+        try:
+            lab = s.remote_kvlab(name, args.budget, 0, args.free_running, opts)
+            return _one_run(args, lab, s.model_name, lab.final_rows)
+        finally:
+            common.release(s)
     lm = common.load(args)
     lab = KVLab(lm, args.prompt, policy, free_running=args.free_running, temperature=args.temperature,
                 top_k=args.top_k, top_p=args.top_p, seed=args.seed)  # fmt: skip
+    return _one_run(args, lab, lm.name, lambda: final_rows(lab))
+
+
+def _one_run(args, lab, model: str, rows) -> int:
+    """Step ``lab`` (a KVLab, or a RemoteLab on an engine) and print or save what it found."""
+    import numpy as np
+
     for st in lab.steps(args.steps):
         if args.json is None:
             mark = "" if st.agree else "  <- top-1 differs"
@@ -198,10 +214,10 @@ def run(args) -> int:
     if args.out is not None:
         common.save_figure(lambda figures: figures.lab_figure(lab), args.out, "figure")
     if args.json is not None:
-        out = {"model": lm.name, **summary, **_from_one(summary),
+        out = {"model": model, **summary, **_from_one(summary),
                "steps_detail": [{"step": s.index + 1, **{k: v for k, v in s.to_json().items() if k != "index"}}
                                 for s in lab.history],
-               "privacy": None if privacy is None else privacy.to_json(), **_final_rows(lab)}  # fmt: skip
+               "privacy": None if privacy is None else privacy.to_json(), **rows()}  # fmt: skip
         _write_json(out, args.json)
         return 0
     k = lab.first_divergence
@@ -230,18 +246,6 @@ def _from_one(summary: dict) -> dict:
     """The summary's step numbers counted from 1, as the window and every command print steps (the
     library's ``first_divergence`` and ``parted_at`` are indices into the lab's history, from 0)."""
     return {k: None if summary[k] is None else summary[k] + 1 for k in ("first_divergence", "parted_at")}
-
-
-def _final_rows(lab) -> dict:
-    """After the last step, per layer and KV head: the evicted positions, or each row's quantization
-    error (relative L2 of what attention read against the full-precision entry, keys and values)."""
-    if not lab.history:
-        return {}
-    n = lab.lm.n_layers
-    if lab.policy.kind == "quantization":
-        errs = [lab.row_error(i) for i in range(n)]
-        return {"row_error": [{"keys": k.round(6).tolist(), "values": v.round(6).tolist()} for k, v in errs]}
-    return {"evicted_rows": [[[int(p) for p in row.nonzero()[0]] for row in lab.evicted(i)] for i in range(n)]}
 
 
 def _write_json(obj, dest) -> None:

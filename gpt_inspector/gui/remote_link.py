@@ -127,15 +127,7 @@ def install_banner(win) -> None:
     win.link_bar, win.link_label, win.st_link = bar, label, field
 
     def shown(snap) -> None:
-        # what runs only where the model is: disabled, each saying why (the probe and the lab ask the
-        # source's ``live``; the lab's and Compare's Run buttons are disabled here)
-        remote = snap.engine is not None
-        win.compare_panel.refuse(NO_COMPARE if remote else None)
-        win.kvlab_panel.refuse(snap.live.why_not("kvlab") if remote else None)
-        if not remote:
+        if snap.engine is None:
             field.setVisible(False)
 
     win.snapshot_changed.connect(shown)
-
-
-NO_COMPARE = "compare and beams run where the model is: not served over the link to the engine yet"

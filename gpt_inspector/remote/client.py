@@ -22,6 +22,7 @@ from ..core.edits import HeadEdit, MaskEdit
 from ..core.errors import InspectorError
 from ..core.step import TOP_N, Stage, TopEntry
 from . import wire
+from .lab_client import RemoteLabs
 from .source import RemoteReads
 
 # the client pings the server this often and gives up on a silent link after PING_TIMEOUT more
@@ -105,7 +106,7 @@ class RemoteReport:
         return float(0.5 * (self.before - self.after).abs().sum())
 
 
-class RemoteSession(RemoteReads):
+class RemoteSession(RemoteReads, RemoteLabs):
     """The Session API over the wire (see the module docstring), and a run source (``RemoteReads``):
     the window drives one as it drives a local session. One request at a time.
 
@@ -214,8 +215,9 @@ class RemoteSession(RemoteReads):
         """The result of one request (its tensors: ``_call_t``)."""
         return self._call_t(op, **args)[0]
 
-    def _call_t(self, op: str, **args) -> tuple[object, list[torch.Tensor]]:
-        """(result, tensors) of one request; ``LinkLost`` in one line if the link drops."""
+    def _call_t(self, op: str, _job=None, **args) -> tuple[object, list[torch.Tensor]]:
+        """(result, tensors) of one request; ``LinkLost`` in one line if the link drops. ``_job``: a long
+        job's (progress, cancelled), see ``lab_client``."""
         from websockets.exceptions import ConnectionClosed as closed
 
         with self._lock:
@@ -231,14 +233,20 @@ class RemoteSession(RemoteReads):
                 self.requests += 1
                 self._conn.send(msg)
                 self.bytes_sent += len(msg.encode())
-                data = self._conn.recv()
-                self.bytes_received += len(data.encode()) if isinstance(data, str) else len(data)
+                ack = None
+                if _job is None:
+                    data = self._conn.recv()
+                    self.bytes_received += len(data.encode()) if isinstance(data, str) else len(data)
+                else:
+                    data, ack = self._await_reply(rid, *_job)
                 head, metas = wire.check_reply(data, rid)
                 tensors = []
                 for dtype, shape, nbytes in metas:
                     frame = self._conn.recv()
                     self.bytes_received += len(frame)
                     tensors.append(wire.tensor_from(frame, dtype, shape, nbytes))
+                if ack is not None:
+                    self._read_ack(ack)
             except (closed, OSError, TimeoutError) as e:
                 self.close()
                 raise LinkLost(

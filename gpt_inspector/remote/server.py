@@ -12,6 +12,7 @@ import hmac
 import json
 import sys
 import threading
+import time
 import traceback
 from http import HTTPStatus
 from urllib.parse import parse_qs, urlsplit
@@ -25,6 +26,7 @@ from ..core.session import Session
 from ..core.source import model_refusals
 from ..core.step import top_entries
 from . import wire
+from .labs import LabOps
 from .reads import ReadOps
 
 BUSY = "another client is connected to this engine; close it first (one client at a time)"
@@ -49,7 +51,7 @@ def step_json(s) -> dict:
             "finish_reason": s.finish_reason, "prob": s.prob, "top": _top(s.top), "stages": stages}  # fmt: skip
 
 
-class Engine(ReadOps):
+class Engine(ReadOps, LabOps):
     """The loaded model and its session, and every operation of ``wire.OPS`` on them."""
 
     def __init__(self, lm, session: Session | None = None):
@@ -59,9 +61,13 @@ class Engine(ReadOps):
         self.stopping = threading.Event()  # Ctrl+C: a long run stops after its current step
 
     # ------------------------------------------------------------------ dispatch
-    def handle(self, op: str, args: dict) -> tuple[object, list[torch.Tensor]]:
+    def handle(self, op: str, args: dict, job=None) -> tuple[object, list[torch.Tensor]]:
+        """``op_<op>(**args)``; a long job (``wire.JOB_OPS``) also gets ``job``: its link (see ``labs``)."""
         with self.lock:
-            return getattr(self, f"op_{op}")(**args)
+            return getattr(self, f"op_{op}")(**args, **({"job": job} if op in wire.JOB_OPS else {}))
+
+    def op_cancel(self):  # a cancel with no job running: it has nothing to stop
+        return False, []
 
     def _s(self) -> Session:
         if self.session is None:
@@ -292,7 +298,8 @@ class Server:
         rid = None
         try:
             op, rid, args = wire.check_request(data)
-            result, tensors = self.engine.handle(op, args)
+            job = _Job(self, conn, rid) if op in wire.JOB_OPS else None
+            result, tensors = self.engine.handle(op, args, job)
             head, frames = wire.reply(rid, result, tensors)
         except (InspectorError, StepFailed) as e:
             head, frames = wire.reply(getattr(e, "rid", None) if rid is None else rid, error=_one_line(e))
@@ -311,6 +318,62 @@ class Server:
     def shutdown(self) -> None:
         self.engine.stopping.set()
         self.ws.shutdown(reason="the engine is shutting down")
+
+
+class _Job:
+    """A long op's link while it runs on the connection's thread: progress notes go out, and what the
+    client sent meanwhile is read between two steps: a cancel is acknowledged and stops the job,
+    anything else is refused in one line. A link that drops stops it too (the session stays)."""
+
+    NOTE_S = 0.05  # at most one note this often (and the last one): a slow link carries no flood of them
+
+    def __init__(self, server: Server, conn, rid: int):
+        self.server, self.conn, self.rid = server, conn, rid
+        self.stop = False
+        self._sent = -1.0
+
+    def progress(self, what: str, done: int, total: int) -> None:
+        now = time.monotonic()
+        if not self.stop and (now - self._sent >= self.NOTE_S or done == total):
+            self._sent = now
+            self._send(wire.note(self.rid, what, done, total))
+        self._poll()
+
+    def cancelled(self) -> bool:
+        self._poll()
+        return self.stop or self.server.engine.stopping.is_set()
+
+    def _send(self, *frames) -> None:
+        try:
+            for f in frames:
+                self.conn.send(f)
+        except Exception as e:  # the client is gone: the job stops, its reply goes nowhere
+            if not _closed(e):
+                raise
+            self.stop = True
+
+    def _poll(self) -> None:
+        while not self.stop:
+            try:
+                data = self.conn.recv(timeout=0)
+            except TimeoutError:
+                return
+            except Exception as e:
+                if not _closed(e):
+                    raise
+                self.stop = True
+                return
+            try:
+                op, rid, _ = wire.check_request(data)
+                if op == "cancel":
+                    self.stop = True
+                    head, frames = wire.reply(rid, True)
+                else:
+                    head, frames = wire.reply(rid, error=f"request {self.rid} is still running: only cancel is taken "
+                                              "until it ends")  # fmt: skip
+            except wire.WireError as e:
+                head, frames = wire.reply(e.rid, error=_one_line(e))
+            self._send(head, *frames)
 
 
 def _one_line(e: BaseException) -> str:

@@ -23,7 +23,7 @@ from ..core.source import RunSource
 from .wire import MAX_THEN, THEN_OPS
 
 # what runs only where the model is, for now: each refusal is the one line a front end shows
-NOT_REMOTE = ("kvlab", "compare")
+NOT_REMOTE: tuple[str, ...] = ()
 QKV = ("queries", "keys", "values")
 MOVING = ("p0", "p1", "keys", "k0", "k1")  # the arguments that name positions
 

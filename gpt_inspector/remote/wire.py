@@ -18,6 +18,7 @@ import numpy as np
 import torch
 
 from ..core.errors import InspectorError
+from ..core.kvlab.registry import NAMES as POLICIES  # names only: the registry imports no torch
 
 # a request is a short JSON header; the biggest legitimate one is a head edit's patch source
 # (one token id per position) or a long prompt, well under this
@@ -93,6 +94,11 @@ class Arg:
             if v not in self.n:
                 raise WireError(f"argument {name!r} must be one of {', '.join(self.n)}")
             return v
+        if kind == "floats":
+            if not isinstance(v, list) or len(v) > self.n:
+                raise WireError(f"argument {name!r} must be a list of at most {self.n} numbers")
+            item = Arg("float", lo=self.lo, hi=self.hi)
+            return [item.check(f"{name}[]", x) for x in v]
         if kind == "ints":
             if not isinstance(v, list) or len(v) > self.n:
                 raise WireError(f"argument {name!r} must be a list of at most {self.n} integers")
@@ -167,6 +173,46 @@ THEN_OPS = ("overview_bins", "attention_rows", "allowed_rows", "qkv_rows", "bias
             "attention_block")  # fmt: skip
 MAX_THEN = 12
 _KEYS = Arg("int", False, True, 0, MAX_INT)
+
+# the KV cache lab and compare, run on the engine (remote/labs.py): long jobs (JOB_OPS) send progress
+# notes before their reply and stop at a "cancel" request sent meanwhile
+_LAB = Arg("int", lo=0, hi=MAX_ID)
+_OPT = Arg("int", False, True, 0, MAX_INT)
+LAB_OPTIONS = {"sinks": _OPT, "recent": _OPT, "window": _OPT, "group": _OPT, "residual": _OPT, "page": _OPT,
+               "scheme": Arg("choice", False, True, n=("kivi", "transformers")), "schedule": Arg("str", False, True, n=32),
+               "share": Arg("choice", False, True, n=("head", "layer")), "layer_budgets": Arg("int_lists", False, True)}  # fmt: skip
+LAB_OPS: dict[str, dict[str, Arg]] = {
+    "cancel": {},  # answered at once (whether a job was running); the job's own reply says where it stopped
+    "kvlab_run": {
+        "policy": Arg("choice", n=POLICIES),
+        "budget": Arg("int", False, True, 0, MAX_INT),
+        "steps": Arg("int", lo=0, hi=1 << 16),
+        "free_running": Arg("bool", False),
+        "options": Arg("object", False, True, n=LAB_OPTIONS),
+    },  # fmt: skip
+    "kvlab_step": {"lab": _LAB},
+    "kvlab_back": {"lab": _LAB},
+    "kvlab_probe": {"lab": _LAB},
+    "kvlab_rows": {"lab": _LAB},
+    "compare": {
+        "max_new_tokens": Arg("int", False, True, 1, MAX_INT),
+        "max_length": Arg("int", False, True, 1, MAX_INT),
+        "num_beams": Arg("int", False, lo=1, hi=64),
+        "num_return_sequences": Arg("int", False, lo=1, hi=64),
+        "length_penalty": Arg("float", False, lo=-1e6, hi=1e6),
+        "early_stopping": Arg("choice", False, n=("false", "true", "never")),
+        "samples": Arg("int", False, lo=0, hi=1024),
+        "temperatures": Arg("floats", False, True, 0.0, 1e6, 64),
+        "temperature": Arg("float", False, lo=0.0, hi=1e6),
+        "top_k": Arg("int", False, True, 1, MAX_INT),
+        "top_p": Arg("float", False, True, 0.0, 1.0),
+        "seed": Arg("int", False, lo=0, hi=(1 << 63) - 1),
+        "sampler": _SETTINGS,
+        "prompt_lookup_num_tokens": Arg("int", False, True, 1, 1 << 16),
+    },  # fmt: skip
+}
+JOB_OPS = ("kvlab_run", "kvlab_step", "kvlab_probe", "compare")
+MAX_NOTE_BYTES = 1024
 
 # every operation the server knows, with its arguments; anything else is refused
 OPS: dict[str, dict[str, Arg]] = {
@@ -254,6 +300,7 @@ OPS: dict[str, dict[str, Arg]] = {
         "layers": Arg("ints", False, True, lo=0, hi=4096, n=4096),
         "tolerance": Arg("float", False, True, 0.0, 1e6),
     },  # fmt: skip
+    **LAB_OPS,
 }
 
 
@@ -319,6 +366,29 @@ def reply(rid: int, result=None, tensors=(), error: str | None = None) -> tuple[
     # a reply may carry -inf (a logit a model masks out of its vocabulary): JSON's NaN/Infinity words,
     # which Python's reader takes; requests stay strict
     return json.dumps(head), frames
+
+
+def note(rid: int, what: str, done: int, total: int) -> str:
+    """A long job's progress note, sent before its reply: ``{"id", "progress": [what, done, total]}``."""
+    return json.dumps({"id": rid, "progress": [str(what)[:64], int(done), int(total)]})
+
+
+def check_note(data, expected_id: int) -> tuple[str, int, int] | None:
+    """(what, done, total) of a progress note for request ``expected_id``; None where ``data`` is not a note."""
+    if not isinstance(data, str) or len(data) > MAX_NOTE_BYTES or '"progress"' not in data:
+        return None
+    try:
+        head = json.loads(data)
+    except ValueError:
+        return None
+    if not isinstance(head, dict) or set(head) != {"id", "progress"}:
+        return None
+    p = head["progress"]
+    if head["id"] != expected_id or not isinstance(p, list) or len(p) != 3 or not isinstance(p[0], str):
+        raise WireError("the engine sent a malformed progress note")
+    if any(isinstance(x, bool) or not isinstance(x, int) or not 0 <= x <= MAX_INT for x in p[1:]):
+        raise WireError("the engine sent a malformed progress note")
+    return p[0], p[1], p[2]
 
 
 def tensor_meta(meta) -> tuple[str, tuple[int, ...], int]:

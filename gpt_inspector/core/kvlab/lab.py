@@ -135,6 +135,18 @@ def policy_rows(source, layer: int) -> tuple[np.ndarray, np.ndarray | None] | No
     return evicted, np.stack([k, v])
 
 
+def final_rows(lab) -> dict:
+    """After the last step, per layer and KV head: the evicted positions, or each row's quantization
+    error (relative L2 of what attention read against the full-precision entry, keys and values)."""
+    if not lab.history:
+        return {}
+    n = lab.lm.n_layers
+    if lab.policy.kind == "quantization":
+        errs = [lab.row_error(i) for i in range(n)]
+        return {"row_error": [{"keys": k.round(6).tolist(), "values": v.round(6).tolist()} for k, v in errs]}
+    return {"evicted_rows": [[[int(p) for p in row.nonzero()[0]] for row in lab.evicted(i)] for i in range(n)]}
+
+
 class KVLab:
     """Run ``policy`` on ``lm`` from ``prompt`` beside the full-cache reference.
 

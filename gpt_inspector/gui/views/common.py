@@ -17,7 +17,6 @@ from PySide6.QtWidgets import (
     QHeaderView,
     QLabel,
     QLayout,
-    QPushButton,
     QSizePolicy,
     QSplitter,
     QTableWidget,
@@ -486,20 +485,3 @@ class FlowLayout(QLayout):
             x += hint.width() + self._gap
             line = max(line, hint.height())
         return y + line - rect.y() + m.bottom()
-
-
-class RefusesRun:
-    """A panel whose ``run_button`` a remote engine may disable: ``refuse(why)`` greys it out, its tooltip
-    saying why; ``refuse(None)`` gives it back (with the tooltip it had)."""
-
-    refused: str | None = None
-    run_button: QPushButton
-
-    def refuse(self, why: str | None) -> None:
-        if why == self.refused:
-            return
-        if self.refused is None:
-            self._tip = self.run_button.toolTip()
-        self.refused = why
-        self.run_button.setToolTip(self._tip if why is None else why)
-        self.run_button.setEnabled(why is None)

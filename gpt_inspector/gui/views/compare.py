@@ -1,14 +1,17 @@
 """Decoding comparison panel: greedy, beam search and seeded samples side by side, and two trees.
 
 Display only. The comparison (``gpt_inspector.core.compare.compare``) runs on the worker thread;
-``create_panel`` wires the Compare button to ``window.run_in_worker`` and hands the ``Comparison``
-to ``ComparePanel.show_result``; "Inspect beam" shows the chosen beam in the main window, read-only.
+``create_panel`` wires the Compare button to ``window.run_in_worker`` (on a remote engine's session
+the engine compares: ``RemoteSession.remote_compare``) and hands the ``Comparison`` to
+``ComparePanel.show_result``; Stop ends it between two tokens; "Inspect beam" shows the chosen beam
+in the main window, read-only (a local comparison's: a remote one's beams stay on the engine).
 The table has one row per ``Comparison.rows`` entry, whatever its kind; the trees are in ``compare_tree``.
 """
 
 from __future__ import annotations
 
 import html
+import threading
 from typing import TYPE_CHECKING
 
 from PySide6.QtCore import Qt, Signal
@@ -29,7 +32,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from .common import FlowLayout, PanelJob, RefusesRun, column, group, splitter, vbox, wrapped_label
+from .common import FlowLayout, PanelJob, column, group, splitter, vbox, wrapped_label
 from .compare_tree import _AFTER_BG, _PARTS_BG, _PROB_BG, BeamTreeView, FanoutTreeView
 
 if TYPE_CHECKING:
@@ -38,11 +41,12 @@ if TYPE_CHECKING:
 PANEL_TITLE = "Compare decoding"
 PANEL_AREA = "bottom"
 
+REMOTE_INSPECT = "this comparison ran on the remote engine: its beams stay there (inspect one where the model is)"
 # cell and node states, stored on the items (Qt.UserRole) so tests and tooltips can read them
 SAME, PARTS, AFTER = "same", "parts", "after"
 
 
-class ComparePanel(RefusesRun, QWidget):  # a remote engine greys Run out (refuse)
+class ComparePanel(QWidget):
     """Greedy, beams 1..R and the seeded sample side by side; where they part from greedy highlighted.
 
     ``show_result(result)`` takes the ``Comparison`` that ``gpt_inspector.core.compare.compare``
@@ -54,6 +58,7 @@ class ComparePanel(RefusesRun, QWidget):  # a remote engine greys Run out (refus
     compare_requested = Signal(dict)
     inspect_requested = Signal(int)  # returned sequence r: show it in the main window, read-only
     result_shown = Signal()  # a comparison came back and is on screen (or its error)
+    progressed = Signal(str, int)  # what runs, its token: emitted on the worker, shown here
 
     def __init__(self, parent: QWidget | None = None):
         super().__init__(parent)
@@ -81,6 +86,8 @@ class ComparePanel(RefusesRun, QWidget):  # a remote engine greys Run out (refus
             toolTip="Run greedy, beam search and sampling on this prompt side by side",
             clicked=lambda: self.compare_requested.emit(self.settings()),
         )
+        self.stop = threading.Event()  # read by the job on the worker between two tokens (sent to a remote engine)
+        self.stop_button = QPushButton("Stop", enabled=False, toolTip="Stop the comparison", clicked=self.stop.set)
         self.beams.valueChanged.connect(lambda v: self.returns.setMaximum(v))
         for w in (self.temperatures, self.seed):
             self.samples.valueChanged.connect(lambda n, w=w: w.setEnabled(n > 0))
@@ -96,6 +103,7 @@ class ComparePanel(RefusesRun, QWidget):  # a remote engine greys Run out (refus
         )
         controls.addWidget(group(QLabel("assisted"), self.lookup))
         controls.addWidget(self.run_button)
+        controls.addWidget(self.stop_button)
 
         self.summary = wrapped_label("Compare greedy decoding, beam search and a seeded sample on the session's prompt.",
                                      rich=True, selectable=True)  # fmt: skip
@@ -132,6 +140,7 @@ class ComparePanel(RefusesRun, QWidget):  # a remote engine greys Run out (refus
         self.inspect_button = QPushButton("Inspect beam", enabled=False, toolTip=(
             "Show this beam's attention, Q/K/V and KV cache in the main window, read-only "
             "as a run of its own: the live session stays in the run switcher above the panels"))  # fmt: skip
+        self._inspect_tip = self.inspect_button.toolTip()
         self.inspect_button.clicked.connect(lambda: self.inspect_requested.emit(self.inspect_pick.currentIndex()))
         controls.addWidget(group(self.inspect_pick, self.inspect_button))
 
@@ -165,9 +174,14 @@ class ComparePanel(RefusesRun, QWidget):  # a remote engine greys Run out (refus
         return out
 
     def set_busy(self, busy: bool, text: str = "") -> None:
-        self.run_button.setEnabled(not busy and self.refused is None)
+        self.run_button.setEnabled(not busy)
+        self.stop_button.setEnabled(busy)
         if text:
             self.summary.setText(text)
+
+    def show_progress(self, what: str, step: int) -> None:
+        if self.job is not None and self.job.running:
+            self.summary.setText(f"Comparing… {what}: token {step}")
 
     def show_error(self, message: str) -> None:
         self.set_busy(False)
@@ -192,9 +206,10 @@ class ComparePanel(RefusesRun, QWidget):  # a remote engine greys Run out (refus
         self.result = result
         self.inspect_pick.clear()
         self.inspect_pick.addItems([f"beam {r + 1}  ({b['score']:.3f})" for r, b in enumerate(result.beams)])
-        can = bool(result.beams)
+        can = bool(result.beams) and result.search is not None  # a remote comparison's beams stay on the engine
         self.inspect_pick.setEnabled(can)
         self.inspect_button.setEnabled(can)
+        self.inspect_button.setToolTip(self._inspect_tip if result.search is not None else REMOTE_INSPECT)
         p = int(result.prompt_length)
         rows: list[tuple[str, dict]] = [(r["name"], dict(r)) for r in result.rows]
         self.row_names = [name for name, _ in rows]
@@ -281,15 +296,25 @@ def _html(s: str) -> str:
     return html.escape(str(s), quote=False).replace("\n", "↵")
 
 
-def _compare_job(settings: dict):
+def _compare_job(settings: dict, panel: ComparePanel):
     """What the worker runs: a comparison on the shown source's prompt (never on the GUI thread)."""
 
     def job(source):
         from ...core.compare import compare
+        from ...core.errors import Cancelled
 
-        source.live.require("compare")  # a trace or a remote engine says why not, in one line
-        assert source.lm is not None  # a source whose live allows "compare" has its model
-        return compare(source.lm, prompt_ids=list(source.prompt_ids), **settings)
+        source.live.require("compare")  # a trace says why not, in one line
+        if getattr(source, "engine", None) is not None:  # the engine compares; its rows and trees come back
+            return source.remote_compare(**settings, progress=lambda what, i, _n: panel.progressed.emit(what, i),
+                                         cancelled=panel.stop.is_set)  # fmt: skip
+
+        def progress(what: str, step: int) -> None:
+            panel.progressed.emit(what, step + 1)
+            if panel.stop.is_set():
+                raise Cancelled("the comparison was stopped")
+
+        assert source.lm is not None  # a local source whose live allows "compare" has its model
+        return compare(source.lm, prompt_ids=list(source.prompt_ids), progress=progress, **settings)
 
     return job
 
@@ -305,7 +330,8 @@ def create_panel(window) -> ComparePanel:
     panel.job = PanelJob(window, panel.set_busy, failed)
 
     def request(settings: dict) -> None:
-        panel.job.submit(_compare_job(settings), panel.show_result, "Comparing…")
+        panel.stop.clear()
+        panel.job.submit(_compare_job(settings, panel), panel.show_result, "Comparing…")
 
     def inspect(r: int) -> None:
         result = panel.result
@@ -315,6 +341,7 @@ def create_panel(window) -> ComparePanel:
         # here and handed to the worker, which owns whatever the window shows
         window.show_source(result.beam_view(r), name=f"Beam {r + 1}")  # a run of its own: the live session stays
 
+    panel.progressed.connect(panel.show_progress)  # a bound method: queued to this thread (a lambda would not be)
     panel.compare_requested.connect(request)
     panel.inspect_requested.connect(inspect)
     return panel

@@ -2,11 +2,14 @@
 
 ``KVLabPanel`` only displays; ``create_panel(window)`` runs the lab (two sessions: the reference
 and the policy run, built from the shown session's model and prompt) on the worker thread, so
-the GUI thread never runs the model. What comes back is a ``LabView``: copies, never the lab.
+the GUI thread never runs the model; on a remote engine's session the engine runs it
+(``RemoteSession.remote_kvlab``) and only the steps shown come back. What comes back is a
+``LabView``: copies, never the lab. Stop ends a Run after its current step (the steps made stay).
 """
 
 from __future__ import annotations
 
+import threading
 from dataclasses import dataclass
 
 import numpy as np
@@ -26,12 +29,13 @@ from PySide6.QtWidgets import (
 from ...core.errors import InspectorError
 from ...core.kvlab.registry import NAMES as POLICIES  # the registry imports no torch: neither does the panel
 from ...core.kvlab.registry import QUANT, rule
-from .common import FlowLayout, PanelJob, RefusesRun, group, report_error, table, vbox, wrapped_label
+from .common import FlowLayout, PanelJob, group, report_error, table, vbox, wrapped_label
 
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
 WIDE = 640  # px: from this width the KL plot and the bytes table sit side by side
 # the schedule picker's items: what it shows, what the policy takes (core.kvlab.serving)
+REMOTE_SHOW = "the policy run stays on the engine: its steps, bytes and probe are shown here"
 SCHEDULES = (("every step", "step"), ("prefill only", "prefill"), ("every 2 steps", 2), ("every 4 steps", 4),
              ("every 8 steps", 8), ("append-only", "append"))  # fmt: skip
 
@@ -60,7 +64,7 @@ class LabView:
         return LabView(self.policy, self.free_running, steps, first, parted if self.free_running else None)
 
 
-class KVLabPanel(RefusesRun, QWidget):  # a remote engine greys Run out (refuse)
+class KVLabPanel(QWidget):
     """Policy controls, the per-step KL / top-1 plot with the first divergence marked, bytes per layer."""
 
     run_requested = Signal()
@@ -106,6 +110,11 @@ class KVLabPanel(RefusesRun, QWidget):  # a remote engine greys Run out (refuse)
         )
         self.run_button = QPushButton("Run", toolTip="Start a lab from this session's prompt and run the steps")
         self.run_button.clicked.connect(self.run_requested)
+        # read by the job on the worker between two lab steps (a remote one: sent to the engine)
+        self.stop = threading.Event()
+        self.stop_button = QPushButton("Stop", enabled=False, toolTip="End the Run after its current step: the "
+                                       "steps made so far stay, and Step goes on from them")  # fmt: skip
+        self.stop_button.clicked.connect(self.stop.set)
         # the other buttons act on a lab: off until Run made one
         self.step_button = QPushButton("Step", toolTip="One more lab step", enabled=False)
         self.step_button.clicked.connect(self.step_requested)
@@ -118,6 +127,7 @@ class KVLabPanel(RefusesRun, QWidget):  # a remote engine greys Run out (refuse)
         self.show_button = QPushButton("Show policy run", enabled=False, toolTip="Show the policy run in the window: evicted "
                                        "entries are masked columns in the score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
         self.show_button.clicked.connect(self.show_requested)
+        self._show_tip = self.show_button.toolTip()
         self.policy.currentTextChanged.connect(self._policy_changed)
         self.status = wrapped_label("pick a policy and a budget, then Run: the lab steps it beside the full cache")
         self.bytes_label = QLabel("")
@@ -143,7 +153,8 @@ class KVLabPanel(RefusesRun, QWidget):  # a remote engine greys Run out (refuse)
         top = FlowLayout(spacing=6)
         for w in (group(QLabel("policy"), self.policy), group(QLabel("budget"), self.budget),
                   group(QLabel("evict"), self.schedule), group(QLabel("page"), self.page), self.shared,
-                  group(QLabel("steps"), self.steps), self.free, self.run_button, self.step_button, self.back_button,
+                  group(QLabel("steps"), self.steps), self.free, self.run_button, self.stop_button, self.step_button,
+                  self.back_button,
                   self.probe_button, self.show_button):  # fmt: skip
             top.addWidget(w)
         self.split = QSplitter(Qt.Horizontal)
@@ -178,7 +189,11 @@ class KVLabPanel(RefusesRun, QWidget):  # a remote engine greys Run out (refuse)
     def set_busy(self, busy: bool, text: str = "") -> None:
         for b in (self.run_button, self.step_button, self.back_button, self.probe_button, self.show_button):
             b.setEnabled(not busy and (b is self.run_button or self.view is not None))
-        self.run_button.setEnabled(not busy and self.refused is None)
+        self.stop_button.setEnabled(busy)
+        remote = self.lab is not None and self.lab.run is None  # a lab on a remote engine: its runs stay there
+        if remote:
+            self.show_button.setEnabled(False)
+        self.show_button.setToolTip(REMOTE_SHOW if remote else self._show_tip)
         if busy:
             self.status.setText(text)
 
@@ -261,15 +276,23 @@ def create_panel(window) -> KVLabPanel:
         if not panel.job.running:
             panel.following = False  # a fresh lab: not the one shown in the window
 
+        panel.stop.clear()
+
         def job(src):
             from ...core.kvlab import KVLab, make
 
             src.live.require("kvlab")
+            if getattr(src, "engine", None) is not None:  # the engine runs it and sends the steps
+                lab = src.remote_kvlab(name, budget, n, free, opts, progress=lambda _w, i, _n: panel.progressed.emit(
+                    name, i, n), cancelled=panel.stop.is_set)  # fmt: skip
+                return lab, LabView.of(lab)
             d = src.decoding
             lab = KVLab(src.lm, policy=make(name, budget, **opts), prompt_ids=list(src.prompt_ids), free_running=free,
                         temperature=d.temperature, top_k=d.top_k, top_p=d.top_p, seed=src.seed)  # fmt: skip
             for i, _ in enumerate(lab.steps(n), 1):
                 panel.progressed.emit(name, i, n)  # queued to the GUI thread
+                if i < n and panel.stop.is_set():
+                    break
             return lab, LabView.of(lab)
 
         def done(result) -> None:
@@ -291,7 +314,7 @@ def create_panel(window) -> KVLabPanel:
         panel.job.submit(job, show or panel.show_view, what)
 
     def show() -> None:
-        if panel.lab is None or panel.job.running:
+        if panel.lab is None or panel.lab.run is None or panel.job.running:
             return
         # the worker owns the lab's sessions already; from here the window steps the policy run itself
         snap = window.snapshot
