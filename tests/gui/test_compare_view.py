@@ -313,3 +313,23 @@ def test_an_assisted_row_beside_greedy(qtbot, make_window):
     assert r.assisted is not None and r.assisted["assisted"]["mode"] == "prompt lookup"
     last = len(r.rows) - 1  # the assisted row walks greedy's path through the fan-out tree, node for node
     assert [n["id"] for n in r.fanout_tree if last in n["rows"]] == [n["id"] for n in r.fanout_tree if 0 in n["rows"]]
+
+
+def test_stop_ends_a_long_comparison_and_compare_runs_again(make_window, qtbot, no_dialogs):
+    win = make_window()
+    panel = win.compare_panel
+    win.raise_panel(panel)
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=10000)
+    panel.new_tokens.setValue(30)
+    panel.samples.setValue(64)  # 64 samples at 16 temperatures of 30 tokens: minutes, unless stopped
+    panel.temperatures.setText(", ".join(f"{0.5 + i / 10:g}" for i in range(16)))
+    assert not panel.stop_button.isEnabled()
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: "sample: token" in panel.summary.text(), timeout=60000)  # its progress, as it runs
+    qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: not panel.job.running, timeout=20000)
+    assert "stopped" in panel.summary.text() and panel.result is None and not panel.stop_button.isEnabled()
+    panel.samples.setValue(0)
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.result is not None and not panel.job.running, timeout=60000)
+    assert panel.inspect_button.isEnabled() and not no_dialogs  # a local comparison's beams can be inspected
