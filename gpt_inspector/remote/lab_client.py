@@ -177,8 +177,8 @@ class RemoteLab:
     def summary(self) -> dict:
         return dict(self._summary)
 
-    def step(self, progress=None, cancelled=None):
-        self._take(*self._do("kvlab_step", progress, cancelled))  # type: ignore[arg-type]
+    def step(self):
+        self._take(*self._client._call_t("kvlab_step", lab=self.id))  # type: ignore[arg-type]
         return self.history[-1]
 
     def steps(self, n: int):

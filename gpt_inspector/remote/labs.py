@@ -89,7 +89,7 @@ class LabOps:
             raise InspectorError(GONE)
         return self.lab
 
-    def op_kvlab_step(self, lab, job=None):
+    def op_kvlab_step(self, lab):
         the = self._lab(lab)
         the.step()
         return self._lab_reply(len(the.history) - 1)

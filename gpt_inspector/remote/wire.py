@@ -2,7 +2,9 @@
 
 A request is one text frame: a JSON object ``{"op": str, "id": int, "args": {...}}``. A reply is one
 text frame ``{"id": int, "ok": bool, "result" | "error": ..., "tensors": [{"dtype", "shape"}, ...]}``
-followed by one binary frame per tensor: its raw little-endian bytes, C order. Nothing is pickled,
+followed by one binary frame per tensor: its raw little-endian bytes, C order. A long job
+(``JOB_OPS``) sends progress notes ``{"id", "progress": [what, done, total]}`` before its reply, and
+reads a ``cancel`` request sent meanwhile (answered at once, before or after the job's reply). Nothing is pickled,
 and nothing in a message is used before ``check_request`` (or ``check_reply`` on the client) has
 checked its size, its types and its ranges against ``OPS``.
 """
@@ -211,7 +213,7 @@ LAB_OPS: dict[str, dict[str, Arg]] = {
         "prompt_lookup_num_tokens": Arg("int", False, True, 1, 1 << 16),
     },  # fmt: skip
 }
-JOB_OPS = ("kvlab_run", "kvlab_step", "kvlab_probe", "compare")
+JOB_OPS = ("kvlab_run", "kvlab_probe", "compare")
 MAX_NOTE_BYTES = 1024
 
 # every operation the server knows, with its arguments; anything else is refused
