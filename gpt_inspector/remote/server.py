@@ -26,6 +26,7 @@ from ..core.source import model_refusals
 from ..core.step import top_entries
 from . import wire
 from .reads import ReadOps
+from .session_ops import SessionOps, chat_json
 
 BUSY = "another client is connected to this engine; close it first (one client at a time)"
 BAD_TOKEN = "a valid token is required: use the whole URL that gpt-inspector serve printed"
@@ -49,7 +50,7 @@ def step_json(s) -> dict:
             "finish_reason": s.finish_reason, "prob": s.prob, "top": _top(s.top), "stages": stages}  # fmt: skip
 
 
-class Engine(ReadOps):
+class Engine(ReadOps, SessionOps):
     """The loaded model and its session, and every operation of ``wire.OPS`` on them."""
 
     def __init__(self, lm, session: Session | None = None):
@@ -79,7 +80,7 @@ class Engine(ReadOps):
     def state(self) -> dict:
         s = self._s()
         return {"prompt": s.prompt, "prompt_ids": list(s.prompt_ids), "seed": s.seed,
-                "attention_layers": list(s.attention_layers), **self._sync(s, 0, 0)}  # fmt: skip
+                "attention_layers": list(s.attention_layers), "chat": chat_json(s.chat), **self._sync(s, 0, 0)}  # fmt: skip
 
     @staticmethod
     def _sync(s: Session, tokens_from: int, steps_from: int, changed_from: int = 0) -> dict:
@@ -117,8 +118,11 @@ class Engine(ReadOps):
     def op_state(self):
         return self.state(), []
 
-    def op_open(self, prompt, seed=0, temperature=0.0, top_k=None, top_p=None, settings=None):
-        self.session = Session(self.lm, prompt, temperature, top_k, top_p, seed, **(settings or {}))
+    def op_open(self, prompt, seed=0, temperature=0.0, top_k=None, top_p=None, settings=None, chat=None):
+        start = {"prompt": prompt} if chat is None else {"prompt": prompt, **chat}  # a chat: the template is here
+        self.session = Session(self.lm, **start, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                               **(settings or {}))  # fmt: skip
+        self.assisted = None
         return self.state(), []
 
     def op_step(self, then=None):
