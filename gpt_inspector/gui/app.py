@@ -103,9 +103,12 @@ def _offer_restore(win) -> dict | None:
     if found is None:
         return None
     recipe, owner = found
+    remote = "remote" in recipe  # it ran on an engine: reconnect there, or rebuild it there if the engine lost it
     answer = QMessageBox.question(
-        win, "Restore the last session?",
-        "gpt-inspector saved your last session:\n\n" + autosave.summary(recipe) + "\n\nRestore it?",
+        win, "Reconnect to the last session?" if remote else "Restore the last session?",
+        "gpt-inspector saved your last session:\n\n" + autosave.summary(recipe) + "\n\n"
+        + ("Reconnect to the engine and take it back (rebuilt there from the saved recipe if the engine no "
+           "longer holds it)?" if remote else "Restore it?"),
         QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes,
     )  # fmt: skip
     if answer == QMessageBox.StandardButton.Yes:
@@ -200,7 +203,7 @@ def run(args) -> int:
     if screenshot:  # the offscreen screen is 800x800: a first window that fits it elided the tabs ("Ne…")
         win.resize(*(_get(args, "screenshot_size") or SCREENSHOT_SIZE))
     win.persist_layout = not screenshot
-    prompt = _get(args, "prompt")
+    prompt = prompt_given = _get(args, "prompt")
     if chat is not None:
         win.session_panel.set_chat(chat)
         prompt = ""
@@ -227,7 +230,13 @@ def run(args) -> int:
     ):
         recipe = _offer_restore(win)
     if remote is not None:
+        from .remote_link import offer_rebuild
+
+        # the engine restarted since this window's last session on it: offer to rebuild that session there
+        rebuild = offer_rebuild(win, remote) if not screenshot and prompt_given is None and chat is None else None
         win.show_source(remote)  # the live session, on the engine: the controls show its prompt and seed
+        if rebuild is not None:
+            win.restore(rebuild)
     elif recipe is not None:
         win.restore(recipe)
     else:

@@ -217,8 +217,10 @@ class Worker(QObject):
     def _autosave(self) -> None:
         """Write the session recipe when it changed (every step of a run included)."""
         live = self.runs.live  # the live session, whichever run is shown
-        if not self.autosave or live is None or live.obj.lm is None:
-            return  # a remote session is the engine's: it keeps it (and saves its recipe when stopped)
+        if not self.autosave or live is None:
+            return
+        if live.obj.lm is None:  # a remote engine's session: the engine keeps it, the file the way back to it
+            return self.remote.autosave(live.obj)
         recipe = live.obj.recipe()
         lm = live.obj.lm
         recipe["load"] = _placement(lm)
@@ -302,13 +304,17 @@ class Worker(QObject):
         lm = _load_model(model)
         sess = Session(lm, **session.session_kwargs())
         self.lm, self.model_spec = lm, model
+        old = self.runs.live
         self.loaded.emit(self._describe())
         self._show(sess)
+        self.remote.detach(None if old is None else old.obj)  # a remote engine's link closes: the session is here now
 
     @handles(C.Restore)
     def _do_restore(self, serial, cmd: C.Restore) -> None:
         """Load the recipe's model and replay it; pickle and remote code stay off on restore."""
         recipe = cmd.recipe
+        if "remote" in recipe:  # a session on a remote engine: back to it there
+            return self.remote.restore(recipe)
         try:
             check_recipe(recipe)  # whole, before a model loads
         except InspectorError as e:

@@ -88,7 +88,7 @@ class RemoteAssisted:
         if not isinstance(n, int) or not 0 <= n - len(new) <= len(self.rounds):
             raise WireError("the engine sent a round count that does not match the rounds so far")
         self.rounds = self.rounds[: n - len(new)] + new
-        labels = d["labels"]
+        labels = d["round_labels"]
         if not isinstance(labels, list) or not all(isinstance(x, list) and len(x) == 2 for x in labels):
             raise WireError("the engine sent malformed token labels")
         self.session._label_of.update({_int(i, "token id"): str(lab) for i, lab in labels})

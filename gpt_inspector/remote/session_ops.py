@@ -63,8 +63,12 @@ class SessionOps:
     def _draft(self, folder: str):
         from ..core.models import load_model
 
-        p = Path(folder).expanduser()
-        if not p.is_dir():
+        try:
+            p = Path(folder).expanduser()
+            found = p.is_dir()
+        except (RuntimeError, ValueError, OSError):  # ~someone unknown here, a NUL byte: no such folder either
+            found = False
+        if not found:
             # the laptop names it, the engine loads it: only what is already on this machine, never a download
             raise InspectorError(f"no folder {folder!r} on the engine's machine: name a draft model saved there")
         key = str(p.resolve())
@@ -123,5 +127,5 @@ class SessionOps:
         new = a.rounds[since:]
         ids = sorted({t for r in new for t in (*r.proposed, *r.tokens)})
         return {**sync, "mode": a.mode, "n_rounds": len(a.rounds), "rounds": [r.to_json() for r in new],
-                "labels": [[i, s.label(i)] for i in ids], "max_length": a.max_length,
+                "round_labels": [[i, s.label(i)] for i in ids], "max_length": a.max_length,
                 "settings": a.settings}  # fmt: skip
