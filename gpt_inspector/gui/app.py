@@ -134,7 +134,7 @@ def _image_bytes(pixmap, fmt: str) -> bytes | None:
     return bytes(data.data()) if ok else None
 
 
-def _connect(args, sampler: dict):
+def _connect(args, sampler: dict, chat: dict | None = None):
     """The remote session ``--connect URL`` names (None without it): the server's own session, or a
     new one when ``--prompt`` is given or the server has none. InspectorError in one line otherwise."""
     url = _get(args, "connect")
@@ -144,10 +144,12 @@ def _connect(args, sampler: dict):
 
     r = RemoteSession(url)
     prompt = _get(args, "prompt")
-    if prompt is not None or not r.tokens:
+    if prompt is not None or chat is not None or not r.tokens:
         from .controls import DEFAULT_PROMPT
 
         extra = {k: v for k, v in sampler.items() if k not in ("temperature", "top_k", "top_p")}
+        if chat is not None:  # the turns: the engine's tokenizer applies its template
+            prompt, extra = "", {**extra, **chat}
         r.open(DEFAULT_PROMPT if prompt is None else prompt, sampler.get("temperature", 0.0), sampler.get("top_k"),
                sampler.get("top_p"), _get(args, "seed") or 0, **extra)  # fmt: skip
     return r
@@ -179,7 +181,7 @@ def run(args) -> int:
     if problem is not None:
         print(f"gpt-inspector: error: {problem}", file=sys.stderr)
         return 2
-    remote = _connect(args, sampler)  # a bad URL or token: one line, exit 2, before any window
+    remote = _connect(args, sampler, chat)  # a bad URL or token: one line, exit 2, before any window
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -247,7 +249,10 @@ def run(args) -> int:
     if n:
         win.run(n)
     if not screenshot:
-        return app.exec()
+        rc = app.exec()
+        if remote is not None:
+            remote.close()  # the engine's one client slot is free at once, not when the process ends
+        return rc
 
     status = {"rc": 0}
     # a local loop, not app.exec()/quit(): quitting the application would also stop every
@@ -288,4 +293,6 @@ def run(args) -> int:
     loop.exec()
     guard.stop()
     win.close()
+    if remote is not None:
+        remote.close()
     return status["rc"]

@@ -116,3 +116,17 @@ def test_the_cli_sends_chat_turns_and_assisted_decoding_over_connect(server, loc
     assert main([*args, "--out", str(tmp_path / "x.safetensors")]) == 2
     err = capsys.readouterr().err
     assert "no folder '/nowhere' on the engine's machine" in err and "Traceback" not in err
+
+
+def test_the_window_starts_a_chat_on_the_engine_from_the_command_line(server, local_lm, tmp_path, monkeypatch):
+    pytest.importorskip("pytestqt")
+    monkeypatch.setenv("QT_QPA_PLATFORM", "offscreen")
+    monkeypatch.setenv("GPT_INSPECTOR_SETTINGS", str(tmp_path / "settings.ini"))
+    png = tmp_path / "chat.png"
+    args = ["--connect", server.url, "--system", "Be terse.", "--user", "She eats", "--steps", "1"]
+    assert main([*args, "--screenshot", str(png)]) == 0 and png.stat().st_size > 0
+    with gi.connect(server.url) as r:  # the session the window drove: the engine's chat, one step on
+        s = gi.Session(local_lm, messages=MESSAGES[:2])
+        s.step()
+        assert r.prompt_ids == _hf_ids(local_lm, MESSAGES[:2]) and r.tokens == s.tokens
+        assert r.chat.roles == s.chat.roles
