@@ -52,7 +52,7 @@ def windows(qtbot):
     """``windows(obj=None)``: a shown window, on ``obj`` (a RemoteSession) when given; each stopped at the end."""
     from gpt_inspector.gui.main_window import MainWindow
 
-    made = []
+    made, links = [], []
 
     def make(obj=None):
         win = MainWindow(restore_layout=False)
@@ -60,6 +60,7 @@ def windows(qtbot):
         win.resize(1400, 900)
         win.show()
         if obj is not None:
+            links.append(obj)
             win.show_source(obj)
             wait(qtbot, win)
         win.activateWindow()
@@ -69,6 +70,8 @@ def windows(qtbot):
     yield make
     for win in made:
         win.worker.stop()
+    for obj in links:  # the engine's one client slot, free for the next test
+        obj.close()
 
 
 def wait(qtbot, win, timeout=30000):
