@@ -130,3 +130,30 @@ def test_the_window_starts_a_chat_on_the_engine_from_the_command_line(server, lo
         s.step()
         assert r.prompt_ids == _hf_ids(local_lm, MESSAGES[:2]) and r.tokens == s.tokens
         assert r.chat.roles == s.chat.roles
+
+
+def test_rounds_and_chats_from_the_engine_are_checked_before_use():
+    from gpt_inspector.remote import wire
+    from gpt_inspector.remote.assisted import chat_of, round_of
+
+    good = {"index": 0, "first_step": 0, "proposed": [5, 6, 7], "accepted": 1, "rejected": [6, 7], "tokens": [5, 9],
+            "target_cache_verified": 12, "target_cache": 10, "target_cache_bytes": 640, "draft_cache_proposed": None,
+            "draft_cache": None, "draft_cache_bytes": None, "seconds": 0.01}  # fmt: skip
+    assert round_of(good).tokens == (5, 9)
+    for bad in ({"accepted": 4}, {"rejected": [7]}, {"tokens": []}, {"proposed": [5, "6", 7]}, {"index": -1},
+                {"seconds": "0"}, {"extra": 1}):  # fmt: skip
+        with pytest.raises(wire.WireError):
+            round_of({**good, **bad})
+    chat = {"messages": MESSAGES[:1], "add_generation_prompt": True, "text": "x", "roles": ["template", "system"]}
+    assert chat_of(chat, [1, 2]).roles == ("template", "system")
+    with pytest.raises(wire.WireError, match="2 token roles for a prompt of 3"):
+        chat_of(chat, [1, 2, 3])
+    with pytest.raises(InspectorError, match="message 1"):
+        chat_of({**chat, "messages": [{"role": "user", "content": 3}]}, [1, 2])
+    # and a request's turns against the schema, before the engine sees them
+    ok = json.dumps({"op": "open", "id": 1, "args": {"prompt": "", "chat": {"messages": MESSAGES}}})
+    assert wire.check_request(ok)[2]["chat"]["messages"] == MESSAGES
+    for chat_arg in ({"messages": []}, {"messages": [{"role": "user"}]}, {"messages": MESSAGES, "tools": []},
+                     {"messages": [{"role": "user", "content": "x" * (wire.MAX_TEXT + 1)}]}):  # fmt: skip
+        with pytest.raises(wire.WireError):
+            wire.check_request(json.dumps({"op": "open", "id": 1, "args": {"prompt": "", "chat": chat_arg}}))
