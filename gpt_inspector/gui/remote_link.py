@@ -91,13 +91,14 @@ class RemoteLink:
         self.w.link.emit(True, f"reconnected to the engine at {obj.where}: the session is as the engine kept it")
 
     def detach(self, old) -> None:
-        """The live session is a local one now (Load): close the engine's link and stop watching it; the
-        engine keeps its session for a later ``--connect``."""
-        if old is None or old.engine is None:
+        """``old`` (a live session that another replaced: Load, a restore) is gone: close its engine's link,
+        if it had one; the engine keeps its session for a later ``--connect``."""
+        if old.engine is None:
             return
         old.close()
-        self.obj, self.down = None, False
-        self.w.link.emit(True, "")  # no engine any more: the banner and the status bar stop naming one
+        if self.obj is old:  # nothing else on an engine is shown: the banner and the status bar stop naming one
+            self.obj, self.down = None, False
+            self.w.link.emit(True, "")
 
     # -- autosave: the engine keeps the session; this window's file keeps the way back to it --------------
     def autosave(self, obj) -> None:

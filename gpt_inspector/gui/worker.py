@@ -247,7 +247,10 @@ class Worker(QObject):
 
     def _show(self, obj) -> None:
         """``obj`` becomes the live session (it replaces the old one; the other runs stay) and is shown."""
+        old = self.runs.live
         self._switch(self.runs.set_live(obj))
+        if old is not None and old.obj is not obj:  # a remote engine's session replaced: its link is closed
+            self.remote.detach(old.obj)
 
     def _switch(self, run) -> None:
         self.runs.shown, self.obj = run, run.obj
@@ -304,10 +307,8 @@ class Worker(QObject):
         lm = _load_model(model)
         sess = Session(lm, **session.session_kwargs())
         self.lm, self.model_spec = lm, model
-        old = self.runs.live
         self.loaded.emit(self._describe())
         self._show(sess)
-        self.remote.detach(None if old is None else old.obj)  # a remote engine's link closes: the session is here now
 
     @handles(C.Restore)
     def _do_restore(self, serial, cmd: C.Restore) -> None:
