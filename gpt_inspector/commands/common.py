@@ -226,13 +226,12 @@ def remote_session(args, lookup: bool = False):
         raise InspectorError("--connect runs on the engine's model: leave out --model")
     if getattr(args, "bad_words", None) is not None:
         raise InspectorError("--bad-words needs the model's tokenizer: with --connect give --bad-words-ids")
-    if prompt_args(args).get("messages") is not None:
-        raise InspectorError("chat turns are not sent to a remote engine yet: with --connect give --prompt")
-    if assisted_given(args) and not (lookup and getattr(args, "assistant_model", None) is None):
-        raise InspectorError("assisted decoding does not run over --connect yet")
+    if lookup and getattr(args, "assistant_model", None) is not None:
+        raise InspectorError("compare's draft-model row does not run over --connect yet: use --prompt-lookup-num-tokens")
     temperature = 0.0 if args.temperature is None else args.temperature  # compare's: for its samples only
-    r = connect(args.connect, prompt=args.prompt, temperature=temperature, top_k=args.top_k, top_p=args.top_p,
-                seed=args.seed, **sampler_settings(args))  # fmt: skip
+    # a chat's turns go as turns: the engine's tokenizer applies its template
+    r = connect(args.connect, temperature=temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,
+                **prompt_args(args), **sampler_settings(args))  # fmt: skip
     _REMOTE.append(r)
     return r
 
@@ -403,7 +402,8 @@ def assisted(args, session, max_new_tokens: int):
     """The Assisted run over ``session`` the flags ask for."""
     from ..core.assisted import Assisted
 
-    draft = load_assistant(args, session.lm)
+    # on a remote engine the draft is named, and the engine loads it from its own disk
+    draft = args.assistant_model if session.engine is not None else load_assistant(args, session.lm)
     return Assisted(session, draft, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
                     num_assistant_tokens=args.num_assistant_tokens,
                     assistant_confidence_threshold=args.assistant_confidence_threshold,

@@ -85,7 +85,15 @@ class Assisted:
     draft's tokens per round and ``assistant_confidence_threshold`` where its own generate stops early
     (generate reads both off the draft's generation config: 20 and 0.4 by default; 0 never stops).
     ``max_new_tokens`` caps the run as generate's does (proposals included); default the context.
+
+    On a remote engine's session (``gi.connect``) the engine runs it, with the same API: the assistant is
+    then a draft model's folder on the engine's machine (a str), which the engine loads.
     """
+
+    def __new__(cls, session, *args, **kwargs):
+        if getattr(session, "engine", None) is not None:  # the model is on a remote engine: it runs the rounds
+            return session.remote_assisted(*args, **kwargs)
+        return super().__new__(cls)
 
     def __init__(self, session: Session, assistant: LoadedModel | None = None, *,
                  prompt_lookup_num_tokens: int | None = None, max_matching_ngram_size: int | None = None,

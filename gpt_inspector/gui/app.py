@@ -103,9 +103,12 @@ def _offer_restore(win) -> dict | None:
     if found is None:
         return None
     recipe, owner = found
+    remote = "remote" in recipe  # it ran on an engine: reconnect there, or rebuild it there if the engine lost it
     answer = QMessageBox.question(
-        win, "Restore the last session?",
-        "gpt-inspector saved your last session:\n\n" + autosave.summary(recipe) + "\n\nRestore it?",
+        win, "Reconnect to the last session?" if remote else "Restore the last session?",
+        "gpt-inspector saved your last session:\n\n" + autosave.summary(recipe) + "\n\n"
+        + ("Reconnect to the engine and take it back (rebuilt there from the saved recipe if the engine no "
+           "longer holds it)?" if remote else "Restore it?"),
         QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes,
     )  # fmt: skip
     if answer == QMessageBox.StandardButton.Yes:
@@ -131,7 +134,7 @@ def _image_bytes(pixmap, fmt: str) -> bytes | None:
     return bytes(data.data()) if ok else None
 
 
-def _connect(args, sampler: dict):
+def _connect(args, sampler: dict, chat: dict | None = None):
     """The remote session ``--connect URL`` names (None without it): the server's own session, or a
     new one when ``--prompt`` is given or the server has none. InspectorError in one line otherwise."""
     url = _get(args, "connect")
@@ -141,10 +144,12 @@ def _connect(args, sampler: dict):
 
     r = RemoteSession(url)
     prompt = _get(args, "prompt")
-    if prompt is not None or not r.tokens:
+    if prompt is not None or chat is not None or not r.tokens:
         from .controls import DEFAULT_PROMPT
 
         extra = {k: v for k, v in sampler.items() if k not in ("temperature", "top_k", "top_p")}
+        if chat is not None:  # the turns: the engine's tokenizer applies its template
+            prompt, extra = "", {**extra, **chat}
         r.open(DEFAULT_PROMPT if prompt is None else prompt, sampler.get("temperature", 0.0), sampler.get("top_k"),
                sampler.get("top_p"), _get(args, "seed") or 0, **extra)  # fmt: skip
     return r
@@ -176,7 +181,7 @@ def run(args) -> int:
     if problem is not None:
         print(f"gpt-inspector: error: {problem}", file=sys.stderr)
         return 2
-    remote = _connect(args, sampler)  # a bad URL or token: one line, exit 2, before any window
+    remote = _connect(args, sampler, chat)  # a bad URL or token: one line, exit 2, before any window
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
@@ -200,7 +205,7 @@ def run(args) -> int:
     if screenshot:  # the offscreen screen is 800x800: a first window that fits it elided the tabs ("Ne…")
         win.resize(*(_get(args, "screenshot_size") or SCREENSHOT_SIZE))
     win.persist_layout = not screenshot
-    prompt = _get(args, "prompt")
+    prompt = prompt_given = _get(args, "prompt")
     if chat is not None:
         win.session_panel.set_chat(chat)
         prompt = ""
@@ -227,7 +232,13 @@ def run(args) -> int:
     ):
         recipe = _offer_restore(win)
     if remote is not None:
+        from .remote_link import offer_rebuild
+
+        # the engine restarted since this window's last session on it: offer to rebuild that session there
+        rebuild = offer_rebuild(win, remote) if not screenshot and prompt_given is None and chat is None else None
         win.show_source(remote)  # the live session, on the engine: the controls show its prompt and seed
+        if rebuild is not None:
+            win.restore(rebuild)
     elif recipe is not None:
         win.restore(recipe)
     else:
@@ -238,7 +249,10 @@ def run(args) -> int:
     if n:
         win.run(n)
     if not screenshot:
-        return app.exec()
+        rc = app.exec()
+        if remote is not None:
+            remote.close()  # the engine's one client slot is free at once, not when the process ends
+        return rc
 
     status = {"rc": 0}
     # a local loop, not app.exec()/quit(): quitting the application would also stop every
@@ -279,4 +293,6 @@ def run(args) -> int:
     loop.exec()
     guard.stop()
     win.close()
+    if remote is not None:
+        remote.close()
     return status["rc"]

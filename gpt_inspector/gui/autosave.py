@@ -140,7 +140,14 @@ def load(p: Path) -> dict:
         data = json.loads(p.read_text(encoding="utf-8"))
     except (OSError, ValueError, RecursionError) as e:
         raise InspectorError(f"unreadable: {type(e).__name__}: {str(e)[:120]}") from None
-    return check_recipe(data)
+    check_recipe(data)
+    remote = data.get("remote")
+    if remote is not None and not (isinstance(remote, dict) and all(isinstance(remote.get(k), str) for k in
+                                                                    ("url", "engine", "model"))):  # fmt: skip
+        raise InspectorError("remote must name the engine's url, engine and model as text")
+    if remote is not None and not remote["url"].startswith(("ws://", "wss://")):
+        raise InspectorError("remote's url is not a ws:// URL")
+    return data
 
 
 def move_aside(p: Path) -> Path:
@@ -167,13 +174,14 @@ def _claim(owner: str | None) -> bool:
     return not owned(owner) and _take(owner)
 
 
-def read_with_owner(rejected: list[str] | None = None) -> tuple[dict, str | None] | None:
+def read_with_owner(rejected: list[str] | None = None, remote: bool | None = None) -> tuple[dict, str | None] | None:
     """The newest orphaned recipe worth restoring (at least one step) and whose file it is, else None.
 
     Only files whose owner is gone count, and the one returned is claimed: this process holds its
     lock, so a window that adopts it owns it at once and no other start offers it too. Files that
     fail the check are moved aside, and one line for each (naming where it is kept) goes to
-    ``rejected``: the window starts clean, and the next start does not meet them again.
+    ``rejected``: the window starts clean, and the next start does not meet them again. ``remote``:
+    True for a remote engine's sessions only, False for local ones only.
     """
     for owner, p in _newest_first():
         if not _claim(owner):
@@ -189,7 +197,7 @@ def read_with_owner(rejected: list[str] | None = None) -> tuple[dict, str | None
             if rejected is not None:
                 rejected.append(f"the autosaved session {p} cannot be restored ({e}); {kept}")
             continue
-        if data["ops"]:
+        if data["ops"] and (remote is None or remote == ("remote" in data)):
             return data, owner
         release(owner)
     return None
@@ -225,4 +233,6 @@ def summary(recipe: dict) -> str:
     prompt = prompt if len(prompt) <= 60 else prompt[:57] + "…"
     edits = len(recipe.get("mask_edits") or [])
     extra = f", {edits} mask edit{'s' * (edits != 1)}" if edits else ""
-    return f"model {recipe.get('model')}\nprompt “{prompt}”\n{steps} steps{extra}"
+    remote = recipe.get("remote")
+    where = "" if remote is None else f" on the engine at {remote['engine']}"  # never the URL: it holds the token
+    return f"model {recipe.get('model')}{where}\nprompt “{prompt}”\n{steps} steps{extra}"

@@ -128,6 +128,8 @@ class ChatDialog(QDialog):
             from ..core import chat
             from ..core.errors import InspectorError
 
+            if getattr(source, "engine", None) is not None:  # the template is the engine's tokenizer's
+                return source.build_chat(msgs, gen)
             lm = getattr(source, "lm", None)
             if lm is None:
                 raise InspectorError("load a model first: the chat template is the model's tokenizer's")

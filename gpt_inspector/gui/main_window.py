@@ -278,6 +278,8 @@ class MainWindow(DockLayout, QMainWindow):
     def load_model(self, spec: ModelSpec | None = None, session: SessionSpec | None = None) -> int | None:
         spec = spec or ModelSpec()
         session = session or self.session_panel.session_spec()
+        if not remote_link.may_leave_engine(self):  # the user keeps the remote session
+            return None
         self._load_spec = spec
         self.st_busy.setText(f"Loading {spec.model or 'the demo model'}…")
         return self.controller.load(spec, session)
@@ -299,9 +301,9 @@ class MainWindow(DockLayout, QMainWindow):
         except InspectorError as e:
             self.show_error("Cannot restore", f"cannot restore this session recipe: {e}", "user")
             return None
-        # the Model field names the restored model: else it kept "Demo model" and Load switched models
-        self._load_spec = ModelSpec.of_recipe(recipe)
-        self.session_panel.set_model_spec(self._load_spec)
+        if "remote" not in recipe:  # the Model field names the restored model (a remote one is the engine's)
+            self._load_spec = ModelSpec.of_recipe(recipe)
+            self.session_panel.set_model_spec(self._load_spec)
         dec = recipe.get("decoding") or recipe["initial_decoding"]
         self.session_panel.prompt.setPlainText(recipe["prompt"])
         self.session_panel.seed.setValue(min(recipe["seed"], self.session_panel.seed.maximum()))

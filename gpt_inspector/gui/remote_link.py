@@ -18,6 +18,17 @@ from ..remote.client import LinkLost, RemoteRefused
 WATCH_MS = 500  # how often the worker looks at the link, and tries again while it is down
 RETRY_S = 0.5  # how long one reconnect attempt may retry a refused connection
 OPEN_S = 2.0  # and wait for a handshake (the worker waits meanwhile: commands queue behind it)
+AUTOSAVE_MS = 1000  # a remote session's autosave waits this long after a change (its recipe is a request)
+
+
+def same_session(obj, recipe: dict) -> bool:
+    """Whether the engine's session (``obj``) is the one ``recipe`` makes, or that one stepped further."""
+    if obj.n_steps == 0 and not obj.tokens:
+        return False
+    have = obj.recipe()
+    ops = recipe["ops"]
+    return (have["prompt_ids"], have["seed"], have.get("chat")) == (recipe["prompt_ids"], recipe["seed"],
+                                                                   recipe.get("chat")) and have["ops"][: len(ops)] == ops  # fmt: skip
 
 
 class RemoteLink:
@@ -28,6 +39,8 @@ class RemoteLink:
         self.obj = None  # the RemoteSession of the live run, when it is one
         self.down = False
         self._timer: QTimer | None = None
+        self._saved: object = None  # what the autosave file holds: (url, the session's change count)
+        self._saving = False
 
     def attach(self, obj) -> None:
         """``obj`` (a RemoteSession) is shown: watch its link."""
@@ -77,14 +90,82 @@ class RemoteLink:
             self.w._switch(live)
         self.w.link.emit(True, f"reconnected to the engine at {obj.where}: the session is as the engine kept it")
 
+    def detach(self, old) -> None:
+        """``old`` (a live session that another replaced: Load, a restore) is gone: close its engine's link,
+        if it had one; the engine keeps its session for a later ``--connect``."""
+        if old.engine is None:
+            return
+        old.close()
+        if self.obj is old:  # nothing else on an engine is shown: the banner and the status bar stop naming one
+            self.obj, self.down = None, False
+            self.w.link.emit(True, "")
+
+    # -- autosave: the engine keeps the session; this window's file keeps the way back to it --------------
+    def autosave(self, obj) -> None:
+        """Write (soon, once the worker is idle) the engine's URL and the session's recipe, when it changed."""
+        key = (obj.url, obj.changes)
+        if key != self._saved and not self._saving:
+            self._saving = True
+            QTimer.singleShot(AUTOSAVE_MS, self._write)  # on the worker thread: after a run, not at each step
+
+    def _write(self) -> None:
+        from ..core.errors import InspectorError
+        from . import autosave
+
+        self._saving = False
+        live = self.w.runs.live
+        obj = None if live is None else live.obj
+        if not self.w.autosave or obj is None or obj.engine is None or self.down or obj.n_steps == 0:
+            return
+        key = (obj.url, obj.changes)
+        try:
+            recipe = obj.recipe()
+        except (LinkLost, InspectorError):  # tried again at the next change
+            return
+        # the whole URL, token included, so a restart can reconnect: the file is the user's alone (0600);
+        # every message names the engine by ``where``, never by the URL
+        recipe["remote"] = {"url": obj.url, "engine": obj.where, "model": obj.model_name}
+        try:
+            autosave.write(recipe, self.w.autosave_owner)
+            self._saved = key
+        except InspectorError as e:
+            if self._saved != "failed":
+                self._saved = "failed"
+                self.w.error.emit("Autosave failed", str(e), "user")
+
+    def restore(self, recipe: dict) -> None:
+        """Back to an autosaved remote session: reconnect to its engine and take the session it kept, or
+        rebuild it there from the recipe (the engine restarted, or holds another session)."""
+        from ..core.errors import InspectorError
+        from ..remote.client import RemoteSession
+        from . import autosave
+
+        info = recipe["remote"]
+        live = self.w.runs.live
+        obj = None if live is None or live.obj.engine is None or live.obj.url != info["url"] else live.obj
+        if obj is None:
+            self.w.busy.emit(f"Reconnecting to the engine at {info['engine']}…")
+            try:
+                obj = RemoteSession(info["url"])
+            except (LinkLost, RemoteRefused) as e:
+                # the file stays for a start with the engine's new URL, which offers to rebuild it there
+                autosave.release(self.w.autosave_owner)
+                self.w.autosave_owner = autosave.new_owner()
+                raise InspectorError(f"{e}. If the engine was restarted, open gpt-inspector --connect with the URL it "
+                                     "printed: the window then offers to rebuild this session there") from None  # fmt: skip
+        mine = {k: v for k, v in recipe.items() if k != "remote"}
+        if not same_session(obj, mine):
+            self.w.busy.emit(f"Rebuilding the session on the engine at {obj.where} from the autosaved recipe…")
+            obj.replay(mine)
+            self.w.notice.emit(f"Rebuilt the last session on the engine at {obj.where} from its autosaved recipe")
+        self.w._show(obj)
+
     def new_session(self, obj, spec, keep_edits: bool):
         """Open a new session from the controls' ``spec`` on the engine; ``obj`` stays the live source."""
-        if getattr(spec, "chat", None) is not None:  # before anything changes on the engine
-            from ..core.errors import InspectorError
-
-            raise InspectorError("chat prompts are not sent to a remote engine yet: give the engine a plain prompt")
         edits = list(obj.mask_edits) if keep_edits else []
-        obj.open(spec.prompt, spec.temperature, spec.top_k, spec.top_p, spec.seed, **(spec.settings or {}))
+        chat = spec.chat or {}  # a chat's turns: the engine applies its tokenizer's template
+        obj.open("" if chat else spec.prompt, spec.temperature, spec.top_k, spec.top_p, spec.seed, **chat,
+                 **(spec.settings or {}))  # fmt: skip
         if edits:
             obj.set_mask_edits(edits)
         return obj
@@ -109,6 +190,10 @@ def install_banner(win) -> None:
     win.statusBar().addPermanentWidget(field)
 
     def changed(up: bool, text: str) -> None:
+        if not text:  # the link was closed (a local model loaded): nothing names the engine any more
+            bar.hide()
+            field.setVisible(False)
+            return
         field.setVisible(True)
         if up:
             bar.hide()
@@ -129,5 +214,61 @@ def install_banner(win) -> None:
     def shown(snap) -> None:
         if snap.engine is None:
             field.setVisible(False)
+            bar.hide()
 
     win.snapshot_changed.connect(shown)
+
+
+def may_leave_engine(win) -> bool:
+    """Before a local model replaces a remote engine's live session (Load): ask, if it holds work (steps or
+    edits), as closing a live session asks; True to go on. The engine keeps its session either way."""
+    from PySide6.QtWidgets import QMessageBox
+
+    live = next((r for r in win.controller.run_infos if r.live), None)
+    if live is None or live.engine is None or not live.work:
+        return True
+    answer = QMessageBox.question(
+        win, "Leave the remote session?",
+        f"Loading a model here closes the link to the engine at {live.engine}; this window then shows the "
+        "local model's session instead of the remote one (its steps, mask edits and interventions).\n"
+        "The engine keeps that session until it stops or another client opens one: gpt-inspector --connect "
+        "takes it back. Save it first with File ▸ Save trace to keep a copy here.\n\nLoad and close the link?",
+        QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.Cancel, QMessageBox.StandardButton.Cancel,
+    )  # fmt: skip
+    if answer != QMessageBox.StandardButton.Yes:
+        win.statusBar().showMessage("Kept the remote session", 8000)
+        return False
+    return True
+
+
+def offer_rebuild(win, remote) -> dict | None:
+    """``--connect URL`` with an autosaved session of a remote engine that this engine does not hold (it was
+    restarted): ask whether to rebuild it there; the recipe to restore, or None."""
+    from PySide6.QtWidgets import QMessageBox
+
+    from . import autosave
+
+    found = autosave.read_with_owner(None, remote=True)
+    if found is None:
+        return None
+    recipe, owner = found
+    mine = {k: v for k, v in recipe.items() if k != "remote"}
+    if recipe.get("model") != remote.model_name:  # another model's session: not this engine's to rebuild
+        autosave.release(owner)
+        return None
+    autosave.release(win.worker.autosave_owner)  # this window carries on in that file
+    win.worker.autosave_owner = owner
+    if same_session(remote, mine):  # the engine kept it (or went on from it): nothing to ask
+        return None
+    answer = QMessageBox.question(
+        win, "Rebuild the last session on the engine?",
+        f"The engine at {remote.where} does not hold your last session on it:\n\n{autosave.summary(recipe)}\n\n"
+        "Rebuild it there from the autosaved recipe (it replaces the engine's current session)?",
+        QMessageBox.StandardButton.Yes | QMessageBox.StandardButton.No, QMessageBox.StandardButton.Yes,
+    )  # fmt: skip
+    if answer != QMessageBox.StandardButton.Yes:
+        autosave.clear(owner)
+        win.worker.autosave_owner = autosave.new_owner()
+        return None
+    return {**mine, "remote": {"url": remote.url, "engine": remote.where, "model": remote.model_name}}
+

@@ -32,6 +32,8 @@ class RunInfo:
     read_only: bool  # it cannot be stepped: a beam, a trace
     save_refused: str | None  # why Save trace cannot write it, or None
     detail: str  # a tooltip: what the run is
+    engine: str | None = None  # the remote engine it runs on (ws://HOST:PORT), or None
+    work: bool = False  # it has steps or edits (asked before a Load replaces a remote one)
 
     @property
     def label(self) -> str:
@@ -56,7 +58,8 @@ class Run:
         refused = save_refusal(o)  # a live session, a beam, a policy run, a trace: core says which it cannot
         prompt = o.prompt if len(o.prompt) <= 40 else o.prompt[:39] + "…"
         detail = f"{self.name}: {o.source_name}, “{prompt}”, {o.n_steps} steps" + (" (read-only)" if read_only else "")
-        return RunInfo(self.id, self.name, self.live, read_only, refused, detail)
+        work = bool(o.n_steps or getattr(o, "mask_edits", None) or getattr(o, "head_edits", None))
+        return RunInfo(self.id, self.name, self.live, read_only, refused, detail, o.engine, work)
 
 
 class Runs:

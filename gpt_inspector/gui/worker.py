@@ -217,8 +217,10 @@ class Worker(QObject):
     def _autosave(self) -> None:
         """Write the session recipe when it changed (every step of a run included)."""
         live = self.runs.live  # the live session, whichever run is shown
-        if not self.autosave or live is None or live.obj.lm is None:
-            return  # a remote session is the engine's: it keeps it (and saves its recipe when stopped)
+        if not self.autosave or live is None:
+            return
+        if live.obj.lm is None:  # a remote engine's session: the engine keeps it, the file the way back to it
+            return self.remote.autosave(live.obj)
         recipe = live.obj.recipe()
         lm = live.obj.lm
         recipe["load"] = _placement(lm)
@@ -245,7 +247,10 @@ class Worker(QObject):
 
     def _show(self, obj) -> None:
         """``obj`` becomes the live session (it replaces the old one; the other runs stay) and is shown."""
+        old = self.runs.live
         self._switch(self.runs.set_live(obj))
+        if old is not None and old.obj is not obj:  # a remote engine's session replaced: its link is closed
+            self.remote.detach(old.obj)
 
     def _switch(self, run) -> None:
         self.runs.shown, self.obj = run, run.obj
@@ -309,6 +314,8 @@ class Worker(QObject):
     def _do_restore(self, serial, cmd: C.Restore) -> None:
         """Load the recipe's model and replay it; pickle and remote code stay off on restore."""
         recipe = cmd.recipe
+        if "remote" in recipe:  # a session on a remote engine: back to it there
+            return self.remote.restore(recipe)
         try:
             check_recipe(recipe)  # whole, before a model loads
         except InspectorError as e:

@@ -17,11 +17,13 @@ from urllib.parse import urlsplit
 
 import torch
 
+from ..core.chat import check_messages
 from ..core.decoding import Decoding
 from ..core.edits import HeadEdit, MaskEdit
 from ..core.errors import InspectorError
 from ..core.step import TOP_N, Stage, TopEntry
 from . import wire
+from .assisted import chat_of
 from .lab_client import RemoteLabs
 from .source import RemoteReads
 
@@ -42,15 +44,18 @@ class RemoteRefused(InspectorError):
 
 
 def connect(url: str, prompt: str | None = None, temperature: float = 0.0, top_k: int | None = None,
-            top_p: float | None = None, seed: int = 0, timeout: float = 10.0, **settings) -> RemoteSession:  # fmt: skip
+            top_p: float | None = None, seed: int = 0, timeout: float = 10.0, *, messages: list[dict] | None = None,
+            add_generation_prompt: bool = True, **settings) -> RemoteSession:  # fmt: skip
     """Attach to the engine at ``url`` (the line ``gpt-inspector serve`` printed, token included).
 
-    With ``prompt`` a new session starts on it (replacing the server's); without, the server's
-    session is taken over as it stands (after a reconnect, exactly where it was left).
+    With ``prompt`` (or chat ``messages``, as ``Session`` takes them: the engine applies its tokenizer's
+    template) a new session starts on it, replacing the server's; without, the server's session is taken
+    over as it stands (after a reconnect, exactly where it was left).
     """
     r = RemoteSession(url, timeout)
-    if prompt is not None:
-        r.open(prompt, temperature, top_k, top_p, seed, **settings)
+    if prompt is not None or messages is not None:
+        r.open(prompt or "", temperature, top_k, top_p, seed, messages=messages,
+               add_generation_prompt=add_generation_prompt, **settings)  # fmt: skip
     return r
 
 
@@ -115,7 +120,7 @@ class RemoteSession(RemoteReads, RemoteLabs):
     that changed the session began: read after a step and its repaint, the bytes that step cost.
     """
 
-    chat = None  # a chat prompt's turns (core.chat): not sent to an engine yet, so never one here
+    chat = None  # a chat prompt's turns (core.chat.Chat), the engine's template's text and each token's role
 
     def __init__(self, url: str, timeout: float = 10.0):
         parts = urlsplit(url)
@@ -130,6 +135,7 @@ class RemoteSession(RemoteReads, RemoteLabs):
         self._next_id = 0
         self.bytes_sent = self.bytes_received = self.requests = 0
         self._change_mark = 0
+        self.changes = 0  # commands that changed the session so far: a window's autosave asks for the recipe anew
         self._listeners: list = []
         self._label_of: dict[int, str] = {}  # token id -> label, from every token seen
         self._reset_reads()
@@ -277,12 +283,15 @@ class RemoteSession(RemoteReads, RemoteLabs):
         return conn is not None and conn.protocol.state is State.OPEN
 
     def _take(self, st: dict) -> None:
+        self.changes += 1
         self._state = st
         self._reset_reads()
         self.tokens, self._labels, self.steps_done = [], [], []
         for k in ("prompt", "prompt_ids", "seed"):
             if k in st:
                 setattr(self, k, st[k])
+        if "chat" in st:
+            self.chat = chat_of(st["chat"], self.prompt_ids)
         self._attention_layers = list(st.get("attention_layers", self._attention_layers))
         self._sync(st)
 
@@ -334,17 +343,60 @@ class RemoteSession(RemoteReads, RemoteLabs):
         return lab
 
     # ------------------------------------------------------------------ commands
-    def open(self, prompt: str, temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
-             seed: int = 0, **settings) -> None:  # fmt: skip
+    def open(self, prompt: str = "", temperature: float = 0.0, top_k: int | None = None, top_p: float | None = None,
+             seed: int = 0, *, messages: list[dict] | None = None, add_generation_prompt: bool = True,
+             **settings) -> None:  # fmt: skip
         """Start a new session on the server (the one it had is dropped); ``settings``: generate's
-        other sampler settings, as ``Session`` takes them."""
+        other sampler settings, as ``Session`` takes them; ``messages``: a chat prompt instead of
+        ``prompt``, which the engine's tokenizer's chat template renders."""
+        chat = None
+        if messages is not None:
+            if prompt:
+                raise InspectorError("give messages or a prompt, not both")
+            chat = {"messages": check_messages(messages), "add_generation_prompt": bool(add_generation_prompt)}
         self._change_mark = self.bytes_sent + self.bytes_received
         self._listeners.clear()  # a new session: views of the old one are done with
         self._take(self._call("open", prompt=prompt, temperature=temperature, top_k=top_k, top_p=top_p, seed=int(seed),
-                              settings=_settings(settings)))  # fmt: skip
+                              settings=_settings(settings), chat=chat))  # fmt: skip
+
+    def replay(self, recipe: dict) -> None:
+        """A new session on the engine rebuilt from ``recipe`` (``Session.replay`` there: the same steps and edits)."""
+        self._change_mark = self.bytes_sent + self.bytes_received
+        self._listeners.clear()
+        self._take(self._call("replay", recipe=recipe))
+
+    def build_chat(self, messages: list[dict], add_generation_prompt: bool = True):
+        """The ``core.chat.Chat`` the engine's chat template makes of ``messages``, without opening a session."""
+        r = self._call(
+            "chat_build", messages=check_messages(messages), add_generation_prompt=bool(add_generation_prompt)
+        )
+        return chat_of(r["chat"], [int(i) for i in r["ids"]])
+
+    def remote_assisted(self, assistant: str | None = None, **numbers):
+        """``core.assisted.Assisted`` on this session, run by the engine (``Assisted(r, ...)`` comes here)."""
+        from .assisted import RemoteAssisted
+
+        self._require()
+        return RemoteAssisted(self, assistant, **numbers)
+
+    def _assisted_op(self, op: str, **args) -> dict:
+        """An assisted-decoding request; the views hear of the steps it took back and made, as of any step."""
+        had = list(self.steps_done)
+        head, _ = self._change(op, **args)
+        keep = 0  # the steps both before and after: the views hear of the others
+        for a, b in zip(had, self.steps_done):
+            if (a.index, a.token_id) != (b.index, b.token_id):
+                break
+            keep += 1
+        for st in had[keep:][::-1]:
+            self._emit("step_back", st)
+        for st in self.steps_done[keep:]:
+            self._emit("step", st)
+        return head
 
     def _change(self, op: str, **args):
         self._require()
+        self.changes += 1
         self._change_mark = self.bytes_sent + self.bytes_received
         head, tensors = self._call_t(op, **args)
         self._sync(head)

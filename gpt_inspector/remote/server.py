@@ -28,6 +28,7 @@ from ..core.step import top_entries
 from . import wire
 from .labs import LabOps
 from .reads import ReadOps
+from .session_ops import SessionOps, chat_json
 
 BUSY = "another client is connected to this engine; close it first (one client at a time)"
 BAD_TOKEN = "a valid token is required: use the whole URL that gpt-inspector serve printed"
@@ -51,7 +52,7 @@ def step_json(s) -> dict:
             "finish_reason": s.finish_reason, "prob": s.prob, "top": _top(s.top), "stages": stages}  # fmt: skip
 
 
-class Engine(ReadOps, LabOps):
+class Engine(ReadOps, LabOps, SessionOps):
     """The loaded model and its session, and every operation of ``wire.OPS`` on them."""
 
     def __init__(self, lm, session: Session | None = None):
@@ -85,7 +86,7 @@ class Engine(ReadOps, LabOps):
     def state(self) -> dict:
         s = self._s()
         return {"prompt": s.prompt, "prompt_ids": list(s.prompt_ids), "seed": s.seed,
-                "attention_layers": list(s.attention_layers), **self._sync(s, 0, 0)}  # fmt: skip
+                "attention_layers": list(s.attention_layers), "chat": chat_json(s.chat), **self._sync(s, 0, 0)}  # fmt: skip
 
     @staticmethod
     def _sync(s: Session, tokens_from: int, steps_from: int, changed_from: int = 0) -> dict:
@@ -123,8 +124,11 @@ class Engine(ReadOps, LabOps):
     def op_state(self):
         return self.state(), []
 
-    def op_open(self, prompt, seed=0, temperature=0.0, top_k=None, top_p=None, settings=None):
-        self.session = Session(self.lm, prompt, temperature, top_k, top_p, seed, **(settings or {}))
+    def op_open(self, prompt, seed=0, temperature=0.0, top_k=None, top_p=None, settings=None, chat=None):
+        start = {"prompt": prompt} if chat is None else {"prompt": prompt, **chat}  # a chat: the template is here
+        self.session = Session(self.lm, **start, temperature=temperature, top_k=top_k, top_p=top_p, seed=seed,
+                               **(settings or {}))  # fmt: skip
+        self.assisted = None
         return self.state(), []
 
     def op_step(self, then=None):

@@ -124,6 +124,10 @@ class Arg:
                 c = _check_obj(f"{name}[]", call, {"op": Arg("choice", n=THEN_OPS), "args": Arg("object", n={})})
                 out.append({"op": c["op"], "args": _check_obj(f"{name}[] {c['op']!r}", call["args"], OPS[c["op"]])})
             return out
+        if kind == "messages":  # a chat's turns (core.chat checks the text itself on the engine)
+            if not isinstance(v, list) or not 0 < len(v) <= self.n:
+                raise WireError(f"argument {name!r} must be a list of 1 to {self.n} turns")
+            return [_check_obj(f"{name}[]", m, MESSAGE) for m in v]
         if kind in ("mask_edits", "head_edits"):
             if not isinstance(v, list) or len(v) > MAX_LIST:
                 raise WireError(f"argument {name!r} must be a list of at most {MAX_LIST} edits")
@@ -157,6 +161,10 @@ HEAD_EDIT = {"layer": Arg("int", lo=0, hi=4096), "head": Arg("int", False, True,
              "patch_from": Arg("ints", False, True, 0, MAX_INT, MAX_LIST)}  # fmt: skip
 DECODING = {"temperature": Arg("float", False, False, 0.0, 1e6), "top_k": Arg("int", False, True, 1, MAX_INT),
             "top_p": Arg("float", False, True, 0.0, 1.0)}  # fmt: skip
+
+MESSAGE = {"role": Arg("str", n=MAX_TEXT), "content": Arg("str", n=MAX_TEXT)}
+CHAT = {"messages": Arg("messages", n=1024), "add_generation_prompt": Arg("bool", False)}
+_COUNT = Arg("int", False, True, 1, MAX_INT)
 
 _P = dict(lo=0.0, hi=1.0)
 _N = dict(lo=0, hi=MAX_INT)
@@ -225,6 +233,7 @@ OPS: dict[str, dict[str, Arg]] = {
         "seed": Arg("int", False, lo=0, hi=(1 << 63) - 1),
         **DECODING,
         "settings": _SETTINGS,
+        "chat": Arg("object", False, True, n=CHAT),  # a chat prompt instead: the engine applies its template
     },
     "step": {"then": Arg("calls", False, True)},
     "run": {"n": Arg("int", lo=0, hi=1 << 20)},
@@ -303,6 +312,19 @@ OPS: dict[str, dict[str, Arg]] = {
         "tolerance": Arg("float", False, True, 0.0, 1e6),
     },  # fmt: skip
     **LAB_OPS,
+    # chat prompts, assisted decoding and a rebuilt session (remote/session_ops.py)
+    "chat_build": CHAT,
+    "assisted_start": {
+        "assistant": Arg("str", False, True, n=4096),
+        "prompt_lookup_num_tokens": _COUNT,
+        "max_matching_ngram_size": _COUNT,
+        "num_assistant_tokens": _COUNT,
+        "assistant_confidence_threshold": Arg("float", False, True, 0.0, 1.0),
+        "max_new_tokens": _COUNT,
+    },  # fmt: skip
+    "assisted_round": {"rounds": Arg("int", False, True, 1, 1 << 20)},
+    "assisted_back": {},
+    "replay": {"recipe": Arg("object")},  # core.recipe_check checks it whole on the engine
 }
 
 

@@ -62,10 +62,13 @@ class Served:
 
 @pytest.fixture(scope="session")
 def tiny_llama(tmp_path_factory):
-    """A saved tiny Llama (grouped-query attention: 4 query heads read 2 KV heads)."""
+    """A saved tiny Llama (grouped-query attention: 4 query heads read 2 KV heads) whose tokenizer has a
+    chat template (the turns of a chat prompt are rendered by the engine)."""
+    import tiny_chat
     import tiny_models
 
-    return tiny_models.build(tmp_path_factory.mktemp("remote-model") / "llama", "llama")
+    folder = tmp_path_factory.mktemp("remote-model")
+    return tiny_chat.with_template(tiny_models.build(folder / "base", "llama"), folder / "llama")
 
 
 @pytest.fixture

@@ -52,7 +52,7 @@ class AssistedPanel(QWidget):
         self.job: PanelJob | None = None
         self.mode = QComboBox(toolTip="Who proposes: prompt lookup (n-grams of the text so far) or a draft model")
         self.mode.addItems([LOOKUP, DRAFT])
-        self.path = QLineEdit(placeholderText="draft model: hub id or folder (the target's tokenizer)",
+        self.path = QLineEdit(placeholderText="draft model: hub id or folder (on a remote engine: its folder there)",
                               toolTip="The draft model, loaded as the target was; its vocabulary must be the target's")  # fmt: skip
         self.path.setEnabled(False)
         self.tokens = QSpinBox(minimum=1, maximum=64, value=5, toolTip="Tokens proposed per round "
@@ -154,11 +154,14 @@ def create_panel(window) -> AssistedPanel:
             from ...core.assisted import Assisted
             from ...core.session import Session
 
-            if not isinstance(src, Session):
-                raise InspectorError(
-                    "assisted decoding steps a live session in this window: not a trace, a beam or a remote engine"
-                )
+            remote = src is not None and src.engine is not None
+            if not (isinstance(src, Session) or remote):
+                raise InspectorError("assisted decoding steps a live session in this window: not a trace or a beam")
             draft = None
+            kw = {"prompt_lookup_num_tokens": n} if mode == LOOKUP else {"num_assistant_tokens": n}
+            if remote:  # the engine checks, restarts and runs it; a draft is loaded there, from its disk
+                a = Assisted(src, path if mode == DRAFT else None, max_new_tokens=max_new, **kw)
+                return a, AssistedView.of(a)
             if mode == DRAFT:
                 if path not in drafts:
                     from ...core.models import load_model
@@ -166,7 +169,6 @@ def create_panel(window) -> AssistedPanel:
                     drafts[path] = load_model(path, device=str(src.lm.device))  # beside the target
                 draft = drafts[path]
             # checked before the session is touched: a refusal leaves its steps as they were
-            kw = {"prompt_lookup_num_tokens": n} if mode == LOOKUP else {"num_assistant_tokens": n}
             Assisted.check(src, draft, max_new_tokens=max_new, **kw)
             src.restart()
             a = Assisted(src, draft, max_new_tokens=max_new, **kw)
