@@ -227,7 +227,9 @@ def remote_session(args, lookup: bool = False):
     if getattr(args, "bad_words", None) is not None:
         raise InspectorError("--bad-words needs the model's tokenizer: with --connect give --bad-words-ids")
     if lookup and getattr(args, "assistant_model", None) is not None:
-        raise InspectorError("compare's draft-model row does not run over --connect yet: use --prompt-lookup-num-tokens")
+        raise InspectorError(
+            "compare's draft-model row does not run over --connect yet: use --prompt-lookup-num-tokens"
+        )
     temperature = 0.0 if args.temperature is None else args.temperature  # compare's: for its samples only
     # a chat's turns go as turns: the engine's tokenizer applies its template
     r = connect(args.connect, temperature=temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

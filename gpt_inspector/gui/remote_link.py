@@ -271,4 +271,3 @@ def offer_rebuild(win, remote) -> dict | None:
         win.worker.autosave_owner = autosave.new_owner()
         return None
     return {**mine, "remote": {"url": remote.url, "engine": remote.where, "model": remote.model_name}}
-
