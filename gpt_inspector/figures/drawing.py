@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import matplotlib
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
@@ -228,7 +228,9 @@ def _fit(fig: Figure, pad_in: float = 0.15) -> None:
     Done in the figure itself (not ``bbox_inches="tight"`` when saving), so PNG, SVG and PDF share
     one geometry and a cell's pixel position follows from ``transData``.
     """
-    renderer = fig.canvas.get_renderer()
+    # a 1 x 1 canvas measures text as the figure's would: the figure's own canvas, kept until
+    # the figure is closed, is 290 MB for a full-resolution head at 16k
+    renderer = RendererAgg(1, 1, fig.dpi)
     bb = fig.get_tightbbox(renderer)  # inches
     W, H = fig.get_size_inches()
     nw, nh = bb.width + 2 * pad_in, bb.height + 2 * pad_in

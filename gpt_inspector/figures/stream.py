@@ -34,6 +34,7 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.backends.backend_pdf import pdfRepr
+from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from ..core import outfile
@@ -43,7 +44,7 @@ from .fullres import STAND_IN_ID, StreamedCells, _nearest
 from .output import _METADATA, MAX_FULL_PIXELS, MAX_SIDE, check_format, close, pixel_size, scale_to_dpi
 
 TILE_BYTES = 1 << 26  # the most a tile above or below the cells may take (the side strips are drawn whole)
-BAND_BYTES = 1 << 21  # pixel rows filtered and compressed at a time (the filters take ~30 times that)
+BAND_BYTES = 1 << 19  # pixel rows filtered and compressed at a time (the filters take ~30 times that)
 _LEVEL = 6  # zlib's default, as Pillow writes a PNG
 
 
@@ -79,26 +80,28 @@ def _chunk(kind: bytes, data: bytes) -> bytes:
 
 
 def _filtered(band: np.ndarray, prev: np.ndarray, bpp: int) -> np.ndarray:
-    """(h, 1 + w * bpp) uint8: each row of ``band`` (h, w * bpp) PNG-filtered, the type first.
+    """(h, 1 + w * bpp) uint8: each row of ``band`` (h, w * bpp) PNG-filtered, the filter type first.
 
-    Per row the filter with the least sum of |byte as signed| (libpng's and Pillow's heuristic)
-    among None, Sub, Up, Average and Paeth; ``prev`` is the row above the band (zeros at the top).
+    Per row the filter with the least sum of |byte as signed| (libpng's heuristic) among None, Sub,
+    Up and Paeth (Average is seldom the best on a heatmap); ``prev`` is the row above the band.
     """
-    x = band.astype(np.int16)
-    up = np.concatenate([prev[None].astype(np.int16), x[:-1]])  # (h, w * bpp)
-    left = np.zeros_like(x)
-    left[:, bpp:] = x[:, :-bpp]
-    ul = np.zeros_like(x)
+    h = band.shape[0]
+    up = np.concatenate([prev[None], band[:-1]])  # (h, w * bpp) uint8
+    left = np.zeros_like(band)
+    left[:, bpp:] = band[:, :-bpp]
+    ul = np.zeros_like(band)
     ul[:, bpp:] = up[:, :-bpp]
-    p = left + up - ul
-    pa, pb, pc = np.abs(p - left), np.abs(p - up), np.abs(p - ul)
+    a, b, c = left.astype(np.int16), up.astype(np.int16), ul.astype(np.int16)
+    pa, pb, pc = np.abs(b - c), np.abs(a - c), np.abs(a + b - 2 * c)  # |p - a|, |p - b|, |p - c| for p = a + b - c
     paeth = np.where((pa <= pb) & (pa <= pc), left, np.where(pb <= pc, up, ul))
-    cands = np.stack([x, x - left, x - up, x - (left + up) // 2, x - paeth]).astype(np.uint8)  # (5, h, w * bpp)
-    cost = cands.view(np.int8).astype(np.int16)
-    best = np.abs(cost, out=cost).sum(axis=2, dtype=np.int64).argmin(axis=0)  # (h,)
-    out = np.empty((band.shape[0], band.shape[1] + 1), dtype=np.uint8)
-    out[:, 0] = best
-    out[:, 1:] = cands[best, np.arange(band.shape[0])]
+    cands = (band, band - left, band - up, band - paeth)  # uint8 arithmetic wraps as PNG's does
+    # |byte as signed|; abs(-128) stays -128 in int8, which only makes the heuristic a little off
+    cost = np.stack([np.abs(x.view(np.int8)).sum(axis=1, dtype=np.int64) for x in cands])  # (4, h)
+    best = cost.argmin(axis=0)
+    out = np.empty((h, band.shape[1] + 1), dtype=np.uint8)
+    out[:, 0] = np.array([0, 1, 2, 4], dtype=np.uint8)[best]  # PNG's numbers: None 0, Sub 1, Up 2, Paeth 4
+    for k, x in enumerate(cands):
+        out[best == k, 1:] = x[best == k]
     return out
 
 
@@ -158,10 +161,29 @@ class _PngFile:
         self.write(_chunk(b"IEND", b""))
 
 
-def _tile(fig, x0: int, y0: int, w: int, h: int, canvas_h: int) -> np.ndarray:
+def _texts(fig) -> list:
+    """(text, its extent on the whole canvas padded by its font's size in pixels) for the texts a tile may skip.
+
+    Drawing text is most of a figure's drawing time, and each tile draws the whole figure: a tile
+    skips the texts whose padded extent misses it (hundreds of tick labels), which cannot change
+    its pixels. Texts with a box drawn around them are always drawn.
+    """
+    measure = RendererAgg(1, 1, fig.dpi)
+    for ax in fig.axes:  # tick labels are made when first asked for
+        ax.xaxis.get_majorticklabels()
+        ax.yaxis.get_majorticklabels()
+    out = []
+    for t in fig.findobj(Text):
+        if t.get_visible() and t.get_text() and t.get_bbox_patch() is None:
+            pad = t.get_fontsize() * fig.dpi / 72.0
+            out.append((t, t.get_window_extent(measure).padded(pad)))
+    return out
+
+
+def _tile(fig, texts: list, x0: int, y0: int, w: int, h: int, canvas_h: int) -> np.ndarray:
     """(h, w, 4) uint8: the canvas's pixels [y0, y0 + h) x [x0, x0 + w) (from the top left) at ``fig.dpi``.
 
-    The figure is drawn whole onto a w x h canvas moved by whole pixels, as matplotlib's own
+    The figure is drawn onto a w x h canvas moved by whole pixels, as matplotlib's own
     ``savefig(bbox_inches=...)`` moves it; with x0 = 0 and the canvas's height every coordinate is
     computed as a whole canvas computes it.
     """
@@ -169,14 +191,21 @@ def _tile(fig, x0: int, y0: int, w: int, h: int, canvas_h: int) -> np.ndarray:
     trans = fig.transFigure
     saved = trans._boxout
     W, H = fig.bbox.size
+    bottom = canvas_h - y0 - h
+    here = Bbox.from_bounds(x0, bottom, w, h)  # on the whole canvas, from the bottom
+    skipped = [t for t, box in texts if not box.overlaps(here)]
+    for t in skipped:
+        t.set_visible(False)
     # whole-pixel offsets: W - x0 and H - bottom are exact, so the box keeps its exact width and height
-    trans._boxout = Bbox.from_bounds(-x0, -(canvas_h - y0 - h), W, H)
+    trans._boxout = Bbox.from_bounds(-x0, -bottom, W, H)
     trans.invalidate()
     try:
         fig.draw(renderer)
     finally:
         trans._boxout = saved
         trans.invalidate()
+        for t in skipped:
+            t.set_visible(True)
     return np.asarray(renderer.buffer_rgba())
 
 
@@ -199,16 +228,17 @@ def _png_rows(fig, cells: StreamedCells, fh, dpi: float) -> None:
     cols, rows = _nearest(cells.n, cw), _nearest(cells.n, ch)
     text = {"Software": "gpt-inspector", "Title": getattr(fig, "heading", "") or ""}
     png = _PngFile(fh.write, W, H, 4, dpi, text)
+    texts = _texts(fig)
 
     def tiles(r0: int, r1: int) -> None:  # full-width rows, drawn in tiles that fit TILE_BYTES
         step = max(1, TILE_BYTES // (4 * W))
         for a in range(r0, r1, step):
-            png.lines.write(_tile(fig, 0, a, W, min(r1, a + step) - a, H))
+            png.lines.write(_tile(fig, texts, 0, a, W, min(r1, a + step) - a, H))
 
     tiles(0, cy)
     # left and right of the cells: drawn whole (full height), so their rows round as the whole canvas's
-    left = _tile(fig, 0, 0, cx, H, H) if cx else np.zeros((H, 0, 4), np.uint8)
-    right = _tile(fig, cx + cw, 0, W - cx - cw, H, H) if cx + cw < W else np.zeros((H, 0, 4), np.uint8)
+    left = _tile(fig, texts, 0, 0, cx, H, H) if cx else np.zeros((H, 0, 4), np.uint8)
+    right = _tile(fig, texts, cx + cw, 0, W - cx - cw, H, H) if cx + cw < W else np.zeros((H, 0, 4), np.uint8)
     step = max(1, BAND_BYTES // (4 * W))
     for c0, colours in cells.rows():  # (k, n, 4) cell rows, top-down
         p0, p1 = np.searchsorted(rows, [c0, c0 + colours.shape[0]])  # the pixel rows these cells cover
