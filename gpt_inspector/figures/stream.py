@@ -34,7 +34,6 @@ from pathlib import Path
 import numpy as np
 from matplotlib.backends.backend_agg import RendererAgg
 from matplotlib.backends.backend_pdf import pdfRepr
-from matplotlib.text import Text
 from matplotlib.transforms import Bbox
 
 from ..core import outfile
@@ -162,22 +161,25 @@ class _PngFile:
 
 
 def _texts(fig) -> list:
-    """(text, its extent on the whole canvas padded by its font's size in pixels) for the texts a tile may skip.
+    """(tick label, its extent on the whole canvas padded by its font's size in pixels) per tick label.
 
     Drawing text is most of a figure's drawing time, and each tile draws the whole figure: a tile
-    skips the texts whose padded extent misses it (hundreds of tick labels), which cannot change
-    its pixels. Texts with a box drawn around them are always drawn.
+    skips the tick labels whose padded extent misses it (hundreds of them), which cannot change its
+    pixels. Only tick labels: they stand where their ticks put them before any drawing, whereas an
+    axis label is moved beside the tick labels while the axis draws.
     """
     measure = RendererAgg(1, 1, fig.dpi)
-    for ax in fig.axes:  # tick labels are made when first asked for
-        ax.xaxis.get_majorticklabels()
-        ax.yaxis.get_majorticklabels()
     out = []
-    for t in fig.findobj(Text):
-        if t.get_visible() and t.get_text() and t.get_bbox_patch() is None:
-            pad = t.get_fontsize() * fig.dpi / 72.0
-            out.append((t, t.get_window_extent(measure).padded(pad)))
+    for ax in fig.axes:
+        for t in ax.xaxis.get_majorticklabels() + ax.yaxis.get_majorticklabels():  # made when first asked for
+            if t.get_visible() and t.get_text():
+                pad = t.get_fontsize() * fig.dpi / 72.0
+                out.append((t, t.get_window_extent(measure).padded(pad)))
     return out
+
+
+def _no_draw(renderer) -> None:
+    pass
 
 
 def _tile(fig, texts: list, x0: int, y0: int, w: int, h: int, canvas_h: int) -> np.ndarray:
@@ -195,7 +197,8 @@ def _tile(fig, texts: list, x0: int, y0: int, w: int, h: int, canvas_h: int) -> 
     here = Bbox.from_bounds(x0, bottom, w, h)  # on the whole canvas, from the bottom
     skipped = [t for t, box in texts if not box.overlaps(here)]
     for t in skipped:
-        t.set_visible(False)
+        # not set_visible(False): the axis label is placed beside the visible tick labels' extents
+        t.draw = _no_draw
     # whole-pixel offsets: W - x0 and H - bottom are exact, so the box keeps its exact width and height
     trans._boxout = Bbox.from_bounds(-x0, -bottom, W, H)
     trans.invalidate()
@@ -205,7 +208,7 @@ def _tile(fig, texts: list, x0: int, y0: int, w: int, h: int, canvas_h: int) -> 
         trans._boxout = saved
         trans.invalidate()
         for t in skipped:
-            t.set_visible(True)
+            del t.draw
     return np.asarray(renderer.buffer_rgba())
 
 
