@@ -306,7 +306,7 @@ def _pdf(fig, cells: StreamedCells, fh, dpi: float) -> None:
                 metadata={"Title": getattr(fig, "heading", "") or "", **_METADATA["pdf"]})  # fmt: skip
     pdf = buf.getvalue()
     start = int(pdf[pdf.rindex(b"startxref") :].split()[1])
-    head, count = re.match(rb"xref\n0 (\d+)\n", pdf[start:]), 0
+    head = re.match(rb"xref\n0 (\d+)\n", pdf[start:])  # matplotlib writes one subsection, 20 bytes an entry
     if head is None or cells.pdf_name is None:
         raise InspectorError("internal: the PDF's cross-references or the cells' image were not found")
     count = int(head.group(1))
@@ -335,8 +335,8 @@ def _pdf(fig, cells: StreamedCells, fh, dpi: float) -> None:
         lines.write(colours[:, :, :3])
     lines.close()
     fh.write(b"\nendstream\nendobj\n")
-    shift = fh.tell() - end  # where the objects after it start now, less where they were
     done = fh.tell()
+    shift = done - end  # where the objects after it start now, less where they were
     fh.seek(length_at)
     fh.write(str(size).encode())
     fh.seek(done)
