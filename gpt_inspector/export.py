@@ -34,11 +34,13 @@ def render_heatmap(source, layer: int, head: int, kind: str, path, scale: float 
     ``full_resolution=True`` draws every one of the T x T cells unpooled: a PNG gets whole pixels
     per cell (so it grows with T: about T pixels a side past ~700 x ``scale`` positions), an SVG or
     PDF embeds the T x T image at the usual page size. Past ``figures.fullres.MAX_CELLS`` positions it
-    pools, saying the block size in the subtitle.
+    pools, saying the block size in the subtitle. The cells are computed and written in row bands
+    (``figures.stream``): the T x T image is never held whole.
     """
-    vector = check_format(path) != "png"
-    return _write(lambda dpi: figures.head_figure(source, layer, head, kind, title, dpi=dpi,
-                                                  full_resolution=full_resolution, vector=vector), path, scale)  # fmt: skip
+    check_format(path)
+    if full_resolution:
+        return figures.stream.write_head(source, layer, head, kind, path, scale, title)
+    return _write(lambda dpi: figures.head_figure(source, layer, head, kind, title, dpi=dpi), path, scale)
 
 
 def render_grid(source, layer: int | None, kind: str, path, scale: float = 1.0) -> Path:

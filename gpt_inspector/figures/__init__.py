@@ -15,7 +15,8 @@ A *source* (Session, Trace, a beam view) offers ``attention(layer, head, kind)``
 
 The package: ``labels`` (token labels, ticks, pooling: no matplotlib), ``drawing`` (the figure's
 look and the head, grid and matrix figures), ``fullres`` (one head's every cell, unpooled, built in
-row chunks: ``head_figure(..., full_resolution=True)``) and ``output`` (format checks, bytes, files).
+row chunks: ``head_figure(..., full_resolution=True)``), ``stream`` (that head written to a file in
+row bands, never whole: ``stream.write_head``) and ``output`` (format checks, bytes, files).
 """
 
 from __future__ import annotations
@@ -37,6 +38,8 @@ from .kvlab import frontier_figure, lab_figure
 from .labels import clean_label
 from .lens import lens_figure
 from .output import FORMATS, cell_center, check_format, check_scale, close, pixel_size, save, scale_to_dpi, to_bytes
+
+from . import stream as stream  # isort: skip  (after output: it writes through it)
 
 # public too, though not in __all__ (as before the split): re-exported explicitly
 from .drawing import CMAP_NAME as CMAP_NAME, DPI as DPI, HATCH as HATCH, MASKING_KINDS as MASKING_KINDS  # isort: skip

@@ -13,7 +13,7 @@ from contextlib import contextmanager
 
 import matplotlib
 import numpy as np
-from matplotlib.backends.backend_agg import FigureCanvasAgg
+from matplotlib.backends.backend_agg import FigureCanvasAgg, RendererAgg
 from matplotlib.colors import Normalize
 from matplotlib.figure import Figure
 from matplotlib.patches import Patch, PathPatch
@@ -228,7 +228,9 @@ def _fit(fig: Figure, pad_in: float = 0.15) -> None:
     Done in the figure itself (not ``bbox_inches="tight"`` when saving), so PNG, SVG and PDF share
     one geometry and a cell's pixel position follows from ``transData``.
     """
-    renderer = fig.canvas.get_renderer()
+    # a 1 x 1 canvas measures text as the figure's would: the figure's own canvas, kept until
+    # the figure is closed, is 290 MB for a full-resolution head at 16k
+    renderer = RendererAgg(1, 1, fig.dpi)
     bb = fig.get_tightbbox(renderer)  # inches
     W, H = fig.get_size_inches()
     nw, nh = bb.width + 2 * pad_in, bb.height + 2 * pad_in
@@ -340,7 +342,8 @@ def matrix_figure(
 
 
 def head_figure(source, layer: int, head: int, kind: str = "probs", title: str | None = None, *,
-                dpi: float = DPI, full_resolution: bool = False, vector: bool = False) -> HeatmapFigure:  # fmt: skip
+                dpi: float = DPI, full_resolution: bool = False, vector: bool = False,
+                streamed: bool = False) -> HeatmapFigure:  # fmt: skip
     """One head's (T, T) matrix at one stage, tokens on both axes (rows: query, columns: key).
 
     By default cells are max-pooled where they would be narrower than a pixel at ``dpi``.
@@ -348,6 +351,8 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     at ``dpi`` (and only that dpi) each cell is a whole number of pixels, the figure as large as that
     takes; with ``vector=True`` (SVG, PDF) the page keeps its usual size and embeds the T x T image
     unresampled. Past ``fullres.MAX_CELLS`` positions per side it pools, with the block size in the subtitle.
+    ``streamed=True`` (with ``full_resolution``): the figure holds no cells, only what ``figures.stream``
+    needs to write them into a file in row bands (the one way to write it).
     """
     check_kind(kind)
     layer = check_index(layer, source.n_layers, "layer")
@@ -359,7 +364,7 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
                  f" · step {source.n_steps}")  # fmt: skip
     subtitle = f"{_KIND_NOTES[kind]} · {_positions_text(t)}"
     if full_resolution:
-        return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector)
+        return _full_head_figure(source, layer, head, kind, title, subtitle, labels, float(dpi), vector, streamed)
     k = pooling.fit_block(t, fullres.usual_side(t) * float(dpi))  # as matrix_figure will choose
     masking, block, lo, hi = kind in MASKING_KINDS, 1, None, None
     if k > 1 and hasattr(source, "attention_rows"):
@@ -377,12 +382,17 @@ def head_figure(source, layer: int, head: int, kind: str = "probs", title: str |
     return mark_unverified(fig, getattr(source, "unverified", None))
 
 
-def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, vector) -> HeatmapFigure:
+def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, vector, streamed) -> HeatmapFigure:
     t = len(labels)
     block = pooling.fit_block(t, fullres.MAX_CELLS)
     cmap = _cmap()
-    rgba, norm, any_masked = fullres.head_cells(source, layer, head, kind, block, cmap, kind in MASKING_KINDS)
-    nb = rgba.shape[0]  # (nb, nb, 4)
+    cells: fullres.CellImage | fullres.StreamedCells
+    if streamed:
+        cells = fullres.StreamedCells(source, layer, head, kind, block, cmap, kind in MASKING_KINDS)
+        nb, norm, any_masked = cells.n, cells.norm, cells.any_masked
+    else:
+        rgba, norm, any_masked = fullres.head_cells(source, layer, head, kind, block, cmap, kind in MASKING_KINDS)
+        nb, cells = rgba.shape[0], fullres.CellImage(rgba)  # (nb, nb, 4)
     if vector:
         side, p = fullres.usual_side(nb), 1
     else:
@@ -396,7 +406,7 @@ def _full_head_figure(source, layer, head, kind, title, subtitle, labels, dpi, v
     with _style():
         fig = _new_figure(2.2 + side + 1.6, 1.8 + side + 0.9)
         ax = _add_axes(fig, 2.2, 1.8, side, side)
-        ax.add_artist(fullres.CellImage(rgba))
+        ax.add_artist(cells)
         ax.set_xlim(-0.5, end)
         ax.set_ylim(end, -0.5)
         # points: the frame 1.5 pixels clear of the cells, antialiasing included (vector: as at 600 dpi)

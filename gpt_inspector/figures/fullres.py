@@ -39,15 +39,17 @@ def head_matrix(source, layer: int, head: int, kind: str, masking: bool) -> tupl
     return values, masked
 
 
-def _row_chunks(source, layer: int, head: int, kind: str, masking: bool, block: int):
-    """(r0, values (n, T) float32, masked (n, T) bool) over the query rows, n a multiple of ``block``."""
+def _row_chunks(source, layer: int, head: int, kind: str, masking: bool, block: int, reverse: bool = False):
+    """(r0, values (n, T) float32, masked (n, T) bool) over the query rows, n a multiple of ``block``;
+    ``reverse``: the last chunk first (each chunk's rows still top-down)."""
     t = int(source.cache_length)
     if not hasattr(source, "attention_rows"):  # a duck-typed source offers only whole matrices
         yield 0, *head_matrix(source, layer, head, kind, masking)
         return
     heads = int(source.n_heads)  # allowed_rows answers for every head of the layer
     step = max(block, ROWS_BUDGET // max(1, heads * t) // block * block)
-    for r0 in range(0, t, step):
+    starts = range(0, t, step)
+    for r0 in reversed(starts) if reverse else starts:
         r1 = min(t, r0 + step)
         values = source.attention_rows(layer, r0, r1, kind, heads=(head,))[0].numpy()  # (n, T)
         masked = ~np.isfinite(values)
@@ -56,9 +58,9 @@ def _row_chunks(source, layer: int, head: int, kind: str, masking: bool, block: 
         yield r0, values, masked
 
 
-def _pooled_rows(source, layer: int, head: int, kind: str, block: int, masking: bool):
+def _pooled_rows(source, layer: int, head: int, kind: str, block: int, masking: bool, reverse: bool = False):
     """(first block row, block maxima (m, nb), all-masked blocks (m, nb), (min, max) of the cells or None) per chunk."""
-    for r0, v, m in _row_chunks(source, layer, head, kind, masking, block):
+    for r0, v, m in _row_chunks(source, layer, head, kind, masking, block, reverse):
         pv, pm = pool_max(v, m, block, block)
         yield r0 // block, pv, pm, _finite_span(v, m)
 
@@ -153,6 +155,58 @@ class CellImage(Artist):
             w, h = round(box.width), round(box.height)
             a = self.rgba if (w, h) == (n, n) else self.rgba[_nearest(n, h)][:, _nearest(n, w)]  # (h, w, 4)
             renderer.draw_image(gc, round(box.x0), round(box.y0), a)
+        gc.restore()
+        self.stale = False
+
+
+# what a vector renderer is given where the streamed cells go; the writer swaps in the real image
+STAND_IN = np.full((1, 1, 4), 255, dtype=np.uint8)
+STAND_IN_ID = "gpt-inspector-cells"
+
+
+class StreamedCells(Artist):
+    """A full-resolution head's cells that are never all held: ``figures.stream`` writes them into the
+    file in row bands, computed from the run source chunk by chunk as it writes.
+
+    Built, it has read the rows once for the colour range (probabilities need no pass: [0, 1]);
+    ``rows`` computes them again. A vector renderer gets a one-pixel stand-in where the image goes
+    (the same placement an n x n image would get), which the writer replaces; Agg draws nothing here
+    (the PNG writer pastes the cells into its bands itself).
+    """
+
+    def __init__(self, source, layer: int, head: int, kind: str, block: int, cmap, masking: bool):
+        super().__init__()
+        self.source, self.where, self.block, self.cmap = source, (layer, head, kind), block, cmap
+        self.masking, self.n = masking, -(-int(source.cache_length) // block)
+        self.any_masked, self.pdf_name = False, None
+        spans = []
+        if kind != "probs":  # the colour range is what the cells span: one pass first
+            for _, _, pm, span in _pooled_rows(source, layer, head, kind, block, masking):
+                spans.append(span)
+                self.any_masked = self.any_masked or bool(pm.any())
+        self.norm = Normalize(*value_range(spans, kind))
+        self.set_in_layout(False)
+
+    def rows(self, reverse: bool = False):
+        """(first cell row, colours (k, n, 4) uint8, rows top-down) per chunk; ``reverse``: the last chunk first."""
+        layer, head, kind = self.where
+        for R0, pv, pm, _ in _pooled_rows(self.source, layer, head, kind, self.block, self.masking, reverse):
+            self.any_masked = self.any_masked or bool(pm.any())
+            # the same elementwise float32 steps as head_cells, so the same bytes
+            yield R0, self.cmap(self.norm(np.where(pm, np.float32(np.nan), pv)), bytes=True)
+
+    def draw(self, renderer) -> None:
+        if not self.get_visible() or not renderer.option_scale_image():
+            return
+        box = self.axes.bbox
+        gc = renderer.new_gc()
+        gc.set_gid(STAND_IN_ID)
+        tr = Affine2D().scale(box.width, box.height)
+        if hasattr(renderer, "writer"):  # SVG divides by the image's pixels: placed as an n x n image would be
+            tr = Affine2D().scale(1.0 / self.n) + tr
+        renderer.draw_image(gc, box.x0, box.y0, STAND_IN, tr)
+        if hasattr(renderer, "file"):  # PDF: the image XObject's name, to find its object
+            self.pdf_name = renderer.file.imageObject(STAND_IN)
         gc.restore()
         self.stale = False
 

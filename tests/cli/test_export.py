@@ -81,14 +81,19 @@ def test_from_a_model_run_matches_the_trace(tiny_dir, trace_file, tmp_path, caps
     assert live.read_bytes() == (tmp_path / "saved.png").read_bytes()
 
 
-def test_full_resolution_one_head(trace_file, tmp_path, capsys):
-    """--full-resolution: the SVG embeds the T x T matrix unresampled, the PNG names it in its subtitle."""
+def test_full_resolution_one_head(trace_file, tmp_path, capsys, monkeypatch):
+    """--full-resolution: the SVG embeds the T x T matrix unresampled, the PNG names it in its subtitle;
+    every file is written in row bands (figures.stream, tested against the in-memory figure in tests/figures)."""
     import base64
     import io
 
     from matplotlib.image import imread
 
     from gpt_inspector import figures, load_trace
+    from gpt_inspector.figures import stream
+
+    streamed, real = [], stream.write_head
+    monkeypatch.setattr(stream, "write_head", lambda *a, **k: streamed.append(a[4]) or real(*a, **k))
 
     t = load_trace(trace_file).cache_length
     rc, _, err = _run(
@@ -114,6 +119,7 @@ def test_full_resolution_one_head(trace_file, tmp_path, capsys):
     )
     assert rc == 0, err
     assert f"/Width {t} /Height {t}".encode() in (tmp_path / "f.pdf").read_bytes()
+    assert [os.path.splitext(str(p))[1] for p in streamed] == [".svg", ".png", ".pdf"]
     with pytest.raises(SystemExit):
         main(["export", "--help"])
     from gpt_inspector.figures import fullres

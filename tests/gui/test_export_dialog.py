@@ -161,17 +161,15 @@ def test_window_ctrl_e_full_resolution_writes_on_the_worker(shown, wait_idle, qt
     from PySide6.QtCore import Qt
     from PySide6.QtWidgets import QApplication, QDialog
 
-    from gpt_inspector import export
+    from gpt_inspector.figures import stream
     from gpt_inspector.gui import export_dialog as ed
 
     win = shown()
     qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
     snap = wait_idle(win)
     target, threads = tmp_path / "head.svg", []
-    real = export.render_heatmap
-    monkeypatch.setattr(
-        export, "render_heatmap", lambda *a, **k: threads.append(threading.get_ident()) or real(*a, **k)
-    )
+    real = stream.write_head  # written in row bands, never the whole T x T at once
+    monkeypatch.setattr(stream, "write_head", lambda *a, **k: threads.append(threading.get_ident()) or real(*a, **k))
 
     def accept(self):
         qtbot.addWidget(self)
