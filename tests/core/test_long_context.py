@@ -72,7 +72,8 @@ def test_plain_causal_forwards_build_no_mask(tiny_lm, monkeypatch):
         s.run(3)
         assert seen and all(m is None for m in seen)
         assert built == []
-        # a recompute from position 2 over a kept prefix needs the real lower-right causal mask
+        # a recompute from position 2 over a kept prefix hands the model the real lower-right causal mask
+        # (the attention then runs without it: tests/core/test_causal_after_cache.py)
         s.set_mask_edits([gi.MaskEdit(query=2, key=1, layer=0)])
         assert any(m is not None for m in seen)
     finally:

@@ -9,6 +9,8 @@ record the primitives (``recorder``).
 Our mask builder is the eager one (an additive float mask) except where sdpa's own builder would skip
 the mask (plain causal, nothing padded, no window in reach): then it returns None and we ask sdpa for
 ``is_causal``, so a prefill at T = 8,192 never builds a T x T mask and a decode step passes none.
+Queries after a cache (a recompute's chunks) get the materialised mask, since the model may read it,
+marked plain where it is plain causal; the kernel then computes them without it.
 """
 
 from ..edits import HeadEdit, MaskEdit, allowed_rows, compile_edits  # noqa: F401 (the names capture always offered)

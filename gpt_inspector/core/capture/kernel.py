@@ -2,6 +2,9 @@
 
 - sdpa with the model's mask (or ``is_causal``, so a prefill at T = 8,192 never builds a T x T mask),
   each KV head read in place for its query-head group (``enable_gqa``; packed rows in a decode step);
+- a chunk of queries after a cache under plain causality (a recompute's chunks, a chat turn): padded
+  to a square for ``is_causal`` after a short cache, else the cached keys and the chunk's own keys as
+  two mask-free flash calls merged by their log-sum-exp;
 - sdpa with one dense (B, H, Tq, Tk) mask, where blocked cells differ per head;
 - the written-out equation, where the scores must be in hand: soft-caps, attention sinks (``s_aux``),
   an additive score bias, or an intervention that reads the probabilities. It follows the model's
@@ -12,6 +15,7 @@
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass, field
 
 import torch
@@ -23,6 +27,14 @@ from ..hf import sdpa_mask
 # sdpa's enable_gqa (torch >= 2.5) reads each KV head for its group of query heads in place;
 # older torch gets K/V repeated to every query head, as transformers' own sdpa path does there
 _SDPA_GQA = tuple(int(x) for x in torch.__version__.split(".")[:2]) >= (2, 5)
+
+# sdpa's CPU flash kernel called directly: it hands back each row's log-sum-exp, which sdpa does not
+_CPU_FLASH = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+
+# set by inspector_mask on a mask that is plain lower-right causal over its own keys: the kernel then
+# runs its mask-free causal paths. An attribute, not a None mask, because the model sees the mask too
+# (doge builds its dynamic mask from it)
+PLAIN_CAUSAL = "gpt_inspector_plain_causal"
 
 
 @dataclass
@@ -64,7 +76,10 @@ class Call:
     kv_used: tuple | None = None  # (K, V, sdpa kwargs) as the kernel read them, for rows computed again
 
     def __post_init__(self):
-        self.mask = None if self.model_mask is None else self.model_mask[:, :, :, : self.tk]
+        m = self.model_mask
+        # a plain causal mask over exactly these keys says nothing the causal paths do not
+        plain = m is None or (getattr(m, PLAIN_CAUSAL, False) and m.shape[-1] == self.tk)
+        self.mask = None if plain else m[:, :, :, : self.tk]
 
     @property
     def n_heads(self) -> int:
@@ -121,7 +136,7 @@ def _finish_mask(call: Call, dense: bool) -> bool:
         dense = True
         base = call.mask if call.mask is not None else causal_additive(call.tq, call.tk, q.dtype, q.device)
         call.mask = base.masked_fill(call.block.to(q.device), torch.finfo(q.dtype).min)  # (B, H, Tq, Tk)
-    if call.mask is None and call.tq > 1 and (call.tq != call.tk or dense):  # a model that left causality to us
+    if call.mask is None and call.tq > 1 and dense:  # causality in the one dense mask
         call.mask = causal_additive(call.tq, call.tk, q.dtype, q.device)  # (1, 1, Tq, Tk)
     return dense
 
@@ -143,9 +158,59 @@ def _sdpa(call: Call) -> torch.Tensor:
         packed_mask = mask if mask is None or mask.shape[1] == 1 else mask.reshape(b, hkv, h // hkv, -1)
         out = F.scaled_dot_product_attention(packed_q, call.key, call.value, attn_mask=packed_mask, scale=call.scaling)
         return out.reshape(b, h, 1, call.value.shape[-1])  # (B, H, 1, d_v)
+    if mask is None and 1 < tq < call.tk:
+        return _causal_after_cache(call, k, v, kw)  # (B, H, Tq, d_v)
     causal = mask is None and tq > 1
     out = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=call.scaling, is_causal=causal, **kw)
     return out  # (B, H, Tq, d_v)
+
+
+def _causal_after_cache(call: Call, k: torch.Tensor, v: torch.Tensor, kw: dict) -> torch.Tensor:
+    """(B, H, Tq, d_v): Tq queries after q0 cached keys, plain causal, without a (Tq, Tk) mask.
+
+    sdpa's ``is_causal`` aligns the triangle top-left, so this call would need an explicit mask, and
+    with one the CPU kernel adds it to every block and skips none above the diagonal (1.3-1.7x the
+    time of the same rows in a plain prefill). Instead, a short cache: q0 zero query rows in front
+    make the triangle square and top-left (``is_causal``), the rows dropped after, for q0^2 / 2 extra
+    products (the masked-off products of the masked call add zeros). A longer cache: every query sees all
+    q0 cached keys (no mask) and its own chunk's keys top-left causal; softmax over the union is the
+    two halves weighted by their log-sum-exps, equal to the masked call to float rounding.
+    """
+    q, q0, tq = call.query, call.q0, call.tq  # (B, H, Tq, d)
+    if 4 * q0 <= tq:  # the padding adds at most 1/24 of the rows' work; the split's merge costs more
+        padded = torch.cat([q.new_zeros((*q.shape[:2], q0, q.shape[3])), q], dim=2)  # (B, H, Tk, d)
+        out = F.scaled_dot_product_attention(padded, k, v, scale=call.scaling, is_causal=True, **kw)  # (B, H, Tk, d_v)
+        return out[:, :, q0:]  # (B, H, Tq, d_v)
+    if not _flash_splits(q, k, v):
+        mask = causal_additive(tq, call.tk, q.dtype, q.device)  # (1, 1, Tq, Tk)
+        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, scale=call.scaling, **kw)
+    assert _CPU_FLASH is not None  # _flash_splits checked it
+    s = call.scaling
+    o_old, lse_old = _CPU_FLASH(q, k[:, :, :q0], v[:, :, :q0], 0.0, False, scale=s)  # (B, H, Tq, d_v), (B, H, Tq)
+    o_new, lse_new = _CPU_FLASH(q, k[:, :, q0:], v[:, :, q0:], 0.0, True, scale=s)  # (B, H, Tq, d_v), (B, H, Tq)
+    wide = torch.promote_types(q.dtype, torch.float32)  # half precision merges in float32
+    share = torch.sigmoid(lse_old.to(wide) - lse_new.to(wide)).unsqueeze(-1)  # (B, H, Tq, 1): the cache's softmax mass
+    return torch.lerp(o_new.to(wide), o_old.to(wide), share).to(q.dtype)  # (B, H, Tq, d_v)
+
+
+def _flash_splits(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> bool:
+    """Whether the split runs: the CPU flash kernel, one head size for q, K and V, and KV-head groups it reads."""
+    if _CPU_FLASH is None or q.device.type != "cpu" or not (q.shape[-1] == k.shape[-1] == v.shape[-1]):
+        return False
+    return k.shape[1] == q.shape[1] or _flash_reads_groups()
+
+
+@functools.cache
+def _flash_reads_groups() -> bool:
+    """Whether this torch's CPU flash kernel maps query-head groups to KV heads itself (checked once, tiny)."""
+    g = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(1, h, 3, 4, generator=g) for h in (4, 2, 2))  # (1, H or Hkv, 3, 4)
+    try:
+        out = _CPU_FLASH(q, k, v, 0.0, True, scale=0.5)[0]  # type: ignore[misc]  # (1, 4, 3, 4)
+    except RuntimeError:
+        return False
+    ref = F.scaled_dot_product_attention(q, eq.expand_kv(k, 4), eq.expand_kv(v, 4), is_causal=True, scale=0.5)
+    return bool(torch.allclose(out, ref, atol=1e-6))
 
 
 def _sdpa_dense(call: Call) -> torch.Tensor:
@@ -205,4 +270,16 @@ def inspector_mask(*args, dtype: torch.dtype = torch.float32, allow_is_causal_sk
     mask = sdpa_mask(*args, **kwargs)  # (B, 1, Tq, Tk) bool or None
     if mask is None:
         return None
-    return torch.where(mask, torch.zeros((), device=mask.device, dtype=dtype), torch.finfo(dtype).min)
+    additive = torch.where(mask, torch.zeros((), device=mask.device, dtype=dtype), torch.finfo(dtype).min)
+    if _lower_right_causal(mask):
+        setattr(additive, PLAIN_CAUSAL, True)  # queries after a cache, nothing padded, no window in reach
+    return additive
+
+
+def _lower_right_causal(mask: torch.Tensor) -> bool:
+    """Whether a (B, 1, Tq, Tk) bool mask is plain causal with the queries the last Tq positions, in every row."""
+    if mask.dtype != torch.bool or mask.dim() != 4 or mask.shape[1] != 1:
+        return False
+    tq, tk = mask.shape[-2:]
+    causal = torch.ones(tq, tk, dtype=torch.bool, device=mask.device).tril(tk - tq)  # (Tq, Tk)
+    return torch.equal(mask, causal.expand_as(mask))

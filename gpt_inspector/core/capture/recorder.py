@@ -24,7 +24,7 @@ from .. import attention as eq
 from ..edits import CompiledEdits
 from ..rowbuffer import RowBuffer
 from .interventions import KEY_BIAS_ATTR
-from .kernel import AppliedBias
+from .kernel import PLAIN_CAUSAL, AppliedBias
 
 # The recorder of the forward pass running in *this* thread (the GUI worker, a script, a test).
 _ACTIVE: contextvars.ContextVar[Recorder | RowRecorders | None] = contextvars.ContextVar(
@@ -214,6 +214,8 @@ class Recorder:
         if mask.shape[1] > 1 or (mask.dtype != torch.bool and bias is not None and bias.form == "key"):
             self._record_head_mask(layer, mask, q0, tq, tk, bias)
             return
+        if getattr(mask, PLAIN_CAUSAL, False) and mask.shape[-1] == tk:
+            return  # built plain causal by inspector_mask: no row to keep
         # the same mask tensor is shared by every layer of a forward: inspect it once. The entry keeps
         # the tensor alive, so a mask an adapter builds per layer cannot reuse a checked one's id
         key = id(mask)
