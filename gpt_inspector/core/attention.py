@@ -153,3 +153,41 @@ def equation(
         return torch.softmax(torch.cat([masked, col], dim=-1), dim=-1)[..., :-1]  # (..., n, T)
     check_kind(kind)  # raises: every known kind returned above
     raise AssertionError(f"kind {kind!r} is known but equation() does not compute it")
+
+
+def causal_key_bins(q: torch.Tensor, k: torch.Tensor, scaling: float, size: int) -> torch.Tensor | None:
+    """The softmax mass each query row gives each bin of ``size`` keys, plain causal rows, or None.
+
+    q: (Hkv, g, n, d) the last n of ``t`` positions, query heads grouped by the KV head they read;
+    k: (Hkv, t, d). Returns (Hkv * g, n, ceil(t / size)) float32: sum over the keys j of bin b of
+    softmax(q·kⱼ × scaling) over keys j <= the row's position, the same numbers as ``equation``'s
+    probs summed (float rounding apart), without the (n, t) matrix: the fused flash-attention
+    kernel with one-hot values (vⱼ = e_bin(j)) computes those sums as its output. The kernel aligns a
+    causal mask top-left, so the keys before the rows (all visible) and the n x n diagonal block
+    (causal) run apart and merge by their log-sum-exps. None where that kernel is not at hand (not
+    a CPU tensor, a torch without it, more key bins than d): the caller uses ``equation``.
+    """
+    import torch
+
+    op = getattr(torch.ops.aten, "_scaled_dot_product_flash_attention_for_cpu", None)
+    hkv, g, n, d = q.shape
+    t = k.shape[1]
+    nb = -(-t // size)
+    if op is None or q.device.type != "cpu" or nb > d or n == 0:
+        return None
+    q, k = q.float(), k.float()
+    v = torch.zeros(t, d)  # (t, d): key j's value is the one-hot of its bin (padded to d: the kernel wants d)
+    v[torch.arange(t), torch.arange(t) // size] = 1.0
+    p0 = t - n
+    kd, vd = k[:, p0:].expand(g, hkv, n, d), v[p0:].expand(g, hkv, n, d)  # (g, Hkv, n, d)
+    out, lse = op(q.transpose(0, 1), kd, vd, 0.0, True, scale=scaling)  # (g, Hkv, n, d), (g, Hkv, n): diagonal
+    out, lse = out.transpose(0, 1), lse.transpose(0, 1)  # (Hkv, g, n, d), (Hkv, g, n)
+    if p0:
+        qa = q.reshape(1, hkv, g * n, d)  # (1, Hkv, g*n, d): a KV head's query heads share its keys
+        va = v[:p0].expand(1, hkv, p0, d)  # (1, Hkv, p0, d)
+        o2, l2 = op(qa, k[None, :, :p0], va, 0.0, False, scale=scaling)  # keys before the rows: all visible
+        o2, l2 = o2.reshape(hkv, g, n, d), l2.reshape(hkv, g, n)
+        m = torch.maximum(lse, l2)  # (Hkv, g, n)
+        w1, w2 = (lse - m).exp(), (l2 - m).exp()
+        out = (out * w1[..., None] + o2 * w2[..., None]) / (w1 + w2)[..., None]  # (Hkv, g, n, d)
+    return out[..., :nb].reshape(hkv * g, n, nb)  # (H, n, key bins)
