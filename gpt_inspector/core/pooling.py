@@ -206,13 +206,11 @@ def _spread(n: int) -> list[int]:
     return order
 
 
-def bin_rows(rows_of, n_layers: int, n_heads: int, size: int, p0: int, p1: int, mass_of=None) -> np.ndarray:
+def bin_rows(rows_of, n_layers: int, n_heads: int, size: int, p0: int, p1: int) -> np.ndarray:
     """(L, H, row bins, key bins) float64: query rows p0..p1 summed into ``size`` x ``size`` bins.
 
     ``rows_of(layer, p0, p1)`` -> (H, n, k) probs over the first k keys, p1 <= k (the keys it leaves
     out have probability 0: rows never attend past themselves). Row bins start at p0 // size.
-    ``mass_of(layer, p0, p1)``, where given, -> (H, n, ceil(p1 / size)) each row's mass per key bin
-    already summed (a fused kernel's, ``attention.causal_key_bins``), or None: then ``rows_of``.
     """
     s = size
     key_starts = np.arange(0, p1, s)
@@ -224,12 +222,6 @@ def bin_rows(rows_of, n_layers: int, n_heads: int, size: int, p0: int, p1: int, 
             c1 = min(p1, c0 + chunk)
             rb = np.arange(c0, c1) // s
             row_starts = np.concatenate([[0], np.flatnonzero(np.diff(rb)) + 1])
-            mass = None if mass_of is None else mass_of(layer, c0, c1)  # (H, n, key bins) or None
-            if mass is not None:
-                kb = np.add.reduceat(np.asarray(mass, dtype=np.float64), row_starts, axis=1)  # (H, n_rowbins, nbk)
-                first = int(rb[0]) - p0 // s
-                out[layer, :, first : first + kb.shape[1], : kb.shape[2]] += kb
-                continue
             r = rows_of(layer, c0, c1)  # (H, n, k)
             ks = key_starts[key_starts < r.shape[2]]
             if len(row_starts) == 1:  # the usual chunk, inside one row bin: sum its rows first (n times less to bin)

@@ -35,27 +35,7 @@ class ViewTiles:
             # keys past the last row get probability 0 at every head: leaving them out halves a full pass
             return src.attention_rows(layer, a, b, "probs", keys=b).numpy()
 
-        def mass(layer, a, b):
-            return None if layer not in attending else self._fused_key_bins(layer, a, b, size)
-
-        return bin_rows(rows, src.n_layers, h, size, p0, p1, mass)
-
-    def _fused_key_bins(self, layer: int, p0: int, p1: int, size: int) -> np.ndarray | None:
-        """(H, n, key bins) float32 from the fused kernel (``attention.causal_key_bins``) where rows p0..p1
-        are plain causal (no mask rows of the model's own, no mask edit, no cache policy) and the layer
-        has no sink, soft-cap or score bias; else None. Twice as fast as the equation's rows at
-        T = 8,192 on one thread (no (H, n, T) matrix to write and read back)."""
-        src: Any = self  # a RunSource
-        if src.sink(layer) is not None or src.softcap(layer) is not None or src.score_bias(layer) is not None:
-            return None
-        if src._allowed_from(layer, p0, p1, p1)[1] == 0:  # not plain causal: the equation masks it
-            return None
-        q = src.records.queries(layer)[:, p0:p1]  # (H, n, d): as attention_rows reads them
-        k = src.records.keys(layer)[:, :p1]  # (Hkv, p1, d)
-        hkv = k.shape[0]
-        qg = q.reshape(hkv, q.shape[0] // hkv, p1 - p0, q.shape[-1])  # (Hkv, g, n, d): query heads h*g .. h*g+g-1
-        out = eq.causal_key_bins(qg, k, src.scaling(layer), size)  # (H, n, key bins) or None
-        return None if out is None else out.numpy()
+        return bin_rows(rows, src.n_layers, h, size, p0, p1)
 
     def pooled_rows(self, layer: int, head: int, kind: str, p0: int, p1: int, keys: int, block: int) -> np.ndarray:
         """(n / block, keys / block) float32: query rows p0..p1 of one head over the first ``keys``

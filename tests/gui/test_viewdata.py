@@ -92,28 +92,22 @@ def test_selected_matrix_grows_by_one_row_and_matches_the_engine(tiny_lm, kind):
     check(vm.build(sel))
 
 
-@pytest.mark.parametrize("fused", [True, False])
-def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch, fused):
-    """A first build at long T goes through rows in chunks; the bins are the same as in one pass,
-    through the fused kernel's key-bin sums or (where it does not apply) the equation's rows."""
-    import gpt_inspector.core.attention as eq
+def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch):
+    """A first build at long T goes through rows in chunks; the bins are the same as in one pass."""
     import gpt_inspector.core.pooling as pooled_mod
 
-    if not fused:
-        monkeypatch.setattr(eq, "causal_key_bins", lambda *a: None)
     s = Session(tiny_lm("llama"), "She eats an apple. He reads a book every evening.")
     s.step()
     one = full_thumbnails(s, max_bins=4).image()
     seen = []
-    path = "_fused_key_bins" if fused else "attention_rows"
-    rows = getattr(s, path)
+    rows = s.attention_rows
 
     def spy(layer, p0, p1, *a, **k):
         seen.append(p1 - p0)
         return rows(layer, p0, p1, *a, **k)
 
     monkeypatch.setattr(pooled_mod, "ROWS_BUDGET", 3 * s.n_heads * s.cache_length)  # three rows per evaluation
-    monkeypatch.setattr(s, path, spy)
+    monkeypatch.setattr(s, "attention_rows", spy)
     chunked = full_thumbnails(s, max_bins=4).image()
     assert max(seen) == 3 and len(seen) > s.n_layers
     np.testing.assert_allclose(chunked, one, atol=1e-6)
