@@ -177,31 +177,24 @@ class ViewModel:
     def reconcile(self, budget: int | None = None) -> bool:
         """Bring the overview up to date with the source; True when it is complete.
 
-        A step's new row is added (O(L*H*T*d)); a first build or a rebuild after a mask edit adds
-        at most ``budget`` numbers here and leaves the rest to :meth:`refine`, which the worker
-        runs in slices between commands (a step during that stream queues its row with the rest).
+        A step's new row is always added (O(L*H*T*d)); a first build or a rebuild after a mask
+        edit adds at most ``budget`` numbers here and leaves the rest to :meth:`refine`, which
+        the worker runs in slices between commands.
         """
         t = self.obj.cache_length
         th = self.thumbs
-        # rows already streaming (a first build or an edit's rebuild not complete yet): the worker's slices
-        # add them between commands, so a build (a step's) adds none past the sync budget (a forced chunk of
-        # 16 rows at every head cost a step 2 s at T = 16,384 under load); an explicit budget still forces one
-        streaming = th.T > 0 and not th.complete
         if self._dirty_from < th.T or t < th.T:
             th.truncate(min(self._dirty_from, t))
         if th.T == 0:
             th.reset()
         th.extend(t)
         self._dirty_from = t
-        forced = budget is not None or not streaming
-        return self.refine(budget=SYNC_BUDGET if budget is None else budget, matrix=False, forced=forced)
+        return self.refine(budget=SYNC_BUDGET if budget is None else budget, matrix=False)
 
-    def refine(
-        self, budget: int | None = None, deadline: float | None = None, matrix: bool = True, forced: bool = True
-    ) -> bool:
+    def refine(self, budget: int | None = None, deadline: float | None = None, matrix: bool = True) -> bool:
         """Add pending overview rows in refinement order until ``budget`` numbers are computed
-        or ``deadline`` (perf_counter) passes (one chunk at least, unless not ``forced``), then
-        (``matrix``) rows of a pooled score matrix still building; True when nothing is left to stream."""
+        or ``deadline`` (perf_counter) passes (one chunk at least), then (``matrix``) rows of a
+        pooled score matrix still building; True when nothing is left to stream."""
         th = self.thumbs
         per_row = max(1, th.L * th.H * th.T)
         spent = 0
@@ -209,7 +202,7 @@ class ViewModel:
             while not th.complete:
                 for p0, p1 in th.pending(max_chunks=8):
                     cost = (p1 - p0) * per_row
-                    if budget is not None and (spent or not forced) and spent + cost > budget:  # progress
+                    if budget is not None and spent and spent + cost > budget:  # one chunk at least: progress
                         return False
                     k = self._threads.pick()
                     t0 = time.perf_counter()
