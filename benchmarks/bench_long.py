@@ -13,7 +13,7 @@ process, each figure with the load average when it was taken (2 shared cores her
   window               the real MainWindow (offscreen) with its worker, taking over the view model
                        above (its overview is not streamed twice): step end -> every view applied ->
                        window repainted (a forced repaint of every visible widget), median of
-                       --window-steps; then a head switch and a zoom to the newest 512 x 512 cells,
+                       --window-steps; then a head switch and a zoom to the newest 256 x 256 cells,
                        select / view range set -> painted; and the GUI thread's longest stall while
                        the selected head's pooled matrix streamed in. Skipped with --no-window. With
                        --softmax-ab, the window runs twice more, the softmax rows drawing every key (as

@@ -115,9 +115,9 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
     seconds), as a user would wait for it. ``view_model``: a ViewModel of ``session`` already built
     (its overview complete) for the worker to take over instead of streaming it again. ``extras``:
     also, after the steps, a head switch (select -> the new head's first picture painted) and a zoom
-    to the newest 512 x 512 cells (the view range set -> their exact tile painted, the matrix's own
-    120 ms settle included), and the GUI thread's longest stall while the window streamed (a 20 ms
-    timer's longest late tick): whether it answered input.
+    to the newest 256 x 256 cells, up to 512 on the long side (the view range set -> their exact
+    tile painted, the matrix's own 120 ms settle included), and the GUI thread's longest stall while
+    the window streamed (a 20 ms timer's longest late tick): whether it answered input.
     """
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
@@ -195,7 +195,8 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
             out["switch"] = painted_at[-1][0] - t0
             t, n0 = win.snapshot.T, len(painted_at)
             t0 = time.perf_counter()
-            win.score_matrix.plot.setRange(xRange=(t - 512, t), yRange=(t - 512, t), padding=0)
+            # 256 x 256 asked: the matrix keeps its aspect, so the dock's shape widens one side (to <= 512)
+            win.score_matrix.plot.setRange(xRange=(t - 256, t), yRange=(t - 256, t), padding=0)
             until(lambda: any(snap.scores.tile is not None for _, snap in painted_at[n0:]), cap)
             out["zoom"] = next((at for at, snap in painted_at[n0:] if snap.scores.tile is not None), float("nan")) - t0
     finally:
