@@ -107,57 +107,105 @@ class PeakRSS:
         return (self.peak - self.base) / 2**20
 
 
-def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3) -> dict[str, float]:
+def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3, view_model=None,
+                 extras: bool = False) -> dict[str, float]:  # fmt: skip
     """Step ``session`` in the real window: medians of step end -> built / applied / repainted (seconds).
 
-    The window's overview streams in first (at most ``cap`` seconds), as a user would wait for it.
+    The window's overview (and the selected head's pooled matrix) streams in first (at most ``cap``
+    seconds), as a user would wait for it. ``view_model``: a ViewModel of ``session`` already built
+    (its overview complete) for the worker to take over instead of streaming it again. ``extras``:
+    also, after the steps, a head switch (select -> the new head's first picture painted) and a zoom
+    to the newest 256 x 256 cells, up to 512 on the long side (the view range set -> their exact
+    tile painted, the matrix's own 120 ms settle included), and the GUI thread's longest stall while
+    the window streamed (a 20 ms timer's longest late tick): whether it answered input.
     """
-    from PySide6.QtCore import QEventLoop
+    from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
 
     from gpt_inspector.gui import _pyside_fix
+    from gpt_inspector.gui import worker as worker_mod
     from gpt_inspector.gui.main_window import MainWindow
     from gpt_inspector.gui.views.common import apply_theme
 
     _pyside_fix.install()
     app = QApplication.instance() or QApplication([])
     apply_theme(app)
+    made = worker_mod.ViewModel
+    if view_model is not None:  # the worker builds its view model on showing the session: hand it this one
+        worker_mod.ViewModel = lambda obj, *a, **k: view_model if obj is session else made(obj, *a, **k)
     win = MainWindow(restore_layout=False)
     win.headless_errors, win.persist_layout, win.worker.autosave = True, False, False
     win.resize(1600, 1000)
     win.show()
     rows: list[tuple[float, float, float]] = []
     measuring = {"on": False}
+    painted_at: list[tuple[float, object]] = []
 
     def painted(snap):
         win.repaint()  # synchronous: every visible dock paints now
         t = time.perf_counter()
+        painted_at.append((t, snap))
         if measuring["on"] and snap.t_model_done:
             done, built, applied = win.apply_log[-1]
             rows.append((built - done, applied - done, t - done))
 
     win.snapshot_changed.connect(painted)
+    stall = {"last": time.perf_counter(), "max": 0.0}
+
+    def tick():
+        now = time.perf_counter()
+        stall["max"] = max(stall["max"], now - stall["last"] - 0.02)
+        stall["last"] = now
+
+    timer = QTimer(interval=20)
+    timer.timeout.connect(tick)
 
     def wait():
         while win.busy:
             app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
         app.processEvents()
 
-    win.show_source(session)
-    wait()
-    win.select(layer=layer, head=head)
-    wait()
-    t0 = time.perf_counter()
-    while win.snapshot.thumb_rows < win.snapshot.T and time.perf_counter() - t0 < cap:
-        app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
-    measuring["on"] = True
-    for _ in range(steps):
-        win.step()
+    def until(ok, limit):
+        t0 = time.perf_counter()
+        while not ok() and time.perf_counter() - t0 < limit:
+            app.processEvents(QEventLoop.ProcessEventsFlag.WaitForMoreEvents)
+        return time.perf_counter() - t0
+
+    try:
+        win.show_source(session)
         wait()
-    win.close()
+        win.select(layer=layer, head=head)
+        wait()
+        timer.start()
+        stall["last"] = time.perf_counter()
+        streamed = until(lambda: win.snapshot.thumb_rows >= win.snapshot.T
+                         and win.snapshot.scores.matrix_rows >= win.snapshot.T, cap)  # fmt: skip
+        timer.stop()
+        out = {"streamed": streamed, "stall": stall["max"] if streamed > 0.1 else float("nan")}
+        measuring["on"] = True
+        for _ in range(steps):
+            win.step()
+            wait()
+        measuring["on"] = False
+        if extras:
+            other = (head + 1) % session.n_heads
+            t0 = time.perf_counter()
+            win.select(layer=layer, head=other)
+            until(lambda: painted_at and painted_at[-1][1].selection.head == other, cap)
+            out["switch"] = painted_at[-1][0] - t0
+            t, n0 = win.snapshot.T, len(painted_at)
+            t0 = time.perf_counter()
+            # 256 x 256 asked: the matrix keeps its aspect, so the dock's shape widens one side (to <= 512)
+            win.score_matrix.plot.setRange(xRange=(t - 256, t), yRange=(t - 256, t), padding=0)
+            until(lambda: any(snap.scores.tile is not None for _, snap in painted_at[n0:]), cap)
+            out["zoom"] = next((at for at, snap in painted_at[n0:] if snap.scores.tile is not None), float("nan")) - t0
+    finally:
+        worker_mod.ViewModel = made
+        win.close()
     cols = list(zip(*rows)) or [[float("nan")]] * 3
-    return {"built": statistics.median(cols[0]), "applied": statistics.median(cols[1]),
-            "painted": statistics.median(cols[2]), "painted_max": max(cols[2])}  # fmt: skip
+    out.update(built=statistics.median(cols[0]), applied=statistics.median(cols[1]),
+               painted=statistics.median(cols[2]), painted_max=max(cols[2]))  # fmt: skip
+    return out
 
 
 def head_exports(s, layer: int = 5, head: int = 3, scale: float = 2.0) -> None:

@@ -76,6 +76,7 @@ class TokenAxis(pg.AxisItem):
     def __init__(self, orientation: str, chars: int = 7, **kw):
         super().__init__(orientation, **kw)
         self.labels: list[str] = []
+        self.longest = 1  # the longest label's length: read at every paint, so not counted there (T labels)
         self.chars = chars
         self.enableAutoSIPrefix(False)
 
@@ -83,6 +84,7 @@ class TokenAxis(pg.AxisItem):
         labels = list(labels)
         if labels != self.labels:
             self.labels = labels
+            self.longest = max(map(len, labels), default=1)
             self.picture = None
             self.update()
 
@@ -93,7 +95,7 @@ class TokenAxis(pg.AxisItem):
             return []
         px_per = size / (maxVal - minVal)
         vertical = self.orientation in ("left", "right")
-        need = 13.0 if vertical else 7.0 * min(self.chars, max((len(s) for s in self.labels), default=1)) + 8
+        need = 13.0 if vertical else 7.0 * min(self.chars, self.longest) + 8
         stride = int(nice_step(max(1.0, need / px_per)))
         lo = max(0, int(math.floor(minVal)))
         hi = min(n - 1, int(math.ceil(maxVal)))
