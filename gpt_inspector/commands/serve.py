@@ -85,13 +85,15 @@ def run(args) -> int:
         print(f"gpt-inspector: warning: listening on {host}: anyone who reaches it with the token drives the model "
               "(and the traffic is not encrypted); an SSH tunnel to 127.0.0.1 is safer", file=sys.stderr)  # fmt: skip
     stopping = threading.Event()
+    stopper: list[threading.Thread] = []
 
     def stop(_signum, _frame) -> None:
         # a flag and a thread, not KeyboardInterrupt: a second signal (Ctrl+C twice, the SIGTERM a
         # supervisor sends after it) must not land inside the shutdown, the recipe's save or exit hooks
         if not stopping.is_set():
             stopping.set()
-            threading.Thread(target=server.shutdown, name="gpt-inspector-stop", daemon=True).start()
+            stopper.append(threading.Thread(target=server.shutdown, name="gpt-inspector-stop", daemon=True))
+            stopper[0].start()
 
     # SIGTERM (a service manager, kill) stops as Ctrl+C does: the recipe is saved either way
     signal.signal(signal.SIGINT, stop)
@@ -105,6 +107,10 @@ def run(args) -> int:
         if not stopping.is_set():  # it ended on its own (an error): close what is open
             stopping.set()
             server.shutdown()
+    # serve_forever returns as the shutdown begins: its closing of the connections must end before the
+    # interpreter does (else "cannot schedule new futures after interpreter shutdown", from that thread)
+    for t in stopper:
+        t.join(timeout=10)
     # stopped: a further signal has nothing left to stop (Python's exit would otherwise meet it)
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     signal.signal(signal.SIGTERM, signal.SIG_IGN)
