@@ -16,8 +16,8 @@ paths, on the same prompt and the same greedy tokens, each with a view model of 
 
 The relay runs in a process of its own, as a real link is outside both ends. A remote step asks, in
 its own request, for the reads the last repaint made moved on by one position (``remote.source``), so
-a step and its repaint are one round trip when that guess holds; ``trips`` counts the requests a step
-and its repaint made.
+a step and its repaint are one round trip when that guess holds; ``trips`` is the requests a step
+and its repaint made (median/most).
 
 Bytes per step are counted at a relay (websocket frames, pings included: what crosses the wire),
 both ways. Each shaped row is checked against issue 27's bound
@@ -90,20 +90,22 @@ def one_step(s, vm) -> tuple[float, float]:
 
 
 def settle(s, vm) -> None:
-    """Build until the overview is complete (a first build at long T streams it), then step once, so
-    that a remote session knows what a repaint reads."""
+    """Build until the overview is complete (a first build at long T streams it), then step twice: the
+    first repaint after a first build reads its views anew (a pooled matrix built whole, then its last
+    row block), so only from the second on does a remote session know what a repaint reads."""
     vm.build()
     while not vm.overview_complete:
         vm.refine()
         vm.build()
-    one_step(s, vm)
+    for _ in range(2):
+        one_step(s, vm)
 
 
 def interleaved(paths: list[tuple[object, object, object]], n: int) -> list[dict]:
     """Medians over ``n`` steps for each (session, view model, byte counter or None), stepped in turn:
     step k of every path before step k + 1 of any, the order rotating, so that the machine's load
     weighs on every path alike. Per path: ms to the reply, ms to the snapshot, bytes and requests
-    per step."""
+    per step; and the most requests any step made (``max_trips``)."""
     got: list[dict[str, list[float]]] = [{"top": [], "ready": [], "bytes": [], "trips": []} for _ in paths]
     for k in range(n):
         for i in [(k + j) % len(paths) for j in range(len(paths))]:
@@ -147,7 +149,7 @@ def main(lengths: list[int], steps: int) -> None:
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         folder = tmp / "model"
-        build(folder, max(lengths) + 2 * steps + 16)
+        build(folder, max(lengths) + 2 * steps + 32)
         lm = gi.load_model(folder, device="cpu")
         # a server per remote path (one client each), so the four paths can step in turn
         servers = [serve(folder, tmp, name) for name in ("loopback", "relay", "shaped")]
@@ -201,7 +203,7 @@ def report(rows, steps: int, load: list[float]) -> None:
         paths = (("local", local), ("loopback", loop), ("relay", relayed), ("shaped", shaped))
         for name, m in paths:
             line = f"{t:>6} {name:>9} {m['top']:>9.1f} {m['ready']:>9.1f} {m['ready'] / local['ready']:>8.2f} "
-            line += f"{m['trips']:>6.0f} " if name != "local" else f"{'-':>6} "
+            line += f"{m['trips']:>4.0f}/{m['max_trips']:<1} " if name != "local" else f"{'-':>6} "
             line += f"{m['bytes']:>11.0f}" if name in ("relay", "shaped") else f"{'-':>11}"
             if name == "shaped":
                 transfer = m["bytes"] / RATE * 1e3
