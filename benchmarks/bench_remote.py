@@ -1,9 +1,12 @@
-"""Step → the data a step repaints, in-process vs through `gpt-inspector serve` on loopback vs a shaped link.
+"""Step → repainted, in-process vs through `gpt-inspector serve` on loopback vs a shaped link, side by side.
 
-What a step repaints, read as the window reads it: the step itself (its reply carries the token and
-the next-token top-k), then the newest attention row of every head of every layer (the overview's
-newest rows, the Softmax rows panel, and the selected head's newest row of the score matrix at its
-default stage, probs). Three paths, side by side, on the same prompt and the same greedy tokens:
+What a step repaints is what the window's worker builds after it: ``gui.viewdata.ViewModel.build``,
+the very code that turns a run source into the snapshot every panel paints (the overview's binned
+rows, the selected head's score matrix, exact up to 1,024 positions and pooled beyond, its newest
+row and mask, one row of every head of the layer, q, K and V, the KV cache, the next-token panel).
+Painting that snapshot is the same work whichever side computed it, so it is left out. Timed per
+step: to the step's reply (the token and its top-k: ``top``) and to the snapshot (``ready``). Four
+paths, on the same prompt and the same greedy tokens, each with a view model of its own:
 
 - local: an in-process ``Session``;
 - loopback: ``gi.connect`` to a ``serve`` process on 127.0.0.1;
@@ -11,19 +14,23 @@ default stage, probs). Three paths, side by side, on the same prompt and the sam
   itself costs;
 - shaped: the same relay adding a 50 ms round trip and pacing each direction at 10 MB/s.
 
-The relay runs in a process of its own, as a real link is outside both ends.
+The relay runs in a process of its own, as a real link is outside both ends. A remote step asks, in
+its own request, for the reads the last repaint made moved on by one position (``remote.source``), so
+a step and its repaint are one round trip when that guess holds; ``trips`` is the requests a step
+and its repaint made (median/most).
 
 Bytes per step are counted at a relay (websocket frames, pings included: what crosses the wire),
-both ways. Each shaped row is checked against the bound
+both ways. Each shaped row is checked against issue 27's bound
 
-    step → ready ≤ local + 2 round trips + bytes / rate
+    step → repainted ≤ local + 2 round trips + bytes / rate
 
-(2: the step, then every layer's rows in one request) and printed PASS or FAIL with its numbers.
-The model is built here (a random Llama-style model: 4 layers, 8 query heads over 2 KV heads, head
-size 32, hidden 256; saved as safetensors first); both sides run one torch thread.
+and printed PASS or FAIL with its numbers; the last snapshot of each remote path is checked equal,
+array for array, to the local one. The model is built here (a random Llama-style model: 4 layers,
+8 query heads over 2 KV heads, head size 32, hidden 256; saved as safetensors first); both sides run
+one torch thread.
 
-``python benchmarks/bench_remote.py [--quick] [T ...]`` (default 1024 8192; ``--quick``: 1024 only,
-3 steps).
+``python benchmarks/bench_remote.py [--quick] [--steps N] [T ...]`` (default 1024 8192, 12 steps;
+``--quick``: 1024 only, 3 steps).
 """
 
 from __future__ import annotations
@@ -39,12 +46,13 @@ from pathlib import Path
 
 os.environ.setdefault("OMP_NUM_THREADS", "1")
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
+import numpy as np  # noqa: E402
 import torch  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path[:0] = [str(ROOT), str(ROOT / "tests")]
 RTT_S, RATE = 0.050, 10e6
-REQUESTS = 2  # the step, then every layer's newest rows in one request
+REQUESTS = 2  # the bound allows two round trips a step (issue 27)
 LAYERS, HEADS, KV_HEADS, HEAD_DIM = 4, 8, 2, 32
 
 
@@ -71,38 +79,54 @@ def prompt_of(lm, t: int) -> str:
     return lm.tokenizer.decode(lm.tokenizer.encode(text)[:t])
 
 
-def one_step(s) -> tuple[float, float]:
-    """A step and what it repaints: (seconds to the top-k, seconds to everything)."""
+def one_step(s, vm) -> tuple[float, float]:
+    """A step and the snapshot it repaints: (seconds to the step's reply, seconds to the snapshot)."""
     t0 = time.perf_counter()
-    step = s.step()
-    top = step.top  # the next-token panel: the step's own reply carries it
+    assert s.step().top  # the next-token panel: the step's own reply carries it
     t_top = time.perf_counter() - t0
-    assert top
-    t = s.cache_length
-    if hasattr(s, "layers_attention_rows"):  # remote: every layer's newest rows in one request
-        rows = s.layers_attention_rows(range(s.n_layers), t - 1, t)  # (L, H, 1, T)
-    else:
-        rows = torch.stack([s.attention_rows(layer, t - 1, t) for layer in range(s.n_layers)])  # (L, H, 1, T)
-    assert rows.shape == (s.n_layers, s.n_heads, 1, t)
+    snap = vm.build()
+    assert snap.T == s.cache_length
     return t_top, time.perf_counter() - t0
 
 
-def interleaved(paths: list[tuple[object, object]], n: int) -> list[dict]:
-    """Medians over ``n`` steps after a warm-up one, for each (session, byte counter or None), stepped in
-    turn: step k of every path before step k + 1 of any, the order rotating, so that the machine's load
-    weighs on every path alike. Per path: ms to the top-k, ms to ready, bytes per step."""
-    for s, _ in paths:
-        one_step(s)
-    got: list[dict[str, list[float]]] = [{"top": [], "ready": [], "bytes": []} for _ in paths]
+def settle(s, vm) -> None:
+    """Build until the overview is complete (a first build at long T streams it), then step twice: the
+    first repaint after a first build reads its views anew (a pooled matrix built whole, then its last
+    row block), so only from the second on does a remote session know what a repaint reads."""
+    vm.build()
+    while not vm.overview_complete:
+        vm.refine()
+        vm.build()
+    for _ in range(2):
+        one_step(s, vm)
+
+
+def interleaved(paths: list[tuple[object, object, object]], n: int) -> list[dict]:
+    """Medians over ``n`` steps for each (session, view model, byte counter or None), stepped in turn:
+    step k of every path before step k + 1 of any, the order rotating, so that the machine's load
+    weighs on every path alike. Per path: ms to the reply, ms to the snapshot, bytes and requests
+    per step; and the most requests any step made (``max_trips``)."""
+    got: list[dict[str, list[float]]] = [{"top": [], "ready": [], "bytes": [], "trips": []} for _ in paths]
     for k in range(n):
         for i in [(k + j) % len(paths) for j in range(len(paths))]:
-            s, counter = paths[i]
-            b0 = counter() if counter else 0
-            t_top, t_ready = one_step(s)
+            s, vm, counter = paths[i]
+            b0, r0 = (counter() if counter else 0), getattr(s, "requests", 0)
+            t_top, t_ready = one_step(s, vm)
             got[i]["top"].append(t_top * 1e3)
             got[i]["ready"].append(t_ready * 1e3)
             got[i]["bytes"].append((counter() if counter else 0) - b0)
-    return [{key: statistics.median(v) for key, v in g.items()} for g in got]
+            got[i]["trips"].append(getattr(s, "requests", 0) - r0)
+    return [{key: statistics.median(v) for key, v in g.items()} | {"max_trips": max(g["trips"])} for g in got]
+
+
+def same_snapshot(a, b) -> None:
+    """What the window would show, array for array (NaN where masked in both)."""
+    assert a.T == b.T and a.tokens.token_ids == b.tokens.token_ids
+    pairs = [(a.scores.matrix, b.scores.matrix), (a.query_row.head_rows, b.query_row.head_rows),
+             (a.query_row.query_allowed, b.query_row.query_allowed), (a.qkv.q, b.qkv.q), (a.qkv.k, b.qkv.k),
+             (a.qkv.v, b.qkv.v), (a.overview.thumbs, b.overview.thumbs)]  # fmt: skip
+    for x, y in pairs:
+        assert np.array_equal(x, y, equal_nan=True), "a remote snapshot differs from the local one"
 
 
 def serve(folder: Path, tmp: Path, name: str) -> tuple[subprocess.Popen, str, int]:
@@ -118,13 +142,14 @@ def main(lengths: list[int], steps: int) -> None:
     from link_shaper import spawn
 
     import gpt_inspector as gi
+    from gpt_inspector.gui.viewdata import ViewModel
 
     torch.set_num_threads(1)
     rows = []
     with tempfile.TemporaryDirectory() as tmp_name:
         tmp = Path(tmp_name)
         folder = tmp / "model"
-        build(folder, max(lengths) + 2 * steps + 16)
+        build(folder, max(lengths) + 2 * steps + 32)
         lm = gi.load_model(folder, device="cpu")
         # a server per remote path (one client each), so the four paths can step in turn
         servers = [serve(folder, tmp, name) for name in ("loopback", "relay", "shaped")]
@@ -140,15 +165,22 @@ def main(lengths: list[int], steps: int) -> None:
                     remotes = [gi.connect(u, prompt=prompt) for u in (url_loop, relay.url(url_relay),
                                                                        shaper.url(url_shaped))]  # fmt: skip
                     try:
-                        for x in (s, *remotes):
+                        sessions = [s, *remotes]
+                        for x in sessions:
                             x.step()  # the prefill, not timed
+                        vms = [ViewModel(x) for x in sessions]
+                        for x, vm in zip(sessions, vms):
+                            settle(x, vm)
                         counters = (None, None, lambda: relay.total_bytes, lambda: shaper.total_bytes)
-                        measured = interleaved(list(zip((s, *remotes), counters)), steps)
+                        measured = interleaved(list(zip(sessions, vms, counters)), steps)
                         assert all(r.tokens == s.tokens for r in remotes)  # the same run on every path
+                        local = vms[0].build()
+                        for vm in vms[1:]:
+                            same_snapshot(vm.build(), local)
                     finally:
                         for r in remotes:
                             r.close()
-                    del s
+                    del s, vms
                     rows.append((t, *measured))
                     load.append(os.getloadavg()[0])
         finally:
@@ -160,17 +192,18 @@ def main(lengths: list[int], steps: int) -> None:
 
 
 def report(rows, steps: int, load: list[float]) -> None:
-    print(f"machine: {os.cpu_count()} cores, load average {min(load):.1f}-{max(load):.1f} during the run; "
-          f"one torch thread each side; medians of {steps} steps, the four paths stepping in turn")  # fmt: skip
+    print(f"machine: {os.cpu_count()} cores, load average {min(load):.1f}-{max(load):.1f} during the run; one "
+          f"torch thread each side; medians of {steps} steps, the four paths stepping in turn")  # fmt: skip
     print(f"model: random Llama-style, {LAYERS} layers x {HEADS} heads over {KV_HEADS} KV heads, head size "
-          f"{HEAD_DIM}; a step = step + newest attention row of all {LAYERS * HEADS} heads; shaped link: "
+          f"{HEAD_DIM}; step -> the window's snapshot (gui.viewdata.ViewModel.build); shaped: "
           f"{RTT_S * 1e3:.0f} ms round trip, {RATE / 1e6:.0f} MB/s each way; relay: the same relay unshaped")  # fmt: skip
-    print(f"{'T':>6} {'path':>9} {'top-k ms':>9} {'ready ms':>9} {'x local':>8} {'bytes/step':>11} "
+    print(f"{'T':>6} {'path':>9} {'reply ms':>9} {'ready ms':>9} {'x local':>8} {'trips':>6} {'bytes/step':>11} "
           f"{'bound ms':>9}  check")  # fmt: skip
     for t, local, loop, relayed, shaped in rows:
         paths = (("local", local), ("loopback", loop), ("relay", relayed), ("shaped", shaped))
         for name, m in paths:
             line = f"{t:>6} {name:>9} {m['top']:>9.1f} {m['ready']:>9.1f} {m['ready'] / local['ready']:>8.2f} "
+            line += f"{m['trips']:>4.0f}/{m['max_trips']:<1} " if name != "local" else f"{'-':>6} "
             line += f"{m['bytes']:>11.0f}" if name in ("relay", "shaped") else f"{'-':>11}"
             if name == "shaped":
                 transfer = m["bytes"] / RATE * 1e3
@@ -180,7 +213,8 @@ def report(rows, steps: int, load: list[float]) -> None:
                 line += (f" {bound:>9.1f}  {verdict}: {m['ready']:.1f} vs {local['ready']:.1f} local + "
                          f"{REQUESTS} x {RTT_S * 1e3:.0f} ms + {transfer:.1f} ms transfer; the link added "
                          f"{m['ready'] - relayed['ready']:.1f} ms to the relay's {relayed['ready']:.1f} "
-                         f"(2 round trips + transfer: {link:.1f})")  # fmt: skip
+                         f"({m['trips']:.0f} round trip(s) + transfer: "
+                         f"{m['trips'] * RTT_S * 1e3 + transfer:.1f})")  # fmt: skip
             print(line)
 
 

@@ -32,6 +32,18 @@ def _key(op: str, args: dict) -> tuple:
     return (op, *sorted((k, tuple(v) if isinstance(v, list) else v) for k, v in args.items()))
 
 
+def _moved(v, t: int, block) -> object:
+    """A position a read named at ``t`` positions, moved on by one step: the newest position (``t``)
+    moves by one, and so does the start of the block holding the newest row (a pooled matrix
+    recomputes its last row block: with blocks of 4, rows 8..10 at t = 10, then 8..11, 8..12, 12..13)."""
+    if isinstance(v, bool) or not isinstance(v, int):
+        return v
+    if v == t:
+        return v + 1
+    b = block if isinstance(block, int) and block > 0 else 1
+    return (t // b) * b if t > 0 and v == (t - 1) // b * b else v
+
+
 def _why(name: str) -> str:
     return f"{name} runs on the engine's side and is not served over the link yet; run it where the model is"
 
@@ -94,8 +106,10 @@ class RemoteReads(RunSource):
             return None
         out: list[dict] = []
         for op, args in self._log:
-            moved = {k: v + 1 if k in MOVING and isinstance(v, int) and t - 1 <= v <= t else v for k, v in args.items()}
-            call = {"op": op, "args": moved}
+            call = {
+                "op": op,
+                "args": {k: _moved(v, t, args.get("block")) if k in MOVING else v for k, v in args.items()},
+            }
             if call not in out:
                 out.append(call)
         return out[:MAX_THEN]
