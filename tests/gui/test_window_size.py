@@ -15,7 +15,7 @@ import sys
 import textwrap
 
 import pytest
-from PySide6.QtCore import Qt
+from PySide6.QtCore import QPointF, Qt
 
 from gpt_inspector.gui.main_window import PANEL_MIN, MainWindow, screen_share
 
@@ -81,6 +81,48 @@ def test_the_kv_lab_buttons_are_in_reach_in_its_tab(make_window, qtbot, click_ta
     for b in (panel.run_button, panel.step_button, panel.back_button, panel.probe_button, panel.show_button):
         seen = b.visibleRegion().boundingRect()
         assert seen.size() == b.size(), f"{b.text()!r} shows {seen.size()} of {b.size()}"
+
+
+def test_every_layer_of_the_overview_is_labelled_on_a_laptop_screen(qtbot, wait_idle, monkeypatch):
+    # the demo model's 4 layers in the overview of a 1366 x 768 window are rows shorter than a label
+    # in the panels' font: L1 and L3 went unlabelled
+    from PySide6.QtGui import QFontInfo
+    from PySide6.QtWidgets import QApplication
+
+    import gpt_inspector as gi
+
+    win = MainWindow(restore_layout=False)
+    qtbot.addWidget(win)
+    win.resize(1366, 768)
+    win.show()
+    win.show_source(gi.Session(gi.load_model(gi.DEMO_MODEL, device="cpu"), "She eats apple"))
+    wait_idle(win)
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    wait_idle(win)
+    axis = win.overview.left
+    painted = []  # what the axis draws when the window paints: [(font px, [(rect, text)])]
+    draw = axis.drawPicture
+
+    def spy(p, axis_spec, tick_specs, text_specs):
+        painted.append((QFontInfo(p.font()).pixelSize(), [(rect, text) for rect, _, text in text_specs]))
+        return draw(p, axis_spec, tick_specs, text_specs)
+
+    monkeypatch.setattr(axis, "drawPicture", spy)
+    axis.picture = None
+    axis.update()
+    qtbot.waitUntil(lambda: bool(painted), timeout=3000)
+    px, labels = painted[-1]
+    assert [text for _, text in labels] == [f"L{layer}" for layer in range(4)]
+    view = win.overview.plot.getViewBox()
+    for layer, (rect, _) in enumerate(labels):
+        # each label beside its own row of thumbnails, inside the axis the window shows
+        top, bottom = (axis.mapFromScene(view.mapViewToScene(QPointF(0, y))).y() for y in (layer, layer + 1))
+        assert min(top, bottom) <= rect.center().y() <= max(top, bottom), (layer, rect, top, bottom)
+        assert axis.boundingRect().contains(rect), (layer, rect)
+    for (a, _), (b, _) in zip(labels, labels[1:]):
+        assert not a.intersects(b), (a, b)
+    assert px >= axis.MIN_PX
+    win.worker.stop()
 
 
 SCREEN = textwrap.dedent(
