@@ -276,7 +276,7 @@ def on_screen(request, tmp_path_factory):
     def result(size, scale) -> dict:
         child, folder = started[(tuple(size), scale)]
         try:
-            child.wait(timeout=240)
+            child.wait(timeout=400)  # the children share the machine: each may take longer than alone
         except subprocess.TimeoutExpired:
             child.kill()
             raise
