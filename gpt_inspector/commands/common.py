@@ -5,8 +5,12 @@ from __future__ import annotations
 import argparse
 import json
 import sys
+from collections.abc import Callable
+from typing import TypeVar
 
 from ..core.errors import InspectorError
+
+T = TypeVar("T", int, float)
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
@@ -151,12 +155,12 @@ def sampler_settings(args) -> dict:
     if out.get("forced_eos_token_id") is not None and getattr(args, "max_new_tokens", None) is not None:
         out["max_new_tokens"] = args.max_new_tokens
     if getattr(args, "suppress_tokens", None) is not None:
-        out["suppress_tokens"] = int_list(args.suppress_tokens, "--suppress-tokens")
+        out["suppress_tokens"] = number_list(args.suppress_tokens, "--suppress-tokens", int)
     if getattr(args, "bad_words_ids", None) is not None:
         seqs = [part for part in args.bad_words_ids.split(";") if part.strip()]
         if not seqs:
             raise InspectorError("--bad-words-ids is empty")
-        out["bad_words_ids"] = [int_list(part, "--bad-words-ids") for part in seqs]
+        out["bad_words_ids"] = [number_list(part, "--bad-words-ids", int) for part in seqs]
     return out
 
 
@@ -299,16 +303,18 @@ def window_settings(args) -> dict:
     return out
 
 
-def int_list(text: str, what: str, hint: str = "") -> list[int]:
-    """Comma-separated integers (blanks skipped); none at all is refused, with ``hint`` after the message."""
+def number_list(text: str, what: str, convert: Callable[[str], T], hint: str = "") -> list[T]:
+    """Comma-separated numbers, each read by ``convert`` (int, float; blanks skipped); none at all is
+    refused, with ``hint`` after the message."""
     out = []
     for part in str(text).split(","):
         part = part.strip()
         if part:
             try:
-                out.append(int(part))
+                out.append(convert(part))
             except ValueError:
-                raise InspectorError(f"{what} takes comma-separated integers, got {text!r}") from None
+                kind = "integers" if convert is int else "numbers"
+                raise InspectorError(f"{what} takes comma-separated {kind}, got {text!r}") from None
     if not out:
         raise InspectorError(f"{what} is empty{hint}")
     return out

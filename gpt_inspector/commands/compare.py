@@ -82,7 +82,7 @@ def _check(args) -> None:
             raise InspectorError("--temperatures only applies with --samples")
         if args.temperature is not None:
             raise InspectorError("give --temperature or --temperatures, not both")
-        args.temperatures = _floats(args.temperatures, "--temperatures")
+        args.temperatures = _temperatures(args.temperatures, "--temperatures")
     if not args.sample and args.samples is None:
         given = [n for n in ("temperature", "top_k", "top_p", *common.SAMPLER_FLAGS, "suppress_tokens", "bad_words_ids",
                              "bad_words") if getattr(args, n) is not None]  # fmt: skip
@@ -90,18 +90,10 @@ def _check(args) -> None:
             raise InspectorError(f"--{given[0].replace('_', '-')} only applies with --sample or --samples")
 
 
-def _floats(text: str, what: str) -> list[float]:
+def _temperatures(text: str, what: str) -> list[float]:
     import math
 
-    out = []
-    for part in str(text).split(","):
-        if part.strip():
-            try:
-                out.append(float(part))
-            except ValueError:
-                raise InspectorError(f"{what} takes comma-separated numbers, got {text!r}") from None
-    if not out:
-        raise InspectorError(f"{what} is empty")
+    out = common.number_list(text, what, float)
     if not all(math.isfinite(t) and t > 0 for t in out):
         raise InspectorError(f"{what}: every temperature must be a finite number > 0, got {text!r}")
     return out

@@ -277,7 +277,7 @@ def _sweep(args) -> int:
         raise InspectorError("--sweep needs --prompts FILE and --policies (and --budgets for eviction policies)")
     prompts = _read_prompts(args.prompts)
     names = _names(args.policies)
-    budgets = common.int_list(args.budgets, "--budgets") if args.budgets else []
+    budgets = common.number_list(args.budgets, "--budgets", int) if args.budgets else []
     if args.json not in (None, "-"):
         common.check_out(args.json)
     opts = _options(args)

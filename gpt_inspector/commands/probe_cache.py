@@ -29,7 +29,7 @@ def run(args) -> int:
     from ..core.probe import probe_session
 
     validate.count(args.steps)
-    layers = common.int_list(args.layers, "--layers", "; give e.g. 0 or 0,1")
+    layers = common.number_list(args.layers, "--layers", int, "; give e.g. 0 or 0,1")
     s = common.session(args)
     s.run(args.steps)
     result = probe_session(s, layers, context=args.context)

@@ -7,6 +7,7 @@ as a replay of its own recipe does.
 
 from __future__ import annotations
 
+import json
 import signal
 
 import pytest
@@ -93,6 +94,7 @@ def test_an_interrupted_change_happens_whole_or_not_at_all(tiny_lm, name):
     total = lines_run(lambda: op(probe)) + 5  # a little past the end: the last lines count too
     points = range(1, total, max(1, total // MAX_POINTS))
     outcomes = {"before": 0, "after": 0}
+    replayed: dict[str, tuple] = {}  # recipe -> the replay's state and its next three steps
     for n in points:
         s = _fresh(lm)
         interrupted = interrupted_at_line(lambda: op(s), n)  # noqa: B023 - called at once
@@ -104,10 +106,15 @@ def test_an_interrupted_change_happens_whole_or_not_at_all(tiny_lm, name):
             continue
         assert got in (before, after), f"{name}: a Ctrl+C at line {n} of {total} left a mixed state"
         outcomes["before" if got == before else "after"] += 1
-        # stepping on gives what a replay of the recipe gives
-        again = gi.Session.replay(lm, s.recipe())
-        assert _state(again) == got
-        a, b = s.run(3), again.run(3)
+        # stepping on gives what a replay of the recipe gives; a replay is a pure function of the recipe,
+        # so each distinct recipe is replayed once (most points leave one of the same two recipes)
+        key = json.dumps(s.recipe(), sort_keys=True)
+        if key not in replayed:
+            again = gi.Session.replay(lm, s.recipe())
+            replayed[key] = (_state(again), again.run(3))
+        again_state, b = replayed[key]
+        assert again_state == got
+        a = s.run(3)
         assert [x.token_id for x in a] == [x.token_id for x in b], (n, total, got == before)
         assert all(torch.equal(x.logits, y.logits) for x, y in zip(a, b))
     assert outcomes["before"] >= 1  # the interrupts did land inside the operation

@@ -462,3 +462,23 @@ def test_saving_a_trace_onto_a_fifo_or_folder_is_a_dialog_in_words(make_window, 
         wait_idle(win)
         assert len(win.errors) == n + 1 and words in win.errors[-1][1] and "\n" not in win.errors[-1][1], win.errors
     assert sorted(os.listdir(tmp_path)) == ["d.safetensors", "pipe.safetensors"]
+
+
+def test_the_next_token_panel_says_in_words_what_greedy_shows(make_window, wait_idle, qtbot):
+    win = make_window()
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    wait_idle(win)
+    label = win.next_token.decoding
+    greedy = "greedy: the top token is taken; probabilities shown at T = 1"
+    assert label.text() == greedy
+    assert label.isVisible() and label.fontMetrics().horizontalAdvance(greedy) <= label.width(), label.width()
+    # the chosen bar is the most probable at T = 1: what "the top token is taken" promises
+    nt = win.next_token
+    assert nt.chosen == nt.top_ids[0] and nt.probs[0] == max(nt.probs)
+    spin = win.session_panel.temperature
+    qtbot.mouseDClick(spin.lineEdit(), Qt.MouseButton.LeftButton)
+    qtbot.keyClick(spin.lineEdit(), Qt.Key.Key_A, Qt.KeyboardModifier.ControlModifier)
+    qtbot.keyClicks(spin.lineEdit(), "0.8")
+    qtbot.keyClick(spin.lineEdit(), Qt.Key.Key_Return)
+    qtbot.waitUntil(lambda: label.text().startswith("temperature 0.8"), timeout=5000)
+    assert "greedy" not in label.text()

@@ -8,7 +8,7 @@ from collections.abc import Callable
 import numpy as np
 import pyqtgraph as pg
 from PySide6.QtCore import QPoint, QRect, QSize, Qt
-from PySide6.QtGui import QAction, QColor, QFont, QPalette
+from PySide6.QtGui import QAction, QColor, QFont, QFontInfo, QFontMetrics, QPalette
 from PySide6.QtWidgets import (
     QAbstractItemView,
     QApplication,
@@ -126,12 +126,19 @@ class WholeAxis(pg.AxisItem):
 
 
 class IndexAxis(pg.AxisItem):
-    """Integer ticks at cell centres with a prefix: L0, L1, ... / H0, H1, ..."""
+    """Integer ticks at cell centres with a prefix: L0, L1, ... / H0, H1, ...
+
+    Down the side, rows shorter than a label get a smaller font (to ``MIN_PX``) before any goes
+    unlabelled: on a laptop the overview's four layers are 12 px rows, and L1, L3 were dropped.
+    """
+
+    MIN_PX = 8  # the smallest label font, in pixels: the colour bars' ticks are 9
 
     def __init__(self, orientation: str, prefix: str, **kw):
         super().__init__(orientation, **kw)
         self.prefix = prefix
         self.n = 0
+        self._label_px = 14.0  # the height a label takes down the side (the font's line height)
 
     def set_count(self, n: int) -> None:
         if n != self.n:
@@ -139,12 +146,35 @@ class IndexAxis(pg.AxisItem):
             self.picture = None
             self.update()
 
+    def generateDrawSpecs(self, p):  # noqa: N802 (pyqtgraph)
+        if self.orientation in ("left", "right") and self.n and self.range[1] != self.range[0]:
+            font = self._font_for(self.size().height() / abs(self.range[1] - self.range[0]))
+            if font != self.style["tickFont"]:
+                self.style["tickFont"] = font  # drawPicture sets it too, from here
+            p.setFont(font if font is not None else self.font())
+        return super().generateDrawSpecs(p)
+
+    def _font_for(self, row_px: float) -> QFont | None:
+        """The widget's font if a label fits a row, else the largest smaller one that does (``MIN_PX`` at least)."""
+        base = self.font()
+        self._label_px = QFontMetrics(base).height()
+        if self._label_px <= row_px:
+            return None
+        font = QFont(base)
+        for px in range(QFontInfo(base).pixelSize() - 1, self.MIN_PX - 1, -1):
+            font.setPixelSize(px)
+            self._label_px = QFontMetrics(font).height()
+            if self._label_px <= row_px:
+                break
+        return font
+
     def tickValues(self, minVal, maxVal, size):
         minVal, maxVal = min(minVal, maxVal), max(minVal, maxVal)
         if self.n == 0 or size <= 0 or maxVal <= minVal:
             return []
         px_per = size / (maxVal - minVal)
-        stride = int(nice_step(max(1.0, (14.0 if self.orientation in ("left", "right") else 28.0) / px_per)))
+        need = self._label_px if self.orientation in ("left", "right") else 28.0
+        stride = int(nice_step(max(1.0, need / px_per)))
         return [(stride, [i + 0.5 for i in range(0, self.n, stride)])]
 
     def tickStrings(self, values, scale, spacing):

@@ -39,6 +39,8 @@ from .common import (
     wrapped_label,
 )
 
+GREEDY = "greedy: the top token is taken; probabilities shown at T = 1"
+
 
 class _LabelAxis(TokenAxis):
     """Every label, on the bars' rows (not thinned, not at pixel centres)."""
@@ -146,7 +148,8 @@ class NextTokenView(QWidget):
         self.redecide.setEnabled(st is not None and not snap.read_only)
         d = snap.tokens.decoding or {}
         t = d.get("temperature", 0.0) or 0.0
-        parts = ["greedy (T = 0: shown at T = 1)" if t == 0 else f"temperature {t:g}"]
+        # at T = 0 every probability would be 0 or 1: the bars show the model's own (T = 1) distribution
+        parts = [GREEDY if t == 0 else f"temperature {t:g}"]
         if d.get("top_k"):
             parts.append(f"top-k {d['top_k']}")
         if d.get("top_p") not in (None, 1.0):
