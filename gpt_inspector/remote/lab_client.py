@@ -3,8 +3,8 @@
 ``RemoteLabs`` is mixed into ``client.RemoteSession``: ``remote_kvlab(...)`` starts a lab on the
 engine and returns a ``RemoteLab``, which the window's lab panel and ``gpt-inspector kv-lab
 --connect`` read as they read a ``KVLab`` (``history`` of ``LabStep``, ``step``, ``step_back``,
-``probe``, ``summary``); ``remote_compare(...)`` returns a ``Comparison`` (without the finished
-search: a beam cannot be inspected from here). A long job's progress notes reach ``progress`` as
+``probe``, ``summary``); ``remote_compare(...)`` returns a ``Comparison`` whose search stays on the
+engine (``beam_client.RemoteSearch``: an inspected beam is read there). A long job's progress notes reach ``progress`` as
 they come; ``cancelled`` is asked every ``POLL_S`` while it runs, and once it says True the engine
 is told to stop (a lab run keeps the steps it made; anything else ends with ``Cancelled``).
 """
@@ -93,7 +93,7 @@ class RemoteLabs:
     def remote_compare(self, progress: Callable[[str, int, int], None] | None = None,
                        cancelled: Callable[[], bool] | None = None, **settings):  # fmt: skip
         """``core.compare.compare`` on the engine's session's prompt, with ``compare``'s keyword
-        arguments (an assistant model excepted); the ``Comparison`` without its search."""
+        arguments (an assistant model excepted); its ``search`` reads the engine's (``beam_client``)."""
         from ..core import decoding
         from ..core.compare import Comparison
 
@@ -115,8 +115,11 @@ class RemoteLabs:
         out: dict = self._job("compare", progress, cancelled, **args)[0]  # type: ignore[assignment]
         names = {f.name for f in fields(Comparison)} - {"search"}
         keep = {k: out[k] for k in names if k in out}
+        from .beam_client import RemoteSearch
+
+        search = RemoteSearch(self, out["compare"], len(out["beams"]))  # type: ignore[arg-type]  # the beams stay there
         return Comparison(**{"sampled": None, "samples": [], "warnings": [], "chat": None, "assisted": None, **keep,
-                             "search": None})  # fmt: skip
+                             "search": search})  # fmt: skip
 
     # ------------------------------------------------------------------ the KV cache lab
     def remote_kvlab(self, policy: str, budget: int | None = None, steps: int = 8, free_running: bool = False,

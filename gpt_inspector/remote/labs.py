@@ -23,6 +23,8 @@ import torch
 from ..core.errors import Cancelled, InspectorError
 
 if TYPE_CHECKING:
+    from ..core.beams import BeamView
+    from ..core.compare import Comparison
     from ..core.kvlab import KVLab
     from ..core.session import Session
 
@@ -30,6 +32,9 @@ if TYPE_CHECKING:
 STEP_FIELDS = ("index", "position", "reference_token", "policy_token", "fed_token", "kl", "agree", "bytes_policy",
                "bytes_full", "evicted_now", "reference_label", "policy_label", "bytes_kept", "bytes_paged",
                "bytes_full_paged", "page")  # fmt: skip
+BEAM_GONE = (
+    "that comparison is no longer on the engine (a later Compare replaced it, or the engine restarted): press Compare"
+)
 GONE = "that KV lab is no longer on the engine (a later Run replaced it, or the engine restarted): press Run"
 
 
@@ -49,6 +54,9 @@ class LabOps:
     lm: object
     lab: KVLab | None = None
     lab_id = 0
+    comparison: Comparison | None = None  # the last one, kept for its beams (named by ``compare_id``)
+    compare_id = 0
+    _beams: dict[int, BeamView] = {}
 
     def _s(self) -> Session:  # server.Engine's
         raise NotImplementedError
@@ -144,7 +152,23 @@ class LabOps:
         early = {"false": False, "true": True}.get(early_stopping, "never")
         result = compare(self.lm, prompt_ids=list(self._s().prompt_ids), early_stopping=early, progress=progress,
                          **settings)  # fmt: skip
-        return result.to_json(), []
+        # kept, like the lab, so that a returned beam can be inspected (read as the session is read)
+        self.comparison, self.compare_id, self._beams = result, self.compare_id + 1, {}
+        return {**result.to_json(), "compare": self.compare_id}, []
+
+    def beam_view(self, beam: list[int]) -> BeamView:
+        """Returned beam ``r`` of comparison ``c`` (``beam = [c, r]``), one view per beam: the reads
+        that name it (``wire.BEAM_OPS``) read it instead of the session."""
+        if len(beam) != 2:
+            raise InspectorError("beam names a comparison and one of its beams: [comparison, beam]")
+        c, r = beam
+        if self.comparison is None or c != self.compare_id:
+            raise InspectorError(BEAM_GONE)
+        if not 0 <= r < len(self.comparison.beams):
+            raise InspectorError(f"beam must be in [0, {len(self.comparison.beams)}), got {r}")
+        if r not in self._beams:
+            self._beams[r] = self.comparison.beam_view(r)
+        return self._beams[r]
 
 
 def lab_step(d: dict, lost: np.ndarray):

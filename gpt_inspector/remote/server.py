@@ -65,12 +65,21 @@ class Engine(ReadOps, LabOps, SessionOps):
     def handle(self, op: str, args: dict, job=None) -> tuple[object, list[torch.Tensor]]:
         """``op_<op>(**args)``; a long job (``wire.JOB_OPS``) also gets ``job``: its link (see ``labs``)."""
         with self.lock:
-            return getattr(self, f"op_{op}")(**args, **({"job": job} if op in wire.JOB_OPS else {}))
+            beam = args.pop("beam", None)  # a read of an inspected beam (wire.BEAM_OPS): it stands in for the session
+            self.view = None if beam is None else self.beam_view(beam)
+            try:
+                return getattr(self, f"op_{op}")(**args, **({"job": job} if op in wire.JOB_OPS else {}))
+            finally:
+                self.view = None
 
     def op_cancel(self):  # a cancel with no job running: it has nothing to stop
         return False, []
 
+    view = None  # the beam a read names, while it runs (handle)
+
     def _s(self) -> Session:
+        if self.view is not None:
+            return self.view
         if self.session is None:
             raise InspectorError("no session yet: open one with a prompt (connect(url, prompt=...))")
         return self.session
@@ -86,7 +95,7 @@ class Engine(ReadOps, LabOps, SessionOps):
     def state(self) -> dict:
         s = self._s()
         return {"prompt": s.prompt, "prompt_ids": list(s.prompt_ids), "seed": s.seed,
-                "attention_layers": list(s.attention_layers), "chat": chat_json(s.chat), **self._sync(s, 0, 0)}  # fmt: skip
+                "attention_layers": list(s.attention_layers), "chat": chat_json(getattr(s, "chat", None)), **self._sync(s, 0, 0)}  # fmt: skip
 
     @staticmethod
     def _sync(s: Session, tokens_from: int, steps_from: int, changed_from: int = 0) -> dict:

@@ -328,6 +328,14 @@ OPS: dict[str, dict[str, Arg]] = {
 }
 
 
+# the reads an inspected beam answers (remote/labs.py ``beam_view``): each may name ``beam`` = [comparison, beam]
+BEAM_OPS = ("state", "queries", "keys", "values", "attention_rows", "layers_attention_rows", "attention", "distribution",
+            "top", "labels", "kv_cache_bytes", "layers", "qkv_rows", "allowed_rows", "bias_rows", "overview_bins",
+            "pooled_rows", "attention_block", "kv_history", "head_outputs", "text", "trace", "math_check", "math_check_all")  # fmt: skip
+for _op in BEAM_OPS:
+    OPS[_op] = {**OPS[_op], "beam": Arg("ints", False, lo=0, hi=MAX_ID, n=2)}
+
+
 def check_request(data) -> tuple[str, int, dict]:
     """(op, id, args) of one request frame, every field checked; ``WireError`` in one line otherwise."""
     if not isinstance(data, str):

@@ -41,7 +41,6 @@ if TYPE_CHECKING:
 PANEL_TITLE = "Compare decoding"
 PANEL_AREA = "bottom"
 
-REMOTE_INSPECT = "this comparison ran on the remote engine: its beams stay there (inspect one where the model is)"
 # cell and node states, stored on the items (Qt.UserRole) so tests and tooltips can read them
 SAME, PARTS, AFTER = "same", "parts", "after"
 
@@ -140,7 +139,6 @@ class ComparePanel(QWidget):
         self.inspect_button = QPushButton("Inspect beam", enabled=False, toolTip=(
             "Show this beam's attention, Q/K/V and KV cache in the main window, read-only "
             "as a run of its own: the live session stays in the run switcher above the panels"))  # fmt: skip
-        self._inspect_tip = self.inspect_button.toolTip()
         self.inspect_button.clicked.connect(lambda: self.inspect_requested.emit(self.inspect_pick.currentIndex()))
         controls.addWidget(group(self.inspect_pick, self.inspect_button))
 
@@ -206,10 +204,9 @@ class ComparePanel(QWidget):
         self.result = result
         self.inspect_pick.clear()
         self.inspect_pick.addItems([f"beam {r + 1}  ({b['score']:.3f})" for r, b in enumerate(result.beams)])
-        can = bool(result.beams) and result.search is not None  # a remote comparison's beams stay on the engine
+        can = bool(result.beams) and result.search is not None  # a remote one's search stays there, and reads it
         self.inspect_pick.setEnabled(can)
         self.inspect_button.setEnabled(can)
-        self.inspect_button.setToolTip(self._inspect_tip if result.search is not None else REMOTE_INSPECT)
         p = int(result.prompt_length)
         rows: list[tuple[str, dict]] = [(r["name"], dict(r)) for r in result.rows]
         self.row_names = [name for name, _ in rows]
@@ -337,9 +334,14 @@ def create_panel(window) -> ComparePanel:
         result = panel.result
         if result is None or not 0 <= r < len(result.beams):
             return
+        name = f"Beam {r + 1}"  # a run of its own: the live session stays
+        if getattr(result.search, "remote", False):  # the engine holds the search: its beam is fetched by the worker
+            panel.job.submit(lambda _source: result.beam_view(r), lambda beam: window.show_source(beam, name=name),
+                             f"Fetching beam {r + 1} from the engine…")  # fmt: skip
+            return
         # the search is finished and nothing changes it any more, so a view of it can be made
         # here and handed to the worker, which owns whatever the window shows
-        window.show_source(result.beam_view(r), name=f"Beam {r + 1}")  # a run of its own: the live session stays
+        window.show_source(result.beam_view(r), name=name)
 
     panel.progressed.connect(panel.show_progress)  # a bound method: queued to this thread (a lambda would not be)
     panel.compare_requested.connect(request)
