@@ -221,19 +221,14 @@ def add_connect_arg(p):
     )  # fmt: skip
 
 
-def remote_session(args, lookup: bool = False):
-    """A new session on the engine at ``--connect`` (the model is the engine's); one line for a bad URL or token.
-    ``lookup``: the command runs prompt-lookup assisted decoding on the engine itself (compare's row)."""
+def remote_session(args):
+    """A new session on the engine at ``--connect`` (the model is the engine's); one line for a bad URL or token."""
     from ..remote.client import connect
 
     if getattr(args, "model", None) is not None:
         raise InspectorError("--connect runs on the engine's model: leave out --model")
     if getattr(args, "bad_words", None) is not None:
         raise InspectorError("--bad-words needs the model's tokenizer: with --connect give --bad-words-ids")
-    if lookup and getattr(args, "assistant_model", None) is not None:
-        raise InspectorError(
-            "compare's draft-model row does not run over --connect yet: use --prompt-lookup-num-tokens"
-        )
     temperature = 0.0 if args.temperature is None else args.temperature  # compare's: for its samples only
     # a chat's turns go as turns: the engine's tokenizer applies its template
     r = connect(args.connect, temperature=temperature, top_k=args.top_k, top_p=args.top_p, seed=args.seed,

@@ -128,11 +128,8 @@ def run(args) -> int:
 
 def _remote(args) -> dict:
     """The comparison run by the engine at ``--connect`` on ``--prompt``: its JSON, as a local one's."""
-    if args.assistant_model is not None:
-        raise InspectorError("--assistant-model needs its draft model beside the engine's: with --connect use "
-                             "--prompt-lookup-num-tokens")  # fmt: skip
-    s = common.remote_session(args, lookup=True)
-    try:
+    s = common.remote_session(args)
+    try:  # --assistant-model names a folder on the engine's machine: the draft is loaded there
         result = s.remote_compare(
             max_length=args.max_length, max_new_tokens=args.max_new_tokens, num_beams=args.num_beams,
             num_return_sequences=args.num_return_sequences, length_penalty=args.length_penalty,
@@ -140,6 +137,8 @@ def _remote(args) -> dict:
             temperature=1.0 if args.temperature is None else args.temperature, top_k=args.top_k, top_p=args.top_p,
             seed=args.seed, sampler=common.sampler_settings(args) or None, samples=args.samples,
             temperatures=args.temperatures, prompt_lookup_num_tokens=args.prompt_lookup_num_tokens,
+            assistant=args.assistant_model, num_assistant_tokens=args.num_assistant_tokens,
+            assistant_confidence_threshold=args.assistant_confidence_threshold,
         )  # fmt: skip
     finally:
         common.release(s)  # the engine's one client slot is free at once

@@ -93,14 +93,13 @@ class RemoteLabs:
     def remote_compare(self, progress: Callable[[str, int, int], None] | None = None,
                        cancelled: Callable[[], bool] | None = None, **settings):  # fmt: skip
         """``core.compare.compare`` on the engine's session's prompt, with ``compare``'s keyword
-        arguments (an assistant model excepted); its ``search`` reads the engine's (``beam_client``)."""
+        arguments (``assistant``: a draft model's folder on the engine's machine); its ``search`` reads the engine's (``beam_client``)."""
         from ..core import decoding
         from ..core.compare import Comparison
 
         self._require()
-        if settings.get("assistant") is not None:
-            raise InspectorError("an assistant model does not run over the link: use prompt lookup")
-        settings.pop("assistant", None)
+        if settings.get("assistant") is not None and not isinstance(settings["assistant"], str):
+            raise InspectorError("over the link the assistant model is the folder of a draft on the engine's machine")
         early = settings.pop("early_stopping", False)
         args = {k: v for k, v in settings.items() if v is not None}
         args["early_stopping"] = {False: "false", True: "true"}.get(early, str(early))  # type: ignore[call-overload]

@@ -150,6 +150,8 @@ class LabOps:
                 raise Cancelled("the comparison was cancelled")
 
         early = {"false": False, "true": True}.get(early_stopping, "never")
+        if settings.get("assistant") is not None:  # a folder on this machine, loaded here (session_ops)
+            settings["assistant"] = self._draft(settings["assistant"])  # type: ignore[attr-defined]
         result = compare(self.lm, prompt_ids=list(self._s().prompt_ids), early_stopping=early, progress=progress,
                          **settings)  # fmt: skip
         # kept, like the lab, so that a returned beam can be inspected (read as the session is read)

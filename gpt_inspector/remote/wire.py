@@ -219,6 +219,9 @@ LAB_OPS: dict[str, dict[str, Arg]] = {
         "seed": Arg("int", False, lo=0, hi=(1 << 63) - 1),
         "sampler": _SETTINGS,
         "prompt_lookup_num_tokens": Arg("int", False, True, 1, 1 << 16),
+        "assistant": Arg("str", False, True, n=4096),  # a draft model's folder on the engine's machine
+        "num_assistant_tokens": Arg("int", False, True, 1, MAX_INT),
+        "assistant_confidence_threshold": Arg("float", False, True, 0.0, 1.0),
     },  # fmt: skip
 }
 JOB_OPS = ("kvlab_run", "kvlab_probe", "compare")

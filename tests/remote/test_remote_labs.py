@@ -107,7 +107,7 @@ def test_the_compare_panel_runs_on_the_engine_with_the_local_numbers(server, win
     assert panel.row_names == names and panel.table.rowCount() == len(names)
     first = want.rows[1]  # beam 1's first token, its label and probability as the cell shows them
     assert panel.table.item(1, 0).text() == f"{first['tokens'][0]}\n{first['probs'][0]:.2f}"
-    assert panel.inspect_button.isEnabled()  # its beams are read on the engine (test_remote_beam.py)
+    assert panel.inspect_button.isEnabled()  # its beams are read on the engine (test_remote_compare_rest.py)
     assert not no_dialogs and not win.errors
 
 

@@ -1,10 +1,15 @@
-"""Compare's "Inspect beam" in a window on a remote engine (a real ``serve`` process): the engine keeps
-its last comparison and answers the inspected beam's reads from it; every number the window shows is
-a local Inspect's of the same comparison on the same checkpoint."""
+"""Compare's last gaps over the link (a real ``serve`` process): "Inspect beam" in a window on a remote
+engine (the engine keeps its last comparison and answers the inspected beam's reads from it; every
+number the window shows is a local Inspect's of the same comparison on the same checkpoint), and
+``compare --connect --assistant-model DIR`` (the draft loaded from the engine's disk; the output is a
+local run's)."""
 
 from __future__ import annotations
 
+import json
+
 import pytest
+from on_device import DEVICE
 
 from gpt_inspector.core.compare import compare
 from gpt_inspector.core.errors import InspectorError
@@ -12,7 +17,7 @@ from gpt_inspector.core.errors import InspectorError
 pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import Qt  # noqa: E402
-from test_remote_labs import _type  # noqa: E402
+from test_remote_labs import _no_seconds, _type  # noqa: E402
 from test_remote_window import PROMPT, no_dialogs, press, same_as_local, wait, window  # noqa: E402, F401  (fixtures)
 
 SETTINGS = {"num_beams": 3, "num_return_sequences": 2, "max_new_tokens": 4}
@@ -79,3 +84,29 @@ def test_a_later_comparison_replaces_the_beams_kept_on_the_engine(server):
         with pytest.raises(InspectorError, match="no longer on the engine"):
             beam.attention_rows(0, 0, 3)
         assert r.n_steps == 0 and r.step().index == 0  # the session itself is as it was
+
+
+@pytest.fixture(scope="module")
+def draft(tmp_path_factory):
+    """A draft on the engine's disk: another tiny Llama (other weights) with the target's tokenizer."""
+    import tiny_models
+
+    return tiny_models.build(tmp_path_factory.mktemp("draft") / "draft", "llama", seed=7)
+
+
+def test_compare_connect_with_a_draft_on_the_engines_disk_prints_a_local_runs_output(server, tiny_llama, draft, capsys):
+    from gpt_inspector.cli import main
+
+    cmp = ["compare", "--prompt", PROMPT, "--max-new-tokens", "6", "--num-beams", "2", "--assistant-model", str(draft),
+           "--num-assistant-tokens", "3", "--json"]  # fmt: skip
+    outs = []
+    for where in (["--connect", server.url], ["--model", str(tiny_llama), "--device", DEVICE]):
+        assert main([*cmp, *where]) == 0
+        outs.append(_no_seconds(json.loads(capsys.readouterr().out)))
+    assert outs[0]["assisted"]["assisted"]["mode"] == "draft model" and outs[0]["assisted"]["rounds"]
+    assert outs[0]["assisted"]["token_ids"] == outs[0]["greedy"]["token_ids"]  # assisted greedy: greedy's tokens
+    assert outs[0] == outs[1]
+    # a folder the engine's machine does not have: one line, exit 2
+    assert main([*cmp[:-5], "--assistant-model", str(draft / "missing"), "--connect", server.url]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "no folder" in err and "engine's machine" in err
