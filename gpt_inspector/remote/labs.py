@@ -4,7 +4,10 @@ Mixed into ``server.Engine`` like ``reads.ReadOps``. The lab lives here, beside 
 started from (one at a time, named by a number so that a client never steps a lab another Run
 replaced); each reply carries the lab steps that changed (their per-layer bytes and counts as JSON,
 the (n, L, H) lost attention mass as one float64 tensor), its summary, and where it stands. Compare
-answers ``Comparison.to_json()``: every row, score, token id and text, and both trees.
+answers ``Comparison.to_json()``: every row, score, token id and text, and both trees; the comparison
+stays here too (the last one, named by a number), so that a read naming one of its beams
+(``wire.BEAM_OPS``, ``beam_view``) is answered from that beam as the session's reads are. A draft
+model (``assistant``) is a folder on this machine, loaded here as ``session_ops`` loads one.
 
 The long ones (``wire.JOB_OPS``) get a ``job`` from the server: ``job.progress(what, done, total)``
 sends a note to the client and reads a cancel it sent meanwhile; ``job.cancelled()`` says whether

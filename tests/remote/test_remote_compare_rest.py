@@ -4,11 +4,14 @@ number the window shows is a local Inspect's of the same comparison on the same 
 ``compare --connect --assistant-model DIR`` (the draft loaded from the engine's disk; the output is a
 local run's)."""
 
+# ruff: noqa: F811  (the fixtures imported from the other remote tests are redefined as test arguments)
+
 from __future__ import annotations
 
 import json
 
 import pytest
+import torch
 from on_device import DEVICE
 
 from gpt_inspector.core.compare import compare
@@ -23,7 +26,12 @@ from test_remote_window import PROMPT, no_dialogs, press, same_as_local, wait, w
 SETTINGS = {"num_beams": 3, "num_return_sequences": 2, "max_new_tokens": 4}
 
 
-def test_inspect_beam_over_the_link_shows_the_local_inspects_numbers(server, window, local_lm, qtbot, no_dialogs):  # noqa: F811 (the fixtures imported above)
+def test_inspect_beam_over_the_link_shows_the_local_inspects_numbers(
+    server, window, local_lm, qtbot, no_dialogs, tmp_path, monkeypatch
+):
+    from PySide6.QtWidgets import QFileDialog
+
+    from gpt_inspector import load_trace
     from gpt_inspector.gui.viewdata import ViewModel
 
     win, r = window(server.url)
@@ -57,6 +65,15 @@ def test_inspect_beam_over_the_link_shows_the_local_inspects_numbers(server, win
     snap = wait(qtbot, win)
     assert (snap.selection.layer, snap.selection.head) == (1, 1)
     same_as_local(snap, vm)
+
+    # Ctrl+S saves the beam: the engine writes its trace, the laptop keeps the file
+    path = tmp_path / "beam.safetensors"
+    monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, **k: (str(path), ""))
+    press(qtbot, win, Qt.Key.Key_S, Qt.KeyboardModifier.ControlModifier)
+    qtbot.waitUntil(lambda: win.statusBar().currentMessage().startswith(f"Saved trace to {path}"), timeout=30000)
+    saved = load_trace(path)
+    assert list(saved.tokens) == beam.tokens and saved.prompt_length == len(r.prompt_ids)
+    assert torch.equal(saved.attention_rows(1, 0, 3), beam.attention_rows(1, 0, 3))
 
     # Ctrl+Tab: back to the live session, which the beam's reads left as it was; it steps on
     press(qtbot, win, Qt.Key.Key_Tab, Qt.KeyboardModifier.ControlModifier)
@@ -110,3 +127,27 @@ def test_compare_connect_with_a_draft_on_the_engines_disk_prints_a_local_runs_ou
     assert main([*cmp[:-5], "--assistant-model", str(draft / "missing"), "--connect", server.url]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "no folder" in err and "engine's machine" in err
+
+
+@pytest.mark.parametrize(
+    "op, args, words",
+    [
+        ("state", {"beam": [1 << 40, 0]}, "no longer on the engine"),
+        ("state", {"beam": [1]}, "[comparison, beam]"),
+        ("attention_rows", {"layer": 0, "p0": 0, "p1": 1, "beam": [0, -1]}, "must lie in"),
+        ("step", {"beam": [1, 0]}, "unknown argument 'beam'"),  # a beam is read, never stepped
+        ("compare", {"max_new_tokens": 2, "assistant": "/nowhere"}, "no folder '/nowhere' on the engine's machine"),
+    ],
+)
+def test_malformed_beam_reads_and_drafts_are_refused_in_one_line(server, op, args, words):
+    from test_remote_fuzz import _answer, _still_serving, _ws
+
+    from gpt_inspector.remote import wire
+
+    with _ws(server.url) as ws:
+        ws.send(wire.request("open", 1, {"prompt": PROMPT}))
+        assert _answer(ws)["ok"]
+        ws.send(wire.request(op, 2, args))
+        head = _answer(ws)
+        assert not head["ok"] and words in head["error"], head["error"]
+        _still_serving(ws)
