@@ -1,16 +1,19 @@
-"""The KV lab panel's Stop during the cache probe, in a local window: the probe ends between two
+"""The KV lab panel's Stop (or Esc) during the cache probe, in a local window: the probe ends between two
 forward passes, the panel says so without a dialog, and the lab is as it was (its next step is the
 reference lab's)."""
 
 from __future__ import annotations
 
+import pytest
 from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication
 
 # long enough that the probe runs for seconds (~90 forward passes on the tiny model): Stop lands in it
 PROMPT = " ".join(["She eats an apple. He reads"] * 3)
 
 
-def test_stop_ends_the_cache_probe_and_the_lab_stays(make_window, wait_idle, qtbot, tiny_lm, no_dialogs):
+@pytest.mark.parametrize("how", ["Stop", "Esc"])
+def test_stop_ends_the_cache_probe_and_the_lab_stays(make_window, wait_idle, qtbot, tiny_lm, no_dialogs, how):
     from gpt_inspector.core.kvlab import KVLab, make
     from gpt_inspector.gui.views import kvlab
 
@@ -31,7 +34,11 @@ def test_stop_ends_the_cache_probe_and_the_lab_stays(make_window, wait_idle, qtb
     qtbot.mouseClick(panel.probe_button, Qt.MouseButton.LeftButton)
     qtbot.waitUntil(lambda: "forward pass" in panel.status.text(), timeout=20000)
     assert panel.stop_button.isEnabled()
-    qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    if how == "Stop":
+        qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+    else:  # Esc (Pause) stops the lab's long jobs as it stops the window's runs
+        assert win.acts.pause.isEnabled()
+        qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_Escape)
     qtbot.waitUntil(lambda: not panel.job.running, timeout=20000)
     assert "the cache probe was stopped" in panel.status.text()
     assert panel.privacy_label.text() == "" and not no_dialogs

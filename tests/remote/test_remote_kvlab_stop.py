@@ -1,4 +1,4 @@
-"""The KV lab panel's Stop during the cache probe in a window on a real ``serve`` process: the cancel
+"""The KV lab panel's Stop (or Esc) during the cache probe in a window on a real ``serve`` process: the cancel
 reaches the engine, which ends the probe between two forward passes and keeps serving; the lab there
 is as it was (its next step is a local lab's, bit for bit)."""
 
@@ -13,13 +13,15 @@ from gpt_inspector.remote.client import RemoteSession
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import Qt  # noqa: E402
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QApplication  # noqa: E402
 
 # long enough that the probe runs for seconds (~90 forward passes on the tiny model): Stop lands in it
 PROMPT = " ".join(["She eats an apple. He reads"] * 3)
 
 
-def test_stop_cancels_the_cache_probe_on_the_engine(server, local_lm, qtbot, no_dialogs):  # noqa: F811 (the fixture imported above)
+@pytest.mark.parametrize("how", ["Stop", "Esc"])
+def test_stop_cancels_the_cache_probe_on_the_engine(server, local_lm, qtbot, no_dialogs, how):  # noqa: F811 (the fixture imported above)
     from gpt_inspector.gui.main_window import MainWindow
     from gpt_inspector.gui.views.kvlab import PROBE
 
@@ -45,7 +47,11 @@ def test_stop_cancels_the_cache_probe_on_the_engine(server, local_lm, qtbot, no_
         qtbot.mouseClick(panel.probe_button, Qt.MouseButton.LeftButton)
         qtbot.waitUntil(lambda: "forward pass" in panel.status.text(), timeout=30000)
         assert panel.stop_button.isEnabled()
-        qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+        if how == "Stop":
+            qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
+        else:  # Esc (Pause) stops the lab's long jobs as it stops the window's runs
+            assert win.acts.pause.isEnabled()
+            qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_Escape)
         qtbot.waitUntil(lambda: not panel.job.running, timeout=30000)
         assert "the cache probe was stopped" in panel.status.text()
         assert panel.privacy_label.text() == "" and not no_dialogs and not win.errors

@@ -306,9 +306,9 @@ def create_panel(window) -> KVLabPanel:
             panel.lab, view = result
             panel.show_view(view)
 
-        panel.job.submit(job, done, f"running {name} for {n} steps beside the full cache…")
+        panel.job.submit(job, done, f"running {name} for {n} steps beside the full cache…", stop=panel.stop.set)
 
-    def on_lab(act, what: str, show=None) -> None:
+    def on_lab(act, what: str, show=None, stop=None) -> None:
         """Run ``act(lab)`` on the worker, then ``show`` what it returned, or (no ``show``) the lab as it is."""
         lab = panel.lab  # read here, on the GUI thread; the job only uses it on the worker
 
@@ -318,7 +318,7 @@ def create_panel(window) -> KVLabPanel:
             out = act(lab)
             return out if show is not None else LabView.of(lab)
 
-        panel.job.submit(job, show or panel.show_view, what)
+        panel.job.submit(job, show or panel.show_view, what, stop=stop)
 
     def show() -> None:
         if panel.lab is None or panel.lab.run is None or panel.job.running:
@@ -364,7 +364,7 @@ def create_panel(window) -> KVLabPanel:
     def probe_requested() -> None:
         if not panel.job.running:
             panel.stop.clear()  # a Stop meant for an earlier job does not end this one
-        on_lab(probe, "probing the policy's cache for the prompt…", panel.show_privacy)
+        on_lab(probe, "probing the policy's cache for the prompt…", panel.show_privacy, panel.stop.set)
 
     panel.probe_requested.connect(probe_requested)
     return panel
