@@ -16,7 +16,7 @@ HELP = "what a KV cache policy (eviction, quantization) costs in bytes, fidelity
 
 def add_arguments(p):
     common.add_model_args(p)
-    common.add_connect_arg(p)  # one run: the engine runs the lab on its model (a sweep runs where the model is)
+    common.add_connect_arg(p)  # the engine runs the labs on its model (a sweep: one after the other)
     p.add_argument("--prompt", default=None, help="the text to start from (one run)")
     p.add_argument("--policy", default=None, help=f"one of {', '.join(POLICIES)}")
     p.add_argument(
@@ -157,8 +157,6 @@ def run(args) -> int:
         check_format(args.out)
         common.check_out(args.out)
     if args.sweep:
-        if args.connect:
-            raise InspectorError("--sweep runs where the model is (its workers load the model): leave out --connect")
         return _sweep(args)
     given = [flag for flag, on in (("--prompts", args.prompts is not None), ("--policies", args.policies is not None),
              ("--budgets", args.budgets is not None), ("--no-probe", args.no_probe), ("--needle", args.needle),
@@ -285,19 +283,39 @@ def _sweep(args) -> int:
 
     jobs = check_jobs(args.jobs, "--jobs")
     pairs = plan(names, budgets)
+    if args.connect:
+        return _remote_sweep(args, prompts, pairs, opts, jobs)
     lm = common.load(args)
     # each worker loads the model exactly as this process did
     load = common.load_options(args)
-    tty = sys.stderr.isatty()
-
-    def progress(done, total, what):
-        bar = "#" * (20 * done // total)
-        line = f"[{bar:<20}] {done}/{total} {what}"
-        print(("\r" + line) if tty else line, end="" if tty and done < total else "\n", file=sys.stderr, flush=True)
-
     # Ctrl+C stops the sweep here; nothing is written (the figure and table are written only when complete)
-    result = sweep(lm, prompts, pairs, args.steps, probe=not args.no_probe, options=opts, progress=progress,
+    result = sweep(lm, prompts, pairs, args.steps, probe=not args.no_probe, options=opts, progress=_progress,
                    jobs=jobs, load=load, needle=args.needle)  # fmt: skip
+    return _sweep_out(args, result)
+
+
+def _progress(done, total, what) -> None:
+    tty = sys.stderr.isatty()
+    bar = "#" * (20 * done // total)
+    line = f"[{bar:<20}] {done}/{total} {what}"
+    print(("\r" + line) if tty else line, end="" if tty and done < total else "\n", file=sys.stderr, flush=True)
+
+
+def _remote_sweep(args, prompts, pairs, opts, jobs) -> int:
+    """The sweep on the engine at ``--connect``: its labs one after the other, on its model."""
+    if args.needle:
+        raise InspectorError("--needle runs where the model is: leave out --connect (or --needle)")
+    if jobs != 1:
+        raise InspectorError("--jobs: the engine runs one lab at a time: leave out --jobs with --connect")
+    s = common.remote_session(args)
+    try:
+        result = s.remote_sweep(prompts, pairs, args.steps, probe=not args.no_probe, options=opts, progress=_progress)
+    finally:
+        common.release(s)
+    return _sweep_out(args, result)
+
+
+def _sweep_out(args, result) -> int:
     if args.out is not None:
         common.save_figure(lambda figures: figures.frontier_figure(result), args.out, "frontier")
     if args.json is not None:

@@ -174,7 +174,7 @@ class WindowActions(QObject):
             a.setEnabled(idle_live and stepped)
         for a in (self.step, self.run):  # after EOS: step back, force a token or restart
             a.setEnabled(idle_live and not ctl.finished)
-        self.pause.setEnabled(ctl.running)
+        self.pause.setEnabled(ctl.stoppable)
         run = ctl.current_run
         why = "nothing to save yet" if run is None else run.save_refused
         self.save.setEnabled(why is None and not ctl.running)

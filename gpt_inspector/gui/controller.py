@@ -11,6 +11,7 @@ thread never reads the live session.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import replace
 
 from PySide6.QtCore import QObject, QTimer, Signal
@@ -75,6 +76,7 @@ class Controller(QObject):
         self.last_stop_reason: str | None = None
         self.pending: set[int] = set()
         self.runs: set[int] = set()
+        self._stops: dict[int, Callable[[], None]] = {}  # panel jobs Pause stops: serial -> how
         self._refresh_serial: int | None = None
         self._refresh_sel: Selection | None = None
         self._callbacks: dict[int, object] = {}
@@ -137,12 +139,16 @@ class Controller(QObject):
         self.state_changed.emit()
         return serial
 
-    def run_in_worker(self, fn, callback=None, idle: bool = False) -> int:
+    def run_in_worker(self, fn, callback=None, idle: bool = False, stop=None) -> int:
         """Run ``fn(session_or_trace)`` on the worker thread; ``callback(result, error)`` on this one.
-        ``idle``: give way to later commands (see ``commands.Call``)."""
+        ``idle``: give way to later commands (see ``commands.Call``). ``stop``: how Pause (Esc) ends
+        it, as it ends a run (a panel's long job: its Stop), called here; Pause stays on while it runs."""
         serial = self.post(Call(fn, idle))
         if callback is not None:
             self._callbacks[serial] = callback
+        if stop is not None:
+            self._stops[serial] = stop
+            self.state_changed.emit()
         return serial
 
     def when_idle(self, callback) -> None:
@@ -180,9 +186,16 @@ class Controller(QObject):
         return self.post(Run(target=int(target), breakpoints=breakpoints))
 
     def pause(self) -> bool:
-        """Stop every run posted so far after its current step; True if one was running."""
+        """Stop every run (and panel job that says how) posted so far after its current step; True if one was running."""
         self.worker.cancel()
-        return self.running
+        for stop in list(self._stops.values()):
+            stop()
+        return self.stoppable
+
+    @property
+    def stoppable(self) -> bool:
+        """Something Pause (Esc) stops is running."""
+        return bool(self.runs or self._stops)
 
     def set_decoding(self, temperature: float, top_k: int | None, top_p: float | None, redecide: bool = False,
                      settings: dict | None = None):  # fmt: skip
@@ -296,6 +309,7 @@ class Controller(QObject):
     def _done(self, serial: int) -> None:
         self.pending.discard(serial)
         self.runs.discard(serial)
+        self._stops.pop(serial, None)
         if serial == self._refresh_serial:
             self._refresh_serial = None
             if self._refresh_sel != self.selection:  # changed while that refresh ran

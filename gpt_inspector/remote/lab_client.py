@@ -137,6 +137,47 @@ class RemoteLabs:
         lab._take(head, tensors)  # type: ignore[arg-type]
         return lab
 
+    def remote_sweep(self, prompts: list[str], pairs: list[tuple[str, int | None]], steps: int, probe: bool = True,
+                     options: dict | None = None, progress: Callable[[int, int, str], None] | None = None):  # fmt: skip
+        """``core.kvlab.sweep.sweep`` on the engine's model, lab after lab (its needle check and
+        workers excepted): each prompt opens a fresh greedy session there (seed 0, as the sweep's
+        reference), each (policy, budget) runs ``steps`` teacher-forced steps and, with ``probe``,
+        the cache probe. A ``SweepResult`` whose rows are the local sweep's numbers."""
+        import time
+
+        from ..core.kvlab import registry
+        from ..core.kvlab.sweep import SweepResult, SweepRow, build_policy
+
+        options = dict(options or {})
+        prompts = list(prompts)
+        if not prompts:
+            raise InspectorError("no prompts to sweep")
+        for name, budget in pairs:  # refused here, in one line, before the engine runs anything
+            build_policy(name, budget, options)
+        result = SweepResult(self.model_name, int(steps), prompts, options=options)
+        total, done = len(prompts) * len(pairs), 0
+        for pi, prompt in enumerate(prompts):
+            self.open(prompt)  # type: ignore[attr-defined]  # the client's: the engine's session is this prompt's
+            n_prompt = len(self.prompt_ids)  # type: ignore[attr-defined]
+            for name, budget in pairs:
+                t0 = time.perf_counter()
+                keys = registry.options(name)  # each policy gets the options it takes, as build_policy gives them
+                opts = {k: v for k, v in options.items() if k in keys and v is not None}
+                lab = self.remote_kvlab(name, budget, int(steps), False, opts)
+                sm = lab.summary()
+                row = SweepRow(name, budget, pi, sm["steps"], sm["mean_kl"], sm["max_kl"], sm["agreement"],
+                               sm["first_divergence"], sm["bytes_policy"], sm["bytes_full"], n_prompt,
+                               bytes_paged=sm["bytes_paged"], bytes_full_paged=sm["bytes_full_paged"])  # fmt: skip
+                if probe:
+                    pr = lab.probe()
+                    row.probe_held, row.probe_recovered = pr.held, pr.recovered
+                row.seconds = time.perf_counter() - t0
+                result.rows.append(row)
+                done += 1
+                if progress is not None:
+                    progress(done, total, f"{name}{'' if budget is None else f' budget {budget}'}, prompt {pi + 1}")
+        return result
+
 
 class RemoteLab:
     """A KV lab that runs on the engine, as ``KVLab``'s readers see one (see the module docstring).

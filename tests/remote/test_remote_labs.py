@@ -162,9 +162,6 @@ def test_kv_lab_and_compare_take_connect_and_print_what_a_local_run_prints(serve
             assert main([*argv, *where]) == 0
             outs.append(clean(json.loads(capsys.readouterr().out)))
         assert outs[0] == outs[1], argv[0]
-    assert main(["kv-lab", "--connect", server.url, "--sweep", "--prompts", "x", "--policies", "h2o"]) == 2
-    err = capsys.readouterr().err
-    assert err.count("\n") == 1 and "--sweep runs where the model is" in err
 
 
 @pytest.mark.parametrize(

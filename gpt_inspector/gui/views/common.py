@@ -355,9 +355,10 @@ class PanelJob:
         self._window, self._busy, self._failed = window, busy, failed
         self.running = False
 
-    def submit(self, job, done, text: str = "", idle: bool = False) -> bool:
+    def submit(self, job, done, text: str = "", idle: bool = False, stop=None) -> bool:
         """Run ``job(source)`` on the worker, then ``done(result)`` here; False, nothing posted, while
-        the panel's last job still runs (``idle``: it gives way to later commands, see ``commands.Call``)."""
+        the panel's last job still runs (``idle``: it gives way to later commands, see ``commands.Call``;
+        ``stop``: what Pause (Esc) calls to end it, as the panel's Stop does)."""
         if self.running:
             return False
         self.running = True
@@ -372,7 +373,9 @@ class PanelJob:
                 self._failed(error)
 
         # idle only where asked: the window's run_in_worker takes (fn, callback) and idle as a third
-        self._window.run_in_worker(*((job, finish, True) if idle else (job, finish)))
+        self._window.run_in_worker(
+            *((job, finish, True) if idle else (job, finish)), **({"stop": stop} if stop else {})
+        )
         return True
 
 

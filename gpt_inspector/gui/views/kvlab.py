@@ -26,7 +26,7 @@ from PySide6.QtWidgets import (
     QWidget,
 )
 
-from ...core.errors import InspectorError
+from ...core.errors import Cancelled, InspectorError
 from ...core.kvlab.registry import NAMES as POLICIES  # the registry imports no torch: neither does the panel
 from ...core.kvlab.registry import QUANT, rule
 from .common import FlowLayout, PanelJob, group, report_error, table, vbox, wrapped_label
@@ -34,6 +34,7 @@ from .common import FlowLayout, PanelJob, group, report_error, table, vbox, wrap
 PANEL_TITLE = "KV cache lab"
 PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows what the policy evicted
 WIDE = 640  # px: from this width the KL plot and the bytes table sit side by side
+PROBE = "cache probe"  # the probe's progress notes, told from a Run's by this name
 # the schedule picker's items: what it shows, what the policy takes (core.kvlab.serving)
 REMOTE_SHOW = "the policy run stays on the engine: its steps, bytes and probe are shown here"
 SCHEDULES = (("every step", "step"), ("prefill only", "prefill"), ("every 2 steps", 2), ("every 4 steps", 4),
@@ -113,7 +114,7 @@ class KVLabPanel(QWidget):
         # read by the job on the worker between two lab steps (a remote one: sent to the engine)
         self.stop = threading.Event()
         self.stop_button = QPushButton("Stop", enabled=False, toolTip="End the Run after its current step: the "
-                                       "steps made so far stay, and Step goes on from them")  # fmt: skip
+                                       "steps made so far stay, and Step goes on from them; or cancel the cache probe")  # fmt: skip
         self.stop_button.clicked.connect(self.stop.set)
         # the other buttons act on a lab: off until Run made one
         self.step_button = QPushButton("Step", toolTip="One more lab step", enabled=False)
@@ -252,7 +253,10 @@ class KVLabPanel(QWidget):
                 self.table.setItem(layer, j, QTableWidgetItem(text))
 
     def show_progress(self, name: str, done: int, planned: int) -> None:
-        self.status.setText(f"running {name}: step {done} of {planned}…")
+        if name == PROBE:
+            self.status.setText(f"probing the policy's cache for the prompt: forward pass {done} of {planned}…")
+        else:
+            self.status.setText(f"running {name}: step {done} of {planned}…")
 
     def show_privacy(self, r) -> None:
         self.set_busy(False)
@@ -265,6 +269,9 @@ def create_panel(window) -> KVLabPanel:
     panel = KVLabPanel()
 
     def failed(error) -> None:
+        if isinstance(error, Cancelled):  # the user pressed Stop: said on the panel, no dialog
+            panel.status.setText("the cache probe was stopped: the lab is as it was")
+            return
         panel.status.setText(str(error))
         report_error(window, "Cannot run the KV cache lab", error)
 
@@ -299,9 +306,9 @@ def create_panel(window) -> KVLabPanel:
             panel.lab, view = result
             panel.show_view(view)
 
-        panel.job.submit(job, done, f"running {name} for {n} steps beside the full cache…")
+        panel.job.submit(job, done, f"running {name} for {n} steps beside the full cache…", stop=panel.stop.set)
 
-    def on_lab(act, what: str, show=None) -> None:
+    def on_lab(act, what: str, show=None, stop=None) -> None:
         """Run ``act(lab)`` on the worker, then ``show`` what it returned, or (no ``show``) the lab as it is."""
         lab = panel.lab  # read here, on the GUI thread; the job only uses it on the worker
 
@@ -311,7 +318,7 @@ def create_panel(window) -> KVLabPanel:
             out = act(lab)
             return out if show is not None else LabView.of(lab)
 
-        panel.job.submit(job, show or panel.show_view, what)
+        panel.job.submit(job, show or panel.show_view, what, stop=stop)
 
     def show() -> None:
         if panel.lab is None or panel.lab.run is None or panel.job.running:
@@ -339,7 +346,25 @@ def create_panel(window) -> KVLabPanel:
     panel.run_requested.connect(run)
     panel.step_requested.connect(lambda: on_lab(lambda lab: lab.step(), "one more lab step…"))
     panel.back_requested.connect(lambda: on_lab(lambda lab: lab.step_back(), "stepping the lab back…"))
-    panel.probe_requested.connect(
-        lambda: on_lab(lambda lab: lab.probe(), "probing the policy's cache for the prompt…", panel.show_privacy)
-    )
+
+    def probe(lab):
+        def note(done: int, total: int) -> None:
+            panel.progressed.emit(PROBE, done, total)  # queued to the GUI thread
+
+        if lab.run is None:  # on the engine: Stop is sent there, which ends the probe between two forwards
+            return lab.probe(progress=note, cancelled=panel.stop.is_set)
+
+        def progress(done: int, total: int) -> None:
+            note(done, total)
+            if panel.stop.is_set():
+                raise Cancelled("the cache probe was stopped")
+
+        return lab.probe(progress=progress)
+
+    def probe_requested() -> None:
+        if not panel.job.running:
+            panel.stop.clear()  # a Stop meant for an earlier job does not end this one
+        on_lab(probe, "probing the policy's cache for the prompt…", panel.show_privacy, panel.stop.set)
+
+    panel.probe_requested.connect(probe_requested)
     return panel
