@@ -77,7 +77,39 @@ def check_assistant(target: LoadedModel, draft: LoadedModel) -> None:
         )
 
 
-class Assisted:
+class Tally:
+    """What a run of rounds adds up to, for a local ``Assisted`` and a remote engine's alike (both keep
+    ``session``, ``rounds``, ``mode`` and ``max_length``)."""
+
+    session: Session
+    rounds: list[Round]
+    mode: str
+    max_length: int
+
+    @property
+    def ended(self) -> bool:
+        return bool(self.session.finished) or len(self.session.tokens) >= self.max_length
+
+    @property
+    def proposed(self) -> int:
+        return sum(len(r.proposed) for r in self.rounds)
+
+    @property
+    def accepted(self) -> int:
+        return sum(r.accepted for r in self.rounds)
+
+    @property
+    def acceptance_rate(self) -> float | None:
+        """Accepted over proposed tokens, over the run; None before anything was proposed."""
+        n = self.proposed
+        return self.accepted / n if n else None
+
+    def summary(self) -> dict:
+        return {"mode": self.mode, "rounds": len(self.rounds), "proposed": self.proposed, "accepted": self.accepted,
+                "acceptance_rate": self.acceptance_rate, "new_tokens": len(self.session.steps_done)}  # fmt: skip
+
+
+class Assisted(Tally):
     """Assisted decoding on ``session`` (the target), a round per ``round()``.
 
     ``assistant``: a draft ``LoadedModel`` with the target's tokenizer; or ``prompt_lookup_num_tokens``
@@ -159,28 +191,6 @@ class Assisted:
     @property
     def draft_cache(self):
         return None if self.assistant is None else self.generator.assistant_kwargs.get("cache")
-
-    @property
-    def ended(self) -> bool:
-        return bool(self.session.finished) or len(self.session.tokens) >= self.max_length
-
-    @property
-    def proposed(self) -> int:
-        return sum(len(r.proposed) for r in self.rounds)
-
-    @property
-    def accepted(self) -> int:
-        return sum(r.accepted for r in self.rounds)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        """Accepted over proposed tokens, over the run; None before anything was proposed."""
-        n = self.proposed
-        return self.accepted / n if n else None
-
-    def summary(self) -> dict:
-        return {"mode": self.mode, "rounds": len(self.rounds), "proposed": self.proposed, "accepted": self.accepted,
-                "acceptance_rate": self.acceptance_rate, "new_tokens": len(self.session.steps_done)}  # fmt: skip
 
     # ------------------------------------------------------------------ rounds
     def _sync_draft(self) -> None:

@@ -11,7 +11,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 from typing import TYPE_CHECKING
 
-from ..core.assisted import Round
+from ..core.assisted import Round, Tally
 from ..core.chat import Chat, check_messages
 from ..core.errors import InspectorError
 from .wire import WireError
@@ -65,7 +65,7 @@ def chat_of(d, ids) -> Chat | None:
                 tuple(ids), tuple(roles))  # fmt: skip
 
 
-class RemoteAssisted:
+class RemoteAssisted(Tally):
     """``core.assisted.Assisted`` on a ``RemoteSession``: ``round()``, ``run()``, ``back()``, the rounds,
     the acceptance rate. ``assistant``: a draft model's folder on the engine's machine (it loads it
     there), or None with ``prompt_lookup_num_tokens``. Starting restarts the session at its prompt."""
@@ -95,28 +95,6 @@ class RemoteAssisted:
         self.mode, self.max_length, self.settings = str(d["mode"]), int(d["max_length"]), dict(d["settings"])
 
     # ------------------------------------------------------------------ as Assisted's
-    @property
-    def ended(self) -> bool:
-        s = self.session
-        return bool(s.finished) or len(s.tokens) >= self.max_length
-
-    @property
-    def proposed(self) -> int:
-        return sum(len(r.proposed) for r in self.rounds)
-
-    @property
-    def accepted(self) -> int:
-        return sum(r.accepted for r in self.rounds)
-
-    @property
-    def acceptance_rate(self) -> float | None:
-        n = self.proposed
-        return self.accepted / n if n else None
-
-    def summary(self) -> dict:
-        return {"mode": self.mode, "rounds": len(self.rounds), "proposed": self.proposed, "accepted": self.accepted,
-                "acceptance_rate": self.acceptance_rate, "new_tokens": len(self.session.steps_done)}  # fmt: skip
-
     def round(self) -> Round:
         self._apply(self.session._assisted_op("assisted_round", rounds=1))
         return self.rounds[-1]
