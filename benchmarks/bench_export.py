@@ -35,24 +35,9 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
+from bench_views import build_model  # noqa: E402  # the benchmarks' Llama-style model, here with 2 layers
+
 LAYER, HEAD, SCALE = 1, 3, 2.0
-
-
-def build_model(folder: Path, context: int) -> Path:
-    import tiny_models
-    import torch
-    from transformers import AutoModelForCausalLM, LlamaConfig
-
-    if (folder / "config.json").is_file():
-        return folder
-    folder.mkdir(parents=True, exist_ok=True)
-    tok = tiny_models.build_tokenizer(folder)
-    torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=2,
-                      num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=context,
-                      bos_token_id=len(tok) - 1, eos_token_id=len(tok) - 1)  # fmt: skip
-    AutoModelForCausalLM.from_config(cfg).save_pretrained(folder, safe_serialization=True)
-    return folder
 
 
 def _status_kb(field: str) -> int:
@@ -138,7 +123,7 @@ def main() -> int:
     from gpt_inspector.core.trace import save_trace
 
     lengths = [int(x) for x in args.lengths.split(",")] + ([16384] if args.with_16k else [])
-    lm = load_model(build_model(Path(args.model_dir), 16384 + 64), device="cpu")
+    lm = load_model(build_model(Path(args.model_dir), 16384 + 64, layers=2), device="cpu")
     print(
         f"model: {lm.describe()}; layer {LAYER} head {HEAD}, scale {SCALE:g}; old way: {args.old_tree or 'this tree'}"
     )

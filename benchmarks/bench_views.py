@@ -42,7 +42,9 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests"))
 
 
-def build_model(folder: Path, context: int) -> Path:
+def build_model(folder: Path, context: int, layers: int = 8) -> Path:
+    """Issue 15's Llama-style benchmark model (8 layers x 8 heads over 2 KV heads, head size 64) in
+    ``folder``, built once; ``layers`` fewer where a benchmark needs only a head or two."""
     import tiny_models
     import torch
     from transformers import AutoModelForCausalLM, LlamaConfig
@@ -52,7 +54,7 @@ def build_model(folder: Path, context: int) -> Path:
     folder.mkdir(parents=True, exist_ok=True)
     tok = tiny_models.build_tokenizer(folder)
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=8,
+    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=512, intermediate_size=1376, num_hidden_layers=layers,
                       num_attention_heads=8, num_key_value_heads=2, head_dim=64, max_position_embeddings=context,
                       bos_token_id=len(tok) - 1, eos_token_id=len(tok) - 1)  # fmt: skip
     AutoModelForCausalLM.from_config(cfg).save_pretrained(folder, safe_serialization=True)
