@@ -315,6 +315,11 @@ def quiet() -> None:
 
     hf_logging.set_verbosity_error()
     no_progress_bars()
+    # huggingface_hub logs each retry of an unreachable hub ("Retrying in 8s [Retry 4/5]") on its own
+    # logger; our loader says it once, in one line, after the retries
+    from huggingface_hub.utils import logging as hub_logging
+
+    hub_logging.set_verbosity_error()
 
 
 def chat_template_of(tokenizer) -> str | None:

@@ -45,3 +45,21 @@ def test_quiet_transformers_silences_warnings_and_progress_bars():
     finally:
         hf_logging.set_verbosity_warning()
         hf_logging.enable_progress_bar()
+
+
+def test_quiet_transformers_silences_the_hubs_retry_lines():
+    """An uncached hub id with the hub unreachable: huggingface_hub logs every retry ("Retrying in
+    8s [Retry 4/5]") at WARNING on its own logger, above our one-line error; quiet turns them off."""
+    import logging
+
+    from huggingface_hub.utils import logging as hub_logging
+
+    retries = logging.getLogger("huggingface_hub.utils._http")  # where http_backoff logs its retries
+    hub_logging.set_verbosity_warning()
+    try:
+        assert retries.isEnabledFor(logging.WARNING)  # the test can fail: on by default
+        quiet_transformers()
+        assert not retries.isEnabledFor(logging.WARNING)
+        assert retries.isEnabledFor(logging.ERROR)
+    finally:
+        hub_logging.set_verbosity_warning()
