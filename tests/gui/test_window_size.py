@@ -125,6 +125,47 @@ def test_every_layer_of_the_overview_is_labelled_on_a_laptop_screen(qtbot, wait_
     win.worker.stop()
 
 
+def test_every_layer_of_the_kv_cache_bytes_is_labelled_on_a_laptop_screen(qtbot, wait_idle, monkeypatch):
+    # the KV cache panel's bytes per layer: 4 bars narrower than the 28 px a label was given along
+    # the bottom in a 1366 x 768 window, so L1 and L3 went unlabelled
+    from PySide6.QtGui import QFontInfo
+    from PySide6.QtWidgets import QApplication
+
+    import gpt_inspector as gi
+
+    win = MainWindow(restore_layout=False)
+    qtbot.addWidget(win)
+    win.resize(1366, 768)
+    win.show()
+    win.show_source(gi.Session(gi.load_model(gi.DEMO_MODEL, device="cpu"), "She eats apple"))
+    wait_idle(win)
+    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    wait_idle(win)
+    axis = win.kv_cache.laxis
+    painted = []  # what the axis draws when the window paints: [(font px, [(rect, text)])]
+    draw = axis.drawPicture
+
+    def spy(p, axis_spec, tick_specs, text_specs):
+        painted.append((QFontInfo(p.font()).pixelSize(), [(rect, text) for rect, _, text in text_specs]))
+        return draw(p, axis_spec, tick_specs, text_specs)
+
+    monkeypatch.setattr(axis, "drawPicture", spy)
+    axis.picture = None
+    axis.update()
+    qtbot.waitUntil(lambda: bool(painted), timeout=3000)
+    px, labels = painted[-1]
+    assert [text for _, text in labels] == [f"L{layer}" for layer in range(4)]
+    view = win.kv_cache.bplot.getViewBox()
+    for layer, (rect, _) in enumerate(labels):
+        # each label under its own bar, inside the axis the window shows
+        left, right = (axis.mapFromScene(view.mapViewToScene(QPointF(x, 0))).x() for x in (layer, layer + 1))
+        assert min(left, right) <= rect.center().x() <= max(left, right), (layer, rect, left, right)
+    for (a, _), (b, _) in zip(labels, labels[1:]):
+        assert not a.intersects(b), (a, b)
+    assert px >= axis.MIN_PX
+    win.worker.stop()
+
+
 SCREEN = textwrap.dedent(
     """
     import json, time

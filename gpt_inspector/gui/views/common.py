@@ -128,8 +128,9 @@ class WholeAxis(pg.AxisItem):
 class IndexAxis(pg.AxisItem):
     """Integer ticks at cell centres with a prefix: L0, L1, ... / H0, H1, ...
 
-    Down the side, rows shorter than a label get a smaller font (to ``MIN_PX``) before any goes
-    unlabelled: on a laptop the overview's four layers are 12 px rows, and L1, L3 were dropped.
+    Rows shorter than a label's height (down the side) or columns narrower than its width (along the
+    bottom) get a smaller font (to ``MIN_PX``) before any goes unlabelled: on a laptop the overview's
+    four layers are 12 px rows, and the KV cache panel's bytes per layer 20 px columns; L1, L3 were dropped.
     """
 
     MIN_PX = 8  # the smallest label font, in pixels: the colour bars' ticks are 9
@@ -146,25 +147,36 @@ class IndexAxis(pg.AxisItem):
             self.picture = None
             self.update()
 
+    GAP = 6  # pixels between two labels along the bottom
+
     def generateDrawSpecs(self, p):  # noqa: N802 (pyqtgraph)
-        if self.orientation in ("left", "right") and self.n and self.range[1] != self.range[0]:
-            font = self._font_for(self.size().height() / abs(self.range[1] - self.range[0]))
+        if self.n and self.range[1] != self.range[0]:
+            side = self.orientation in ("left", "right")
+            extent = self.size().height() if side else self.size().width()
+            font = self._font_for(extent / abs(self.range[1] - self.range[0]))
             if font != self.style["tickFont"]:
                 self.style["tickFont"] = font  # drawPicture sets it too, from here
             p.setFont(font if font is not None else self.font())
         return super().generateDrawSpecs(p)
 
-    def _font_for(self, row_px: float) -> QFont | None:
-        """The widget's font if a label fits a row, else the largest smaller one that does (``MIN_PX`` at least)."""
+    def _extent(self, font: QFont) -> float:
+        """Pixels one label needs: its line height down the side, the widest label and a gap along the bottom."""
+        m = QFontMetrics(font)
+        if self.orientation in ("left", "right"):
+            return m.height()
+        return m.horizontalAdvance(f"{self.prefix}{max(0, self.n - 1)}") + self.GAP
+
+    def _font_for(self, cell_px: float) -> QFont | None:
+        """The widget's font if a label fits a cell, else the largest smaller one that does (``MIN_PX`` at least)."""
         base = self.font()
-        self._label_px = QFontMetrics(base).height()
-        if self._label_px <= row_px:
+        self._label_px = self._extent(base)
+        if self._label_px <= cell_px:
             return None
         font = QFont(base)
         for px in range(QFontInfo(base).pixelSize() - 1, self.MIN_PX - 1, -1):
             font.setPixelSize(px)
-            self._label_px = QFontMetrics(font).height()
-            if self._label_px <= row_px:
+            self._label_px = self._extent(font)
+            if self._label_px <= cell_px:
                 break
         return font
 
@@ -173,8 +185,7 @@ class IndexAxis(pg.AxisItem):
         if self.n == 0 or size <= 0 or maxVal <= minVal:
             return []
         px_per = size / (maxVal - minVal)
-        need = self._label_px if self.orientation in ("left", "right") else 28.0
-        stride = int(nice_step(max(1.0, need / px_per)))
+        stride = int(nice_step(max(1.0, self._label_px / px_per)))
         return [(stride, [i + 0.5 for i in range(0, self.n, stride)])]
 
     def tickStrings(self, values, scale, spacing):
