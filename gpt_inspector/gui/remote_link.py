@@ -4,8 +4,11 @@
 every ``WATCH_MS`` (the client's pings close a stalled one within seconds), a command that meets a
 dropped link is not an error dialog but the same "link lost", and while it is down the timer tries
 to reconnect; once back, the session is the engine's (it kept it) and the views are rebuilt from it.
-Until then the window keeps showing what it showed. ``install_banner`` is the window's half: a band
-across the top and a status-bar field that say so.
+Until then the window keeps showing what it showed. One link is watched whatever is shown over it (the
+live session, or a beam of the engine's comparison read over its link), and a panel's job that meets
+the drop (a KV lab Run, a comparison) says so on the panel in words (``dropped_note``), not in a dialog:
+the band says the rest. ``install_banner`` is the window's half: a band across the top and a
+status-bar field that say so.
 """
 
 from __future__ import annotations
