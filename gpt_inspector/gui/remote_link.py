@@ -4,8 +4,11 @@
 every ``WATCH_MS`` (the client's pings close a stalled one within seconds), a command that meets a
 dropped link is not an error dialog but the same "link lost", and while it is down the timer tries
 to reconnect; once back, the session is the engine's (it kept it) and the views are rebuilt from it.
-Until then the window keeps showing what it showed. ``install_banner`` is the window's half: a band
-across the top and a status-bar field that say so.
+Until then the window keeps showing what it showed. One link is watched whatever is shown over it (the
+live session, or a beam of the engine's comparison read over its link), and a panel's job that meets
+the drop (a KV lab Run, a comparison) says so on the panel in words (``dropped_note``), not in a dialog:
+the band says the rest. ``install_banner`` is the window's half: a band across the top and a
+status-bar field that say so.
 """
 
 from __future__ import annotations
@@ -43,7 +46,8 @@ class RemoteLink:
         self._saving = False
 
     def attach(self, obj) -> None:
-        """``obj`` (a RemoteSession) is shown: watch its link."""
+        """``obj`` (a RemoteSession, or a beam read over one) is shown: watch its link."""
+        obj = obj.link  # a beam inspected over the link shares its session's: one link, watched once
         if obj is self.obj:
             return
         self.obj, self.down = obj, False
@@ -77,18 +81,37 @@ class RemoteLink:
         if obj is None or live is None or live.obj is not obj:
             return
         if not self.down:
-            if not obj.link_alive:  # dropped while idle: say so now, not at the next key press
+            # dropped while idle (the live session or a beam read over its link shown): say so now, not at
+            # the next read; a panel's job that met the drop (KV lab, Compare) closed the link, and is said here
+            if not obj.link_alive:
                 self._down(f"lost the link to the engine at {obj.where}")
             return
+        was = (list(obj.prompt_ids), obj.seed)
         try:
             obj.reconnect(timeout=RETRY_S, open_timeout=OPEN_S)
         except (LinkLost, RemoteRefused):  # not back yet, or its old link not yet given up by the engine
             return
         self.down = False
-        live.vm = None  # the engine's session may be a step further than what was shown: build anew
-        if self.w.runs.shown is live:
-            self.w._switch(live)
+        # the engine's session may be a step further than what was shown: its views are built anew; the
+        # same session (its prompt and seed) keeps its source id, so the panels keep their lab and comparison
+        same = was == (list(obj.prompt_ids), obj.seed)
+        shown = self.w.runs.shown
+        for run in self.w.runs.items:
+            if run.obj.engine is not None and run.obj.link is obj:
+                self._rebuild(run, keep_id=same or run is not live)  # a beam is as the search made it
+        if shown is not None and shown.obj.engine is not None and shown.obj.link is obj:
+            self.w._switch(shown)
         self.w.link.emit(True, f"reconnected to the engine at {obj.where}: the session is as the engine kept it")
+
+    @staticmethod
+    def _rebuild(run, keep_id: bool) -> None:
+        """A fresh view model of ``run`` (the reconnect dropped what watched the old one); with ``keep_id``
+        it is the same source as far as the window's panels are concerned."""
+        from .viewdata import ViewModel
+
+        old, run.vm = run.vm, ViewModel(run.obj)
+        if keep_id and old is not None:
+            run.vm.source_id = old.source_id
 
     def detach(self, old) -> None:
         """``old`` (a live session that another replaced: Load, a restore) is gone: close its engine's link,
@@ -169,6 +192,15 @@ class RemoteLink:
         if edits:
             obj.set_mask_edits(edits)
         return obj
+
+
+def dropped_note(error: BaseException) -> str | None:
+    """What a panel whose job met a dropped link says (the band across the window says the rest, and
+    the window reconnects by itself): None when ``error`` is anything else, which the panel reports."""
+    if not isinstance(error, LinkLost):
+        return None
+    return ("the link to the engine dropped before this came back: what is shown is kept; once the window has "
+            "reconnected (the band above goes), run it again")  # fmt: skip
 
 
 def install_banner(win) -> None:

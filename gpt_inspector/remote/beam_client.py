@@ -77,6 +77,10 @@ class RemoteBeam(RemoteSession):
         return f"beam {self._beam[1] + 1} of a beam search on {self.where}"
 
     @property
+    def link(self) -> RemoteSession:
+        return self._client
+
+    @property
     def link_alive(self) -> bool:
         return self._client.link_alive
 

@@ -275,6 +275,12 @@ class RemoteSession(RemoteReads, RemoteLabs):
         return self.bytes_sent + self.bytes_received - self._change_mark
 
     @property
+    def link(self) -> RemoteSession:
+        """The session whose connection this one's requests travel on: itself (an inspected beam: its
+        client's), so a window watches and re-makes one link whatever it shows over it."""
+        return self
+
+    @property
     def link_alive(self) -> bool:
         """Whether the link is up as far as this side knows (a stalled one is closed by the pings)."""
         from websockets.protocol import State

@@ -186,6 +186,16 @@ class ComparePanel(QWidget):
         self.summary.setText(f"<span style='color:#ff6b6b'>{_html(message)}</span>")
         self.result_shown.emit()
 
+    def link_dropped(self, text: str) -> None:
+        """The link to the engine dropped during a job: the comparison shown stays, its summary back
+        (the job's progress wrote over it), with ``text`` saying what happened."""
+        self.set_busy(False)
+        note = f"<span style='color:#ffb84f'>{_html(text)}</span>"
+        r = self.result
+        self.summary.setText(note if r is None else self._summary_html(r, [(x["name"], dict(x)) for x in r.rows])
+                             + "<br>" + note)  # fmt: skip
+        self.result_shown.emit()
+
     def forget(self, text: str) -> None:
         """Drop the comparison shown: it was made on a session the window no longer shows."""
         self.result = None
@@ -322,6 +332,12 @@ def create_panel(window) -> ComparePanel:
     panel = ComparePanel()
 
     def failed(error) -> None:
+        from ..remote_link import dropped_note  # here: a panel that never met an engine imports no client
+
+        note = dropped_note(error)
+        if note is not None:  # the window's band says so and reconnects: the comparison shown stays, no dialog
+            panel.link_dropped(note)
+            return
         panel.show_error(str(error).splitlines()[0] if str(error) else type(error).__name__)
 
     panel.job = PanelJob(window, panel.set_busy, failed)

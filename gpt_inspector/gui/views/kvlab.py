@@ -269,8 +269,16 @@ def create_panel(window) -> KVLabPanel:
     panel = KVLabPanel()
 
     def failed(error) -> None:
+        from ..remote_link import dropped_note  # here: a panel that never met an engine imports no client
+
         if isinstance(error, Cancelled):  # the user pressed Stop: said on the panel, no dialog
             panel.status.setText("the cache probe was stopped: the lab is as it was")
+            return
+        note = dropped_note(error)
+        if note is not None:  # the window's band says so and reconnects: the lab shown stays, no dialog
+            if panel.view is not None:
+                panel.show_view(panel.view)  # its status line, which the job's progress wrote over
+            panel.status.setText(f"{panel.status.text()}\n{note}".strip())
             return
         panel.status.setText(str(error))
         report_error(window, "Cannot run the KV cache lab", error)

@@ -1,0 +1,314 @@
+"""The link to a real ``gpt-inspector serve`` process drops while a panel's job runs on the engine (a KV lab
+Run, a comparison) or while a beam inspected over it is shown: the window's band says so within seconds
+(never the panel's error), the panels keep what they showed, the window reconnects to the same session
+when the engine can be reached again, and the next Run gives the numbers the first one gave, which are
+a local run's on the same checkpoint. The drops are made by a relay on loopback between the window and
+the engine: a pulled cable (bytes swallowed, sockets open), or a cut link with the port then closed."""
+
+# ruff: noqa: F811  (the fixtures imported from the other remote tests are redefined as test arguments)
+
+from __future__ import annotations
+
+import socket
+import threading
+import time
+
+import pytest
+
+from gpt_inspector.core.compare import compare
+from gpt_inspector.core.kvlab import KVLab, make
+
+pytest.importorskip("pytestqt")
+
+from PySide6.QtCore import Qt  # noqa: E402
+from test_remote_labs import _no_seconds, _same_steps, _type  # noqa: E402
+from test_remote_window import no_dialogs, press, same_as_local, wait, window  # noqa: E402, F401  (fixtures)
+
+SEEN_S = 8  # a pulled cable is said within this (the client's pings give up after about 5 s)
+
+
+class Relay:
+    """A TCP relay on loopback between the window and the engine. ``stalled``: bytes are swallowed and the
+    sockets stay open (a pulled cable); ``cut()``: every link relayed so far ends at both sides; ``block()``:
+    cut, and nothing listens on the port until ``unblock()``. ``trip``: called once, in place of relaying it,
+    with the first bytes from the engine that carry a long job's progress note (the job is then running)."""
+
+    def __init__(self, upstream: int):
+        self.upstream = upstream
+        self.stalled = threading.Event()
+        self.trip = None
+        self.pairs: list[tuple[socket.socket, socket.socket]] = []
+        self.port = 0
+        self._listen()
+
+    def url(self, url: str) -> str:
+        return url.replace(f":{self.upstream}/", f":{self.port}/")
+
+    def _listen(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))  # the same port again after a block
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
+
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                a, _ = listener.accept()
+            except OSError:  # closed: blocked, or the test is over
+                return
+            b = socket.create_connection(("127.0.0.1", self.upstream))
+            self.pairs.append((a, b))
+            threading.Thread(target=self._pipe, args=(a, b, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(b, a, True), daemon=True).start()
+
+    def _pipe(self, src, dst, from_engine: bool) -> None:
+        try:
+            while data := src.recv(65536):
+                trip = self.trip if from_engine and b'"progress"' in data else None
+                if trip is not None:
+                    self.trip = None
+                    trip()
+                if not self.stalled.is_set():
+                    dst.sendall(data)
+        except OSError:
+            pass
+        for s in (src, dst):
+            try:
+                s.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+
+    def cut(self) -> None:
+        for pair in self.pairs:
+            for s in pair:
+                try:
+                    s.shutdown(socket.SHUT_RDWR)
+                    s.close()
+                except OSError:
+                    pass
+        self.pairs.clear()
+
+    def _stop_listening(self) -> None:
+        try:  # wakes the thread blocked in accept(), which a close alone leaves listening
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.listener.close()
+
+    def block(self) -> None:
+        self._stop_listening()
+        self.cut()
+
+    def unblock(self) -> None:
+        self._listen()
+
+    def close(self) -> None:
+        self._stop_listening()
+        self.cut()
+
+
+@pytest.fixture
+def relay():
+    made: list[Relay] = []
+
+    def make_relay(port: int) -> Relay:
+        made.append(Relay(port))
+        return made[-1]
+
+    yield make_relay
+    for r in made:
+        r.close()
+
+
+def _lost_within(qtbot, win, seconds: float) -> None:
+    t0 = time.monotonic()
+    qtbot.waitUntil(win.link_bar.isVisible, timeout=int(seconds * 1000) + 2000)
+    assert time.monotonic() - t0 < seconds
+    assert "LINK LOST" in win.link_label.text() and win.st_link.text() == "engine: LINK LOST"
+
+
+def _back(qtbot, win) -> None:
+    qtbot.waitUntil(lambda: not win.link_bar.isVisible(), timeout=30000)
+    assert win.st_link.text() == "engine: connected" and "Reconnected" in win.statusBar().currentMessage()
+
+
+def _lab_shown(panel) -> tuple:
+    """What the KV lab panel shows: the KL curve, the bytes table, the bytes line."""
+    x, y = panel.kl_curve.getData()
+    cells = [[panel.table.item(i, j).text() for j in range(panel.table.columnCount())]
+             for i in range(panel.table.rowCount())]  # fmt: skip
+    return list(x), list(y), cells, panel.bytes_label.text()
+
+
+def _stepped(qtbot, win, n: int):
+    """Step ``n`` times with F10, as a user does (the reconnect then rebuilds a session that has stepped)."""
+    for _ in range(n):
+        press(qtbot, win, Qt.Key.Key_F10)
+    qtbot.waitUntil(lambda: win.snapshot is not None and win.snapshot.n_steps == n, timeout=30000)
+    return wait(qtbot, win)
+
+
+def test_a_link_pulled_during_a_kv_lab_run_is_the_windows_band_and_the_next_run_is_the_first_ones(
+    server, window, relay, local_lm, qtbot, no_dialogs
+):
+    link = relay(server.port)
+    win, r = window(link.url(server.url))
+    before = _stepped(qtbot, win, 2)
+    panel = win.kvlab_panel
+    win.raise_panel(panel)
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=10000)
+    _type(qtbot, panel.budget, "4")
+    _type(qtbot, panel.steps, "24")
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.view is not None and not panel.job.running, timeout=60000)
+    first, kept, status = panel.view, _lab_shown(panel), panel.status.text()
+    assert len(first.steps) == 24 and "24 steps" in status
+
+    link.trip = link.stalled.set  # the cable is pulled while the engine runs the lab
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    _lost_within(qtbot, win, SEEN_S)
+    qtbot.waitUntil(lambda: not panel.job.running, timeout=10000)
+    assert link.trip is None  # the drop came while the engine ran the job
+    # no dialog: the band says it; the panel shows the lab it showed, and says why the Run did not come back
+    assert not no_dialogs and not win.errors
+    assert panel.view is first and _lab_shown(panel) == kept
+    assert panel.status.text().startswith(status) and "link to the engine dropped" in panel.status.text()
+    assert panel.run_button.isEnabled() and panel.step_button.isEnabled()
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)  # Run while it is down: the same, no dialog
+    qtbot.waitUntil(lambda: not panel.job.running, timeout=20000)
+    assert not no_dialogs and not win.errors and _lab_shown(panel) == kept
+    assert win.snapshot is before  # the window kept what it showed too
+
+    link.stalled.clear()
+    link.cut()  # the engine sees the old link end; the window's next attempt gets through
+    _back(qtbot, win)
+    snap = wait(qtbot, win)
+    assert snap.n_steps == 2 and snap.tokens.token_ids == before.tokens.token_ids  # the same session
+    assert panel.view is first and _lab_shown(panel) == kept  # the reconnect kept the lab shown
+
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)  # Run again: the first Run's numbers
+    qtbot.waitUntil(lambda: panel.view is not first and not panel.job.running, timeout=60000)
+    _same_steps(panel.view.steps, first.steps)
+    assert _lab_shown(panel) == kept and panel.status.text() == status
+    local = KVLab(local_lm, policy=make("h2o", 4, **panel.options()), prompt_ids=list(r.prompt_ids))
+    local.run_steps(24)
+    _same_steps(panel.view.steps, local.history)
+    assert not no_dialogs and not win.errors
+
+
+def test_a_link_cut_during_a_comparison_with_the_port_closed_keeps_it_and_compares_again_when_back(
+    server, window, relay, local_lm, qtbot, no_dialogs
+):
+    link = relay(server.port)
+    win, r = window(link.url(server.url))
+    _stepped(qtbot, win, 2)
+    panel = win.compare_panel
+    win.raise_panel(panel)
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=10000)
+    _type(qtbot, panel.beams, "3")
+    _type(qtbot, panel.new_tokens, "12")
+    _type(qtbot, panel.samples, "2")
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.result is not None and not panel.job.running, timeout=60000)
+    first, summary = panel.result, panel.summary.text()
+    cells = [panel.table.item(i, j).text() for i in range(panel.table.rowCount()) for j in range(4)]
+
+    link.trip = link.block  # the link is cut while the engine compares, and the engine stays unreachable
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    _lost_within(qtbot, win, 3)  # a closed link is said at once
+    qtbot.waitUntil(lambda: not panel.job.running, timeout=10000)
+    assert link.trip is None and not no_dialogs and not win.errors
+    assert panel.result is first and panel.summary.text().startswith(summary)
+    assert "link to the engine dropped" in panel.summary.text()
+    assert [panel.table.item(i, j).text() for i in range(panel.table.rowCount()) for j in range(4)] == cells
+    assert panel.run_button.isEnabled() and panel.inspect_button.isEnabled()
+    assert win.link_bar.isVisible()  # nothing listens: still down
+
+    link.unblock()
+    _back(qtbot, win)
+    assert panel.result is first and panel.summary.text().startswith(summary)  # the reconnect kept it
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.result is not first and not panel.job.running, timeout=60000)
+    assert _no_seconds(panel.result.to_json()) == _no_seconds(first.to_json())
+    assert panel.summary.text() == summary
+    want = compare(local_lm, prompt_ids=list(r.prompt_ids), **panel.settings())
+    assert _no_seconds(panel.result.to_json()) == _no_seconds(want.to_json())
+    assert not no_dialogs and not win.errors
+
+
+def test_an_idle_drop_while_a_beam_is_shown_is_said_within_seconds_and_the_beam_comes_back(
+    server, window, relay, local_lm, qtbot, no_dialogs
+):
+    import gpt_inspector as gi
+    from gpt_inspector.gui.viewdata import ViewModel
+
+    link = relay(server.port)
+    win, r = window(link.url(server.url))
+    _stepped(qtbot, win, 1)
+    panel = win.compare_panel
+    win.raise_panel(panel)
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=10000)
+    _type(qtbot, panel.beams, "3")
+    _type(qtbot, panel.new_tokens, "4")
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.result is not None and not panel.job.running, timeout=60000)
+    first = panel.result
+    qtbot.mouseClick(panel.inspect_button, Qt.MouseButton.LeftButton)  # beam 1, a run of its own
+    qtbot.waitUntil(lambda: "Beam 1" in win.windowTitle(), timeout=30000)
+    shown = wait(qtbot, win)
+    assert shown.read_only
+
+    link.stalled.set()  # the cable is pulled while the beam is on screen and nothing is asked of the engine
+    _lost_within(qtbot, win, SEEN_S)
+    assert not no_dialogs and not win.errors and win.snapshot is shown and "Beam 1" in win.windowTitle()
+    link.stalled.clear()
+    link.cut()
+    _back(qtbot, win)
+    snap = wait(qtbot, win)
+    assert "Beam 1" in win.windowTitle() and panel.result is first  # the beam still shown, the comparison kept
+    local = compare(local_lm, prompt_ids=list(r.prompt_ids), **panel.settings())
+    vm = ViewModel(local.beam_view(0))
+    same_as_local(snap, vm)  # read from the engine again: the local Inspect's numbers
+    win.score_matrix.setFocus()
+    press(qtbot, win, Qt.Key.Key_BracketRight)  # the next head: a read over the re-made link
+    snap = wait(qtbot, win)
+    assert snap.selection.head == 1
+    same_as_local(snap, vm)
+
+    press(qtbot, win, Qt.Key.Key_Tab, Qt.KeyboardModifier.ControlModifier)  # back to the live session: it steps
+    qtbot.waitUntil(lambda: win.snapshot is not None and not win.snapshot.read_only, timeout=30000)
+    press(qtbot, win, Qt.Key.Key_F10)
+    qtbot.waitUntil(lambda: win.snapshot is not None and win.snapshot.n_steps == 2, timeout=30000)
+    s = gi.Session(local_lm, r.prompt)
+    s.run(2)
+    assert list(wait(qtbot, win).tokens.token_ids) == s.tokens
+    assert not no_dialogs and not win.errors
+
+
+def test_when_the_engine_holds_another_session_after_the_drop_the_window_shows_it_and_the_panels_let_go(
+    server, window, relay, qtbot, no_dialogs
+):
+    from gpt_inspector.remote.client import RemoteSession
+
+    link = relay(server.port)
+    win, r = window(link.url(server.url))
+    _stepped(qtbot, win, 1)
+    panel = win.kvlab_panel
+    win.raise_panel(panel)
+    qtbot.waitUntil(panel.run_button.isEnabled, timeout=10000)
+    _type(qtbot, panel.steps, "2")
+    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: panel.view is not None and not panel.job.running, timeout=60000)
+
+    link.block()  # idle, the link cut and the engine unreachable from the window
+    _lost_within(qtbot, win, 3)
+    other = RemoteSession(server.url, timeout=20)  # meanwhile another client opens another prompt there
+    other.open("A different prompt")
+    other.close()
+    link.unblock()
+    _back(qtbot, win)
+    qtbot.waitUntil(lambda: panel.view is None, timeout=10000)  # the lab was of the session the window showed
+    assert "another session" in panel.status.text()
+    snap = wait(qtbot, win)
+    assert snap.n_steps == 0 and list(snap.tokens.token_ids) == other.prompt_ids
+    assert win.session_panel.prompt.toPlainText() == "A different prompt"
+    assert not no_dialogs and not win.errors
