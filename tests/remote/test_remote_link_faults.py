@@ -312,3 +312,51 @@ def test_when_the_engine_holds_another_session_after_the_drop_the_window_shows_i
     assert snap.n_steps == 0 and list(snap.tokens.token_ids) == other.prompt_ids
     assert win.session_panel.prompt.toPlainText() == "A different prompt"
     assert not no_dialogs and not win.errors
+
+
+def test_a_cache_probe_that_meets_a_cut_link_is_said_in_the_status_bar_not_a_dialog(
+    server, window, relay, local_lm, qtbot, no_dialogs
+):
+    import gpt_inspector as gi
+    from gpt_inspector.core.probe import probe_session
+
+    # the panels whose errors are dialogs (cache probe, math check, assisted) share one report: a dropped
+    # link is not one of their errors (the band says it; the status bar, unless the band's own words came
+    # later), and the result shown stays
+    link = relay(server.port)
+    win, r = window(link.url(server.url))
+    _stepped(qtbot, win, 1)
+    probe = win.probe_panel
+    win.raise_panel(probe)
+    qtbot.waitUntil(probe.probe_button.isEnabled, timeout=10000)
+    qtbot.mouseClick(probe.probe_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: probe.result is not None and not probe.job.running, timeout=30000)
+    first = probe.result
+    local = gi.Session(local_lm, r.prompt)
+    local.step()
+
+    # the cable pulled just before Probe is pressed: the window cannot know yet (the pings give up after
+    # about 5 s), so the probe's request goes out and its answer never comes back
+    link.stalled.set()
+    layers = probe.chosen_layers()
+    item = probe.layers.item(1)  # another layer checked (Space on it): a probe not yet read, so a request
+    qtbot.mouseClick(probe.layers.viewport(), Qt.MouseButton.LeftButton, pos=probe.layers.visualItemRect(item).center())
+    qtbot.keyClick(probe.layers, Qt.Key.Key_Space)
+    assert probe.chosen_layers() == sorted({*layers, 1}) != layers
+    qtbot.mouseClick(probe.probe_button, Qt.MouseButton.LeftButton)
+    assert probe.job.running
+    _lost_within(qtbot, win, SEEN_S)
+    qtbot.waitUntil(lambda: not probe.job.running, timeout=10000)
+    assert not no_dialogs and not win.errors and probe.result is first
+
+    link.stalled.clear()
+    link.cut()
+    _back(qtbot, win)
+    qtbot.mouseClick(probe.probe_button, Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(lambda: probe.result is not first and not probe.job.running, timeout=30000)
+    got, want = probe.result.to_json(), probe_session(local, layers=probe.chosen_layers()).to_json()
+    for x in (got, want):
+        for layer in x["layers"]:
+            layer.pop("seconds")
+    assert got == want and len(got["layers"]) == 2  # the layers the dropped probe asked for, as a local probe
+    assert not no_dialogs and not win.errors

@@ -353,7 +353,15 @@ def context_actions(widget: QWidget, *items) -> None:
 
 
 def report_error(window, title: str, error: BaseException) -> None:
-    """A worker job's error in the window: the user's to fix (InspectorError) or an internal one."""
+    """A worker job's error in the window: the user's to fix (InspectorError) or an internal one. A job
+    that met a dropped link to the engine is neither: the window's band says so and reconnects by itself,
+    so the status bar says what became of the job, and no dialog stands in the way."""
+    from ..remote_link import dropped_note  # here: a window that never met an engine imports no client
+
+    note = dropped_note(error)
+    if note is not None:
+        window.statusBar().showMessage(f"{title}: {note}", 15000)
+        return
     window.show_error(title, str(error), "user" if isinstance(error, InspectorError) else "internal")
 
 

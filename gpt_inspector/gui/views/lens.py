@@ -224,6 +224,13 @@ def create_panel(window) -> LensPanel:
             panel.computed_for = None
             window.when_idle(lambda: on_snapshot(window.snapshot))
             return
+        from ..remote_link import dropped_note  # here: a window that never met an engine imports no client
+
+        note = dropped_note(error)
+        if note is not None:  # the band says so: the lens shown stays, computed again after the reconnect
+            panel.computed_for = None
+            window.statusBar().showMessage(f"Logit lens: {note}", 15000)
+            return
         panel.clear(str(error))
 
     panel.job = PanelJob(window, lambda busy, _text: panel.set_busy(busy), failed)
