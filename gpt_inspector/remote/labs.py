@@ -3,7 +3,10 @@
 Mixed into ``server.Engine`` like ``reads.ReadOps``. The lab lives here, beside the session it was
 started from (one at a time, named by a number so that a client never steps a lab another Run
 replaced); each reply carries the lab steps that changed (their per-layer bytes and counts as JSON,
-the (n, L, H) lost attention mass as one float64 tensor), its summary, and where it stands. Compare
+the (n, L, H) lost attention mass as one float64 tensor), its summary, and where it stands; a Step or
+Back also what it changed of the policy run, which a request naming it (``policy_run``, ``run_view``)
+reads and steps as the session's requests do (Show policy run; ``op_policy_rows``: what the KV cache
+view marks). Compare
 answers ``Comparison.to_json()``: every row, score, token id and text, and both trees; the comparison
 stays here too (the last one, named by a number), so that a read naming one of its beams
 (``wire.BEAM_OPS``, ``beam_view``) is answered from that beam as the session's reads are. A draft
