@@ -55,6 +55,10 @@ class RemoteRunView(RemoteSession):
         return self._client._call_t(op, _job, **args)
 
     @property
+    def _cancel_sent(self) -> bool:  # type: ignore[override]  # a job's cancel is sent, and known, by the link's owner
+        return self._client._cancel_sent
+
+    @property
     def link_alive(self) -> bool:
         return self._client.link_alive
 

@@ -16,6 +16,7 @@ import torch
 from test_remote_fuzz import _answer, _still_serving, _ws
 
 import gpt_inspector as gi
+from gpt_inspector.core.compare import compare
 from gpt_inspector.core.errors import InspectorError
 from gpt_inspector.core.kvlab import KVLab, make, policy_rows
 from gpt_inspector.core.trace import save_refusal
@@ -24,7 +25,7 @@ from gpt_inspector.remote import wire
 pytest.importorskip("pytestqt")
 
 from PySide6.QtCore import Qt  # noqa: E402
-from test_remote_labs import _type  # noqa: E402
+from test_remote_labs import _no_seconds, _type  # noqa: E402
 from test_remote_window import PROMPT, no_dialogs, press, wait, window  # noqa: E402, F401  (fixtures)
 
 from gpt_inspector.gui.snapshot import PARTS  # noqa: E402
@@ -73,15 +74,15 @@ def _local_window(qtbot, local_lm):
 
 
 def test_show_policy_run_over_the_link_shows_what_a_local_window_shows(server, window, local_lm, qtbot, no_dialogs):
-    remote, _ = window(server.url)
+    remote, r = window(server.url)
     wins = [_local_window(qtbot, local_lm), remote]
     try:
-        _journey(qtbot, wins, no_dialogs)
+        _journey(qtbot, wins, no_dialogs, r)
     finally:
         wins[0].worker.stop()
 
 
-def _journey(qtbot, wins, no_dialogs) -> None:
+def _journey(qtbot, wins, no_dialogs, r) -> None:
     def each(act) -> None:
         for w in wins:
             act(w)
@@ -140,6 +141,22 @@ def _journey(qtbot, wins, no_dialogs) -> None:
     key(Qt.Key.Key_F10)  # the window steps the policy run on its own: the policy keeps evicting
     run_steps(6)
     _same_on_screen(wins)
+    sent = []  # what the remote window asks of the engine (the policy run's requests go over r's link)
+    call = r._call_t
+
+    def logged(op, _job=None, **args):
+        sent.append((op, args))
+        return call(op, _job, **args)
+
+    r._call_t = logged
+    key(Qt.Key.Key_F10)
+    run_steps(7)
+    r._call_t = call
+    # one round trip: the step's reply carried the last repaint's reads moved on, the evicted rows among them
+    assert [op for op, _ in sent if op != "recipe"] == ["step"], sent
+    assert sent[0][1]["policy_run"] == wins[1].kvlab_panel.lab.id
+    assert {"op": "policy_rows", "args": {"layer": 1}} in sent[0][1]["then"]
+    _same_on_screen(wins)
     click("step_button")  # ...and the lab's own Step says why not, in the same words on both
     for w in wins:
         qtbot.waitUntil(lambda: "outside the lab" in w.kvlab_panel.status.text(), timeout=30000)
@@ -148,8 +165,9 @@ def _journey(qtbot, wins, no_dialogs) -> None:
     for w in wins:
         w.errors.clear()
 
-    key(Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # back to the lab's last step: the lab as it was
-    run_steps(5)
+    for n in (6, 5):  # back to the lab's last step: the lab as it was
+        key(Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
+        run_steps(n)
     key(Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # one more: a lab step undone, the panel follows
     run_steps(4)
     lab_steps(4)
@@ -186,8 +204,16 @@ def test_a_quantized_policy_runs_row_error_and_a_replaced_lab(server, local_lm):
             run.set_mask_edits([gi.MaskEdit(query=5, key=2)])
         with pytest.raises(InspectorError, match="not served for this run"):
             run._call("assisted_back")  # an op the policy run does not take never reaches the live session
-        r.remote_kvlab("h2o", 4, 2)  # a later Run replaces the lab on the engine: its run is gone, in words
-        with pytest.raises(InspectorError, match="no longer on the engine"):
+        # Compare and Run with the policy run shown start from its prompt, as they do locally
+        got = run.remote_compare(max_new_tokens=3, num_beams=2)
+        want = compare(local_lm, prompt_ids=list(local.run.prompt_ids), max_new_tokens=3, num_beams=2)
+        assert _no_seconds(got.to_json()) == _no_seconds(want.to_json())
+        assert got.beam_view(0).tokens == want.beam_view(0).tokens  # its beams are read over the session's link
+        again = run.remote_kvlab("h2o", 4, 2)
+        twin = KVLab(local_lm, policy=make("h2o", 4), prompt_ids=list(r.prompt_ids))
+        twin.run_steps(2)
+        assert [s.to_json() for s in again.history] == [s.to_json() for s in twin.history]
+        with pytest.raises(InspectorError, match="no longer on the engine"):  # that Run replaced this run's lab
             run.attention_rows(0, 0, 2)
         assert r.n_steps == 0  # the live session was never touched
 
