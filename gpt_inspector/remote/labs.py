@@ -6,11 +6,10 @@ replaced); each reply carries the lab steps that changed (their per-layer bytes 
 the (n, L, H) lost attention mass as one float64 tensor), its summary, and where it stands; a Step or
 Back also what it changed of the policy run, which a request naming it (``policy_run``, ``run_view``)
 reads and steps as the session's requests do (Show policy run; ``op_policy_rows``: what the KV cache
-view marks). Compare
-answers ``Comparison.to_json()``: every row, score, token id and text, and both trees; the comparison
-stays here too (the last one, named by a number), so that a read naming one of its beams
-(``wire.BEAM_OPS``, ``beam_view``) is answered from that beam as the session's reads are. A draft
-model (``assistant``) is a folder on this machine, loaded here as ``session_ops`` loads one.
+view marks). Compare answers ``Comparison.to_json()``: every row, score, token id and text, and both
+trees; the comparison stays here too (the last one, named by a number), so that a read naming one of
+its beams (``wire.BEAM_OPS``, ``beam_view``) is answered from that beam as the session's reads are. A
+draft model (``assistant``) is a folder on this machine, loaded here as ``session_ops`` loads one.
 
 The long ones (``wire.JOB_OPS``) get a ``job`` from the server: ``job.progress(what, done, total)``
 sends a note to the client and reads a cancel it sent meanwhile; ``job.cancelled()`` says whether

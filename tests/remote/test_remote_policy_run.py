@@ -73,13 +73,36 @@ def _local_window(qtbot, local_lm):
     return win
 
 
-def test_show_policy_run_over_the_link_shows_what_a_local_window_shows(server, window, local_lm, qtbot, no_dialogs):
+def test_show_policy_run_over_the_link_shows_what_a_local_window_shows(server, window, local_lm, qtbot, no_dialogs,
+                                                                        tmp_path, monkeypatch):  # fmt: skip
     remote, r = window(server.url)
     wins = [_local_window(qtbot, local_lm), remote]
     try:
         _journey(qtbot, wins, no_dialogs, r)
+        _saved(qtbot, wins, tmp_path, monkeypatch)
     finally:
         wins[0].worker.stop()
+
+
+def _saved(qtbot, wins, tmp_path, monkeypatch) -> None:
+    """Ctrl+S on the shown policy run: the engine writes its trace (with when each entry was evicted), the
+    file lands here, and it reads back as the local window's file does."""
+    from PySide6.QtWidgets import QFileDialog
+
+    paths = [tmp_path / "local.safetensors", tmp_path / "remote.safetensors"]
+    for w, path in zip(wins, paths):
+        monkeypatch.setattr(QFileDialog, "getSaveFileName", lambda *a, p=path, **k: (str(p), ""))
+        w.activateWindow()
+        qtbot.waitUntil(w.isActiveWindow, timeout=5000)
+        press(qtbot, w, Qt.Key.Key_S, Qt.KeyboardModifier.ControlModifier)
+        qtbot.waitUntil(lambda: w.statusBar().currentMessage().startswith(f"Saved trace to {path}"), timeout=30000)
+    a, b = (gi.load_trace(p) for p in paths)
+    t = a.cache_length
+    assert a.tokens == b.tokens and t == b.cache_length and a.kv_policy.name == b.kv_policy.name
+    for layer in range(a.n_layers):
+        assert torch.equal(a.attention_rows(layer, 0, t), b.attention_rows(layer, 0, t))
+        assert torch.equal(a.kv_policy.evicted(layer, t), b.kv_policy.evicted(layer, t))
+    assert a.kv_cache_bytes() == b.kv_cache_bytes() and b.kv_policy.evicted(0, t).any()
 
 
 def _journey(qtbot, wins, no_dialogs, r) -> None:
