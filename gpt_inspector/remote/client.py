@@ -389,7 +389,12 @@ class RemoteSession(RemoteReads, RemoteLabs):
         """An assisted-decoding request; the views hear of the steps it took back and made, as of any step."""
         had = list(self.steps_done)
         head, _ = self._change(op, **args)
-        keep = 0  # the steps both before and after: the views hear of the others
+        self._emit_changes(had)
+        return head
+
+    def _emit_changes(self, had: list[RemoteStep]) -> None:
+        """The views hear of the steps taken back since ``had`` and of those made (a change done by one request)."""
+        keep = 0  # the steps both before and after
         for a, b in zip(had, self.steps_done):
             if (a.index, a.token_id) != (b.index, b.token_id):
                 break
@@ -398,7 +403,6 @@ class RemoteSession(RemoteReads, RemoteLabs):
             self._emit("step_back", st)
         for st in self.steps_done[keep:]:
             self._emit("step", st)
-        return head
 
     def _change(self, op: str, **args):
         self._require()

@@ -133,7 +133,7 @@ class RemoteLabs:
                                      for k, v in opts["layer_budgets"].items()]  # fmt: skip
         head, tensors = self._job("kvlab_run", progress, cancelled, policy=str(policy), budget=budget,
                                   steps=int(steps), free_running=bool(free_running), options=opts or None)  # fmt: skip
-        lab = RemoteLab(self)
+        lab = RemoteLab(self.link)  # type: ignore[attr-defined]  # the lab's own ops name no run
         lab._take(head, tensors)  # type: ignore[arg-type]
         return lab
 
@@ -191,6 +191,16 @@ class RemoteLab:
         self.history: list = []
         self.id = -1
         self.stopped = False  # the last Run was cancelled before its last step
+        self._run = None  # the policy run's mirror, once Show policy run asked for it
+
+    def policy_run(self):
+        """The lab's policy run on the engine as a run source here (Show policy run): a
+        ``run_view.RemotePolicyRun``, one per lab, so that showing it again shows the same run."""
+        from .run_view import RemotePolicyRun
+
+        if self._run is None:
+            self._run = RemotePolicyRun(self._client, self.id, self.policy.describe(), self.policy.kind)  # type: ignore[arg-type]
+        return self._run
 
     def _take(self, d: dict, tensors: list[torch.Tensor]) -> None:
         from .labs import lab_step
@@ -205,6 +215,8 @@ class RemoteLab:
         self.history = self.history[: d["steps_from"]] + [lab_step(x, lost[i]) for i, x in enumerate(d["steps"])]
         if len(self.history) != d["n_steps"]:
             raise InspectorError("the KV lab here is out of step with the engine's: press Run")
+        if self._run is not None and "run" in d:  # a lab step or back moved the policy run a window may show
+            self._run.follow(d["run"])
 
     def _do(self, op: str, progress=None, cancelled=None):
         return self._client._job(op, progress, cancelled, lab=self.id)

@@ -3,11 +3,13 @@
 Mixed into ``server.Engine`` like ``reads.ReadOps``. The lab lives here, beside the session it was
 started from (one at a time, named by a number so that a client never steps a lab another Run
 replaced); each reply carries the lab steps that changed (their per-layer bytes and counts as JSON,
-the (n, L, H) lost attention mass as one float64 tensor), its summary, and where it stands. Compare
-answers ``Comparison.to_json()``: every row, score, token id and text, and both trees; the comparison
-stays here too (the last one, named by a number), so that a read naming one of its beams
-(``wire.BEAM_OPS``, ``beam_view``) is answered from that beam as the session's reads are. A draft
-model (``assistant``) is a folder on this machine, loaded here as ``session_ops`` loads one.
+the (n, L, H) lost attention mass as one float64 tensor), its summary, and where it stands; a Step or
+Back also what it changed of the policy run, which a request naming it (``policy_run``, ``run_view``)
+reads and steps as the session's requests do (Show policy run; ``op_policy_rows``: what the KV cache
+view marks). Compare answers ``Comparison.to_json()``: every row, score, token id and text, and both
+trees; the comparison stays here too (the last one, named by a number), so that a read naming one of
+its beams (``wire.BEAM_OPS``, ``beam_view``) is answered from that beam as the session's reads are. A
+draft model (``assistant``) is a folder on this machine, loaded here as ``session_ops`` loads one.
 
 The long ones (``wire.JOB_OPS``) get a ``job`` from the server: ``job.progress(what, done, total)``
 sends a note to the client and reads a cancel it sent meanwhile; ``job.cancelled()`` says whether
@@ -24,6 +26,7 @@ import numpy as np
 import torch
 
 from ..core.errors import Cancelled, InspectorError
+from .wire import RUN_SELECTORS
 
 if TYPE_CHECKING:
     from ..core.beams import BeamView
@@ -102,13 +105,14 @@ class LabOps:
 
     def op_kvlab_step(self, lab):
         the = self._lab(lab)
-        the.step()
-        return self._lab_reply(len(the.history) - 1)
+        # the reply carries what the step did to the policy run too, for a window that shows it
+        _, run = self._changing(lambda _: the.step(), s=the.run)  # type: ignore[attr-defined]
+        return self._lab_reply(len(the.history) - 1, run=run)
 
     def op_kvlab_back(self, lab):
         the = self._lab(lab)
-        the.step_back()
-        return self._lab_reply(len(the.history))
+        _, run = self._changing(lambda _: the.step_back(), s=the.run)  # type: ignore[attr-defined]
+        return self._lab_reply(len(the.history), run=run)
 
     def op_kvlab_probe(self, lab, job=None):
         job = job or Job()
@@ -127,7 +131,25 @@ class LabOps:
 
         return final_rows(self._lab(lab)), []
 
-    def _lab_reply(self, steps_from: int, stopped: bool = False) -> tuple[dict, list[torch.Tensor]]:
+    def op_policy_rows(self, layer):
+        """``kvlab.policy_rows`` of the policy run named: (evicted (Hkv, T) bool[, error (2, Hkv, T) float32])."""
+        from ..core.kvlab import policy_rows
+
+        s = self._s()
+        rows = policy_rows(s, s.check_layer(layer))
+        if rows is None:
+            if s.kv_policy is None:
+                raise InspectorError("policy_rows reads a KV lab's policy run: name it (policy_run)")
+            return {"error": False}, [torch.zeros((s.n_kv_heads, 0), dtype=torch.bool)]  # nothing processed yet
+        evicted, error = rows
+        tensors = [torch.from_numpy(np.ascontiguousarray(evicted))]
+        if error is not None:
+            tensors.append(torch.from_numpy(np.ascontiguousarray(error)))
+        return {"error": error is not None}, tensors
+
+    def _lab_reply(
+        self, steps_from: int, stopped: bool = False, run: dict | None = None
+    ) -> tuple[dict, list[torch.Tensor]]:
         lab = self.lab
         assert lab is not None
         new = lab.history[steps_from:]
@@ -136,7 +158,8 @@ class LabOps:
         head = {"lab": self.lab_id, "policy": lab.policy.describe(), "kind": lab.policy.kind,
                 "free_running": lab.free_running, "finished": lab.finished, "stopped": stopped,
                 "n_steps": len(lab.history), "steps_from": steps_from,
-                "steps": [{k: getattr(s, k) for k in STEP_FIELDS} for s in new], "summary": lab.summary()}  # fmt: skip
+                "steps": [{k: getattr(s, k) for k in STEP_FIELDS} for s in new], "summary": lab.summary(),
+                **({} if run is None else {"run": run})}  # fmt: skip
         return head, [torch.from_numpy(np.ascontiguousarray(lost, dtype=np.float64))]  # (n, L, H)
 
     # ------------------------------------------------------------------ compare
@@ -160,6 +183,18 @@ class LabOps:
         # kept, like the lab, so that a returned beam can be inspected (read as the session is read)
         self.comparison, self.compare_id, self._beams = result, self.compare_id + 1, {}
         return {**result.to_json(), "compare": self.compare_id}, []
+
+    def run_view(self, args: dict):
+        """The run a request names in place of the session (popped from ``args``; ``wire.RUN_SELECTORS``):
+        a returned beam of the last comparison, the last lab's policy run, or None (the session)."""
+        named = {k: args.pop(k) for k in RUN_SELECTORS if k in args}
+        if len(named) > 1:
+            raise InspectorError(f"a request names one run: {' or '.join(RUN_SELECTORS)}, not both")
+        if "beam" in named:
+            return self.beam_view(named["beam"])
+        if "policy_run" in named:
+            return self._lab(named["policy_run"]).run
+        return None
 
     def beam_view(self, beam: list[int]) -> BeamView:
         """Returned beam ``r`` of comparison ``c`` (``beam = [c, r]``), one view per beam: the reads

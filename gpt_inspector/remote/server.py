@@ -65,8 +65,8 @@ class Engine(ReadOps, LabOps, SessionOps):
     def handle(self, op: str, args: dict, job=None) -> tuple[object, list[torch.Tensor]]:
         """``op_<op>(**args)``; a long job (``wire.JOB_OPS``) also gets ``job``: its link (see ``labs``)."""
         with self.lock:
-            beam = args.pop("beam", None)  # a read of an inspected beam (wire.BEAM_OPS): it stands in for the session
-            self.view = None if beam is None else self.beam_view(beam)
+            # a read of an inspected beam or the lab's policy run (wire.RUN_SELECTORS): it stands in for the session
+            self.view = self.run_view(args)
             try:
                 return getattr(self, f"op_{op}")(**args, **({"job": job} if op in wire.JOB_OPS else {}))
             finally:
@@ -75,7 +75,7 @@ class Engine(ReadOps, LabOps, SessionOps):
     def op_cancel(self):  # a cancel with no job running: it has nothing to stop
         return False, []
 
-    view = None  # the beam a read names, while it runs (handle)
+    view = None  # the run (a beam, the lab's policy run) a request names, while it runs (handle)
 
     def _s(self) -> Session:
         if self.view is not None:
@@ -95,7 +95,8 @@ class Engine(ReadOps, LabOps, SessionOps):
     def state(self) -> dict:
         s = self._s()
         return {"prompt": s.prompt, "prompt_ids": list(s.prompt_ids), "seed": s.seed,
-                "attention_layers": list(s.attention_layers), "chat": chat_json(getattr(s, "chat", None)), **self._sync(s, 0, 0)}  # fmt: skip
+                "attention_layers": list(s.attention_layers), "chat": chat_json(getattr(s, "chat", None)),
+                "refused": dict(s.live.refused), **self._sync(s, 0, 0)}  # fmt: skip
 
     @staticmethod
     def _sync(s: Session, tokens_from: int, steps_from: int, changed_from: int = 0) -> dict:
@@ -112,9 +113,10 @@ class Engine(ReadOps, LabOps, SessionOps):
                        "per_head": s.kv_per_head_bytes(),
                        "note": "" if s.kv_layout is None else s.kv_layout.describe()}}  # fmt: skip
 
-    def _changing(self, change, edits: bool = False):
-        """Run ``change(session)``; the reply carries what it changed (only the tail, except after edits)."""
-        s = self._s()
+    def _changing(self, change, edits: bool = False, s: Session | None = None):
+        """Run ``change(session)`` (``s``: another run than the one named); the reply carries what it
+        changed (only the tail, except after edits)."""
+        s = self._s() if s is None else s
         n_tokens, n_steps, length = len(s.tokens), s.n_steps, s.cache_length
         out = change(s)
         t0 = max(0, min(n_tokens, len(s.tokens)) - 1)

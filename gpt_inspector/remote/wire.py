@@ -122,7 +122,9 @@ class Arg:
             out = []
             for call in v:
                 c = _check_obj(f"{name}[]", call, {"op": Arg("choice", n=THEN_OPS), "args": Arg("object", n={})})
-                out.append({"op": c["op"], "args": _check_obj(f"{name}[] {c['op']!r}", call["args"], OPS[c["op"]])})
+                # a read after a step reads the run that stepped: no selector of its own
+                own = {k: a for k, a in OPS[c["op"]].items() if k not in RUN_SELECTORS}
+                out.append({"op": c["op"], "args": _check_obj(f"{name}[] {c['op']!r}", call["args"], own)})
             return out
         if kind == "messages":  # a chat's turns (core.chat checks the text itself on the engine)
             if not isinstance(v, list) or not 0 < len(v) <= self.n:
@@ -180,7 +182,7 @@ _SETTINGS = Arg("object", False, True, n=SETTINGS)
 _KIND = Arg("choice", n=KINDS)
 # the reads a step's reply may carry (``then``): what a window repaints after a step, one round trip in all
 THEN_OPS = ("overview_bins", "attention_rows", "allowed_rows", "qkv_rows", "bias_rows", "pooled_rows",
-            "attention_block")  # fmt: skip
+            "attention_block", "policy_rows")  # fmt: skip
 MAX_THEN = 12
 _KEYS = Arg("int", False, True, 0, MAX_INT)
 
@@ -331,12 +333,23 @@ OPS: dict[str, dict[str, Arg]] = {
 }
 
 
-# the reads an inspected beam answers (remote/labs.py ``beam_view``): each may name ``beam`` = [comparison, beam]
+# runs the engine keeps beside its session, each named by a selector on the ops that may read (or step) it
+# instead of the session (remote/labs.py ``run_view``): the reads every run answers
 BEAM_OPS = ("state", "queries", "keys", "values", "attention_rows", "layers_attention_rows", "attention", "distribution",
             "top", "labels", "kv_cache_bytes", "layers", "qkv_rows", "allowed_rows", "bias_rows", "overview_bins",
             "pooled_rows", "attention_block", "kv_history", "head_outputs", "text", "trace", "math_check", "math_check_all")  # fmt: skip
-for _op in BEAM_OPS:
-    OPS[_op] = {**OPS[_op], "beam": Arg("ints", False, lo=0, hi=MAX_ID, n=2)}
+# the KV lab's policy run is a Session: the window steps it as it steps one locally (a step past the lab's
+# last ends the lab's Step, a step back undoes lab steps), the lab panel's Run and Compare start from it,
+# and its edits are refused there in the engine's words
+POLICY_RUN_OPS = (*BEAM_OPS, "policy_rows", "step", "run", "step_back", "restart", "force_token", "set_decoding",
+                  "set_mask_edits", "set_head_edits", "patch_edit", "recipe", "kvlab_run", "compare")  # fmt: skip
+OPS["policy_rows"] = {"layer": LAYER}  # what the KV cache view marks: evicted rows, a quantized row's error
+# selector -> (its schema, the ops that take it): ``beam`` = [comparison, beam], ``policy_run`` = the lab's number
+RUN_SELECTORS = {"beam": (Arg("ints", False, lo=0, hi=MAX_ID, n=2), BEAM_OPS),
+                 "policy_run": (Arg("int", False, lo=0, hi=MAX_ID), POLICY_RUN_OPS)}  # fmt: skip
+for _name, (_arg, _ops) in RUN_SELECTORS.items():
+    for _op in _ops:
+        OPS[_op] = {**OPS[_op], _name: _arg}
 
 
 def check_request(data) -> tuple[str, int, dict]:

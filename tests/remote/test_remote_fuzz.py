@@ -122,6 +122,14 @@ def test_requests_of_the_wrong_shape_or_types_are_refused_and_valid_ones_answere
         '{"op": "set_head_edits", "id": 1, "args": {"edits": [{"layer": 0, "head": 1, "patch_from": [1, 2]}]}}',
         '{"op": "labels", "id": 1, "args": {"ids": [999999]}}',
         '{"op": "run", "id": 1.5, "args": {"n": 1}}',
+        # a run named in place of the session (wire.RUN_SELECTORS): a lab that is not there, a wrong type,
+        # a number past the limit, two runs at once, a read that needs one, an op that takes none
+        '{"op": "state", "id": 1, "args": {"policy_run": 123456789}}',
+        '{"op": "state", "id": 1, "args": {"policy_run": "0"}}',
+        '{"op": "queries", "id": 1, "args": {"layer": 0, "p0": 0, "p1": 1, "policy_run": 9007199254740992}}',
+        '{"op": "state", "id": 1, "args": {"policy_run": 0, "beam": [0, 0]}}',
+        '{"op": "policy_rows", "id": 1, "args": {"layer": 0}}',
+        '{"op": "open", "id": 1, "args": {"prompt": "x", "policy_run": 0}}',
     ],
 )
 def test_hostile_values_are_refused_in_one_line(ws, text):

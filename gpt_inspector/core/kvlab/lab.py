@@ -127,6 +127,8 @@ def policy_rows(source, layer: int) -> tuple[np.ndarray, np.ndarray | None] | No
     t = source.cache_length
     if policy is None or t == 0:
         return None
+    if hasattr(policy, "rows"):  # a stand-in for a policy on a remote engine, which computed these there
+        return policy.rows(layer)
     evicted = policy.evicted(layer, t).numpy()  # (Hkv, T)
     if policy.kind != "quantization" or source.cache_layer_of(layer) != layer:
         # exact rows; or a cache holding something else (a latent, another layer's): no row to compare with

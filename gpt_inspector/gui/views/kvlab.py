@@ -3,8 +3,9 @@
 ``KVLabPanel`` only displays; ``create_panel(window)`` runs the lab (two sessions: the reference
 and the policy run, built from the shown session's model and prompt) on the worker thread, so
 the GUI thread never runs the model; on a remote engine's session the engine runs it
-(``RemoteSession.remote_kvlab``) and only the steps shown come back. What comes back is a
-``LabView``: copies, never the lab. Stop ends a Run after its current step (the steps made stay).
+(``RemoteSession.remote_kvlab``) and only the steps shown come back; Show policy run then shows its
+policy run read there (``remote.run_view.RemotePolicyRun``). What comes back is a ``LabView``:
+copies, never the lab. Stop ends a Run after its current step (the steps made stay).
 """
 
 from __future__ import annotations
@@ -36,7 +37,7 @@ PANEL_AREA = "qkv"  # a tab of the Q/K/V dock: the KV cache view beside it shows
 WIDE = 640  # px: from this width the KL plot and the bytes table sit side by side
 PROBE = "cache probe"  # the probe's progress notes, told from a Run's by this name
 # the schedule picker's items: what it shows, what the policy takes (core.kvlab.serving)
-REMOTE_SHOW = "the policy run stays on the engine: its steps, bytes and probe are shown here"
+SHOWN = "KV lab policy run"  # the policy run's name in the window's run switcher
 SCHEDULES = (("every step", "step"), ("prefill only", "prefill"), ("every 2 steps", 2), ("every 4 steps", 4),
              ("every 8 steps", 8), ("append-only", "append"))  # fmt: skip
 
@@ -128,7 +129,6 @@ class KVLabPanel(QWidget):
         self.show_button = QPushButton("Show policy run", enabled=False, toolTip="Show the policy run in the window: evicted "
                                        "entries are masked columns in the score matrix, the KV cache shows what attention read (the lab ends there)")  # fmt: skip
         self.show_button.clicked.connect(self.show_requested)
-        self._show_tip = self.show_button.toolTip()
         self.policy.currentTextChanged.connect(self._policy_changed)
         self.status = wrapped_label("pick a policy and a budget, then Run: the lab steps it beside the full cache")
         self.bytes_label = QLabel("")
@@ -191,10 +191,6 @@ class KVLabPanel(QWidget):
         for b in (self.run_button, self.step_button, self.back_button, self.probe_button, self.show_button):
             b.setEnabled(not busy and (b is self.run_button or self.view is not None))
         self.stop_button.setEnabled(busy)
-        remote = self.lab is not None and self.lab.run is None  # a lab on a remote engine: its runs stay there
-        if remote:
-            self.show_button.setEnabled(False)
-        self.show_button.setToolTip(REMOTE_SHOW if remote else self._show_tip)
         if busy:
             self.status.setText(text)
 
@@ -329,13 +325,24 @@ def create_panel(window) -> KVLabPanel:
         panel.job.submit(job, show or panel.show_view, what, stop=stop)
 
     def show() -> None:
-        if panel.lab is None or panel.lab.run is None or panel.job.running:
+        lab = panel.lab
+        if lab is None or panel.job.running:
             return
         # the worker owns the lab's sessions already; from here the window steps the policy run itself
         snap = window.snapshot
         panel.following, panel.shown_from, panel.shown_id = True, None if snap is None else snap.source_id, None
-        window.show_source(panel.lab.run, name="KV lab policy run")  # beside the live session, which stays
-        panel.status.setText("the policy run is shown in the window; its Step back undoes lab steps too")
+        said = "the policy run is shown in the window; its Step back undoes lab steps too"
+        if lab.run is not None:
+            window.show_source(lab.run, name=SHOWN)  # beside the live session, which stays
+            panel.status.setText(said)
+            return
+
+        def shown(run) -> None:
+            window.show_source(run, name=SHOWN)
+            panel.status.setText(said)
+
+        # on a remote engine the run stays there: its mirror reads the link, so it is made on the worker
+        panel.job.submit(lambda _src: lab.policy_run(), shown, "opening the policy run on the engine…")
 
     def follow(snap) -> None:
         # the window's Step back on the shown policy run undoes lab steps (the lab follows its run's
