@@ -17,10 +17,14 @@ from PySide6.QtCore import QTimer
 from PySide6.QtWidgets import QLabel, QToolBar
 
 from ..remote.client import LinkLost, RemoteRefused
+from ..remote.wire import BAD_TOKEN
 
 WATCH_MS = 500  # how often the worker looks at the link, and tries again while it is down
 RETRY_S = 0.5  # how long one reconnect attempt may retry a refused connection
 OPEN_S = 2.0  # and wait for a handshake (the worker waits meanwhile: commands queue behind it)
+# a restarted engine holds a fresh token (and none of the old session): the window's URL can never get in
+# again, so the band says what to do instead of "Reconnecting…" for ever
+RESTARTED = "no longer takes this window's token"
 AUTOSAVE_MS = 1000  # a remote session's autosave waits this long after a change (its recipe is a request)
 
 
@@ -41,6 +45,7 @@ class RemoteLink:
         self.w = worker
         self.obj = None  # the RemoteSession of the live run, when it is one
         self.down = False
+        self.gave_up = False  # the engine was restarted: its new token is not the window's
         self._timer: QTimer | None = None
         self._saved: object = None  # what the autosave file holds: (url, the session's change count)
         self._saving = False
@@ -50,7 +55,7 @@ class RemoteLink:
         obj = obj.link  # a beam inspected over the link shares its session's: one link, watched once
         if obj is self.obj:
             return
-        self.obj, self.down = obj, False
+        self.obj, self.down, self.gave_up = obj, False, False
         if self._timer is None:  # made here, on the worker thread, so that it fires there
             self._timer = QTimer()
             self._timer.setInterval(WATCH_MS)
@@ -86,10 +91,19 @@ class RemoteLink:
             if not obj.link_alive:
                 self._down(f"lost the link to the engine at {obj.where}")
             return
+        if self.gave_up:
+            return
         was = (list(obj.prompt_ids), obj.seed)
         try:
             obj.reconnect(timeout=RETRY_S, open_timeout=OPEN_S)
-        except (LinkLost, RemoteRefused):  # not back yet, or its old link not yet given up by the engine
+        except LinkLost:  # not back yet
+            return
+        except RemoteRefused as e:  # its old link not yet given up by the engine, or another engine there now
+            if BAD_TOKEN in str(e):
+                self.gave_up = True
+                self.w.link.emit(False, f"the engine at {obj.where} was restarted: connect to the line it printed "
+                                        f"(gpt-inspector --connect URL); it {RESTARTED}, and the session it held "
+                                        "is gone (serve saved its recipe when it stopped)")  # fmt: skip
             return
         self.down = False
         # the engine's session may be a step further than what was shown: its views are built anew; the
@@ -233,7 +247,12 @@ def install_banner(win) -> None:
             field.setStyleSheet("")
             win.statusBar().showMessage(text[0].upper() + text[1:], 15000)
         else:
-            label.setText(f"LINK LOST: {text}. Reconnecting…; the window keeps what it showed")
+            then = (
+                "the window keeps what it showed"
+                if RESTARTED in text
+                else "Reconnecting…; the window keeps what it showed"
+            )
+            label.setText(f"LINK LOST: {text}. {then}")
             label.setToolTip(text)
             bar.show()
             field.setText("engine: LINK LOST")

@@ -31,7 +31,6 @@ from .reads import ReadOps
 from .session_ops import SessionOps, chat_json
 
 BUSY = "another client is connected to this engine; close it first (one client at a time)"
-BAD_TOKEN = "a valid token is required: use the whole URL that gpt-inspector serve printed"
 # pings: a client that vanished without closing (a cut cable) frees the slot within this many seconds
 # (after PING_INTERVAL + PING_TIMEOUT + CLOSE_TIMEOUT at most: about 17 s)
 PING_INTERVAL, PING_TIMEOUT, CLOSE_TIMEOUT = 5.0, 10.0, 2.0
@@ -288,7 +287,7 @@ class Server:
 
     def _admit(self, connection, request):
         if not self._token_ok(request.path):
-            return connection.respond(HTTPStatus.UNAUTHORIZED, BAD_TOKEN + "\n")
+            return connection.respond(HTTPStatus.UNAUTHORIZED, wire.BAD_TOKEN + "\n")
         if self._client is not None:
             return connection.respond(HTTPStatus.CONFLICT, BUSY + "\n")
         return None

@@ -24,6 +24,7 @@ from ..core.kvlab.registry import NAMES as POLICIES  # names only: the registry 
 
 # a request is a short JSON header; the biggest legitimate one is a head edit's patch source
 # (one token id per position) or a long prompt, well under this
+BAD_TOKEN = "a valid token is required: use the whole URL that gpt-inspector serve printed"  # the refusal's words
 MAX_REQUEST_BYTES = 1 << 20
 # a reply's header (token lists, labels, a recipe); its tensors are counted separately
 MAX_HEADER_BYTES = 64 << 20

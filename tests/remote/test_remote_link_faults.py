@@ -55,7 +55,11 @@ class Relay:
                 a, _ = listener.accept()
             except OSError:  # closed: blocked, or the test is over
                 return
-            b = socket.create_connection(("127.0.0.1", self.upstream))
+            try:
+                b = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:  # no engine behind (stopped, not yet restarted): the window's attempt fails as it would
+                a.close()
+                continue
             self.pairs.append((a, b))
             threading.Thread(target=self._pipe, args=(a, b, False), daemon=True).start()
             threading.Thread(target=self._pipe, args=(b, a, True), daemon=True).start()
@@ -360,3 +364,29 @@ def test_a_cache_probe_that_meets_a_cut_link_is_said_in_the_status_bar_not_a_dia
             layer.pop("seconds")
     assert got == want and len(got["layers"]) == 2  # the layers the dropped probe asked for, as a local probe
     assert not no_dialogs and not win.errors
+
+
+def test_an_engine_restarted_behind_the_link_is_said_once_with_what_to_do_and_not_retried(
+    serve, window, relay, qtbot, no_dialogs
+):
+    # a restarted serve prints a fresh token: the window's URL can never get in again, and its session is gone
+    first = serve()
+    link = relay(first.port)
+    win, _ = window(link.url(first.url))
+    before = _stepped(qtbot, win, 1)
+    assert first.interrupt() == 0  # Ctrl+C on the server: it stops and saves its recipe
+    _lost_within(qtbot, win, SEEN_S)
+    again = serve()
+    link.upstream = again.port  # the same address, as seen from the window, a new engine behind it
+    qtbot.waitUntil(lambda: "restarted" in win.link_label.text(), timeout=15000)
+    text = win.link_label.toolTip()  # the whole text (the band elides it to its width)
+    assert "no longer takes this window's token" in text and "gpt-inspector --connect URL" in text
+    assert (
+        "Reconnecting" not in win.link_label.text()
+        and win.link_bar.isVisible()
+        and win.st_link.text() == "engine: LINK LOST"
+    )
+    tries = len(link.pairs)
+    qtbot.wait(2000)  # four watch ticks: none knocks on the new engine's door again
+    assert len(link.pairs) == tries
+    assert win.snapshot is before and not no_dialogs and not win.errors  # the window keeps what it showed
