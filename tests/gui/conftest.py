@@ -6,6 +6,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
+import keys  # noqa: E402
+
 from gpt_inspector.gui import _pyside_fix  # noqa: E402
 
 # an entry point like gui.app.run: nothing installs it on import any more
@@ -56,9 +58,7 @@ def wait_idle(qtbot):
     """Wait until the window's worker has finished every command and the snapshot is shown."""
 
     def wait(win, timeout=20000):
-        qtbot.waitUntil(lambda: not win.busy, timeout=timeout)
-        win.controller.take_snapshot()
-        return win.snapshot
+        return keys.wait(qtbot, win, timeout)
 
     return wait
 
@@ -133,11 +133,10 @@ def reopened_as_trace(qtbot, wait_idle, tmp_path):
     """``reopened_as_trace(win, steps=1)``: ``steps`` steps with F10, File ▸ Save trace, then the trace
     opened in the window (read-only); returns the snapshots shown before the save and after the open."""
     from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import QApplication
 
     def reopen(win, steps=1):
         for _ in range(steps):
-            qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+            keys.press(qtbot, win, Qt.Key.Key_F10)
             wait_idle(win)
         live = win.snapshot
         path = tmp_path / "t.safetensors"  # beside the window's autosave and settings, as the tests always had it

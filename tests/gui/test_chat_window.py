@@ -8,15 +8,11 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
+from keys import press  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from PySide6.QtWidgets import QApplication  # noqa: E402
 
 import gpt_inspector as gi  # noqa: E402
-
-
-def press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):
-    qtbot.keyClick(QApplication.focusWidget() or win, key, modifier)
-
 
 TURNS = [{"role": "system", "content": "Be terse."}, {"role": "user", "content": "She eats"}]
 

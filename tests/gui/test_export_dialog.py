@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "figures"))
+from keys import press  # noqa: E402
 from known_source import KnownSource  # noqa: E402
 from PySide6.QtWidgets import QWidget  # noqa: E402
 
@@ -159,13 +160,13 @@ def test_window_ctrl_e_full_resolution_writes_on_the_worker(shown, wait_idle, qt
 
     from matplotlib.image import imread
     from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import QApplication, QDialog
+    from PySide6.QtWidgets import QDialog
 
     from gpt_inspector.figures import stream
     from gpt_inspector.gui import export_dialog as ed
 
     win = shown()
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     snap = wait_idle(win)
     target, threads = tmp_path / "head.svg", []
     real = stream.write_head  # written in row bands, never the whole T x T at once
@@ -181,7 +182,7 @@ def test_window_ctrl_e_full_resolution_writes_on_the_worker(shown, wait_idle, qt
         return QDialog.DialogCode.Accepted
 
     monkeypatch.setattr(ed.ExportDialog, "exec", accept)
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+    press(qtbot, win, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
     qtbot.waitUntil(lambda: "at full resolution" in win.statusBar().currentMessage() or bool(no_dialogs), timeout=20000)
     assert not no_dialogs, no_dialogs
     assert threads and threads[0] != threading.get_ident()  # model work off the GUI thread
@@ -231,12 +232,12 @@ def test_export_that_cannot_be_written_says_why_in_a_dialog(qtbot, known, tmp_pa
 
 def test_the_matrix_export_button_says_what_export_writes(shown, wait_idle, qtbot, monkeypatch, no_dialogs):
     from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import QApplication, QToolButton
+    from PySide6.QtWidgets import QToolButton
 
     import gpt_inspector.gui.export_dialog as ed
 
     win = shown()
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     button = next(b for b in win.score_matrix.findChildren(QToolButton) if b.text() == "Export…")
     tip = button.toolTip()

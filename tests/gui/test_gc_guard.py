@@ -11,8 +11,9 @@ from __future__ import annotations
 import gc
 import threading
 
+from keys import press
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication, QDialog
+from PySide6.QtWidgets import QDialog
 
 from gpt_inspector.gui import gc_guard
 
@@ -40,9 +41,9 @@ def test_collections_run_only_on_the_gui_thread(shown, wait_idle, qtbot, dialogs
 
         monkeypatch.setattr(ed.ExportDialog, "exec", accept)
         for _ in range(3):  # steps and figure builds allocate enough on the worker to pass gc's threshold
-            qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+            press(qtbot, win, Qt.Key.Key_F10)
             wait_idle(win)
-            qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
+            press(qtbot, win, Qt.Key.Key_E, Qt.KeyboardModifier.ControlModifier)
             qtbot.waitUntil(lambda: bool(targets) and targets[-1].is_file(), timeout=20000)
         qtbot.waitUntil(lambda: bool(where), timeout=5000)  # the GUI thread's collector ticks about every second
     finally:

@@ -12,6 +12,7 @@ import re
 import numpy as np
 import pytest
 import torch
+from keys import press
 from PySide6.QtCore import QEvent, QPointF, Qt
 from PySide6.QtGui import QHelpEvent
 from PySide6.QtWidgets import (
@@ -51,7 +52,7 @@ def demo(window_on, demo_lm, wait_idle, qtbot):
     win.activateWindow()
     qtbot.waitUntil(win.isActiveWindow, timeout=3000)
     for _ in range(2):
-        qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+        press(qtbot, win, Qt.Key.Key_F10)
         wait_idle(win)
     return win, s
 
@@ -79,9 +80,8 @@ def equation(s, layer: int, head: int, query: int, key: int):
 
 def test_f1_on_the_focused_score_matrix_writes_out_the_hovered_cell(demo, qtbot, wait_idle):
     win, s = demo
-    press = lambda key: qtbot.keyClick(QApplication.focusWidget() or win, key)  # noqa: E731
-    press(Qt.Key.Key_PageDown)  # layer 1
-    press(Qt.Key.Key_BracketRight)  # head 1
+    press(qtbot, win, Qt.Key.Key_PageDown)  # layer 1
+    press(qtbot, win, Qt.Key.Key_BracketRight)  # head 1
     snap = wait_idle(win)
     layer, head, query = snap.selection.layer, snap.selection.head, snap.query
     assert (layer, head) == (1, 1) and query == snap.T - 1

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from keys import press
 from PySide6.QtCore import QPoint, QPointF, Qt
 from PySide6.QtGui import QContextMenuEvent
 from PySide6.QtWidgets import QApplication, QInputDialog
@@ -14,10 +15,6 @@ from gpt_inspector import Session
 from gpt_inspector.core.capture import HeadEdit, MaskEdit
 
 PROMPT = "She eats an apple. He reads"
-
-
-def press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):
-    qtbot.keyClick(QApplication.focusWidget() or win, key, modifier)
 
 
 def cell_pos(win, layer, head) -> QPoint:

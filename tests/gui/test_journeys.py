@@ -7,27 +7,16 @@ the views show. Dialogs are answered by patching the Qt call that would open the
 
 from __future__ import annotations
 
+from keys import click_cell, press
 from PySide6.QtCore import QPointF, Qt
-from PySide6.QtWidgets import QApplication, QDialog, QFileDialog, QMessageBox
+from PySide6.QtWidgets import QDialog, QFileDialog, QMessageBox
 
 from gpt_inspector.gui import autosave
-
-
-def press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):
-    qtbot.keyClick(QApplication.focusWidget() or win, key, modifier)
 
 
 def status(win) -> str:
     """The status bar's message, and why the last run stopped (a line of its own that stays)."""
     return " · ".join(t for t in (win.statusBar().currentMessage(), win.st_stopped.text()) if t)
-
-
-def click_cell(qtbot, win, query, key):
-    """A left click on the centre of a score-matrix cell, in widget pixels."""
-    sm = win.score_matrix
-    scene = sm.vb.mapViewToScene(QPointF(key + 0.5, query + 0.5))
-    pos = sm.glw.mapFromScene(scene)
-    qtbot.mouseClick(sm.glw.viewport(), Qt.MouseButton.LeftButton, pos=pos)
 
 
 def test_step_run_pause_and_step_back(shown, wait_idle, qtbot, dialogs):

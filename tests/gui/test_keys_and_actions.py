@@ -10,16 +10,12 @@ import threading
 import time
 
 import pytest
+from keys import press
 from PySide6.QtCore import Qt
 from PySide6.QtWidgets import QAbstractSpinBox, QApplication, QInputDialog, QLineEdit, QPlainTextEdit, QTextEdit
 
 from gpt_inspector.gui import commands
 from gpt_inspector.gui.worker import HANDLERS
-
-
-def _press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):
-    """A key press as the keyboard delivers it: to the widget with the focus."""
-    qtbot.keyClick(QApplication.focusWidget() or win, key, modifier)
 
 
 def _step_text(win) -> str:
@@ -36,24 +32,24 @@ def test_f10_steps_and_shift_f10_steps_back(shown, wait_idle, qtbot, no_dialogs)
     assert _step_text(win) == "step 0"
     assert not win.acts.back.isEnabled()  # nothing to undo at step 0
     for n in (1, 2):
-        _press(qtbot, win, Qt.Key.Key_F10)
+        press(qtbot, win, Qt.Key.Key_F10)
         wait_idle(win)
         assert _step_text(win) == f"step {n}"
     assert win.acts.back.isEnabled()
-    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
+    press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
     snap = wait_idle(win)
     assert _step_text(win) == "step 1" and snap.n_steps == 1
-    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
+    press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)
     wait_idle(win)
     assert _step_text(win) == "step 0" and not win.acts.back.isEnabled()
-    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # disabled: nothing happens
+    press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # disabled: nothing happens
     assert wait_idle(win).n_steps == 0 and not no_dialogs and not win.errors
 
 
 def test_f5_toolbar_run_and_debug_run_each_run_the_max_steps_count(shown, wait_idle, qtbot, no_dialogs):
     win = shown()
     win.session_panel.max_steps.setValue(3)
-    _press(qtbot, win, Qt.Key.Key_F5)
+    press(qtbot, win, Qt.Key.Key_F5)
     wait_idle(win)
     assert _step_text(win) == "step 3"
     assert _stopped(win) == "Run stopped: ran 3 steps"
@@ -91,11 +87,11 @@ def test_esc_pauses_a_run(shown, wait_idle, qtbot, no_dialogs):
     win.run_in_worker(lambda s: _slow_steps(s, release))
     wait_idle(win)
     win.session_panel.max_steps.setValue(40)
-    _press(qtbot, win, Qt.Key.Key_F5)
+    press(qtbot, win, Qt.Key.Key_F5)
     qtbot.waitUntil(lambda: win.st_progress.value() >= 3, timeout=10000)
     assert win.st_busy.text().startswith("running:") and win.acts.pause.isEnabled()
     assert not win.acts.step.isEnabled()
-    _press(qtbot, win, Qt.Key.Key_Escape)
+    press(qtbot, win, Qt.Key.Key_Escape)
     release.set()
     snap = wait_idle(win)
     assert _stopped(win) == "Run stopped: paused"
@@ -108,17 +104,17 @@ def test_head_and_layer_keys_work_right_after_start(shown, wait_idle, qtbot):
     focus = QApplication.focusWidget()
     assert focus is not None and not isinstance(focus, (QLineEdit, QAbstractSpinBox, QPlainTextEdit, QTextEdit))
     model_text = win.session_panel.model.currentText()
-    _press(qtbot, win, Qt.Key.Key_BracketRight)
+    press(qtbot, win, Qt.Key.Key_BracketRight)
     snap = wait_idle(win)
     assert snap.selection.head == 1 and win.overview.isVisible()
     assert win.session_panel.model.currentText() == model_text  # nothing typed into the Model box
-    _press(qtbot, win, Qt.Key.Key_PageDown)
+    press(qtbot, win, Qt.Key.Key_PageDown)
     assert wait_idle(win).selection.layer == 1
-    _press(qtbot, win, Qt.Key.Key_BracketLeft)
-    _press(qtbot, win, Qt.Key.Key_PageUp)
+    press(qtbot, win, Qt.Key.Key_BracketLeft)
+    press(qtbot, win, Qt.Key.Key_PageUp)
     snap = wait_idle(win)
     assert (snap.selection.layer, snap.selection.head) == (0, 0)
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     assert "layer 0 · head 0" in win.score_matrix.title.text()
 
@@ -129,7 +125,7 @@ def test_a_breakpoint_stops_a_run(shown, wait_idle, qtbot):
     qtbot.mouseClick(bp.on_prob, Qt.MouseButton.LeftButton)
     assert bp.on_prob.isChecked()
     bp.prob.setValue(1.0)  # every token is below p = 1: stop after the first step
-    _press(qtbot, win, Qt.Key.Key_F5)
+    press(qtbot, win, Qt.Key.Key_F5)
     wait_idle(win)
     assert _step_text(win) == "step 1"
     assert _stopped(win).startswith("Run stopped: breakpoint at step 1: p=")
@@ -145,13 +141,13 @@ def test_run_to_step_goes_forward_and_back(shown, wait_idle, qtbot, monkeypatch)
         return next(answers)
 
     monkeypatch.setattr(QInputDialog, "getInt", get_int)
-    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)
+    press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)
     wait_idle(win)
     assert _step_text(win) == "step 5" and _stopped(win) == "Run stopped: reached step 5"
-    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)
+    press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)
     wait_idle(win)
     assert _step_text(win) == "step 2"
-    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)  # cancelled: stays
+    press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ControlModifier)  # cancelled: stays
     assert wait_idle(win).n_steps == 2
     assert asked == [10, 15, 12]  # the dialog proposes ten steps past the current one
 
@@ -162,7 +158,7 @@ def test_probe_and_math_check_panels_run_from_their_own_buttons(shown, wait_idle
     n_layers = tiny_lm("gpt2").n_layers
     assert probe.layers.count() == n_layers and probe.chosen_layers() == [0]
     assert probe.probe_button.isEnabled()
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     probe.layers.item(n_layers - 1).setCheckState(Qt.CheckState.Checked)
     qtbot.mouseClick(probe.probe_button, Qt.MouseButton.LeftButton)
@@ -171,7 +167,7 @@ def test_probe_and_math_check_panels_run_from_their_own_buttons(shown, wait_idle
     assert probe.table.rowCount() == win.snapshot.T and "recovered" in probe.summary.text()
 
     math = win.mathcheck_panel
-    _press(qtbot, win, Qt.Key.Key_BracketRight)
+    press(qtbot, win, Qt.Key.Key_BracketRight)
     wait_idle(win)
     qtbot.mouseClick(math.check_button, Qt.MouseButton.LeftButton)
     wait_idle(win)
@@ -198,7 +194,7 @@ def test_a_tools_entry_chosen_twice_runs_once(shown, wait_idle, qtbot, no_dialog
     """The panel's button is disabled while its job runs; its Tools menu entry is not, so a second
     choice must not queue a second job (the first result would clear the busy state under it)."""
     win = shown()
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     tools = next(a.menu() for a in win.menuBar().actions() if a.text() == "&Tools")
     act = next(a for a in tools.actions() if a.text().startswith(entry))
@@ -218,7 +214,7 @@ def test_a_tools_entry_chosen_twice_runs_once(shown, wait_idle, qtbot, no_dialog
 def test_why_a_run_stopped_stays_in_the_status_bar_until_the_next_step(shown, wait_idle, qtbot, no_dialogs):
     win = shown()
     win.session_panel.max_steps.setValue(2)
-    _press(qtbot, win, Qt.Key.Key_F5)
+    press(qtbot, win, Qt.Key.Key_F5)
     wait_idle(win)
     assert _stopped(win) == "Run stopped: ran 2 steps"
     # it is no timed message: another line coming and going (the old one vanished with its timeout) leaves it
@@ -226,12 +222,12 @@ def test_why_a_run_stopped_stays_in_the_status_bar_until_the_next_step(shown, wa
     win.statusBar().showMessage("Saved trace to t.safetensors", 50)
     qtbot.waitUntil(lambda: win.statusBar().currentMessage() == "", timeout=3000)
     assert _stopped(win) == "Run stopped: ran 2 steps"
-    _press(qtbot, win, Qt.Key.Key_F10)  # the next step: the reason is stale
+    press(qtbot, win, Qt.Key.Key_F10)  # the next step: the reason is stale
     wait_idle(win)
     assert _stopped(win) == "" and _step_text(win) == "step 3"
-    _press(qtbot, win, Qt.Key.Key_F5)
+    press(qtbot, win, Qt.Key.Key_F5)
     wait_idle(win)
-    _press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # a step back clears it too
+    press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # a step back clears it too
     wait_idle(win)
     assert _stopped(win) == "" and not no_dialogs
 
@@ -251,7 +247,7 @@ def test_top_k_lists_only_the_tokens_it_keeps(shown, wait_idle, qtbot, no_dialog
     _type_into(qtbot, sp.top_k, "3")
     qtbot.waitUntil(lambda: (win.snapshot.decoding or {}).get("top_k") == 3, timeout=5000)
     win.score_matrix.setFocus()  # the user clicks back into a view, so F10 reaches the window
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     snap = wait_idle(win)
     top = snap.step.top
     # the engine lists the three kept, best first (the seven zero-probability rows torch.topk's tie once added are gone)

@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 import tiny_families
 import tiny_models
+from keys import press
 
 
 @pytest.fixture(scope="module")
@@ -125,7 +126,6 @@ def test_a_sliding_window_model_shows_its_own_cache_and_what_the_inspector_keeps
     there. The status bar, the bars, the size-per-step curve and the title show that, and beside it,
     labelled, what the inspector keeps: every position of every layer."""
     from PySide6.QtCore import Qt
-    from PySide6.QtWidgets import QApplication
 
     from gpt_inspector.core.kv_layout import human_bytes
 
@@ -157,9 +157,9 @@ def test_a_sliding_window_model_shows_its_own_cache_and_what_the_inspector_keeps
         assert f"kept for inspection {human_bytes(t * row)}, {human_bytes(sum(kept))} all" in title
 
     for n in (1, 2, 3):
-        qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)  # Step
+        press(qtbot, win, Qt.Key.Key_F10)  # Step
         expect(n)
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # Step back
+    press(qtbot, win, Qt.Key.Key_F10, Qt.KeyboardModifier.ShiftModifier)  # Step back
     expect(2)
     # the full-attention layer: no window to name, the bytes of every position
     win.kv_cache.layer_clicked.emit(1)

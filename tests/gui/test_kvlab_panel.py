@@ -1,38 +1,20 @@
-"""The KV cache lab panel, driven as a user would: pick a policy, press Run, read the plot and table.
-
-The window does not register the panel yet (the lead wires it in main_window); the test docks it
-through the window's public ``add_panel``, as the registration line will.
-"""
+"""The KV cache lab panel, driven as a user would: pick a policy, press Run, read the plot and table."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
+from keys import run_lab
 from PySide6.QtCore import Qt
 
 PROMPT = "She eats an apple. He reads"
-
-
-def _dock(win):
-    from gpt_inspector.gui.views import kvlab
-
-    panel = kvlab.create_panel(win)
-    win.add_panel(kvlab.PANEL_TITLE, panel, kvlab.PANEL_AREA)
-    win.raise_panel(panel)
-    return panel
 
 
 def test_run_step_and_probe_show_the_labs_numbers(make_window, wait_idle, qtbot, tiny_lm, no_dialogs):
     from gpt_inspector.core.kvlab import KVLab, make
 
     win = make_window(prompt=PROMPT)
-    panel = _dock(win)
-    qtbot.waitUntil(panel.isVisible, timeout=3000)
-    panel.policy.setCurrentText("streaming")
-    panel.budget.setValue(4)
-    panel.steps.setValue(6)
-    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: panel.view is not None and len(panel.view.steps) == 6, timeout=20000)
+    panel = run_lab(qtbot, win, "streaming", 4, 6)
     wait_idle(win)
     lm = tiny_lm("gpt2")
     ref = KVLab(lm, PROMPT, make("streaming", 4))
@@ -83,7 +65,8 @@ def test_run_step_and_probe_show_the_labs_numbers(make_window, wait_idle, qtbot,
 
 def test_quantization_disables_the_budget_and_a_trace_is_refused(make_window, qtbot, reopened_as_trace, no_dialogs):
     win = make_window(prompt=PROMPT)
-    panel = _dock(win)
+    panel = win.kvlab_panel
+    win.raise_panel(panel)
     panel.policy.setCurrentText("int4")
     assert not panel.budget.isEnabled() and panel.settings()[1] is None
     reopened_as_trace(win)
@@ -156,13 +139,7 @@ def test_on_a_sliding_window_model_the_full_cache_is_the_models_with_what_is_kep
                                                                                          qtbot, tiny_lm):  # fmt: skip
     # gemma2's layer 0 has a 4-key window: the model's own cache holds 3 positions there, the inspector every one
     win = make_window("gemma2", prompt=PROMPT)
-    panel = _dock(win)
-    qtbot.waitUntil(panel.isVisible, timeout=3000)
-    panel.policy.setCurrentText("h2o")
-    panel.budget.setValue(0)  # unlimited: the policy's cache is the model's own
-    panel.steps.setValue(3)
-    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: panel.view is not None and len(panel.view.steps) == 3, timeout=20000)
+    panel = run_lab(qtbot, win, "h2o", 0, 3)  # budget 0, unlimited: the policy's cache is the model's own
     wait_idle(win)
     lm = tiny_lm("gemma2")
     entry = 2 * lm.n_kv_heads * lm.head_dim * 4  # one position's K and V in one layer, float32
@@ -181,7 +158,8 @@ def test_the_policy_picker_states_each_policys_rule(make_window, qtbot, no_dialo
     from gpt_inspector.core.kvlab import registry
 
     win = make_window(prompt=PROMPT)
-    panel = _dock(win)
+    panel = win.kvlab_panel
+    win.raise_panel(panel)
     qtbot.waitUntil(panel.isVisible, timeout=3000)
     assert panel.policy.currentText() == "h2o" and panel.rule.text() == registry.RULES["h2o"]
     panel.policy.setFocus()

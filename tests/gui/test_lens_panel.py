@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from keys import press
 from PySide6.QtCore import QPointF, Qt
-from PySide6.QtWidgets import QApplication
 
 
 def test_lens_follows_steps_and_a_click_selects_the_head(make_window, wait_idle, qtbot, tiny_lm, no_dialogs):
@@ -17,7 +17,7 @@ def test_lens_follows_steps_and_a_click_selects_the_head(make_window, wait_idle,
     win.raise_panel(panel)  # the user brings the Logit lens tab to the front
     qtbot.waitUntil(panel.isVisible, timeout=3000)
     for _ in range(2):
-        qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+        press(qtbot, win, Qt.Key.Key_F10)
         wait_idle(win)
     qtbot.waitUntil(lambda: panel.result is not None and panel.result.step == 1, timeout=10000)
     lm = tiny_lm("gpt2")
@@ -69,14 +69,14 @@ def test_ctrl_k_knocks_out_the_selected_head_and_the_run_is_recomputed(make_wind
     qtbot.waitExposed(win)
     qtbot.waitUntil(win.isActiveWindow, timeout=3000)
 
-    def press(key, mod=Qt.KeyboardModifier.NoModifier):
-        qtbot.keyClick(QApplication.focusWidget() or win, key, mod)
+    def pressed(key, mod=Qt.KeyboardModifier.NoModifier):
+        press(qtbot, win, key, mod)
         return wait_idle(win)
 
     for _ in range(3):
-        press(Qt.Key.Key_F10)
-    press(Qt.Key.Key_BracketRight)  # head 1
-    snap = press(Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
+        pressed(Qt.Key.Key_F10)
+    pressed(Qt.Key.Key_BracketRight)  # head 1
+    snap = pressed(Qt.Key.Key_K, Qt.KeyboardModifier.ControlModifier)
     qtbot.waitUntil(lambda: "Head 0.1 knocked out" in win.statusBar().currentMessage(), timeout=5000)
     ref = gi.Session(tiny_lm("gpt2"), "She eats an apple. He reads")
     ref.run(3)
@@ -87,7 +87,7 @@ def test_ctrl_k_knocks_out_the_selected_head_and_the_run_is_recomputed(make_wind
     # patching the next head from another prompt, through the Tools menu (one intervention a head)
     from PySide6.QtWidgets import QInputDialog
 
-    press(Qt.Key.Key_BracketRight)  # head 2
+    pressed(Qt.Key.Key_BracketRight)  # head 2
 
     monkeypatch.setattr(QInputDialog, "getText", lambda *a, **k: ("The cat sat on the mat and the dog", True))
     next(a for a in win.tools_menu.actions() if a.text().startswith("Patch the selected head")).trigger()
@@ -105,19 +105,18 @@ def test_the_lens_costs_nothing_while_its_tab_is_behind_another(make_window, wai
     jobs = []
     real = win.run_in_worker
     win.run_in_worker = lambda job, done, *idle: jobs.append(job) or real(job, done, *idle)
-    press = lambda: qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)  # noqa: E731
-    press()
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     assert panel.isVisible() and not on_screen(panel)  # what Qt says, and what the user sees
     assert panel.result is None and not jobs
     click_tab(win, "Logit lens")  # the user looks: the lens of the current step comes
     qtbot.waitUntil(lambda: panel.result is not None and panel.result.step == 0, timeout=10000)
-    press()
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     qtbot.waitUntil(lambda: panel.result.step == 1, timeout=10000)
     click_tab(win, "KV cache")  # behind again: steps run no lens
     n = len(jobs)
-    press()
+    press(qtbot, win, Qt.Key.Key_F10)
     # the panels hear of a step with the snapshot that shows it: once it is on screen, a lens job
     # would already have been asked for
     wait_idle(win)
@@ -135,18 +134,18 @@ def test_the_lens_gives_way_to_a_step_the_user_presses_while_it_waits(make_windo
     win = make_window()
     panel = win.lens_panel
     click_tab(win, "Logit lens")
-    press = lambda: qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)  # noqa: E731
-    press()
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     qtbot.waitUntil(lambda: panel.result is not None and panel.result.step == 0, timeout=10000)
     computed = []
     real = lens_mod.lens
     monkeypatch.setattr(lens_mod, "lens", lambda s, *a, **kw: computed.append(s.n_steps) or real(s, *a, **kw))
     gate = threading.Event()
-    press()  # step 1; behind it the worker waits at the gate, so the lens that step 1 asks for queues
+    # step 1; behind it the worker waits at the gate, so the lens that step 1 asks for queues
+    press(qtbot, win, Qt.Key.Key_F10)
     win.run_in_worker(lambda s: gate.wait(10))
     qtbot.waitUntil(lambda: win.snapshot.n_steps == 2 and panel.compute_button.isEnabled() is False, timeout=10000)
-    press()  # step 2, pressed while the lens of step 1 still waits for the worker
+    press(qtbot, win, Qt.Key.Key_F10)  # step 2, pressed while the lens of step 1 still waits for the worker
     gate.set()
     wait_idle(win)
     qtbot.waitUntil(lambda: panel.result.step == 2, timeout=10000)

@@ -10,8 +10,8 @@ import time
 
 import numpy as np
 import pytest
+from keys import press
 from PySide6.QtCore import QPointF, Qt
-from PySide6.QtWidgets import QApplication
 
 import gpt_inspector.core.pooling as pooled_mod
 import gpt_inspector.gui.viewdata as vd
@@ -19,10 +19,6 @@ import gpt_inspector.gui.worker as worker_mod
 from gpt_inspector import Session
 
 PROMPT = "She eats an apple. He reads a book every evening and she writes long letters to him."
-
-
-def _press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):
-    qtbot.keyClick(QApplication.focusWidget() or win, key, modifier)
 
 
 @pytest.fixture
@@ -34,7 +30,7 @@ def long_limits(monkeypatch):
 
 def test_pooled_matrix_then_exact_cells_where_zoomed_in(shown, wait_idle, qtbot, long_limits, tiny_lm, no_dialogs):
     win = shown(prompt=PROMPT)
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     snap = wait_idle(win)
     sm = win.score_matrix
     t, b = snap.T, snap.matrix_block
@@ -83,10 +79,10 @@ def test_first_overview_streams_while_the_window_answers(shown, wait_idle, qtbot
     )
     messages = []
     win.statusBar().messageChanged.connect(messages.append)
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     qtbot.waitUntil(lambda: any(0 < r < t for r, t, *_ in seen), timeout=20000)
     head = win.selection.head
-    _press(qtbot, win, Qt.Key.Key_BracketRight)  # the user picks the next head while the overview streams
+    press(qtbot, win, Qt.Key.Key_BracketRight)  # the user picks the next head while the overview streams
     qtbot.waitUntil(lambda: bool(seen) and seen[-1][0] == seen[-1][1] > 0, timeout=20000)
     partial = [(r, h, title) for r, t, h, title in seen if 0 < r < t]
     assert len(partial) >= 2 and [p[0] for p in partial] == sorted(p[0] for p in partial)  # shown as it grew
@@ -112,13 +108,13 @@ def test_a_hidden_panel_does_no_work_until_shown(shown, wait_idle, qtbot, no_dia
     win.docks["softmax"].toggleViewAction().trigger()  # View ▸ Softmax rows: closed
     assert not win.softmax_rows.isVisibleTo(win)
     for _ in range(2):
-        _press(qtbot, win, Qt.Key.Key_F10)
+        press(qtbot, win, Qt.Key.Key_F10)
         wait_idle(win)
     assert calls == []
     win.docks["softmax"].toggleViewAction().trigger()  # shown again: it catches up at once
     qtbot.waitUntil(lambda: calls == [2], timeout=3000)
     assert win.softmax_rows.title.text().startswith("softmax of query")
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     assert calls == [2, 3] and not no_dialogs and not win.errors
 
@@ -137,7 +133,7 @@ def test_kv_export_of_pooled_rows_says_so(shown, wait_idle, qtbot, long_limits, 
         ),
     )
     win = shown(prompt=PROMPT)
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     snap = wait_idle(win)
     b = snap.kv_block
     assert b > 1 and f"rows: means of {b} positions" in win.kv_cache.title.text()
@@ -156,7 +152,7 @@ def test_softmax_rows_past_two_keys_a_pixel_show_block_maxima(shown, wait_idle, 
     monkeypatch.setattr(rows_mod, "MIN_BARS", 4)
     monkeypatch.setattr(rows_mod, "BARS_PER_PIXEL", 0.0)
     win = shown(prompt=PROMPT)
-    _press(qtbot, win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     snap = wait_idle(win)
     ref = Session(tiny_lm("gpt2"), PROMPT)
     ref.step()

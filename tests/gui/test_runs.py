@@ -7,24 +7,14 @@ from __future__ import annotations
 import json
 
 import torch
-from PySide6.QtCore import QPointF, Qt
-from PySide6.QtWidgets import QApplication, QFileDialog, QMessageBox, QTabBar
+from keys import click_cell, press, run_lab
+from PySide6.QtCore import Qt
+from PySide6.QtWidgets import QFileDialog, QMessageBox, QTabBar
 
 from gpt_inspector import Session, load_trace
 from gpt_inspector.gui import autosave
 
 PROMPT = "She eats an apple. He reads"
-
-
-def press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):
-    qtbot.keyClick(QApplication.focusWidget() or win, key, modifier)
-
-
-def click_cell(qtbot, win, query, key):
-    """A left click on the centre of a score-matrix cell, in widget pixels."""
-    sm = win.score_matrix
-    pos = sm.glw.mapFromScene(sm.vb.mapViewToScene(QPointF(key + 0.5, query + 0.5)))
-    qtbot.mouseClick(sm.glw.viewport(), Qt.MouseButton.LeftButton, pos=pos)
 
 
 def tabs(win) -> list[str]:
@@ -158,13 +148,7 @@ def test_the_policy_run_beside_the_live_session(make_window, wait_idle, qtbot, n
         press(qtbot, win, Qt.Key.Key_F10)
         wait_idle(win)
     live = win.snapshot
-    panel = win.kvlab_panel
-    win.raise_panel(panel)
-    panel.policy.setCurrentText("streaming")
-    panel.budget.setValue(4)
-    panel.steps.setValue(3)
-    qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
-    qtbot.waitUntil(lambda: panel.view is not None and len(panel.view.steps) == 3, timeout=20000)
+    panel = run_lab(qtbot, win, "streaming", 4, 3)
     wait_idle(win)
     qtbot.mouseClick(panel.show_button, Qt.MouseButton.LeftButton)
     pol = wait_idle(win)

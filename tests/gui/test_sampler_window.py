@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 import torch
+from keys import press
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication
 
 
 def _type_into(qtbot, w, text: str) -> None:
@@ -28,7 +28,7 @@ def test_set_a_repetition_penalty_step_and_read_the_stages(shown, wait_idle, qtb
     qtbot.waitUntil(lambda: (win.snapshot.decoding or {}).get("suppress_tokens") == [5, 6], timeout=5000)
     assert win.snapshot.decoding["repetition_penalty"] == 3.0
     win.score_matrix.setFocus()  # back into a view, so F10 reaches the window
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     snap = wait_idle(win)
     st = snap.step
     # generate's order: the penalty, then the suppressed tokens; the final one is preselected

@@ -6,8 +6,8 @@ import numpy as np
 import pytest
 import tiny_families
 import tiny_models
+from keys import press
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication
 
 
 @pytest.fixture(scope="module")
@@ -20,7 +20,7 @@ def bloom(tmp_path_factory):
 
 def test_alibi_scores_and_readout_carry_the_bias(qtbot, wait_idle, window_on, bloom):
     win, s = window_on(bloom, "She eats an apple. He reads")
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)  # scores
+    press(qtbot, win, Qt.Key.Key_2, Qt.KeyboardModifier.ControlModifier)  # scores
     wait_idle(win)
     for _ in range(3):  # each step extends the shown matrix: earlier rows gain the new keys' cells
         win.acts.step.trigger()

@@ -2,14 +2,11 @@
 
 from __future__ import annotations
 
+from keys import press
 from PySide6.QtCore import QPointF, Qt
-from PySide6.QtWidgets import QApplication, QMessageBox
+from PySide6.QtWidgets import QMessageBox
 
 from gpt_inspector.core.capture import MaskEdit
-
-
-def press(qtbot, win, key, modifier=Qt.KeyboardModifier.NoModifier):
-    qtbot.keyClick(QApplication.focusWidget() or win, key, modifier)
 
 
 def test_restore_names_the_restored_model_and_load_keeps_it(make_window, wait_idle, qtbot, tiny_dir, monkeypatch):

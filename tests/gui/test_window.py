@@ -9,6 +9,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 import torch
+from keys import press
 from PySide6.QtCore import QPointF, Qt, QThread, QTimer
 from PySide6.QtTest import QTest
 from PySide6.QtWidgets import QApplication, QLabel, QMessageBox
@@ -417,7 +418,7 @@ def test_the_cache_size_plot_counts_whole_steps_from_zero(make_window, wait_idle
     plot = win.kv_cache.hplot
     for n in (1, 2, 5):
         while win.snapshot.n_steps < n:
-            qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+            press(qtbot, win, Qt.Key.Key_F10)
             wait_idle(win)
         (x0, x1), (y0, y1) = plot.viewRange()
         last, top = max(1, n - 1), max(win.snapshot.kv_history)
@@ -466,7 +467,7 @@ def test_saving_a_trace_onto_a_fifo_or_folder_is_a_dialog_in_words(make_window, 
 
 def test_the_next_token_panel_says_in_words_what_greedy_shows(make_window, wait_idle, qtbot):
     win = make_window()
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     label = win.next_token.decoding
     greedy = "greedy: the top token is taken; probabilities shown at T = 1"

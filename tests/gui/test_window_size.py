@@ -15,6 +15,7 @@ import sys
 import textwrap
 
 import pytest
+from keys import press
 from PySide6.QtCore import QPointF, Qt
 
 from gpt_inspector.gui.main_window import PANEL_MIN, MainWindow, screen_share
@@ -87,7 +88,6 @@ def test_every_layer_of_the_overview_is_labelled_on_a_laptop_screen(qtbot, wait_
     # the demo model's 4 layers in the overview of a 1366 x 768 window are rows shorter than a label
     # in the panels' font: L1 and L3 went unlabelled
     from PySide6.QtGui import QFontInfo
-    from PySide6.QtWidgets import QApplication
 
     import gpt_inspector as gi
 
@@ -97,7 +97,7 @@ def test_every_layer_of_the_overview_is_labelled_on_a_laptop_screen(qtbot, wait_
     win.show()
     win.show_source(gi.Session(gi.load_model(gi.DEMO_MODEL, device="cpu"), "She eats apple"))
     wait_idle(win)
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
+    press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
     axis = win.overview.left
     painted = []  # what the axis draws when the window paints: [(font px, [(rect, text)])]

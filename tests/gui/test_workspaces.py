@@ -3,8 +3,8 @@ last one remembered for the next window (in the test's own settings file, see co
 
 from __future__ import annotations
 
+from keys import press
 from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication
 
 from gpt_inspector.gui import settings as _settings
 from gpt_inspector.gui.layout import ALIASES, SETTINGS_KEY, WORKSPACES
@@ -59,9 +59,7 @@ def test_workspace_menu_and_shortcuts_arrange_the_docks(shown, qtbot):
     win.docks["kv"].toggleViewAction().trigger()  # the user closes the KV cache panel
     assert not win.docks["kv"].isVisible()
     for i, name in enumerate(NAMES[1:], start=2):
-        qtbot.keyClick(
-            QApplication.focusWidget() or win, Qt.Key(Qt.Key.Key_0.value + i), Qt.KeyboardModifier.AltModifier
-        )
+        press(qtbot, win, Qt.Key(Qt.Key.Key_0.value + i), Qt.KeyboardModifier.AltModifier)
         qtbot.waitUntil(lambda name=name: win.workspace == name, timeout=3000)
         _main_slot(win, name, qtbot)
         assert _checked(win) == [name]
@@ -79,7 +77,7 @@ def test_workspace_menu_and_shortcuts_arrange_the_docks(shown, qtbot):
 
 def test_the_last_workspace_comes_back_in_the_next_window(shown, qtbot):
     win = shown()
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_3, Qt.KeyboardModifier.AltModifier)
+    press(qtbot, win, Qt.Key.Key_3, Qt.KeyboardModifier.AltModifier)
     qtbot.waitUntil(lambda: win.workspace == "Lens", timeout=3000)
     win.close()  # saves the layout, as a quit does
 
@@ -112,7 +110,7 @@ def test_a_remembered_workspace_is_arranged_when_no_saved_layout_fits(qtbot):
 
 def test_reset_layout_goes_back_to_the_attention_workspace(shown, qtbot):
     win = shown()
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_4, Qt.KeyboardModifier.AltModifier)
+    press(qtbot, win, Qt.Key.Key_4, Qt.KeyboardModifier.AltModifier)
     qtbot.waitUntil(lambda: win.workspace == "Lab", timeout=3000)
     win.acts.reset_layout.trigger()
     assert win.workspace == "Attention" and _checked(win) == ["Attention"]

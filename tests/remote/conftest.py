@@ -13,6 +13,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -93,6 +94,31 @@ def server(tmp_path_factory, tiny_llama):
     s = Served(tiny_llama, tmp_path_factory.mktemp("serve"))
     yield s
     s.kill()
+
+
+# a client that closed frees the slot within a second; one left open holds it for as long as it lives
+SLOT_FREE_S = 15
+
+
+@pytest.fixture(autouse=True)
+def slot_given_back(request):
+    """After every test on the shared ``server``: a new client gets in. A test that leaves a client open
+    fails here, by its own name, instead of the next test on the server failing with "another client"."""
+    srv = request.getfixturevalue("server") if "server" in request.fixturenames else None
+    yield
+    if srv is None:
+        return
+    from gpt_inspector.remote.client import RemoteRefused, RemoteSession
+
+    deadline = time.monotonic() + SLOT_FREE_S
+    while True:
+        try:
+            RemoteSession(srv.url, timeout=20).close()
+            return
+        except RemoteRefused as e:
+            if "another client" not in str(e) or time.monotonic() > deadline:
+                raise AssertionError(f"the engine's one client slot is still held {SLOT_FREE_S} s after the "
+                                     f"test: {e}") from None  # fmt: skip
 
 
 @pytest.fixture(scope="session")

@@ -19,9 +19,10 @@ from gpt_inspector.core.errors import InspectorError
 
 pytest.importorskip("pytestqt")
 
+from keys import press, wait  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from test_remote_labs import _no_seconds, _type  # noqa: E402
-from test_remote_window import PROMPT, no_dialogs, press, same_as_local, wait, window  # noqa: E402, F401  (fixtures)
+from test_remote_window import PROMPT, no_dialogs, same_as_local, window  # noqa: E402, F401  (fixtures)
 
 SETTINGS = {"num_beams": 3, "num_return_sequences": 2, "max_new_tokens": 4}
 

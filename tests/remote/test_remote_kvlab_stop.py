@@ -5,16 +5,16 @@ is as it was (its next step is a local lab's, bit for bit)."""
 from __future__ import annotations
 
 import pytest
+from keys import stop_the_probe, wait
 from test_remote_labs import _same_steps, _type
-from test_remote_window import no_dialogs, wait  # noqa: F401  (its fixture)
+from test_remote_window import no_dialogs  # noqa: F401  (its fixture)
 
 from gpt_inspector.core.kvlab import KVLab, make
 from gpt_inspector.remote.client import RemoteSession
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import Qt
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 
 # long enough that the probe runs for seconds (~90 forward passes on the tiny model): Stop lands in it
 PROMPT = " ".join(["She eats an apple. He reads"] * 3)
@@ -23,7 +23,6 @@ PROMPT = " ".join(["She eats an apple. He reads"] * 3)
 @pytest.mark.parametrize("how", ["Stop", "Esc"])
 def test_stop_cancels_the_cache_probe_on_the_engine(server, local_lm, qtbot, no_dialogs, how):  # noqa: F811 (the fixture imported above)
     from gpt_inspector.gui.main_window import MainWindow
-    from gpt_inspector.gui.views.kvlab import PROBE
 
     r = RemoteSession(server.url, timeout=20)
     r.open(PROMPT)
@@ -42,21 +41,8 @@ def test_stop_cancels_the_cache_probe_on_the_engine(server, local_lm, qtbot, no_
         qtbot.mouseClick(panel.run_button, Qt.MouseButton.LeftButton)
         qtbot.waitUntil(lambda: panel.view is not None and not panel.job.running, timeout=60000)
 
-        notes: list = []
-        panel.progressed.connect(lambda *note: notes.append(note))  # every note, as the panel gets them
-        qtbot.mouseClick(panel.probe_button, Qt.MouseButton.LeftButton)
-        qtbot.waitUntil(lambda: "forward pass" in panel.status.text(), timeout=30000)
-        assert panel.stop_button.isEnabled()
-        if how == "Stop":
-            qtbot.mouseClick(panel.stop_button, Qt.MouseButton.LeftButton)
-        else:  # Esc (Pause) stops the lab's long jobs as it stops the window's runs
-            assert win.acts.pause.isEnabled()
-            qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_Escape)
-        qtbot.waitUntil(lambda: not panel.job.running, timeout=30000)
-        assert "the cache probe was stopped" in panel.status.text()
-        assert panel.privacy_label.text() == "" and not no_dialogs and not win.errors
-        what, done, total = notes[-1]
-        assert what == PROBE and 1 <= done < total  # the engine ended it before its last forward pass
+        stop_the_probe(qtbot, win, panel, how, timeout=30000)  # the engine ends it between two forward passes
+        assert not no_dialogs and not win.errors
 
         local = KVLab(local_lm, policy=make(panel.policy.currentText(), 4, **panel.options()),
                       prompt_ids=list(r.prompt_ids))  # fmt: skip

@@ -10,8 +10,8 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
-from PySide6.QtCore import QPointF, Qt  # noqa: E402
-from PySide6.QtWidgets import QApplication  # noqa: E402
+from keys import click_cell, press, wait  # noqa: E402
+from PySide6.QtCore import Qt  # noqa: E402
 
 import gpt_inspector as gi  # noqa: E402
 from gpt_inspector.core.edits import HeadEdit  # noqa: E402
@@ -59,22 +59,6 @@ def window(qtbot):
     for win, r in made:
         win.worker.stop()
         r.close()
-
-
-def wait(qtbot, win, timeout=30000):
-    qtbot.waitUntil(lambda: not win.busy, timeout=timeout)
-    win.controller.take_snapshot()
-    return win.snapshot
-
-
-def press(qtbot, win, key, mod=Qt.KeyboardModifier.NoModifier):
-    qtbot.keyClick(QApplication.focusWidget() or win, key, mod)
-
-
-def click_cell(qtbot, win, query, key):
-    sm = win.score_matrix
-    pos = sm.glw.mapFromScene(sm.vb.mapViewToScene(QPointF(key + 0.5, query + 0.5)))
-    qtbot.mouseClick(sm.glw.viewport(), Qt.MouseButton.LeftButton, pos=pos)
 
 
 def same_as_local(snap, local_vm):

@@ -14,8 +14,9 @@ import pytest
 
 pytest.importorskip("pytestqt")
 
+from keys import press, wait  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
-from PySide6.QtWidgets import QApplication, QMessageBox  # noqa: E402
+from PySide6.QtWidgets import QMessageBox  # noqa: E402
 
 import gpt_inspector as gi  # noqa: E402
 from gpt_inspector.core.assisted import Assisted  # noqa: E402
@@ -72,16 +73,6 @@ def windows(qtbot):
         win.worker.stop()
     for obj in links:  # the engine's one client slot, free for the next test
         obj.close()
-
-
-def wait(qtbot, win, timeout=30000):
-    qtbot.waitUntil(lambda: not win.busy, timeout=timeout)
-    win.controller.take_snapshot()
-    return win.snapshot
-
-
-def press(qtbot, win, key, mod=Qt.KeyboardModifier.NoModifier):
-    qtbot.keyClick(QApplication.focusWidget() or win, key, mod)
 
 
 def opened(url, prompt=PROMPT) -> RemoteSession:
