@@ -12,7 +12,8 @@ beside each (2 shared cores here: read the ratios):
   complete     every row of the overview, streamed as the worker streams it (``Thumbnails.pending``
                chunks through ``overview_bins``): old order and bins vs current, with the equation's
                cost per cell (ns per causal cell of every head)
-  pooled       one head's pooled matrix (``PooledMatrix.update`` over every row): old ``pooled_rows`` vs current
+  pooled       one head's pooled matrix (``PooledMatrix.update`` over every row, on one torch thread as the
+               view model runs it): old ``pooled_rows`` vs current
   attention    torch's sdpa (the CPU flash kernel HF's prefill runs) over the same q, K and V, causal,
                every layer: the attention part of an HF prefill of T (the whole prefill adds the
                projections and MLPs), the reference the overview's ratio is quoted against here
@@ -143,7 +144,7 @@ def stream(src, bins_of, pending_of, until_readable: bool):
 
 
 def pooled(src, rows_of, layer=1, head=3):
-    from gpt_inspector.core.pooling import PooledMatrix, pow2_block
+    from gpt_inspector.core.pooling import PooledMatrix, one_thread, pow2_block
 
     t = src.cache_length
     pm = PooledMatrix(layer, head, "probs", pow2_block(t, 1024))
@@ -151,7 +152,8 @@ def pooled(src, rows_of, layer=1, head=3):
     type(src).pooled_rows = rows_of
     try:
         t0 = time.perf_counter()
-        img = pm.update(src)
+        with one_thread():  # as the window's view model builds it
+            img = pm.update(src)
         return time.perf_counter() - t0, img
     finally:
         type(src).pooled_rows = saved

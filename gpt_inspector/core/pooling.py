@@ -358,16 +358,21 @@ class Thumbnails:
         return out
 
     def _runs(self, max_chunks: int | None) -> list[tuple[int, int]]:
-        """The missing rows as contiguous runs of at most FILL_NUMBERS / (H x T) rows, in order."""
-        n = max(CHUNK_ROWS, FILL_NUMBERS // max(1, self.H * self.T))
+        """The missing rows as contiguous runs, in order, each about FILL_NUMBERS rows x keys x heads
+        (at least CHUNK_ROWS rows): a row reads only the keys up to itself, so early runs are longer."""
         missing = np.flatnonzero(~self.have)
         out: list[tuple[int, int]] = []
         if not len(missing):
             return out
+        per_head = FILL_NUMBERS // max(1, self.H)
         breaks = np.flatnonzero(np.diff(missing) > 1)
         for a, b in zip(np.concatenate([[0], breaks + 1]), np.concatenate([breaks, [len(missing) - 1]])):
-            for p0 in range(int(missing[a]), int(missing[b]) + 1, n):
-                out.append((p0, min(p0 + n, int(missing[b]) + 1)))
+            p0, end = int(missing[a]), int(missing[b]) + 1
+            while p0 < end:
+                # the most rows n with n x (p0 + n) keys within the budget
+                n = max(CHUNK_ROWS, (math.isqrt(p0 * p0 + 4 * per_head) - p0) // 2)
+                out.append((p0, min(p0 + n, end)))
+                p0 += n
                 if max_chunks is not None and len(out) >= max_chunks:
                     return out
         return out

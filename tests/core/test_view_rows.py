@@ -148,3 +148,19 @@ def test_the_first_rows_streamed_give_every_bin_one_row_then_chunks_then_runs(ru
     one.extend(t)
     one.add_bins(0, t, s.overview_bins(0, t, one.size))
     np.testing.assert_allclose(th.image(), one.image(), atol=1e-6)
+
+
+def test_runs_after_the_refinement_hold_about_the_same_work_each(monkeypatch):
+    """Once every bin has a chunk, the rest comes in runs of about FILL_NUMBERS rows x keys x heads:
+    longer early (rows there read fewer keys), never shorter than CHUNK_ROWS, every row once."""
+    monkeypatch.setattr(pooling, "FILL_NUMBERS", 4 * 64 * 64)
+    th = Thumbnails(2, 4, 4)
+    th.extend(256)
+    th.counts[: th.bins] = pooling.CHUNK_ROWS  # as if the refinement had run (no row added yet)
+    runs = th.pending()
+    assert sorted(p for a, b in runs for p in range(a, b)) == list(range(256))
+    sizes = [b - a for a, b in runs]
+    # 64 rows x 64 keys x 4 heads first; the last run is what the runs before it leave
+    assert sizes[0] == 64 and sizes[-2] == pooling.CHUNK_ROWS and sizes == sorted(sizes, reverse=True)
+    for a, b in runs:
+        assert (b - a) * b * th.H <= pooling.FILL_NUMBERS or b - a <= pooling.CHUNK_ROWS
