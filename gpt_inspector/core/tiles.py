@@ -77,8 +77,14 @@ def in_layers(fn, layers) -> None:
         for layer in layers:
             fn(layer)
         return
+
+    def alone(layer: int) -> None:
+        # torch's thread count is per thread under OpenMP: a pool thread starts with the machine's
+        torch.set_num_threads(1)
+        fn(layer)
+
     with pooling.torch_threads(1):
-        list(_pool(k).map(fn, layers))
+        list(_pool(k).map(alone, layers))
 
 
 def _pool(k: int) -> ThreadPoolExecutor:
