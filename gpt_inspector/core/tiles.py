@@ -164,7 +164,8 @@ class ViewTiles:
             cells = eq.equation(q, k, scaling, cap, allowed, kind, None, bias).numpy()  # (n, m)
         else:
             # keys past max(p1, k1) are masked for these rows (they never attend past themselves) and
-            # not shown: leaving them out changes no number and spares a zoom the rest of a long row
+            # not shown: leaving them out spares a zoom the rest of a long row (a softmax over them adds
+            # only zeros, so the cells agree to float32 rounding)
             kt = max(p1, k1)
             cells = src.attention_rows(layer, p0, p1, kind, heads=(head,), keys=kt)[0].numpy()[:, k0:k1]
             if kind in eq.MASKING_KINDS:
