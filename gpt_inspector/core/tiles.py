@@ -59,8 +59,9 @@ def block_max(cells: torch.Tensor, block: int) -> torch.Tensor:
     R, C = -(-n // block), -(-k // block)
     if (R * block, C * block) != (n, k):
         cells = torch.nn.functional.pad(cells, (0, C * block - k, 0, R * block - n), value=-math.inf)
-    # the contiguous key axis first (one pass over every cell), then the rows of the small result
-    return cells.unflatten(1, (C, block)).amax(-1).unflatten(0, (R, block)).amax(1)  # (R, C)
+    # the rows first, vectorised along the contiguous keys (one pass over every cell), then the key
+    # blocks of the small result: short inner reductions first took twice as long
+    return cells.unflatten(0, (R, block)).amax(1).unflatten(1, (C, block)).amax(-1)  # (R, C)
 
 
 def in_layers(fn, layers) -> None:
@@ -141,8 +142,9 @@ class ViewTiles:
         if kind in eq.MASKING_KINDS:
             allowed, c = src._allowed_from(layer, p0, p1, keys)  # (H, n, keys - c): keys before c all allowed
             rows[:, c:].masked_fill_(~allowed[head], -math.inf)
-        rows.masked_fill_(rows.isnan(), -math.inf)  # a NaN cell counts as masked, as in pool_max
-        pooled = block_max(rows, block)  # (n / block, keys / block)
+        pooled = block_max(rows, block)  # (n / block, keys / block); a NaN cell makes its block NaN
+        if bool(pooled.isnan().any()):  # a NaN cell counts as masked, as in pool_max: looked for only where one is
+            pooled = block_max(rows.nan_to_num_(nan=-math.inf, posinf=math.inf, neginf=-math.inf), block)
         return pooled.masked_fill_(pooled.isneginf(), math.nan).numpy()
 
     def attention_block(self, layer: int, head: int, kind: str, p0: int, p1: int, k0: int, k1: int,

@@ -164,3 +164,54 @@ def test_runs_after_the_refinement_hold_about_the_same_work_each(monkeypatch):
     assert sizes[0] == 64 and sizes[-2] == pooling.CHUNK_ROWS and sizes == sorted(sizes, reverse=True)
     for a, b in runs:
         assert (b - a) * b * th.H <= pooling.FILL_NUMBERS or b - a <= pooling.CHUNK_ROWS
+
+
+def test_a_nan_cell_counts_as_masked_in_pooled_rows(runs):
+    """A broken model's NaN (here one query row) is left out of its block's maximum, as pool_max leaves it."""
+    from gpt_inspector.core.pooling import pool_max
+    from gpt_inspector.core.source import RunRecords, RunSource
+
+    s = runs["llama"]
+    t = s.cache_length
+    q = [s.queries(i).clone() for i in range(s.n_layers)]
+    q[1][2, 5, 0] = float("nan")  # head 2, query row 5: every cell of that row is NaN
+
+    class Records(RunRecords):
+        head_output_start, edits = 0, None
+
+        def queries(self, layer):
+            return q[layer]
+
+        def keys(self, layer):
+            return s.keys(layer)
+
+        def values(self, layer):
+            return s.values(layer)
+
+        def head_outputs(self, layer):
+            return s.head_outputs(layer)
+
+        def mask_rows(self, layer):
+            return s.mask_rows(layer)
+
+        def scaling(self, layer):
+            return s.scaling(layer)
+
+        def softcap(self, layer):
+            return s.softcap(layer)
+
+    class Broken(RunSource):
+        n_layers, n_heads, n_kv_heads, head_dim = s.n_layers, s.n_heads, s.n_kv_heads, s.head_dim
+        cache_length, kv_itemsize, cache_dtype = t, 4, "float32"
+        records = Records()
+
+    b = Broken()
+    for kind in ("raw", "probs"):
+        cells = b.attention_rows(1, 0, t, kind, heads=(2,))[0].numpy()  # (T, T)
+        assert np.isnan(cells[5]).all() and not np.isnan(np.delete(cells, 5, axis=0)).any()
+        hidden = ~b.allowed_rows(1, 0, t)[2].numpy() if kind == "probs" else np.zeros(cells.shape, bool)
+        pv, pm = pool_max(cells, hidden, 4, 4)
+        want = np.where(pm, np.nan, pv)
+        got = b.pooled_rows(1, 2, kind, 0, t, t, 4)
+        assert not np.isnan(got[1, 0])  # the block of row 5: the maximum of rows 4, 6 and 7
+        np.testing.assert_array_equal(got, want.astype(np.float32))
