@@ -215,7 +215,7 @@ def main() -> int:
                 same_nan = bool((np.isnan(img_old) == np.isnan(img_new)).all())
                 print(f"  T = {T:,}: largest difference old vs new: overview image {d_th:.1e}, pooled matrix {d_p:.1e} "
                       f"(masked blocks the same: {same_nan})", flush=True)  # fmt: skip
-            print(f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1][0]:.2f} s" for k, v in res.items()) + f"; {load()}",
+            print(f"  rep {rep + 1}: " + ", ".join(f"{k} {v[-1][0]:.2f} s" for k, v in res.items() if v) + f"; {load()}",
                   flush=True)  # fmt: skip
 
         def med(key):
