@@ -104,12 +104,13 @@ def main() -> int:
         th = vm.thumbs
         while not (th.counts[: th.bins] > 0).all():
             vm.refine(deadline=time.perf_counter() + 0.1)
-        readable = time.perf_counter() - t0
+        readable, readable_rows = time.perf_counter() - t0, th.rows_done
         while not vm.refine(deadline=time.perf_counter() + 0.5) and time.perf_counter() - t0 < args.cap:
             pass
         complete, share = time.perf_counter() - t0, th.rows_done / th.T
         r["overview"] = (readable, complete / hf_prefill, share, load())
-        print(f"  overview: first {first:.2f} s, readable {readable:.2f} s ({readable / hf_prefill:.2f}x HF prefill), "
+        print(f"  overview: first {first:.2f} s, readable {readable:.2f} s ({readable_rows} rows of {th.bins} bins; "
+              f"{readable / hf_prefill:.2f}x HF prefill), "
               f"complete {complete:.1f} s ({100 * share:.0f}% of rows; {complete / hf_prefill:.2f}x HF prefill); "
               f"{load()}", flush=True)  # fmt: skip
         vm.refine()

@@ -97,17 +97,19 @@ def scores(
     scaling: float,
     softcap: float | None,
     bias: torch.Tensor | None = None,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """q (..., n, d), k (..., T, d) -> (..., n, T): scaled, biased, soft-capped, unmasked scores.
 
     ``bias`` (broadcastable to (..., n, T)) is the model's additive score bias, added to the
-    scaled scores before any soft-cap.
+    scaled scores before any soft-cap. ``out``: a contiguous float32 (..., n, T) tensor the scores
+    are written into (a caller's reused buffer), or None for a new one.
     """
     import torch
 
     # in place on the product, which nobody else holds: the same operations in the same order (so
     # the same numbers) without a fresh (..., n, T) buffer per operation
-    s = torch.matmul(q, k.transpose(-1, -2)).mul_(scaling)  # (..., n, T)
+    s = torch.matmul(q, k.transpose(-1, -2), out=out).mul_(scaling)  # (..., n, T)
     if bias is not None:
         s = s.add_(bias) if s.shape == torch.broadcast_shapes(s.shape, bias.shape) else s + bias
     if softcap is not None:
@@ -125,6 +127,7 @@ def equation(
     sink: torch.Tensor | None = None,
     bias: torch.Tensor | None = None,
     masked_from: int = 0,
+    out: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """One stage of the attention equation in float32.
 
@@ -132,14 +135,16 @@ def equation(
     (..., n, T) bool; sink: (...) one sink logit per leading index (per head), or None; bias:
     (..., n, T) the model's additive score bias (``ScoreBias.block``), or None; masked_from: the
     first key column ``allowed`` covers (it is then (..., n, T - masked_from)), every key before
-    it being allowed. Returns (..., n, T) float32.
+    it being allowed; out: a contiguous float32 (..., n, T) buffer to compute in (a long
+    stream of rows reuses one instead of faulting in fresh pages for each), or None. Returns
+    (..., n, T) float32: ``out`` where given (with a sink, a new tensor).
     """
     import torch
 
     q, k = q.float(), k.float()
     if kind == "raw":
-        return torch.matmul(q, k.transpose(-1, -2))  # (..., n, T)
-    s = scores(q, k, scaling, softcap, None if bias is None else bias.float())  # (..., n, T)
+        return torch.matmul(q, k.transpose(-1, -2), out=out)  # (..., n, T)
+    s = scores(q, k, scaling, softcap, None if bias is None else bias.float(), out)  # (..., n, T)
     if kind == "scores":
         return s
     masked = s  # in place: s is this call's own
@@ -148,7 +153,9 @@ def equation(
         return masked
     if kind == "probs":
         if sink is None:
-            return torch.softmax(masked, dim=-1)
+            # in place where the buffer is the caller's: the kernel reads each row before it writes
+            # it, so the numbers are those of a fresh output (tests compare them bit for bit)
+            return torch.softmax(masked, dim=-1) if out is None else torch.softmax(masked, dim=-1, out=masked)
         col = sink.float()[..., None, None].expand(*masked.shape[:-1], 1)  # (..., n, 1)
         return torch.softmax(torch.cat([masked, col], dim=-1), dim=-1)[..., :-1]  # (..., n, T)
     check_kind(kind)  # raises: every known kind returned above

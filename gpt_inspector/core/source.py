@@ -23,6 +23,7 @@ never in a second adapter.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
@@ -375,19 +376,25 @@ class RunSource(ViewTiles):
         return keys
 
     def attention_rows(self, layer: int, p0: int, p1: int, kind: str = "probs", heads=None,
-                       keys: int | None = None) -> torch.Tensor:  # fmt: skip
+                       keys: int | None = None, work: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """Query rows p0..p1 of ``kind`` for ``heads`` (default every head): (h, n, T) float32.
 
         One batched evaluation of the equation; the caller owns the result. ``keys`` (at least
         ``p1``) limits the key positions to the first ``keys``: (h, n, keys). Query rows never
         attend past themselves, so ``keys=p1`` drops only cells that are masked at every stage
-        from ``masked_scores`` on, and halves the work of a pass over all rows.
+        from ``masked_scores`` on, and halves the work of a pass over all rows. ``work``: a flat
+        float32 buffer of at least h * n * keys numbers the rows may be computed in (the result
+        is then a view of it, valid until the caller reuses it), for streams of row chunks.
         """
         eq.check_kind(kind)
         kt = self._key_span(p0, p1, keys)
         layer = self.check_attention_layer(layer)
         allowed, c = self._allowed_from(layer, p0, p1, kt)  # (H, n, kt - c): keys before c all allowed
         q = self.records.queries(layer)[:, p0:p1]  # (H, n, d)
+
+        def buffer(*shape):  # the caller's buffer as the result's shape, or None (a new tensor)
+            return None if work is None else work[: math.prod(shape)].view(*shape)
+
         k_all = self.records.keys(layer)[:, :kt]  # (Hkv, kt, d)
         sink = self.sink(layer)  # (H,) or None
         bias = self.score_bias(layer)
@@ -398,7 +405,8 @@ class RunSource(ViewTiles):
             q, k, allowed = q[idx], k_all[kv], allowed[idx]
             sink = None if sink is None else sink[idx]
             block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)
-            return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block, masked_from=c)
+            out = buffer(len(idx), p1 - p0, kt)  # (h, n, T) or None
+            return eq.equation(q, k, scaling, softcap, allowed, kind, sink, block, masked_from=c, out=out)
         block = None if bias is None or kind == "raw" else bias.block(p0, p1, k_all.shape[-2], None)  # (H, n, T)
         if sink is not None:  # one sink logit per head: the equation takes it per leading index
             k = eq.expand_kv(k_all, self.n_heads)  # (H, T, d)
@@ -409,7 +417,8 @@ class RunSource(ViewTiles):
         qg = q.reshape(hkv, (h // hkv) * n, d)  # (Hkv, g*n, d): query heads h*g .. h*g+g-1 read KV head h
         grouped = allowed.reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T - c)
         gblock = None if block is None else block.expand(h, n, -1).reshape(hkv, (h // hkv) * n, -1)  # (Hkv, g*n, T)
-        out = eq.equation(qg, k_all, scaling, softcap, grouped, kind, None, gblock, masked_from=c)  # (Hkv, g*n, T)
+        out = buffer(hkv, (h // hkv) * n, kt)  # (Hkv, g*n, T) or None
+        out = eq.equation(qg, k_all, scaling, softcap, grouped, kind, None, gblock, masked_from=c, out=out)
         return out.reshape(h, n, -1)  # (H, n, T)
 
     def attention(self, layer: int, head: int, kind: str = "probs") -> np.ndarray:
