@@ -20,9 +20,10 @@ from gpt_inspector.core.kvlab import KVLab, make
 
 pytest.importorskip("pytestqt")
 
+from keys import press, wait  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from test_remote_labs import _no_seconds, _same_steps, _type  # noqa: E402
-from test_remote_window import no_dialogs, press, same_as_local, wait, window  # noqa: E402, F401  (fixtures)
+from test_remote_window import no_dialogs, same_as_local, window  # noqa: E402, F401  (fixtures)
 
 SEEN_S = 8  # a pulled cable is said within this (the client's pings give up after about 5 s)
 

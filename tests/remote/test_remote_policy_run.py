@@ -24,9 +24,10 @@ from gpt_inspector.remote import wire
 
 pytest.importorskip("pytestqt")
 
+from keys import press, wait  # noqa: E402
 from PySide6.QtCore import Qt  # noqa: E402
 from test_remote_labs import _no_seconds, _type  # noqa: E402
-from test_remote_window import PROMPT, no_dialogs, press, wait, window  # noqa: E402, F401  (fixtures)
+from test_remote_window import PROMPT, no_dialogs, window  # noqa: E402, F401  (fixtures)
 
 from gpt_inspector.gui.snapshot import PARTS  # noqa: E402
 
