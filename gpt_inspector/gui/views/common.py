@@ -81,12 +81,17 @@ class TokenAxis(pg.AxisItem):
         self.enableAutoSIPrefix(False)
 
     def set_labels(self, labels) -> None:
-        labels = list(labels)
-        if labels != self.labels:
-            self.labels = labels
+        labels, old = list(labels), self.labels
+        if labels == old:
+            return
+        n = len(old)
+        if 0 < n < len(labels) and labels[:n] == old:  # a step appended: measure only the new labels
+            self.longest = max(self.longest, *map(len, labels[n:]))
+        else:
             self.longest = max(map(len, labels), default=1)
-            self.picture = None
-            self.update()
+        self.labels = labels
+        self.picture = None
+        self.update()
 
     def tickValues(self, minVal, maxVal, size):
         minVal, maxVal = min(minVal, maxVal), max(minVal, maxVal)  # inverted view boxes pass them swapped
