@@ -313,6 +313,17 @@ def bare(plot, invert: bool = False, still: bool = False):
     return plot
 
 
+def unprefixed(*plots) -> None:
+    """Turn pyqtgraph's SI prefixes off on the axes with no label, which can never show one: it
+    typesets their (empty) label again at every range change, 0.3 ms each, hidden top and right axes
+    included, on every plot whose range follows T."""
+    for plot in plots:
+        for name in ("left", "bottom", "top", "right"):
+            axis = plot.getAxis(name)
+            if not axis.labelText and not axis.labelUnits:
+                axis.enableAutoSIPrefix(False)
+
+
 def outline(plot, pen, z: float = 10) -> QGraphicsRectItem:
     """A rectangle on ``plot``, placed later with setRect (the newest row, a selected cell)."""
     r = QGraphicsRectItem(0, 0, 1, 1)

@@ -40,6 +40,7 @@ from .common import (
     show_axes,
     symmetric_levels,
     under,
+    unprefixed,
     vbox,
 )
 from .image import ColourImage, ready
@@ -203,6 +204,7 @@ class KVCacheView(QWidget):
         self._last = None
         self.snap = None
         self._drawn: tuple = ()
+        unprefixed(self.kplot, self.vplot, self.bplot, self.hplot)
         self._hist_range = None  # the size-per-step plot's (steps, bytes) bounds now
         self._more = False  # whether the plots show what the inspector keeps beside the model's cache
         self.shape = (0, 0, 0)
@@ -287,8 +289,11 @@ class KVCacheView(QWidget):
             self._show_policy(None, 0, 0, 0)
             self._show_cached(snap)
             return
-        self.kplot.setTitle("K cache", size="8pt")
-        self.vplot.show()
+        if (
+            self.kplot.titleLabel.text != "K cache"
+        ):  # a title set again costs a relayout: only after the cache as stored
+            self.kplot.setTitle("K cache", size="8pt")
+            self.vplot.show()
         rows, w = snap.kv.kv_k.shape
         t = snap.T  # past the exact limit a row of the image is the mean of kv_block positions
         wv = snap.kv.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)

@@ -27,6 +27,7 @@ from .common import (
     show_axes,
     symmetric_levels,
     under,
+    unprefixed,
     vbox,
     wrapped_label,
 )
@@ -114,6 +115,7 @@ class QKVView(QWidget):
         self.key = -1
         self._last = None
         self._drawn: tuple = ()
+        unprefixed(self.qplot, self.kplot, self.vplot, self.bplot)
         self._set_empty(True)
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 (Qt)

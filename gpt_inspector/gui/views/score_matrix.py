@@ -41,6 +41,7 @@ from .common import (
     outline,
     placeholder_text,
     show_axes,
+    unprefixed,
     vbox,
 )
 from .image import ColourImage, ready
@@ -177,6 +178,7 @@ class ScoreMatrix(QWidget):
         vbox(self, bar_w, self.title, (self.glw, 1), foot, margin=2, spacing=2)
         self._show_empty()
         self.vb.sigRangeChanged.connect(lambda *_: self._view_timer.start())
+        unprefixed(self.plot)
 
     def _visible(self) -> tuple[int, int, int, int]:
         (x0, x1), (y0, y1) = self.vb.viewRange()

@@ -15,7 +15,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QWidget
 
-from .common import TEXT, TokenAxis, bare, hbox, info_label, vbox
+from .common import TEXT, TokenAxis, bare, hbox, info_label, unprefixed, vbox
 
 _BRUSH = pg.mkBrush(79, 143, 223, 200)
 _SEL_BRUSH = pg.mkBrush(255, 184, 79, 220)
@@ -67,6 +67,7 @@ class SoftmaxRows(QWidget):
             p.getAxis("left").setWidth(28)
             p.getAxis("left").setTicks([[(0, "0"), (0.5, ".5"), (1, "1")]])
             p.getAxis("left").setToolTip("p, the attention weight on each key (0 to 1; a head's bars sum to 1)")
+            unprefixed(p)
             c = pg.PlotDataItem(stepMode="center", fillLevel=0, fillOutline=False, brush=_BRUSH, pen=None)
             # thousands of keys in a panel a few hundred pixels wide: draw the peaks the pixels can show
             c.setDownsampling(auto=True, method="peak")
