@@ -7,7 +7,9 @@ random ids so the cache holds T positions, the view model's overview complete fi
 ``--reps`` times each, in one process on the same session:
   before   the worker publishes each build as it is and the images are pyqtgraph's ImageItem's own
            (``paint.prepare`` and ``ColourImage.render`` swapped back): every view re-set on every
-           snapshot, the score matrix's NaN cells located at each new matrix on the GUI thread
+           snapshot, the score matrix's NaN cells located at each new matrix on the GUI thread; the
+           token axes measure every label again and the label-less axes keep pyqtgraph's SI prefix
+           (only the KV cache's title, now set only when it changes, stays as it is now)
   now      ``paint.prepare``: unchanged parts kept (the views skip them), the pixels made by the worker
 Per mode (medians over the reps): step end -> snapshot built / applied / repainted, the GUI thread's
 own apply and repaint per step, and while the selected head's pooled matrix streams in the GUI
@@ -42,15 +44,30 @@ def before():
     import pyqtgraph as pg
 
     from gpt_inspector.gui import paint
+    from gpt_inspector.gui.views import common, kv_cache, qkv, score_matrix, softmax_rows
     from gpt_inspector.gui.views.image import ColourImage
 
-    saved = paint.prepare, ColourImage.render
+    def set_labels(self, labels) -> None:  # as it was: every label measured again at each step
+        labels = list(labels)
+        if labels != self.labels:
+            self.labels = labels
+            self.longest = max(map(len, labels), default=1)
+            self.picture = None
+            self.update()
+
+    views = (kv_cache, qkv, score_matrix, softmax_rows)
+    saved = paint.prepare, ColourImage.render, common.TokenAxis.set_labels, [m.unprefixed for m in views]
     paint.prepare = lambda prev, snap: snap
     ColourImage.render = pg.ImageItem.render
+    common.TokenAxis.set_labels = set_labels
+    for m in views:
+        m.unprefixed = lambda *plots: None  # pyqtgraph's SI prefixes left on
     try:
         yield
     finally:
-        paint.prepare, ColourImage.render = saved
+        paint.prepare, ColourImage.render, common.TokenAxis.set_labels = saved[:3]
+        for m, fn in zip(views, saved[3]):
+            m.unprefixed = fn
 
 
 def main() -> int:

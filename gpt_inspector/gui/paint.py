@@ -7,8 +7,8 @@ Two things, both in ``prepare``:
   unchanged ones (the overview's slices, a selected query, a pooled matrix streaming in); the views
   skip a part they have already drawn (``is`` checks), so q / K / V, the KV cache and the softmax
   rows are not set again for nothing.
-- ``Painted``: the pixels of the score matrix (and its tile) and of the K / V images, with the
-  levels of the last two, made by ``views.image.argb`` here: the GUI thread only wraps them.
+- ``Painted``: the pixels of the score matrix and its tile (``views.image.argb``: the GUI thread
+  only wraps them) and the levels of the q / K / V and KV cache images.
 """
 
 from __future__ import annotations
@@ -74,23 +74,32 @@ def prepare(prev: Snapshot | None, snap: Snapshot) -> Snapshot:
         snap = dataclasses.replace(snap, **keep)
     old = prev.painted if prev is not None and prev.painted is not None else Painted()
 
-    def made(ready: Pixels | None, values, levels, lut) -> Pixels | None:
+    def made(ready: Pixels | None, values, levels, lut, argb: bool = True) -> Pixels | None:
         if values is None or values.ndim != 2 or values.size == 0:
             return None
         if ready is not None and ready.values is values:
             return ready  # the same part as before: its pixels too
-        return pixels(values, levels() if callable(levels) else levels, lut)
+        return pixels(values, levels() if callable(levels) else levels, lut, made=argb)
 
     s, q, kv = snap.scores, snap.qkv, snap.kv
     painted = Painted(
+        # the matrix's masked cells are what pyqtgraph is slow at: its pixels made here
         matrix=made(old.matrix, s.matrix, s.levels, MATRIX_LUT),
         tile=made(old.tile, s.tile, s.levels, MATRIX_LUT),
-        # q's cells are in K's scale: the q strip is drawn with these levels
-        qkv_k=None
-        if q.q is None
-        else made(old.qkv_k, q.k, lambda: symmetric_levels(np.concatenate([q.q, q.k.ravel()])), SIGNED_LUT),
-        qkv_v=made(old.qkv_v, q.v, lambda: symmetric_levels(q.v), SIGNED_LUT),
-        kv_k=made(old.kv_k, kv.kv_k, lambda: symmetric_levels(kv.kv_k), SIGNED_LUT),
-        kv_v=made(old.kv_v, kv.kv_v, lambda: symmetric_levels(kv.kv_v), SIGNED_LUT),
+        # q / K / V and the cache have no masked cell: their levels (q's cells in K's scale) only
+        qkv_k=None if q.q is None else made(old.qkv_k, q.k, lambda: _symmetric(q.q, q.k), SIGNED_LUT, False),
+        qkv_v=made(old.qkv_v, q.v, lambda: _symmetric(q.v), SIGNED_LUT, False),
+        kv_k=made(old.kv_k, kv.kv_k, lambda: _symmetric(kv.kv_k), SIGNED_LUT, False),
+        kv_v=made(old.kv_v, kv.kv_v, lambda: _symmetric(kv.kv_v), SIGNED_LUT, False),
     )
     return dataclasses.replace(snap, painted=painted, t_built=time.perf_counter())  # built: ready to draw
+
+
+def _symmetric(*arrays: np.ndarray) -> tuple[float, float]:
+    """``symmetric_levels`` of the arrays' cells together, without copying them into one."""
+    ends = [float(f(a)) for a in arrays for f in (np.max, np.min)]
+    if not all(np.isfinite(ends)):  # the rare overflowed cache (NaN or inf cells): the careful way
+        return symmetric_levels(np.concatenate([a.ravel() for a in arrays]))
+    hi, lo = max(ends), min(ends)
+    m = max(hi, -lo)
+    return (-m, m) if m > 0 else (-1.0, 1.0)

@@ -154,3 +154,31 @@ def test_an_unchanged_part_is_kept_and_not_drawn_again(shown, wait_idle, qtbot, 
     np.testing.assert_array_equal(win.qkv.kimg.image, k[kvh])
     assert win.qkv.kimg.image.shape[0] == stepped.T == before.T + 1
     assert not no_dialogs and not win.errors
+
+
+def test_an_image_too_tall_for_qt_is_left_to_pyqtgraph(qapp, monkeypatch):
+    # past 32,767 rows (the K and V of a 32k context) pyqtgraph downsamples the image per view
+    values = np.random.default_rng(1).standard_normal((2**15, 3)).astype(np.float32)
+    ready = pixels(values, (-3.0, 3.0), SIGNED)
+    assert ready.argb is None and ready.levels == (-3.0, 3.0)  # levels made, no pixels
+    item = ColourImage()
+    item.setLookupTable(SIGNED)
+    called = []
+    monkeypatch.setattr(pg.ImageItem, "render", lambda self: called.append(self))
+    item.show(values, ready.levels, ready)
+    assert item.autoDownsample
+    item.render()
+    assert called == [item]
+
+
+@pytest.mark.parametrize("spoil", [None, np.inf, -np.inf, np.nan])
+def test_the_workers_signed_levels_are_the_views_own(spoil):
+    from gpt_inspector.gui.paint import _symmetric
+    from gpt_inspector.gui.views.common import symmetric_levels
+
+    rng = np.random.default_rng(2)
+    q, k = rng.standard_normal(8).astype(np.float32), (rng.standard_normal((50, 8)) * 3).astype(np.float32)
+    if spoil is not None:  # an overflowed half-precision cache: the scale leaves such cells out
+        k[7, 3] = spoil
+    assert _symmetric(q, k) == symmetric_levels(np.concatenate([q, k.ravel()]))
+    assert _symmetric(k) == symmetric_levels(k)

@@ -63,9 +63,11 @@ def drawable(values: np.ndarray) -> bool:
     return values.ndim == 2 and values.dtype.kind == "f" and 0 < values.size and max(values.shape) <= _QIMAGE_SIDE
 
 
-def pixels(values: np.ndarray, levels, lut: np.ndarray) -> Pixels:
+def pixels(values: np.ndarray, levels, lut: np.ndarray, made: bool = True) -> Pixels:
+    """``values``' Pixels under ``levels``; ``made=False``: the levels alone (an image with no masked
+    cell draws as quickly through pyqtgraph's own 8-bit path)."""
     levels = (float(levels[0]), float(levels[1]))
-    return Pixels(values, levels, lut, argb(values, levels, lut) if drawable(values) else None)
+    return Pixels(values, levels, lut, argb(values, levels, lut) if made and drawable(values) else None)
 
 
 def ready(snap, name: str) -> Pixels | None:
@@ -108,8 +110,12 @@ class ColourImage(pg.ImageItem):
         if (r is not None and r.argb is not None and (img is r.values or img.base is r.values) and r.levels == levels
                 and (r.lut is lut or np.array_equal(r.lut, lut))):  # fmt: skip
             out = r.argb
-        else:
+        elif np.isnan(img.min()):
             out = argb(img, levels, lut)
+        else:  # no masked cell: pyqtgraph's own 8-bit path is as quick (Qt colours it at the paint)
+            self._imageHasNans = False  # just looked: pyqtgraph need not look again
+            super().render()
+            return
         self.qimage = pg.functions.ndarray_to_qimage(out, QImage.Format.Format_ARGB32)
         self._renderRequired = False
         self._unrenderable = False
