@@ -17,8 +17,9 @@ process, each figure with the load average when it was taken (2 shared cores her
                        select / view range set -> painted; and the GUI thread's longest stall while
                        the selected head's pooled matrix streamed in; the GUI thread's own apply and
                        repaint per step (bench_paint.py sets them beside the way before gui.paint).
-                       Skipped with --no-window. With --softmax-ab, the window runs twice more, the softmax rows drawing every key (as
-                       before they drew block maxima) and then block maxima, side by side
+                       Skipped with --no-window. With --softmax-ab, the window runs twice more, the
+                       softmax rows drawing every key (as before they drew block maxima) and then
+                       block maxima, side by side
 Targets (issue 31): view update <= 0.5x a step, step end -> repainted <= 50 ms, overview readable
 <= 2 s and complete <= 1x the HF prefill, head switch and zoom <= 0.5 s to a readable picture.
 Not a test: minutes at 16k (about 15 on this machine under load) and more at 32k; ``--t`` runs one T.
