@@ -44,6 +44,8 @@ def _cases():
         ("float64", scores.astype(np.float64) / 3, (-2.0, 2.0), VIRIDIS),
         ("keys", keys, (-3.0, 3.0), SIGNED),
         ("all masked", np.full((4, 4), np.nan, np.float32), (0.0, 1.0), VIRIDIS),
+        # a table with its own alpha: left to ImageItem
+        ("rgba table", probs, (0.0, 1.0), CMAP.getLookupTable(nPts=256, alpha=True)),
     ]
 
 

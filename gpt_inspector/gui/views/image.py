@@ -26,8 +26,7 @@ _QIMAGE_SIDE = 2**15 - 1
 
 
 def lut32(lut: np.ndarray) -> np.ndarray:
-    """(N,) uint32 opaque 0xAARRGGBB from an (N, 3) or (N, 4) uint8 lookup table (its alpha ignored,
-    as ``ImageItem`` ignores it)."""
+    """(N,) uint32 opaque 0xAARRGGBB from an (N, 3) uint8 lookup table."""
     lut = np.asarray(lut, dtype=np.uint8)
     r, g, b = (lut[:, i].astype(np.uint32) for i in range(3))
     return np.uint32(0xFF000000) | (r << 16) | (g << 8) | b
@@ -59,15 +58,24 @@ class Pixels(NamedTuple):
     argb: np.ndarray | None
 
 
-def drawable(values: np.ndarray) -> bool:
-    return values.ndim == 2 and values.dtype.kind == "f" and 0 < values.size and max(values.shape) <= _QIMAGE_SIDE
+def drawable(values: np.ndarray, lut) -> bool:
+    """Whether ``argb`` draws ``values`` as ``ImageItem`` would: a float image Qt takes whole, an RGB table."""
+    return (
+        values.ndim == 2
+        and values.dtype.kind == "f"
+        and 0 < values.size
+        and max(values.shape) <= _QIMAGE_SIDE
+        and isinstance(lut, np.ndarray)
+        and lut.ndim == 2
+        and lut.shape[1] == 3
+    )
 
 
 def pixels(values: np.ndarray, levels, lut: np.ndarray, made: bool = True) -> Pixels:
     """``values``' Pixels under ``levels``; ``made=False``: the levels alone (an image with no masked
     cell draws as quickly through pyqtgraph's own 8-bit path)."""
     levels = (float(levels[0]), float(levels[1]))
-    return Pixels(values, levels, lut, argb(values, levels, lut) if made and drawable(values) else None)
+    return Pixels(values, levels, lut, argb(values, levels, lut) if made and drawable(values, lut) else None)
 
 
 def ready(snap, name: str) -> Pixels | None:
@@ -76,7 +84,8 @@ def ready(snap, name: str) -> Pixels | None:
 
 
 class ColourImage(pg.ImageItem):
-    """An ``ImageItem`` whose pixels come from ``argb``, made beforehand where the worker did it.
+    """An ``ImageItem`` that draws an image with masked cells from ``argb``'s pixels, made beforehand
+    where the worker did it; any other image the way ``ImageItem`` does.
 
     ``show(values, levels, ready)``: ``values`` the float image (``self.image``); ``ready`` the
     worker's ``Pixels`` of them, used where they are of these values under these levels and this
@@ -96,8 +105,7 @@ class ColourImage(pg.ImageItem):
         img, lut = self.image, self.lut
         if (
             img is None
-            or not drawable(img)
-            or not isinstance(lut, np.ndarray)
+            or not drawable(img, lut)
             or self.levels is None
             or np.ndim(self.levels) != 1
             or self.autoDownsample
