@@ -15,9 +15,11 @@ process, each figure with the load average when it was taken (2 shared cores her
                        window repainted (a forced repaint of every visible widget), median of
                        --window-steps; then a head switch and a zoom to the newest 256 x 256 cells,
                        select / view range set -> painted; and the GUI thread's longest stall while
-                       the selected head's pooled matrix streamed in. Skipped with --no-window. With
-                       --softmax-ab, the window runs twice more, the softmax rows drawing every key (as
-                       before they drew block maxima) and then block maxima, side by side
+                       the selected head's pooled matrix streamed in; the GUI thread's own apply and
+                       repaint per step (bench_paint.py sets them beside the way before gui.paint).
+                       Skipped with --no-window. With --softmax-ab, the window runs twice more, the
+                       softmax rows drawing every key (as before they drew block maxima) and then
+                       block maxima, side by side
 Targets (issue 31): view update <= 0.5x a step, step end -> repainted <= 50 ms, overview readable
 <= 2 s and complete <= 1x the HF prefill, head switch and zoom <= 0.5 s to a readable picture.
 Not a test: minutes at 16k (about 15 on this machine under load) and more at 32k; ``--t`` runs one T.
@@ -144,10 +146,12 @@ def main() -> int:
             win = window_steps(s, args.window_steps, args.cap, view_model=vm, extras=True)
             r["win"] = (win, load())
             print(f"  window: pooled matrix streamed in {win['streamed']:.1f} s, GUI thread's longest stall meanwhile "
-                  f"{1000 * win['stall']:.0f} ms; step end -> built {1000 * win['built']:.0f} ms, applied "
+                  f"{1000 * win['stall']:.0f} ms (busy {100 * win['stream_gui']:.0f}% of the time applying and "
+                  f"repainting); step end -> built {1000 * win['built']:.0f} ms, applied "
                   f"{1000 * win['applied']:.0f} ms, repainted {1000 * win['painted']:.0f} ms (max "
-                  f"{1000 * win['painted_max']:.0f}); head switch -> painted {win['switch']:.2f} s, zoom -> exact "
-                  f"cells painted {win['zoom']:.2f} s; {load()}", flush=True)  # fmt: skip
+                  f"{1000 * win['painted_max']:.0f}; the GUI thread's own apply {1000 * win['gui_apply']:.1f} ms + "
+                  f"repaint {1000 * win['gui_paint']:.1f} ms); head switch -> painted {win['switch']:.2f} s, zoom -> "
+                  f"exact cells painted {win['zoom']:.2f} s; {load()}", flush=True)  # fmt: skip
         if args.softmax_ab and not args.no_window:
             import gpt_inspector.gui.views.softmax_rows as rows_mod
 

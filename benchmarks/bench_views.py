@@ -119,7 +119,10 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
     also, after the steps, a head switch (select -> the new head's first picture painted) and a zoom
     to the newest 256 x 256 cells, up to 512 on the long side (the view range set -> their exact
     tile painted, the matrix's own 120 ms settle included), and the GUI thread's longest stall while
-    the window streamed (a 20 ms timer's longest late tick): whether it answered input.
+    the window streamed (a 20 ms timer's longest late tick): whether it answered input. Also the GUI
+    thread's own share per step (``gui_apply``: snapshot taken -> every view applied; ``gui_paint``:
+    the forced repaint) and, while streaming, the share of time it spent applying and repainting
+    snapshots (``stream_gui``) and its longest such stretch (``stream_gui_max``).
     """
     from PySide6.QtCore import QEventLoop, QTimer
     from PySide6.QtWidgets import QApplication
@@ -139,17 +142,27 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
     win.headless_errors, win.persist_layout, win.worker.autosave = True, False, False
     win.resize(1600, 1000)
     win.show()
-    rows: list[tuple[float, float, float]] = []
+    rows: list[tuple[float, float, float, float, float]] = []
     measuring = {"on": False}
     painted_at: list[tuple[float, object]] = []
+    taken = {"at": 0.0}
+    gui: list[float] = []  # the GUI thread's apply + repaint of each snapshot while the matrix streams
+    take = win.controller.take_snapshot
+
+    def timed_take():  # the GUI thread takes the snapshot: its own work starts here
+        taken["at"] = time.perf_counter()
+        take()
+
+    win.controller.take_snapshot = timed_take
 
     def painted(snap):
         win.repaint()  # synchronous: every visible dock paints now
         t = time.perf_counter()
         painted_at.append((t, snap))
+        done, built, applied = win.apply_log[-1]
+        gui.append(t - taken["at"])
         if measuring["on"] and snap.t_model_done:
-            done, built, applied = win.apply_log[-1]
-            rows.append((built - done, applied - done, t - done))
+            rows.append((built - done, applied - done, t - done, applied - taken["at"], t - applied))
 
     win.snapshot_changed.connect(painted)
     stall = {"last": time.perf_counter(), "max": 0.0}
@@ -180,10 +193,13 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
         wait()
         timer.start()
         stall["last"] = time.perf_counter()
+        gui.clear()
         streamed = until(lambda: win.snapshot.thumb_rows >= win.snapshot.T
                          and win.snapshot.scores.matrix_rows >= win.snapshot.T, cap)  # fmt: skip
         timer.stop()
-        out = {"streamed": streamed, "stall": stall["max"] if streamed > 0.1 else float("nan")}
+        out = {"streamed": streamed, "stall": stall["max"] if streamed > 0.1 else float("nan"),
+               "stream_gui": sum(gui) / streamed if streamed > 0.1 else float("nan"),
+               "stream_gui_max": max(gui, default=float("nan"))}  # fmt: skip
         measuring["on"] = True
         for _ in range(steps):
             win.step()
@@ -204,9 +220,10 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
     finally:
         worker_mod.ViewModel = made
         win.close()
-    cols = list(zip(*rows)) or [[float("nan")]] * 3
+    cols = list(zip(*rows)) or [[float("nan")]] * 5
     out.update(built=statistics.median(cols[0]), applied=statistics.median(cols[1]),
-               painted=statistics.median(cols[2]), painted_max=max(cols[2]))  # fmt: skip
+               painted=statistics.median(cols[2]), painted_max=max(cols[2]),
+               gui_apply=statistics.median(cols[3]), gui_paint=statistics.median(cols[4]))  # fmt: skip
     return out
 
 

@@ -10,12 +10,16 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, field, fields
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..core.capture import HeadEdit, MaskEdit
 from ..core.live import Live
 from ..core.step import Step
+
+if TYPE_CHECKING:
+    from .paint import Painted
 
 __all__ = ["KVCachePart", "MaskPart", "MaskReportInfo", "OverviewPart", "QKVPart", "QueryRowPart",
            "ScoreMatrixPart", "Selection", "Snapshot", "TokensPart"]  # fmt: skip
@@ -169,6 +173,8 @@ class Snapshot:
     engine: str | None = None  # the remote engine the run is on ("ws://host:port"), or None: this process
     # what can be executed on the source shown (core.source.Live): every "can I run this here"
     live: Live = Live.nothing("no run is shown")
+    # the images' pixels and levels, made by the worker after the build (gui.paint); None: the views make them
+    painted: Painted | None = None
 
     def edits_for(self, layer: int, head: int) -> list[MaskEdit]:
         return [

@@ -28,7 +28,7 @@ from ..core.edits import restart_starts_new_session, toggle_cells
 from ..core.errors import Cancelled, InspectorError, StepFailed
 from ..core.recipe_check import check_recipe
 from ..core.session import Session
-from . import autosave, gc_guard, remote_link
+from . import autosave, gc_guard, paint, remote_link
 from . import commands as C
 from .commands import ModelSpec, SessionSpec
 from .runs import Runs
@@ -92,6 +92,7 @@ class Worker(QObject):
         self.thread_idents: set[int] = set()  # for tests: where commands really ran
         self._lock = threading.Lock()
         self._latest: Snapshot | None = None
+        self._last: Snapshot | None = None  # the last published (paint.prepare keeps its unchanged parts)
         self._pending = False
         self._selection = Selection()
         self._serial = 0
@@ -181,7 +182,7 @@ class Worker(QObject):
             return
         with self._lock:
             sel = self._selection
-        snap = self.vm.build(sel)
+        snap = self._last = paint.prepare(self._last, self.vm.build(sel))  # unchanged parts kept, pixels made
         self._published_version = snap.state_version
         with self._lock:
             self._latest = snap

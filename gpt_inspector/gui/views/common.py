@@ -81,12 +81,17 @@ class TokenAxis(pg.AxisItem):
         self.enableAutoSIPrefix(False)
 
     def set_labels(self, labels) -> None:
-        labels = list(labels)
-        if labels != self.labels:
-            self.labels = labels
+        labels, old = list(labels), self.labels
+        if labels == old:
+            return
+        n = len(old)
+        if 0 < n < len(labels) and labels[:n] == old:  # a step appended: measure only the new labels
+            self.longest = max(self.longest, *map(len, labels[n:]))
+        else:
             self.longest = max(map(len, labels), default=1)
-            self.picture = None
-            self.update()
+        self.labels = labels
+        self.picture = None
+        self.update()
 
     def tickValues(self, minVal, maxVal, size):
         minVal, maxVal = min(minVal, maxVal), max(minVal, maxVal)  # inverted view boxes pass them swapped
@@ -317,6 +322,17 @@ def bare(plot, invert: bool = False, still: bool = False):
     if still:
         plot.setMouseEnabled(False, False)
     return plot
+
+
+def unprefixed(*plots) -> None:
+    """Turn pyqtgraph's SI prefixes off on the axes with no label, which can never show one: it
+    typesets their (empty) label again at every range change, 0.3 ms each, hidden top and right axes
+    included, on every plot whose range follows T."""
+    for plot in plots:
+        for name in ("left", "bottom", "top", "right"):
+            axis = plot.getAxis(name)
+            if not axis.labelText and not axis.labelUnits:
+                axis.enableAutoSIPrefix(False)
 
 
 def outline(plot, pen, z: float = 10) -> QGraphicsRectItem:

@@ -40,8 +40,10 @@ from .common import (
     show_axes,
     symmetric_levels,
     under,
+    unprefixed,
     vbox,
 )
+from .image import ColourImage, ready
 
 _ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2}
 EVICTED_GREY = (140, 143, 150)  # MASKED_COLOR's grey: an evicted entry reads like a masked one
@@ -133,8 +135,8 @@ class KVCacheView(QWidget):
         self.kplot = self.glw.addPlot(row=0, col=0, rowspan=2, title=None,
                                       axisItems={"left": self.axis, "top": self.heads_axes[0]})  # fmt: skip
         self.vplot = self.glw.addPlot(row=0, col=1, rowspan=2, title=None, axisItems={"top": self.heads_axes[1]})
-        self.kimg = pg.ImageItem(axisOrder="row-major")
-        self.vimg = pg.ImageItem(axisOrder="row-major")
+        self.kimg = ColourImage()
+        self.vimg = ColourImage()
         self.newest = []
         self.seps = []
         # a KV cache policy's evicted rows: a grey veil per (row, KV head) and an X through each
@@ -201,6 +203,8 @@ class KVCacheView(QWidget):
         self._hint = placeholder_text(self.kplot, "empty")
         self._last = None
         self.snap = None
+        self._drawn: tuple = ()
+        unprefixed(self.kplot, self.vplot, self.bplot, self.hplot)
         self._hist_range = None  # the size-per-step plot's (steps, bytes) bounds now
         self._more = False  # whether the plots show what the inspector keeps beside the model's cache
         self.shape = (0, 0, 0)
@@ -234,10 +238,17 @@ class KVCacheView(QWidget):
     def _refresh(self, *_args) -> None:
         if self.snap is not None:
             self._last = None
+            self._drawn = ()
             self.set_snapshot(self.snap)
 
     def set_snapshot(self, snap) -> None:
+        # the parts by identity (the worker keeps an unchanged one: gui.paint), the rest by value
+        drawn = (snap.kv, snap.tokens, (snap.qkv.kv_head, snap.selection.layer, snap.T, snap.dtype, snap.n_kv_heads))
+        same = len(self._drawn) == len(drawn) and all(a is b for a, b in zip(drawn[:2], self._drawn[:2]))
         self.snap = snap
+        if same and drawn[2] == self._drawn[2]:
+            return  # nothing this view draws changed
+        self._drawn = drawn
         self.as_cached.setVisible(snap.kv.kv_cached is not None)
         L = snap.n_layers
         self.laxis.set_count(L)
@@ -278,19 +289,25 @@ class KVCacheView(QWidget):
             self._show_policy(None, 0, 0, 0)
             self._show_cached(snap)
             return
-        self.kplot.setTitle("K cache", size="8pt")
-        self.vplot.show()
+        if (
+            self.kplot.titleLabel.text != "K cache"
+        ):  # a title set again costs a relayout: only after the cache as stored
+            self.kplot.setTitle("K cache", size="8pt")
+            self.vplot.show()
         rows, w = snap.kv.kv_k.shape
         t = snap.T  # past the exact limit a row of the image is the mean of kv_block positions
         wv = snap.kv.kv_v.shape[1]  # V's head size may differ from K's (multi-head latent attention)
         if self._last is not snap.kv.kv_k:
-            for img, bar, a, width in (
-                (self.kimg, self.bars_kv[0], snap.kv.kv_k, w),
-                (self.vimg, self.bars_kv[1], snap.kv.kv_v, wv),
+            for img, bar, a, width, r in (
+                (self.kimg, self.bars_kv[0], snap.kv.kv_k, w, ready(snap, "kv_k")),
+                (self.vimg, self.bars_kv[1], snap.kv.kv_v, wv, ready(snap, "kv_v")),
             ):
-                img.setImage(a, autoLevels=False, levels=symmetric_levels(a))
+                # the worker's levels and pixels where it made them (gui.paint), else made here
+                r = r if r is not None and r.values is a else None
+                levels = r.levels if r is not None else symmetric_levels(a)
+                img.show(a, levels, r)
                 img.setRect(QRectF(0, 0, width, rows * snap.kv.kv_block))
-                bar.setLevels(symmetric_levels(a))
+                bar.setLevels(levels)
             self._last = snap.kv.kv_k
         heads = max(1, snap.n_kv_heads)
         for ax, width in zip(self.heads_axes, (w, wv)):

@@ -27,18 +27,20 @@ from .common import (
     show_axes,
     symmetric_levels,
     under,
+    unprefixed,
     vbox,
     wrapped_label,
 )
+from .image import ColourImage, ready
 
 COMPACT_HEIGHT = 300  # px: below this K and V show no dimension ticks (d is in the title)
 _POS = pg.mkBrush("#4f8fdf")
 _NEG = pg.mkBrush("#df6f4f")
 
 
-class _KImage(pg.ImageItem):
+class _KImage(ColourImage):
     def __init__(self, view):
-        super().__init__(axisOrder="row-major")
+        super().__init__()
         self.view = view
         self.setAcceptHoverEvents(True)
 
@@ -70,7 +72,7 @@ class QKVView(QWidget):
         self.kplot = self.glw.addPlot(row=1, col=0, axisItems={"left": self.kaxis})
         self.vplot = self.glw.addPlot(row=1, col=1)
         self.kimg = _KImage(self)
-        self.vimg = pg.ImageItem(axisOrder="row-major")
+        self.vimg = ColourImage()
         self.rows: list[tuple[QGraphicsRectItem, QGraphicsRectItem]] = []
         for p, img in ((self.kplot, self.kimg), (self.vplot, self.vimg)):
             img.setLookupTable(DIVERGING.getLookupTable(nPts=256))
@@ -112,6 +114,8 @@ class QKVView(QWidget):
         self.snap = None
         self.key = -1
         self._last = None
+        self._drawn: tuple = ()
+        unprefixed(self.qplot, self.kplot, self.vplot, self.bplot)
         self._set_empty(True)
 
     def resizeEvent(self, ev) -> None:  # noqa: N802 (Qt)
@@ -142,7 +146,13 @@ class QKVView(QWidget):
             self.kplot.setRange(xRange=(0, 1), yRange=(0, 1), padding=0)
 
     def set_snapshot(self, snap) -> None:
+        # the parts by identity (the worker keeps an unchanged one: gui.paint), the rest by value
+        drawn = (snap.qkv, snap.query_row, snap.tokens, (snap.selection.layer, snap.selection.head, snap.query))
+        same = len(self._drawn) == len(drawn) and all(a is b for a, b in zip(drawn[:3], self._drawn[:3]))
         self.snap = snap
+        if same and drawn[3] == self._drawn[3]:
+            return  # nothing this view draws changed
+        self._drawn = drawn
         if snap.qkv.q is None:
             for img in (self.qimg, self.kimg, self.vimg):
                 img.clear()
@@ -154,15 +164,20 @@ class QKVView(QWidget):
             self.readout.setText(" ")
             self.key = -1
             return
-        self._set_empty(False)
+        if self._empty:
+            self._set_empty(False)
         t, d = snap.qkv.k.shape
         if self._last is not snap.qkv.k:
-            qk = symmetric_levels(np.concatenate([snap.qkv.q, snap.qkv.k.ravel()]))
+            # the worker's levels and pixels where it made them (gui.paint), else made here
+            rk, rv = ready(snap, "qkv_k"), ready(snap, "qkv_v")
+            rk = rk if rk is not None and rk.values is snap.qkv.k else None
+            rv = rv if rv is not None and rv.values is snap.qkv.v else None
+            qk = rk.levels if rk is not None else symmetric_levels(np.concatenate([snap.qkv.q, snap.qkv.k.ravel()]))
+            vl = rv.levels if rv is not None else symmetric_levels(snap.qkv.v)
             self.qimg.setImage(snap.qkv.q[None, :], autoLevels=False, levels=qk)
             self.qimg.setRect(QRectF(0, 0, d, 1))
-            self.kimg.setImage(snap.qkv.k, autoLevels=False, levels=qk)
-            vl = symmetric_levels(snap.qkv.v)
-            self.vimg.setImage(snap.qkv.v, autoLevels=False, levels=vl)
+            self.kimg.show(snap.qkv.k, qk, rk)
+            self.vimg.show(snap.qkv.v, vl, rv)
             self.kbar.setLevels(qk)
             self.vbar.setLevels(vl)
             self._last = snap.qkv.k

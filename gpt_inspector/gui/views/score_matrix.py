@@ -41,15 +41,17 @@ from .common import (
     outline,
     placeholder_text,
     show_axes,
+    unprefixed,
     vbox,
 )
+from .image import ColourImage, ready
 
 SCOPES = (("head", "this head"), ("layer", "this layer"), ("all", "all layers"))
 
 
-class _MatrixImage(pg.ImageItem):
+class _MatrixImage(ColourImage):
     def __init__(self, view: ScoreMatrix):
-        super().__init__(axisOrder="row-major")
+        super().__init__()
         self.view = view
         self.setAcceptHoverEvents(True)
 
@@ -142,7 +144,7 @@ class ScoreMatrix(QWidget):
         self.tile_backdrop = QGraphicsRectItem(0, 0, 1, 1)
         self.tile_backdrop.setBrush(pg.mkBrush(MASKED_COLOR))
         self.tile_backdrop.setPen(pg.mkPen(None))
-        self.tile = pg.ImageItem(axisOrder="row-major")
+        self.tile = ColourImage()
         for z, item in ((1, self.tile_backdrop), (2, self.tile)):
             item.setZValue(z)
             item.setAcceptHoverEvents(False)
@@ -176,6 +178,7 @@ class ScoreMatrix(QWidget):
         vbox(self, bar_w, self.title, (self.glw, 1), foot, margin=2, spacing=2)
         self._show_empty()
         self.vb.sigRangeChanged.connect(lambda *_: self._view_timer.start())
+        unprefixed(self.plot)
 
     def _visible(self) -> tuple[int, int, int, int]:
         (x0, x1), (y0, y1) = self.vb.viewRange()
@@ -204,7 +207,7 @@ class ScoreMatrix(QWidget):
         if snap.scores.tile is not None:
             q0, k0 = snap.scores.tile_origin
             n, m = snap.scores.tile.shape
-            self.tile.setImage(snap.scores.tile, autoLevels=False, levels=snap.scores.levels)
+            self.tile.show(snap.scores.tile, snap.scores.levels, ready(snap, "tile"))
             self.tile.setRect(QRectF(k0, q0, m, n))
             self.tile_backdrop.setRect(QRectF(k0, q0, m, n))
         self.tile.setVisible(snap.scores.tile is not None)
@@ -246,7 +249,7 @@ class ScoreMatrix(QWidget):
         t = snap.T
         follow = self.T == 0 or self._showing_all()
         if snap.scores.matrix is not self._last_matrix:
-            self.image.setImage(snap.scores.matrix, autoLevels=False, levels=snap.scores.levels)
+            self.image.show(snap.scores.matrix, snap.scores.levels, ready(snap, "matrix"))
             side = (
                 snap.scores.matrix.shape[0] * snap.scores.matrix_block
             )  # a pooled cell covers block x block positions

@@ -15,7 +15,7 @@ import pyqtgraph as pg
 from PySide6.QtCore import Qt, Signal
 from PySide6.QtWidgets import QCheckBox, QWidget
 
-from .common import TEXT, TokenAxis, bare, hbox, info_label, vbox
+from .common import TEXT, TokenAxis, bare, hbox, info_label, unprefixed, vbox
 
 _BRUSH = pg.mkBrush(79, 143, 223, 200)
 _SEL_BRUSH = pg.mkBrush(255, 184, 79, 220)
@@ -54,6 +54,7 @@ class SoftmaxRows(QWidget):
         self.H = 0
         self.head = 0
         self.snap = None
+        self._drawn: tuple = (None, None, None)
         self.glw.scene().sigMouseClicked.connect(self._clicked)
 
     def _build(self, H: int) -> None:
@@ -66,6 +67,7 @@ class SoftmaxRows(QWidget):
             p.getAxis("left").setWidth(28)
             p.getAxis("left").setTicks([[(0, "0"), (0.5, ".5"), (1, "1")]])
             p.getAxis("left").setToolTip("p, the attention weight on each key (0 to 1; a head's bars sum to 1)")
+            unprefixed(p)
             c = pg.PlotDataItem(stepMode="center", fillLevel=0, fillOutline=False, brush=_BRUSH, pen=None)
             # thousands of keys in a panel a few hundred pixels wide: draw the peaks the pixels can show
             c.setDownsampling(auto=True, method="peak")
@@ -80,6 +82,7 @@ class SoftmaxRows(QWidget):
             self.curves.append(c)
             self.axes.append(ax)
         self.H = H
+        self._drawn = (None, None, None)  # new plots: nothing drawn in them yet
         self._relayout()
 
     def _relayout(self) -> None:
@@ -102,6 +105,17 @@ class SoftmaxRows(QWidget):
             if self.only_selected.isChecked():
                 self._relayout()
         rows = snap.query_row.head_rows
+        width = max((p.getViewBox().width() for p in self.plots), default=0.0)
+        # the parts by identity (the worker keeps an unchanged one: gui.paint), the rest by value
+        drawn = (snap.query_row, snap.tokens, (head, snap.selection.layer, snap.query, width))
+        if (
+            rows is not None
+            and drawn[0] is self._drawn[0]
+            and drawn[1] is self._drawn[1]
+            and drawn[2] == self._drawn[2]
+        ):
+            return  # nothing this view draws changed
+        self._drawn = drawn
         if rows is None:
             for c, lab in zip(self.curves, self.labels):
                 c.setData([], [])
@@ -109,7 +123,6 @@ class SoftmaxRows(QWidget):
             self.title.setText("softmax rows: no steps yet")
             return
         t = rows.shape[1]
-        width = max((p.getViewBox().width() for p in self.plots), default=0.0)
         x, bars = block_max(rows, max(MIN_BARS, int(BARS_PER_PIXEL * width)))  # (n + 1,), (H, n)
         labels = snap.tokens.labels[:t]
         self.sums = rows.sum(axis=1).tolist()
