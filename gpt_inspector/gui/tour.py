@@ -18,7 +18,7 @@ from dataclasses import dataclass
 
 import numpy as np
 from PySide6.QtCore import QEvent, QObject, QRect, Qt
-from PySide6.QtWidgets import QFrame, QLabel, QPushButton, QWidget
+from PySide6.QtWidgets import QApplication, QFrame, QLabel, QPushButton, QWidget
 
 from . import help as _help
 from . import settings as _settings
@@ -216,6 +216,7 @@ class Tour(QObject):
         self.frame.hide()
         self.card = _Card(self, win)
         self.card.hide()
+        self.focus_before: QWidget | None = None  # where the keys went before the card took them
         self.dock = None
         win.snapshot_changed.connect(self._refresh)
         win.compare_panel.result_shown.connect(self._refresh)  # the tour's beam search came back
@@ -242,6 +243,7 @@ class Tour(QObject):
         self.card.back.setEnabled(False)
         self.card.next.setText("Start the tour")
         self.card.end.setText("Not now")
+        self._take_keys()
         self.card.show()
         self._place()
         self.card.setFocus(Qt.FocusReason.OtherFocusReason)
@@ -251,6 +253,7 @@ class Tour(QObject):
         self.index = -1
         self.before = None
         self.kind_before = self.win.selection.kind
+        self._take_keys()
         self.card.show()
         s = self.win.snapshot
         if (s is None or s.T == 0) and self.can_step():
@@ -292,9 +295,21 @@ class Tour(QObject):
         if self.index > 0:
             self.go(self.index - 1)
 
+    def _take_keys(self) -> None:
+        if not self.card.isVisible():
+            self.focus_before = QApplication.focusWidget()
+
     def end(self) -> None:
         self.card.hide()
         self.frame.hide()
+        # the keys go back where they were (the score matrix if that is gone): a hidden card's focus
+        # otherwise lands on whatever Qt finds next, and on X11 F10 then stepped nothing until a click
+        back = self.focus_before
+        if back is None or not back.isVisible() or back.window() is not self.win:
+            back = self.win.score_matrix
+        self.focus_before = None
+        self.win.activateWindow()
+        back.setFocus(Qt.FocusReason.OtherFocusReason)
         if self.dock is not None:
             self.dock.removeEventFilter(self)
             self.dock = None

@@ -305,3 +305,23 @@ def test_tour_is_offered_once_at_first_start(window_on, demo_lm, wait_idle, qtbo
     qtbot.waitUntil(lambda: t.card.title.text() == gui_tour.STAGES[0].title, timeout=20000)
     assert t.frame.isVisible() and wait_idle(win).n_steps == 1  # it ran the prompt
     qtbot.keyClick(t.card, Qt.Key.Key_Escape)
+
+
+def test_the_keys_go_back_where_they_were_when_the_welcome_card_closes(window_on, demo_lm, wait_idle, qtbot, dialogs):
+    # the card takes the keys while it is up (Esc ends it, not Pause); closed, they were left to whatever
+    # Qt found next (the session panel's scroll area), not the panel the user had been typing in
+    from PySide6.QtWidgets import QApplication
+
+    win, _ = window_on(demo_lm, PROMPT)
+    prompt = win.session_panel.prompt
+    qtbot.mouseClick(prompt.viewport(), Qt.MouseButton.LeftButton)
+    qtbot.waitUntil(prompt.hasFocus, timeout=3000)
+    assert gui_tour.offer_at_start(win)
+    qtbot.waitUntil(lambda: getattr(win, "tour", None) is not None and win.tour.active, timeout=10000)
+    assert QApplication.focusWidget() is win.tour.card
+    qtbot.mouseClick(win.tour.card.end, Qt.MouseButton.LeftButton)  # Not now
+    assert not win.tour.active and QApplication.focusWidget() is prompt
+    win.tour.offer()
+    qtbot.keyClick(win.tour.card, Qt.Key.Key_Escape)
+    assert QApplication.focusWidget() is prompt
+    assert not dialogs and not win.errors
