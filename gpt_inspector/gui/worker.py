@@ -182,7 +182,8 @@ class Worker(QObject):
             return
         with self._lock:
             sel = self._selection
-        snap = self._last = paint.prepare(self._last, self.vm.build(sel))  # unchanged parts kept, pixels made
+        # the shown views first: a step's new overview row at long T follows in the next idle slice
+        snap = self._last = paint.prepare(self._last, self.vm.build(sel, defer=True))  # unchanged parts kept
         self._published_version = snap.state_version
         with self._lock:
             self._latest = snap
@@ -204,13 +205,14 @@ class Worker(QObject):
         vm, self._refining = self._refining, None
         if vm is None or vm is not self.vm:
             return  # stale: another session, model or trace is shown now
+        streamed = not vm.rows_behind  # not only a step's deferred rows: a stream, said in the status bar
         try:
             done = vm.refine(deadline=time.perf_counter() + REFINE_SLICE)
         except Exception as e:  # an overview that cannot be computed must not take the session down
             self.error.emit("Internal error", f"the overview could not be computed: {e!r}", "internal")
             return
-        self._streaming = True
-        if not done:
+        self._streaming = self._streaming or streamed
+        if not done and streamed:
             th = vm.thumbs
             self.notice.emit(f"Overview: {100 * th.rows_done // max(1, th.T)}% of the query rows so far (refining)…")
         self._publish()  # shows the refined overview and queues the next slice
