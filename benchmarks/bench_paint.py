@@ -6,7 +6,8 @@ random ids so the cache holds T positions, the view model's overview complete fi
 ``bench_long.py`` does). Then the real window (offscreen, its worker) in two modes, alternating,
 ``--reps`` times each, in one process on the same session:
   before   ``--before build`` (the default): the worker's build after a step as it was, the step's
-           overview row computed before the picture and the KV cache view pooled whole at each build;
+           overview row computed before the picture and the KV cache view pooled whole at each build,
+           a zoom's tile behind a streamed slice and a chunk of the pooled matrix (``before_build``);
            ``--before paint``: that, and the worker publishes each build as it is and the images are
            pyqtgraph's ImageItem's own (``paint.prepare`` and ``ColourImage.render`` swapped back):
            every view re-set on every snapshot, the score matrix's NaN cells located at each new
@@ -44,20 +45,30 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(Path(__file__).resolve().par
 @contextlib.contextmanager
 def before_build():
     """The worker's build after a step as it was: the step's overview row computed before the picture
-    (``build``'s ``defer`` ignored) and the KV cache view's whole cache pooled again at every build."""
+    (``build``'s ``defer`` ignored), the KV cache view's whole cache pooled again at every build, a
+    zoom's build adding a chunk of a pooled matrix still streaming in, a streamed slice run before
+    a command posted after it was queued."""
     from gpt_inspector.gui import viewdata
+    from gpt_inspector.gui import worker as worker_mod
 
     def kv_pooled(self, layer, keys, values, block, plain):
         return tuple(viewdata.pool_rows(viewdata._heads_side_by_side(x), block) for x in (keys, values))
 
-    vm = viewdata.ViewModel
-    saved = vm.build, vm._kv_pooled
+    vm, w = viewdata.ViewModel, worker_mod.Worker
+    saved = vm.build, vm._kv_pooled, vm._pooled_matrix, w._refine_slice
+
+    def refine_slice(self):
+        self._dispatched = self._serial  # no command seen waiting
+        return saved[3](self)
+
     vm.build = lambda self, selection=None, defer=False: saved[0](self, selection)
     vm._kv_pooled = kv_pooled
+    vm._pooled_matrix = lambda self, layer, head, kind, hurry=False: saved[2](self, layer, head, kind)
+    w._refine_slice = refine_slice
     try:
         yield
     finally:
-        vm.build, vm._kv_pooled = saved
+        vm.build, vm._kv_pooled, vm._pooled_matrix, w._refine_slice = saved
 
 
 @contextlib.contextmanager

@@ -88,6 +88,7 @@ class ViewModel:
         self._pooled: PooledMatrix | None = None  # the score matrix past EXACT_LIMIT
         self._tile: tuple | None = None  # ((layer, head, kind, q0, k0), q1, k1, tile): the exact cells last built
         self._kv_pool: tuple | None = None  # (layer, block, T, kv_k, kv_v): the cache's pooled rows last built
+        self._view: tuple | None = None  # the zoomed-in view of the last build
         self._ids: tuple[int, ...] = ()
         self._id_labels: tuple[str, ...] = ()
         self._labels: dict[int, str] = {}
@@ -271,6 +272,7 @@ class ViewModel:
         prompt_len = o.prompt_length
         query = -1 if t == 0 else (t - 1 if sel.query is None else min(max(sel.query, 0), t - 1))
         parts = self._selection_parts(sel, query) if t > 0 else {"kv": {}}
+        self._view = sel.view
         cur = o.current
         self.serial += 1
         shape = parts.pop("shape", {"n_kv_heads": o.n_kv_heads, "head_dim": o.head_dim})  # the selected layer's
@@ -361,7 +363,7 @@ class ViewModel:
         self._mat, self._mat_dirty = (key, t, m, a), t
         return m, a
 
-    def _pooled_matrix(self, layer: int, head: int, kind: str) -> tuple[np.ndarray, int]:
+    def _pooled_matrix(self, layer: int, head: int, kind: str, hurry: bool = False) -> tuple[np.ndarray, int]:
         t = self.obj.cache_length
         block = pow2_block(t, DISPLAY_CELLS)
         p = self._pooled
@@ -369,6 +371,8 @@ class ViewModel:
             p.regroup(block)  # T crossed a power of two: merge blocks rather than recompute T x T
         elif p is None or (p.layer, p.head, p.kind, p.block) != (layer, head, kind, block):
             p = self._pooled = PooledMatrix(layer, head, kind, block)
+        elif hurry and p.T == t and p.dirty >= t and not p.complete:
+            return p.img, block  # as last shown (rows not computed yet NaN): no chunk before the tile
         return p.update(self.obj, budget=SYNC_BUDGET), block
 
     def _exact_tile(self, sel: Selection) -> tuple[np.ndarray | None, tuple[int, int]]:
@@ -411,7 +415,9 @@ class ViewModel:
             block = 1
             self._pooled = None
         else:
-            (m, block), allowed = self._pooled_matrix(layer, head, kind), None
+            # a new zoom shows its exact cells first: a pooled matrix still streaming in waits for the next slice
+            hurry = sel.view is not None and sel.view != self._view
+            (m, block), allowed = self._pooled_matrix(layer, head, kind, hurry), None
             self._mat = None
             tile, origin = self._exact_tile(sel)
         if kind == "probs":

@@ -72,9 +72,7 @@ class Worker(QObject):
     done = Signal(int)  # serial of a finished command
     called = Signal(int, object, object)  # serial, result, exception (run_in_worker)
     notice = Signal(str)  # one line for the status bar: something the user did not ask for in so many words
-    session_shown = Signal(
-        str, int, object
-    )  # prompt, seed, chat (Chat.to_json() or None) of the live session now shown
+    session_shown = Signal(str, int, object)  # prompt, seed, chat (Chat.to_json() or None) of the live session shown
     runs_changed = Signal(object, int)  # tuple of runs.RunInfo, id of the run shown
     link = Signal(bool, str)  # a remote engine's link: up (True) or lost (False), and one line saying so
     _command = Signal(int, object)
@@ -84,9 +82,7 @@ class Worker(QObject):
         self.lm = None
         self.obj = None  # the run source shown; touched only on the worker thread
         self._runs_sent: tuple = ()
-        self.runs = (
-            Runs()
-        )  # every run the window holds (the live session among them): none is dropped by showing another
+        self.runs = Runs()  # every run the window holds (the live session among them): none dropped by showing another
         self.vm: ViewModel | None = None
         self.model_spec: ModelSpec | None = None
         self.thread_idents: set[int] = set()  # for tests: where commands really ran
@@ -96,6 +92,7 @@ class Worker(QObject):
         self._pending = False
         self._selection = Selection()
         self._serial = 0
+        self._dispatched = 0  # the serial of the command that ran last: a later one waits in the queue
         self._cancel_before = 0
         self._published_version = -1
         self._thread: QThread | None = None
@@ -153,6 +150,7 @@ class Worker(QObject):
     @Slot(int, object)
     def _dispatch(self, serial: int, command) -> None:
         self.thread_idents.add(threading.get_ident())
+        self._dispatched = serial
         try:
             HANDLERS[type(command)](self, serial, command)
         except Exception as e:  # a bug must not kill the thread or the session
@@ -205,6 +203,9 @@ class Worker(QObject):
         vm, self._refining = self._refining, None
         if vm is None or vm is not self.vm:
             return  # stale: another session, model or trace is shown now
+        if self._serial > self._dispatched:  # a command posted since (a zoom's refresh, a step) goes first
+            self._refining = vm
+            return QTimer.singleShot(0, self._refine_slice)
         streamed = not vm.rows_behind  # not only a step's deferred rows: a stream, said in the status bar
         try:
             done = vm.refine(deadline=time.perf_counter() + REFINE_SLICE)
