@@ -3,8 +3,7 @@
 Commands (see :mod:`.commands`) arrive as one queued signal ``(serial, command)`` and run in order
 on the worker thread, each by the handler its type maps to in ``HANDLERS``. After each change the
 worker builds a :class:`~.viewdata.Snapshot` (owned numpy arrays) and leaves it in a one-slot
-mailbox: if the GUI is slower than the worker, intermediate snapshots are dropped instead of
-piling up in the event queue.
+mailbox: if the GUI is slower than the worker, intermediate snapshots are dropped, not queued.
 
 Two things bypass the queue on purpose, because a long run occupies it: ``cancel()`` (a flag
 the run checks between steps) and ``set_selection()`` (read at the next snapshot).
@@ -38,6 +37,7 @@ __all__ = ["HANDLERS", "Breakpoints", "ModelSpec", "SessionSpec", "Worker"]
 
 PUBLISH_INTERVAL = 0.08  # seconds between snapshots during a run: the eye needs no more
 REFINE_SLICE = 0.12  # seconds of streamed overview work between two looks at the command queue
+ROW_GRACE = 0.1  # seconds after a step's picture before its overview rows: the GUI thread draws it first
 
 HANDLERS: dict[type, object] = {}  # command type -> Worker method(self, serial, command)
 
@@ -195,7 +195,7 @@ class Worker(QObject):
                 self.notice.emit("Overview complete")
         elif self._refining is not self.vm:  # one slice of overview work, queued behind the commands already waiting
             self._refining = self.vm
-            QTimer.singleShot(0, self._refine_slice)
+            QTimer.singleShot(int(1000 * ROW_GRACE) if self.vm.rows_behind else 0, self._refine_slice)
 
     # -- the streamed overview: a first build or a rebuild after a mask edit at long T ------------
     @Slot()

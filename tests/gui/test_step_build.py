@@ -8,6 +8,8 @@ the binning written out here.
 
 from __future__ import annotations
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -15,6 +17,7 @@ from keys import press
 from PySide6.QtCore import Qt
 
 import gpt_inspector.gui.viewdata as vd
+import gpt_inspector.gui.worker as worker_mod
 from gpt_inspector import Session
 from gpt_inspector.gui.viewdata import Selection, ViewModel
 
@@ -108,6 +111,8 @@ def test_a_step_shows_the_picture_then_the_overview_row(shown, wait_idle, qtbot,
                                                         no_dialogs):  # fmt: skip
     monkeypatch.setattr(vd, "EXACT_LIMIT", 8)
     monkeypatch.setattr(vd, "DISPLAY_CELLS", 4)
+    # the GUI takes each picture long before the row's slice replaces it in the worker's one-slot mailbox
+    monkeypatch.setattr(worker_mod, "ROW_GRACE", 0.5)
     win = shown(prompt=PROMPT)
     press(qtbot, win, Qt.Key.Key_F10)
     qtbot.waitUntil(lambda: win.snapshot is not None and win.snapshot.thumb_rows == win.snapshot.T > 8, timeout=20000)
@@ -115,13 +120,13 @@ def test_a_step_shows_the_picture_then_the_overview_row(shown, wait_idle, qtbot,
     win.snapshot_changed.connect(lambda s: seen.append((s.T, s.thumb_rows, win.overview.title.text())))
     messages = []
     win.statusBar().messageChanged.connect(messages.append)
+    ts = []
     for _ in range(3):
         t = win.snapshot.T
         press(qtbot, win, Qt.Key.Key_F10)
         qtbot.waitUntil(lambda t=t: bool(seen) and seen[-1][:2] == (t + 1, t + 1), timeout=20000)
+        ts.append(t + 1)
     snap = wait_idle(win)
-    ts = sorted({r[0] for r in seen})
-    assert len(ts) == 3
     for t in ts:  # each step's picture came with the overview one row behind (said in its title), then the row
         first = next(r for r in seen if r[0] == t)
         assert first[1] == t - 1 and "the newest 1 query row next" in first[2]
@@ -130,3 +135,70 @@ def test_a_step_shows_the_picture_then_the_overview_row(shown, wait_idle, qtbot,
     _, _, probs = _hf(hf_eager, "gpt2", snap.token_ids[: snap.T])
     np.testing.assert_allclose(win.overview.image.image, _thumbs(probs, snap.thumb_bin_size), atol=1e-5)
     assert not no_dialogs and not win.errors
+
+
+def test_a_zoom_shows_its_exact_cells_before_the_pooled_matrix_completes(shown, wait_idle, qtbot, hf_eager,
+                                                                          monkeypatch, no_dialogs):  # fmt: skip
+    import gpt_inspector.core.pooling as pooling
+
+    monkeypatch.setattr(vd, "EXACT_LIMIT", 8)
+    monkeypatch.setattr(vd, "DISPLAY_CELLS", 16)  # blocks of 4 positions: several chunks to stream
+    monkeypatch.setattr(vd, "TILE_CELLS", 12)
+    monkeypatch.setattr(vd, "SYNC_BUDGET", 1)  # each build or slice adds one chunk of the pooled matrix
+    monkeypatch.setattr(worker_mod, "REFINE_SLICE", 0.0)
+    update = pooling.PooledMatrix.update
+
+    slow = []
+
+    def slow_update(self, *a, **k):  # a long context's chunk takes a while (once the user switches heads)
+        time.sleep(0.15 if slow else 0.0)
+        return update(self, *a, **k)
+
+    monkeypatch.setattr(pooling.PooledMatrix, "update", slow_update)
+    win = shown(prompt=PROMPT)
+    press(qtbot, win, Qt.Key.Key_F10)
+    qtbot.waitUntil(lambda: win.snapshot is not None and win.snapshot.matrix_rows == win.snapshot.T > 8, timeout=30000)
+    seen = []
+    win.snapshot_changed.connect(lambda s: seen.append((s.selection.head, s.matrix_rows, s.T, s.tile is not None)))
+    head = win.selection.head
+    slow.append(True)
+    press(qtbot, win, Qt.Key.Key_BracketRight)  # the next head: its pooled matrix streams in
+    qtbot.waitUntil(lambda: any(h == head + 1 for h, *_ in seen), timeout=20000)
+    sm, t = win.score_matrix, win.snapshot.T
+    sm.vb.setRange(xRange=(0, 5), yRange=(t - 5, t), padding=0)  # what a wheel zoom does to the view box
+    qtbot.waitUntil(lambda: sm.tile.isVisible() and win.snapshot.tile is not None, timeout=20000)
+    first = next(r for r in seen if r[3])
+    assert first[0] == head + 1 and first[1] < first[2]  # the exact cells came before the pooled rows were all in
+    qtbot.waitUntil(lambda: win.snapshot.matrix_rows == win.snapshot.T, timeout=30000)
+    snap = wait_idle(win)
+    with torch.no_grad():
+        w = hf_eager("gpt2")(torch.tensor([list(snap.token_ids[: snap.T])]), output_attentions=True).attentions
+    want = w[snap.selection.layer][0, head + 1].double().numpy()
+    want = np.where(np.tril(np.ones_like(want, dtype=bool)), want, np.nan)
+    q0, k0 = snap.tile_origin
+    n, m = sm.tile.image.shape
+    np.testing.assert_allclose(sm.tile.image, want[q0 : q0 + n, k0 : k0 + m], rtol=1e-5, atol=1e-6)
+    assert not no_dialogs and not win.errors
+
+
+def test_a_new_zoom_builds_its_tile_without_a_chunk_of_the_streaming_matrix(tiny_lm, hf_eager, monkeypatch):
+    monkeypatch.setattr(vd, "EXACT_LIMIT", 8)
+    monkeypatch.setattr(vd, "DISPLAY_CELLS", 16)
+    monkeypatch.setattr(vd, "SYNC_BUDGET", 1)  # each build adds one chunk (4 rows) of the pooled matrix
+    s = Session(tiny_lm("llama"), PROMPT)
+    s.step()
+    vm = ViewModel(s)
+    t = s.cache_length
+    sel = Selection(layer=1, head=2)
+    first = vm.build(sel)
+    rows = [first.scores.matrix_rows]
+    zoom = vm.build(Selection(layer=1, head=2, view=(t - 6, t, 0, 6)))
+    rows.append(zoom.scores.matrix_rows)
+    rows.append(vm.build(Selection(layer=1, head=2, view=(t - 6, t, 0, 6))).scores.matrix_rows)  # the same view
+    assert rows[0] == rows[1] < rows[2] < t  # the new zoom added no rows; the next build went on streaming
+    with torch.no_grad():
+        w = hf_eager("llama")(torch.tensor([s.tokens[:t]]), output_attentions=True).attentions[1][0, 2].double()
+    want = np.where(np.tril(np.ones((t, t), dtype=bool)), w.numpy(), np.nan)
+    assert zoom.scores.tile_origin == (t - 6, 0)
+    np.testing.assert_allclose(zoom.scores.tile, want[t - 6 :, :6], rtol=1e-5, atol=1e-6)
+    assert np.array_equal(zoom.scores.matrix, first.scores.matrix, equal_nan=True)  # the pooled rows as shown
