@@ -16,7 +16,6 @@ import json
 import threading
 import time
 import traceback
-from dataclasses import asdict
 
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
@@ -37,7 +36,7 @@ __all__ = ["HANDLERS", "Breakpoints", "ModelSpec", "SessionSpec", "Worker"]
 
 PUBLISH_INTERVAL = 0.08  # seconds between snapshots during a run: the eye needs no more
 REFINE_SLICE = 0.12  # seconds of streamed overview work between two looks at the command queue
-ROW_GRACE = 0.1  # seconds after a step's picture before its overview rows: the GUI thread draws it first
+ROW_GRACE = 0.1  # seconds from the GUI's taking a step's picture to its overview rows: it draws undisturbed
 
 HANDLERS: dict[type, object] = {}  # command type -> Worker method(self, serial, command)
 
@@ -48,13 +47,6 @@ def handles(command_type: type):
         return fn
 
     return register
-
-
-def _load_model(spec: ModelSpec):
-    from ..core import load_model
-
-    options = asdict(spec)
-    return load_model(options.pop("model"), **options)  # every other field is one of load_model's options
 
 
 def _placement(lm) -> dict:
@@ -90,6 +82,7 @@ class Worker(QObject):
         self._latest: Snapshot | None = None
         self._last: Snapshot | None = None  # the last published (paint.prepare keeps its unchanged parts)
         self._pending = False
+        self._taken_at = 0.0  # when the GUI thread last took a snapshot
         self._selection = Selection()
         self._serial = 0
         self._dispatched = 0  # the serial of the command that ran last: a later one waits in the queue
@@ -144,6 +137,7 @@ class Worker(QObject):
     def take(self) -> Snapshot | None:
         with self._lock:
             snap, self._latest, self._pending = self._latest, None, False
+            self._taken_at = time.perf_counter()
         return snap
 
     # ------------------------------------------------------------------ worker thread
@@ -195,7 +189,7 @@ class Worker(QObject):
                 self.notice.emit("Overview complete")
         elif self._refining is not self.vm:  # one slice of overview work, queued behind the commands already waiting
             self._refining = self.vm
-            QTimer.singleShot(int(1000 * ROW_GRACE) if self.vm.rows_behind else 0, self._refine_slice)
+            QTimer.singleShot(0, self._refine_slice)
 
     # -- the streamed overview: a first build or a rebuild after a mask edit at long T ------------
     @Slot()
@@ -206,6 +200,10 @@ class Worker(QObject):
         if self._serial > self._dispatched:  # a command posted since (a zoom's refresh, a step) goes first
             self._refining = vm
             return QTimer.singleShot(0, self._refine_slice)
+        grace = ROW_GRACE if self._pending else ROW_GRACE - (time.perf_counter() - self._taken_at)
+        if vm.rows_behind and grace > 0:  # a step's rows: after the GUI thread took and drew its picture
+            self._refining = vm
+            return QTimer.singleShot(max(1, int(1000 * grace)), self._refine_slice)
         streamed = not vm.rows_behind  # not only a step's deferred rows: a stream, said in the status bar
         try:
             done = vm.refine(deadline=time.perf_counter() + REFINE_SLICE)
@@ -308,7 +306,7 @@ class Worker(QObject):
     def _do_load(self, serial, cmd: C.Load) -> None:
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
-        lm = _load_model(model)
+        lm = model.load()
         sess = Session(lm, **session.session_kwargs())
         self.lm, self.model_spec = lm, model
         self.loaded.emit(self._describe())
@@ -329,7 +327,7 @@ class Worker(QObject):
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
             try:
-                lm = _load_model(spec)
+                lm = spec.load()
             except (InspectorError, StepFailed) as e:
                 self._refuse_restore(e)
             self.lm, self.model_spec = lm, spec
