@@ -210,6 +210,7 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
         for _ in range(steps):
             win.step()
             wait()
+        until(lambda: win.snapshot.thumb_rows >= win.snapshot.T, cap)  # rows a step's picture left to idle slices
         measuring["on"] = False
         if extras:
             other = (head + 1) % session.n_heads
