@@ -45,17 +45,23 @@ sys.path[:0] = [str(REPO), str(REPO / "tests"), str(Path(__file__).resolve().par
 @contextlib.contextmanager
 def before_build():
     """The worker's build after a step as it was: the step's overview row computed before the picture
-    (``build``'s ``defer`` ignored), the KV cache view's whole cache pooled again at every build, a
-    zoom's build adding a chunk of a pooled matrix still streaming in, a streamed slice run before
-    a command posted after it was queued."""
+    (``build``'s ``defer`` ignored), the KV cache view's whole cache pooled again at every build, the
+    score matrix's row block that the old T cut through computed whole again, a zoom's build adding
+    a chunk of a pooled matrix still streaming in, a streamed slice run before a command posted
+    after it was queued."""
+    from gpt_inspector.core import pooling
     from gpt_inspector.gui import viewdata
     from gpt_inspector.gui import worker as worker_mod
 
     def kv_pooled(self, layer, keys, values, block, plain):
         return tuple(viewdata.pool_rows(viewdata._heads_side_by_side(x), block) for x in (keys, values))
 
-    vm, w = viewdata.ViewModel, worker_mod.Worker
-    saved = vm.build, vm._kv_pooled, vm._pooled_matrix, w._refine_slice
+    vm, w, pm = viewdata.ViewModel, worker_mod.Worker, pooling.PooledMatrix
+    saved = vm.build, vm._kv_pooled, vm._pooled_matrix, w._refine_slice, pm.update
+
+    def update(self, source, budget=None):  # the whole row block the old T cut through computed again
+        self.done = min(self.done, self.T // self.block * self.block)
+        return saved[4](self, source, budget)
 
     def refine_slice(self):
         self._dispatched = self._serial  # no command seen waiting
@@ -65,10 +71,11 @@ def before_build():
     vm._kv_pooled = kv_pooled
     vm._pooled_matrix = lambda self, layer, head, kind, hurry=False: saved[2](self, layer, head, kind)
     w._refine_slice = refine_slice
+    pm.update = update
     try:
         yield
     finally:
-        vm.build, vm._kv_pooled, vm._pooled_matrix, w._refine_slice = saved
+        vm.build, vm._kv_pooled, vm._pooled_matrix, w._refine_slice, pm.update = saved
 
 
 @contextlib.contextmanager

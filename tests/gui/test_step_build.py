@@ -61,6 +61,7 @@ def _thumbs(probs: list, size: int) -> np.ndarray:
 @pytest.mark.parametrize("family", ["gpt2", "llama"])
 def test_steps_pool_only_the_new_cache_rows_and_the_overview_row_follows(family, tiny_lm, hf_eager, monkeypatch):
     monkeypatch.setattr(vd, "EXACT_LIMIT", 8)  # the KV cache view pools blocks of 4, then 8 positions
+    monkeypatch.setattr(vd, "DISPLAY_CELLS", 8)  # the score matrix too: a step adds a row to a cut row block
     s = Session(tiny_lm(family), PROMPT)
     s.step()
     vm = ViewModel(s)
@@ -89,6 +90,13 @@ def test_steps_pool_only_the_new_cache_rows_and_the_overview_row_follows(family,
         np.testing.assert_allclose(
             snap.kv.kv_v, _pooled(vs[1], block), rtol=1e-5, atol=1e-5
         )  # decode vs prefill rounding: ~2e-6
+        w = probs[1][1]  # (T, T): the selected head's weights, masked cells NaN, then block maxima written out
+        w = np.where(np.tril(np.ones(w.shape, dtype=bool)), w, np.nan)
+        b = snap.scores.matrix_block
+        want = np.array([[np.nanmax(w[r : r + b, c : c + b]) if c <= r + b - 1 else np.nan for c in range(0, t, b)]
+                         for r in range(0, t, b)])  # fmt: skip
+        assert b in (4, 8) and snap.scores.matrix_rows == t
+        np.testing.assert_allclose(snap.scores.matrix, want, rtol=1e-5, atol=1e-6)
         fresh = ViewModel(s).build(sel)  # the whole cache pooled again: the same numbers, bit for bit
         np.testing.assert_array_equal(snap.kv.kv_k, fresh.kv.kv_k)
         np.testing.assert_array_equal(snap.kv.kv_v, fresh.kv.kv_v)
