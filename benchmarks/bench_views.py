@@ -145,7 +145,8 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
     rows: list[tuple[float, float, float, float, float]] = []
     measuring = {"on": False}
     painted_at: list[tuple[float, object]] = []
-    taken = {"at": 0.0}
+    taken: dict = {"at": 0.0}
+    whole: list[float] = []  # step end -> painted with the step's overview row (it may follow the picture)
     gui: list[float] = []  # the GUI thread's apply + repaint of each snapshot while the matrix streams
     take = win.controller.take_snapshot
 
@@ -162,7 +163,12 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
         done, built, applied = win.apply_log[-1]
         gui.append(t - taken["at"])
         if measuring["on"] and snap.t_model_done:
-            rows.append((built - done, applied - done, t - done, applied - taken["at"], t - applied))
+            if snap.state_version != taken.get("version"):  # a step's first picture (later ones: its overview row)
+                taken["version"] = snap.state_version
+                rows.append((built - done, applied - done, t - done, applied - taken["at"], t - applied))
+            if snap.thumb_rows >= snap.T and snap.state_version != taken.get("whole"):
+                taken["whole"] = snap.state_version
+                whole.append(t - done)
 
     win.snapshot_changed.connect(painted)
     stall = {"last": time.perf_counter(), "max": 0.0}
@@ -204,6 +210,7 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
         for _ in range(steps):
             win.step()
             wait()
+        until(lambda: win.snapshot.thumb_rows >= win.snapshot.T, cap)  # rows a step's picture left to idle slices
         measuring["on"] = False
         if extras:
             other = (head + 1) % session.n_heads
@@ -223,7 +230,8 @@ def window_steps(session, steps: int, cap: float, layer: int = 5, head: int = 3,
     cols = list(zip(*rows)) or [[float("nan")]] * 5
     out.update(built=statistics.median(cols[0]), applied=statistics.median(cols[1]),
                painted=statistics.median(cols[2]), painted_max=max(cols[2]),
-               gui_apply=statistics.median(cols[3]), gui_paint=statistics.median(cols[4]))  # fmt: skip
+               gui_apply=statistics.median(cols[3]), gui_paint=statistics.median(cols[4]),
+               overview_row=statistics.median(whole) if whole else float("nan"))  # fmt: skip
     return out
 
 

@@ -441,9 +441,17 @@ class PooledMatrix:
         chunk = max(s, (ROWS_BUDGET // max(1, t)) // s * s)
         if budget is not None:
             chunk = min(chunk, max(s, (budget // max(1, t)) // s * s))
-        done = t
-        for p0 in range(r0 * s, t, chunk):
-            if budget is not None and p0 > r0 * s:
+        done, first = t, r0 * s
+        if masked and min(self.dirty, self.done) >= self.T > first and t > self.T and r0 < self.img.shape[0]:
+            # a step: the rows of the cut row block before the old T keep their maxima (causal rows never
+            # see the new keys), so only the new rows of that block are computed and merged in
+            first = min(t, (r0 + 1) * s)
+            pv = source.pooled_rows(layer, head, self.kind, self.T, first, min(t, -(-first // s) * s), s)  # (1, m)
+            old = np.full(pv.shape[1], np.nan, dtype=np.float32)
+            old[: min(len(old), self.img.shape[1])] = self.img[r0, : len(old)]
+            img[r0, : pv.shape[1]] = np.fmax(old, pv[0])  # NaN (every cell masked) only where both are
+        for p0 in range(first, t, chunk):
+            if budget is not None and p0 > first:
                 done = p0  # the rest comes with the next updates
                 break
             p1 = min(t, p0 + chunk)

@@ -8,7 +8,7 @@ as a dialog at run time. Qt-free on purpose: the commands are plain data.
 from __future__ import annotations
 
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 from typing import Any
 
 from ..core.breakpoints import Breakpoints
@@ -33,6 +33,13 @@ class ModelSpec:
         load = recipe.get("load") or {}
         return cls(recipe.get("model"), load.get("device", "auto"), load.get("dtype"), device_map=load.get("device_map"),
                    max_memory=load.get("max_memory"), offload_folder=load.get("offload_folder"))  # fmt: skip
+
+    def load(self):
+        """The model loaded (every other field is one of ``load_model``'s options)."""
+        from ..core import load_model
+
+        options = asdict(self)
+        return load_model(options.pop("model"), **options)
 
 
 @dataclass(frozen=True)

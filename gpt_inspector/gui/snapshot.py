@@ -135,6 +135,7 @@ class OverviewPart:
     thumb_bins: int = 0  # nb: bins per side of one thumbnail
     thumb_bin_size: int = 1  # positions per bin
     thumb_rows: int = 0  # query rows in the overview so far: fewer than T while a first build streams in
+    rows_behind: bool = False  # what is missing is only the newest steps' rows: they follow in the next slice
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ EXACT_LIMIT = 1024  # up to this many positions the score matrix is exact cell f
 DISPLAY_CELLS = 1024  # beyond, it is pooled to at most this many blocks per side...
 TILE_CELLS = 512  # ...and a zoomed-in view of at most this many positions per side gets exact cells
 SYNC_BUDGET = 1 << 22  # overview numbers (rows x keys x heads) a build adds before streaming the rest
+DEFER_ROWS = 64  # past EXACT_LIMIT a build may leave this many newest overview rows to the next idle slice
 
 
 def full_thumbnails(source: RunSource, max_bins: int = 32) -> Thumbnails:
@@ -86,6 +87,8 @@ class ViewModel:
         self._mat_dirty = 0  # its rows (and keys) >= this are stale
         self._pooled: PooledMatrix | None = None  # the score matrix past EXACT_LIMIT
         self._tile: tuple | None = None  # ((layer, head, kind, q0, k0), q1, k1, tile): the exact cells last built
+        self._kv_pool: tuple | None = None  # (layer, block, T, kv_k, kv_v): the cache's pooled rows last built
+        self._view: tuple | None = None  # the zoomed-in view of the last build
         self._ids: tuple[int, ...] = ()
         self._id_labels: tuple[str, ...] = ()
         self._labels: dict[int, str] = {}
@@ -103,6 +106,8 @@ class ViewModel:
         s = self.obj
         self.version += 1
         self.t_model_done = time.perf_counter()
+        if event != "step":  # only a step leaves every cached key and value as it was (it appends)
+            self._kv_pool = None
         if event == "step":
             # after step i the cache holds the prompt and i tokens (a remote run may report several steps at once)
             self._kv_hist[payload.index :] = [self._kv_totals(s.prompt_length + payload.index)]
@@ -174,12 +179,13 @@ class ViewModel:
             out.append(p)
         return tuple(out[:n_tokens])
 
-    def reconcile(self, budget: int | None = None) -> bool:
+    def reconcile(self, budget: int | None = None, defer: bool = False) -> bool:
         """Bring the overview up to date with the source; True when it is complete.
 
-        A step's new row is always added (O(L*H*T*d)); a first build or a rebuild after a mask
-        edit adds at most ``budget`` numbers here and leaves the rest to :meth:`refine`, which
-        the worker runs in slices between commands.
+        A step's new row is added here (O(L*H*T*d)) unless ``defer`` and :attr:`rows_behind` (the
+        worker's build after a step at long T: the picture first, the row in the next idle slice);
+        a first build or a rebuild after a mask edit adds at most ``budget`` numbers here and
+        leaves the rest to :meth:`refine`, which the worker runs in slices between commands.
         """
         t = self.obj.cache_length
         th = self.thumbs
@@ -189,6 +195,8 @@ class ViewModel:
             th.reset()
         th.extend(t)
         self._dirty_from = t
+        if defer and self.rows_behind:
+            return False
         return self.refine(budget=SYNC_BUDGET if budget is None else budget, matrix=False)
 
     def refine(self, budget: int | None = None, deadline: float | None = None, matrix: bool = True) -> bool:
@@ -220,6 +228,16 @@ class ViewModel:
         return self._pooled is None or self._pooled.complete or not matrix
 
     @property
+    def rows_behind(self) -> bool:
+        """Past EXACT_LIMIT, only the newest few overview rows are missing (steps since the last
+        slice) and no pooled matrix is streaming: a slice now is a step's catch-up, not a stream."""
+        th = self.thumbs
+        n = th.T - th.rows_done
+        if th.T <= EXACT_LIMIT or not 0 < n <= DEFER_ROWS or not th.have[: th.rows_done].all():
+            return False
+        return self._pooled is None or self._pooled.complete
+
+    @property
     def overview_complete(self) -> bool:
         """Nothing left to stream: the overview has every row, and so has a pooled score matrix."""
         matrix_done = self._pooled is None or self._pooled.complete
@@ -237,21 +255,24 @@ class ViewModel:
         return replace(sel, layer=layer, head=head, kind=kind)
 
     # -- the snapshot ------------------------------------------------------------------------------
-    def build(self, selection: Selection | None = None) -> Snapshot:
+    def build(self, selection: Selection | None = None, defer: bool = False) -> Snapshot:
+        """A snapshot of ``selection``; ``defer``: a step's newest overview rows may follow in
+        :meth:`refine` (the overview says how many rows it holds)."""
         with one_thread():
-            return self._build(selection)
+            return self._build(selection, defer)
 
-    def _build(self, selection: Selection | None) -> Snapshot:
+    def _build(self, selection: Selection | None, defer: bool = False) -> Snapshot:
         if selection is not None:
             self.selection = self.resolve(selection)
         sel = self.selection
         o = self.obj
-        self.reconcile()
+        self.reconcile(defer=defer)
         t = o.cache_length
         tokens = list(o.tokens)
         prompt_len = o.prompt_length
         query = -1 if t == 0 else (t - 1 if sel.query is None else min(max(sel.query, 0), t - 1))
         parts = self._selection_parts(sel, query) if t > 0 else {"kv": {}}
+        self._view = sel.view
         cur = o.current
         self.serial += 1
         shape = parts.pop("shape", {"n_kv_heads": o.n_kv_heads, "head_dim": o.head_dim})  # the selected layer's
@@ -303,6 +324,7 @@ class ViewModel:
                 thumb_bins=self.thumbs.bins if t else 0,
                 thumb_bin_size=self.thumbs.size,
                 thumb_rows=self.thumbs.rows_done if t else 0,
+                rows_behind=self.rows_behind,
             ),
             t_model_done=self.t_model_done,
             t_built=time.perf_counter(),
@@ -341,7 +363,7 @@ class ViewModel:
         self._mat, self._mat_dirty = (key, t, m, a), t
         return m, a
 
-    def _pooled_matrix(self, layer: int, head: int, kind: str) -> tuple[np.ndarray, int]:
+    def _pooled_matrix(self, layer: int, head: int, kind: str, hurry: bool = False) -> tuple[np.ndarray, int]:
         t = self.obj.cache_length
         block = pow2_block(t, DISPLAY_CELLS)
         p = self._pooled
@@ -349,6 +371,8 @@ class ViewModel:
             p.regroup(block)  # T crossed a power of two: merge blocks rather than recompute T x T
         elif p is None or (p.layer, p.head, p.kind, p.block) != (layer, head, kind, block):
             p = self._pooled = PooledMatrix(layer, head, kind, block)
+        elif hurry and p.T == t and p.dirty >= t and not p.complete:
+            return p.img, block  # as last shown (rows not computed yet NaN): no chunk before the tile
         return p.update(self.obj, budget=SYNC_BUDGET), block
 
     def _exact_tile(self, sel: Selection) -> tuple[np.ndarray | None, tuple[int, int]]:
@@ -391,7 +415,9 @@ class ViewModel:
             block = 1
             self._pooled = None
         else:
-            (m, block), allowed = self._pooled_matrix(layer, head, kind), None
+            # a new zoom shows its exact cells first: a pooled matrix still streaming in waits for the next slice
+            hurry = sel.view is not None and sel.view != self._view
+            (m, block), allowed = self._pooled_matrix(layer, head, kind, hurry), None
             self._mat = None
             tile, origin = self._exact_tile(sel)
         if kind == "probs":
@@ -409,6 +435,7 @@ class ViewModel:
         )  # (1, 1, T): the model's additive score bias (ALiBi, doge), or None
         cached = o.cached_rows(layer)  # (T, n) or None
         evicted, error = policy_rows(o, layer) or (None, None)  # a run under a KV cache policy, else None
+        kv_k, kv_v = self._kv_pooled(layer, keys, values, kv_block, evicted is None)
         return dict(
             scores=ScoreMatrixPart(
                 matrix=m,
@@ -433,8 +460,8 @@ class ViewModel:
                 kv_head=kvh,
             ),
             kv=dict(
-                kv_k=pool_rows(_heads_side_by_side(keys), kv_block),
-                kv_v=pool_rows(_heads_side_by_side(values), kv_block),
+                kv_k=kv_k,
+                kv_v=kv_v,
                 kv_block=kv_block,
                 kv_cached=None if cached is None else pool_rows(cached.float().numpy(), kv_block),
                 kv_evicted=None if evicted is None else np.ascontiguousarray(evicted),
@@ -443,6 +470,24 @@ class ViewModel:
             # the selected layer's own: Gemma 4's full-attention layers have their own head size and KV heads
             shape=dict(n_kv_heads=int(keys.shape[0]), head_dim=int(keys.shape[-1])),
         )
+
+    def _kv_pooled(self, layer: int, keys: torch.Tensor, values: torch.Tensor, block: int, plain: bool):
+        """The KV cache view's rows, (ceil(T / block), Hkv*d) each for K and V: after steps only the
+        block the old T cut through and the new ones are pooled again (a step appends keys and
+        values; any other event drops what was kept). ``plain``: not a run under a cache policy."""
+        t = int(keys.shape[1])
+        c = self._kv_pool
+        keep = 0
+        if plain and c is not None and c[:2] == (layer, block) and c[2] <= t:
+            if c[2] == t:
+                return c[3], c[4]  # the same arrays: the snapshot's part stays the one drawn
+            keep = c[2] // block  # whole blocks before the old T: their rows are as they were
+        start = keep * block
+        k, v = (pool_rows(_heads_side_by_side(x[:, start:]), block) for x in (keys, values))  # (n, Hkv*d)
+        if keep:
+            k, v = np.concatenate([c[3][:keep], k]), np.concatenate([c[4][:keep], v])
+        self._kv_pool = (layer, block, t, k, v) if plain else None
+        return k, v
 
 
 def _heads_side_by_side(x: torch.Tensor) -> np.ndarray:

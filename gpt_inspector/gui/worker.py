@@ -3,8 +3,7 @@
 Commands (see :mod:`.commands`) arrive as one queued signal ``(serial, command)`` and run in order
 on the worker thread, each by the handler its type maps to in ``HANDLERS``. After each change the
 worker builds a :class:`~.viewdata.Snapshot` (owned numpy arrays) and leaves it in a one-slot
-mailbox: if the GUI is slower than the worker, intermediate snapshots are dropped instead of
-piling up in the event queue.
+mailbox: if the GUI is slower than the worker, intermediate snapshots are dropped, not queued.
 
 Two things bypass the queue on purpose, because a long run occupies it: ``cancel()`` (a flag
 the run checks between steps) and ``set_selection()`` (read at the next snapshot).
@@ -17,7 +16,6 @@ import json
 import threading
 import time
 import traceback
-from dataclasses import asdict
 
 from PySide6.QtCore import QObject, Qt, QThread, QTimer, Signal, Slot
 
@@ -38,6 +36,7 @@ __all__ = ["HANDLERS", "Breakpoints", "ModelSpec", "SessionSpec", "Worker"]
 
 PUBLISH_INTERVAL = 0.08  # seconds between snapshots during a run: the eye needs no more
 REFINE_SLICE = 0.12  # seconds of streamed overview work between two looks at the command queue
+ROW_GRACE = 0.1  # seconds from the GUI's taking a step's picture to its overview rows: it draws undisturbed
 
 HANDLERS: dict[type, object] = {}  # command type -> Worker method(self, serial, command)
 
@@ -48,13 +47,6 @@ def handles(command_type: type):
         return fn
 
     return register
-
-
-def _load_model(spec: ModelSpec):
-    from ..core import load_model
-
-    options = asdict(spec)
-    return load_model(options.pop("model"), **options)  # every other field is one of load_model's options
 
 
 def _placement(lm) -> dict:
@@ -72,9 +64,7 @@ class Worker(QObject):
     done = Signal(int)  # serial of a finished command
     called = Signal(int, object, object)  # serial, result, exception (run_in_worker)
     notice = Signal(str)  # one line for the status bar: something the user did not ask for in so many words
-    session_shown = Signal(
-        str, int, object
-    )  # prompt, seed, chat (Chat.to_json() or None) of the live session now shown
+    session_shown = Signal(str, int, object)  # prompt, seed, chat (Chat.to_json() or None) of the live session shown
     runs_changed = Signal(object, int)  # tuple of runs.RunInfo, id of the run shown
     link = Signal(bool, str)  # a remote engine's link: up (True) or lost (False), and one line saying so
     _command = Signal(int, object)
@@ -84,9 +74,7 @@ class Worker(QObject):
         self.lm = None
         self.obj = None  # the run source shown; touched only on the worker thread
         self._runs_sent: tuple = ()
-        self.runs = (
-            Runs()
-        )  # every run the window holds (the live session among them): none is dropped by showing another
+        self.runs = Runs()  # every run the window holds (the live session among them): none dropped by showing another
         self.vm: ViewModel | None = None
         self.model_spec: ModelSpec | None = None
         self.thread_idents: set[int] = set()  # for tests: where commands really ran
@@ -94,8 +82,10 @@ class Worker(QObject):
         self._latest: Snapshot | None = None
         self._last: Snapshot | None = None  # the last published (paint.prepare keeps its unchanged parts)
         self._pending = False
+        self._taken_at = 0.0  # when the GUI thread last took a snapshot
         self._selection = Selection()
         self._serial = 0
+        self._dispatched = 0  # the serial of the command that ran last: a later one waits in the queue
         self._cancel_before = 0
         self._published_version = -1
         self._thread: QThread | None = None
@@ -147,12 +137,14 @@ class Worker(QObject):
     def take(self) -> Snapshot | None:
         with self._lock:
             snap, self._latest, self._pending = self._latest, None, False
+            self._taken_at = time.perf_counter()
         return snap
 
     # ------------------------------------------------------------------ worker thread
     @Slot(int, object)
     def _dispatch(self, serial: int, command) -> None:
         self.thread_idents.add(threading.get_ident())
+        self._dispatched = serial
         try:
             HANDLERS[type(command)](self, serial, command)
         except Exception as e:  # a bug must not kill the thread or the session
@@ -182,7 +174,8 @@ class Worker(QObject):
             return
         with self._lock:
             sel = self._selection
-        snap = self._last = paint.prepare(self._last, self.vm.build(sel))  # unchanged parts kept, pixels made
+        # the shown views first: a step's new overview row at long T follows in the next idle slice
+        snap = self._last = paint.prepare(self._last, self.vm.build(sel, defer=True))  # unchanged parts kept
         self._published_version = snap.state_version
         with self._lock:
             self._latest = snap
@@ -204,13 +197,21 @@ class Worker(QObject):
         vm, self._refining = self._refining, None
         if vm is None or vm is not self.vm:
             return  # stale: another session, model or trace is shown now
+        if self._serial > self._dispatched:  # a command posted since (a zoom's refresh, a step) goes first
+            self._refining = vm
+            return QTimer.singleShot(0, self._refine_slice)
+        grace = ROW_GRACE if self._pending else ROW_GRACE - (time.perf_counter() - self._taken_at)
+        if vm.rows_behind and grace > 0:  # a step's rows: after the GUI thread took and drew its picture
+            self._refining = vm
+            return QTimer.singleShot(max(1, int(1000 * grace)), self._refine_slice)
+        streamed = not vm.rows_behind  # not only a step's deferred rows: a stream, said in the status bar
         try:
             done = vm.refine(deadline=time.perf_counter() + REFINE_SLICE)
         except Exception as e:  # an overview that cannot be computed must not take the session down
             self.error.emit("Internal error", f"the overview could not be computed: {e!r}", "internal")
             return
-        self._streaming = True
-        if not done:
+        self._streaming = self._streaming or streamed
+        if not done and streamed:
             th = vm.thumbs
             self.notice.emit(f"Overview: {100 * th.rows_done // max(1, th.T)}% of the query rows so far (refining)…")
         self._publish()  # shows the refined overview and queues the next slice
@@ -305,7 +306,7 @@ class Worker(QObject):
     def _do_load(self, serial, cmd: C.Load) -> None:
         model, session = cmd.model, cmd.session
         self.busy.emit(f"Loading {model.model or 'the demo model'}…")
-        lm = _load_model(model)
+        lm = model.load()
         sess = Session(lm, **session.session_kwargs())
         self.lm, self.model_spec = lm, model
         self.loaded.emit(self._describe())
@@ -326,7 +327,7 @@ class Worker(QObject):
         self.busy.emit(f"Restoring the last session: loading {name}…")
         if self.lm is None or self.lm.name != spec.model:
             try:
-                lm = _load_model(spec)
+                lm = spec.load()
             except (InspectorError, StepFailed) as e:
                 self._refuse_restore(e)
             self.lm, self.model_spec = lm, spec

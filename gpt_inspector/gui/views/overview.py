@@ -166,11 +166,13 @@ class OverviewGrid(QWidget):
             self.last_image = snap.overview.thumbs
         bs = snap.overview.thumb_bin_size
         res = f"{snap.overview.thumb_bins}×{snap.overview.thumb_bins} bins" + (f" of {bs} positions" if bs > 1 else "")
-        partial = (
-            ""
-            if snap.overview.thumb_rows >= snap.T
-            else f" · {100 * snap.overview.thumb_rows // max(1, snap.T)}% of query rows so far"
-        )
+        ov, behind = snap.overview, snap.T - snap.overview.thumb_rows
+        if behind <= 0:
+            partial = ""
+        elif ov.rows_behind:  # a step's picture came first: its overview rows are the worker's next slice
+            partial = f" · the newest {behind} query row{'s' if behind > 1 else ''} next"
+        else:
+            partial = f" · {100 * ov.thumb_rows // max(1, snap.T)}% of query rows so far"
         marked = (
             f" · {len(self.marked)} head(s) with interventions (✕ knock-out, ● patch, ■ mask edit)"
             if self.marked
