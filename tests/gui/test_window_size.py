@@ -84,9 +84,17 @@ def test_the_kv_lab_buttons_are_in_reach_in_its_tab(make_window, qtbot, click_ta
         assert seen.size() == b.size(), f"{b.text()!r} shows {seen.size()} of {b.size()}"
 
 
-def test_every_layer_of_the_overview_is_labelled_on_a_laptop_screen(qtbot, wait_idle, monkeypatch):
-    # the demo model's 4 layers in the overview of a 1366 x 768 window are rows shorter than a label
-    # in the panels' font: L1 and L3 went unlabelled
+# the demo model's 4 layers at 1366 x 768: the overview's rows are shorter than a label in the panels'
+# font, and the KV cache panel's bytes per layer bars narrower than the 28 px a bottom label was given:
+# L1 and L3 went unlabelled in both
+LAYER_AXES = {
+    "overview rows": (lambda win: (win.overview.left, win.overview.plot.getViewBox()), 1),
+    "kv cache bytes per layer": (lambda win: (win.kv_cache.laxis, win.kv_cache.bplot.getViewBox()), 0),
+}
+
+
+@pytest.mark.parametrize("where", list(LAYER_AXES))
+def test_every_layer_is_labelled_on_a_laptop_screen(qtbot, wait_idle, monkeypatch, where):
     from PySide6.QtGui import QFontInfo
 
     import gpt_inspector as gi
@@ -99,7 +107,8 @@ def test_every_layer_of_the_overview_is_labelled_on_a_laptop_screen(qtbot, wait_
     wait_idle(win)
     press(qtbot, win, Qt.Key.Key_F10)
     wait_idle(win)
-    axis = win.overview.left
+    pick, across = LAYER_AXES[where]  # across: the coordinate a label's cell spans (1: down the side)
+    axis, view = pick(win)
     painted = []  # what the axis draws when the window paints: [(font px, [(rect, text)])]
     draw = axis.drawPicture
 
@@ -113,53 +122,15 @@ def test_every_layer_of_the_overview_is_labelled_on_a_laptop_screen(qtbot, wait_
     qtbot.waitUntil(lambda: bool(painted), timeout=3000)
     px, labels = painted[-1]
     assert [text for _, text in labels] == [f"L{layer}" for layer in range(4)]
-    view = win.overview.plot.getViewBox()
     for layer, (rect, _) in enumerate(labels):
-        # each label beside its own row of thumbnails, inside the axis the window shows
-        top, bottom = (axis.mapFromScene(view.mapViewToScene(QPointF(0, y))).y() for y in (layer, layer + 1))
-        assert min(top, bottom) <= rect.center().y() <= max(top, bottom), (layer, rect, top, bottom)
+        # each label beside (under) its own row (bar), inside the axis the window shows
+        ends = []
+        for v in (layer, layer + 1):
+            at = axis.mapFromScene(view.mapViewToScene(QPointF(0, v) if across else QPointF(v, 0)))
+            ends.append(at.y() if across else at.x())
+        centre = rect.center().y() if across else rect.center().x()
+        assert min(ends) <= centre <= max(ends), (layer, rect, ends)
         assert axis.boundingRect().contains(rect), (layer, rect)
-    for (a, _), (b, _) in zip(labels, labels[1:]):
-        assert not a.intersects(b), (a, b)
-    assert px >= axis.MIN_PX
-    win.worker.stop()
-
-
-def test_every_layer_of_the_kv_cache_bytes_is_labelled_on_a_laptop_screen(qtbot, wait_idle, monkeypatch):
-    # the KV cache panel's bytes per layer: 4 bars narrower than the 28 px a label was given along
-    # the bottom in a 1366 x 768 window, so L1 and L3 went unlabelled
-    from PySide6.QtGui import QFontInfo
-    from PySide6.QtWidgets import QApplication
-
-    import gpt_inspector as gi
-
-    win = MainWindow(restore_layout=False)
-    qtbot.addWidget(win)
-    win.resize(1366, 768)
-    win.show()
-    win.show_source(gi.Session(gi.load_model(gi.DEMO_MODEL, device="cpu"), "She eats apple"))
-    wait_idle(win)
-    qtbot.keyClick(QApplication.focusWidget() or win, Qt.Key.Key_F10)
-    wait_idle(win)
-    axis = win.kv_cache.laxis
-    painted = []  # what the axis draws when the window paints: [(font px, [(rect, text)])]
-    draw = axis.drawPicture
-
-    def spy(p, axis_spec, tick_specs, text_specs):
-        painted.append((QFontInfo(p.font()).pixelSize(), [(rect, text) for rect, _, text in text_specs]))
-        return draw(p, axis_spec, tick_specs, text_specs)
-
-    monkeypatch.setattr(axis, "drawPicture", spy)
-    axis.picture = None
-    axis.update()
-    qtbot.waitUntil(lambda: bool(painted), timeout=3000)
-    px, labels = painted[-1]
-    assert [text for _, text in labels] == [f"L{layer}" for layer in range(4)]
-    view = win.kv_cache.bplot.getViewBox()
-    for layer, (rect, _) in enumerate(labels):
-        # each label under its own bar, inside the axis the window shows
-        left, right = (axis.mapFromScene(view.mapViewToScene(QPointF(x, 0))).x() for x in (layer, layer + 1))
-        assert min(left, right) <= rect.center().x() <= max(left, right), (layer, rect, left, right)
     for (a, _), (b, _) in zip(labels, labels[1:]):
         assert not a.intersects(b), (a, b)
     assert px >= axis.MIN_PX
