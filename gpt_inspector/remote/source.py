@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..core import outfile
+from ..core.attention import MASKING_KINDS
 from ..core.errors import InspectorError
 from ..core.live import CAPABILITIES, Live
 from ..core.source import RunSource
@@ -106,10 +107,16 @@ class RemoteReads(RunSource):
             return None
         out: list[dict] = []
         for op, args in self._log:
-            call = {
-                "op": op,
-                "args": {k: _moved(v, t, args.get("block")) if k in MOVING else v for k, v in args.items()},
-            }
+            moved = {k: _moved(v, t, args.get("block")) if k in MOVING else v for k, v in args.items()}
+            if (
+                op == "pooled_rows"
+                and args.get("kind") in MASKING_KINDS
+                and (args.get("p0"), args.get("p1")) == (t - 1, t)
+            ):
+                # a masked pooled matrix after a step reads only its newest row (core.pooling.PooledMatrix:
+                # the cut row block keeps its older rows' maxima), so the next step's read is the next row
+                moved["p0"] = t
+            call = {"op": op, "args": moved}
             if call not in out:
                 out.append(call)
         return out[:MAX_THEN]
