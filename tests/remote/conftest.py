@@ -129,34 +129,51 @@ def local_lm(tiny_llama):
 
 
 class Proxy:
-    """A TCP relay on loopback between a client and the server, whose link the test can stall or cut."""
+    """A TCP relay on loopback between a client and the server, whose link the test can stall or cut.
 
-    def __init__(self, port: int):
-        self.upstream = port
-        self.listener = socket.create_server(("127.0.0.1", 0))
-        self.port = self.listener.getsockname()[1]
-        self.stalled = threading.Event()  # bytes are swallowed, the sockets stay open: a silent link
+    ``stalled``: bytes are swallowed and the sockets stay open (a pulled cable); ``cut()``: every link
+    relayed so far ends at both sides; ``block()``:
+    cut, and nothing listens on the port until ``unblock()``. ``trip``: called once, in place of relaying it,
+    with the first bytes from the engine that carry a long job's progress note (the job is then running)."""
+
+    def __init__(self, upstream: int):
+        self.upstream = upstream
+        self.stalled = threading.Event()
+        self.trip = None
         self.pairs: list[tuple[socket.socket, socket.socket]] = []
-        self.closed = False
-        threading.Thread(target=self._accept, daemon=True).start()
+        self.port = 0
+        self._listen()
 
     def url(self, url: str) -> str:
         return url.replace(f":{self.upstream}/", f":{self.port}/")
 
-    def _accept(self):
-        while not self.closed:
-            try:
-                a, _ = self.listener.accept()
-            except OSError:
-                return
-            b = socket.create_connection(("127.0.0.1", self.upstream))
-            self.pairs.append((a, b))
-            threading.Thread(target=self._pipe, args=(a, b), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(b, a), daemon=True).start()
+    def _listen(self) -> None:
+        self.listener = socket.create_server(("127.0.0.1", self.port))  # the same port again after a block
+        self.port = self.listener.getsockname()[1]
+        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
 
-    def _pipe(self, src: socket.socket, dst: socket.socket):
+    def _accept(self, listener) -> None:
+        while True:
+            try:
+                a, _ = listener.accept()
+            except OSError:  # closed: blocked, or the test is over
+                return
+            try:
+                b = socket.create_connection(("127.0.0.1", self.upstream))
+            except OSError:  # no engine behind (stopped, not yet restarted): the window's attempt fails as it would
+                a.close()
+                continue
+            self.pairs.append((a, b))
+            threading.Thread(target=self._pipe, args=(a, b, False), daemon=True).start()
+            threading.Thread(target=self._pipe, args=(b, a, True), daemon=True).start()
+
+    def _pipe(self, src, dst, from_engine: bool) -> None:
         try:
             while data := src.recv(65536):
+                trip = self.trip if from_engine and b'"progress"' in data else None
+                if trip is not None:
+                    self.trip = None
+                    trip()
                 if not self.stalled.is_set():
                     dst.sendall(data)
         except OSError:
@@ -167,10 +184,9 @@ class Proxy:
             except OSError:
                 pass
 
-    def cut(self):
-        """Close every link relayed so far (both ends see the connection end)."""
-        for a, b in self.pairs:
-            for s in (a, b):
+    def cut(self) -> None:
+        for pair in self.pairs:
+            for s in pair:
                 try:
                     s.shutdown(socket.SHUT_RDWR)
                     s.close()
@@ -178,10 +194,23 @@ class Proxy:
                     pass
         self.pairs.clear()
 
-    def close(self):
-        self.closed = True
-        self.cut()
+    def _stop_listening(self) -> None:
+        try:  # wakes the thread blocked in accept(), which a close alone leaves listening
+            self.listener.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
         self.listener.close()
+
+    def block(self) -> None:
+        self._stop_listening()
+        self.cut()
+
+    def unblock(self) -> None:
+        self._listen()
+
+    def close(self) -> None:
+        self._stop_listening()
+        self.cut()
 
 
 @pytest.fixture

@@ -9,8 +9,6 @@ the engine: a pulled cable (bytes swallowed, sockets open), or a cut link with t
 
 from __future__ import annotations
 
-import socket
-import threading
 import time
 
 import pytest
@@ -26,102 +24,6 @@ from test_remote_labs import _no_seconds, _same_steps, _type  # noqa: E402
 from test_remote_window import no_dialogs, same_as_local, window  # noqa: E402, F401  (fixtures)
 
 SEEN_S = 8  # a pulled cable is said within this (the client's pings give up after about 5 s)
-
-
-class Relay:
-    """A TCP relay on loopback between the window and the engine. ``stalled``: bytes are swallowed and the
-    sockets stay open (a pulled cable); ``cut()``: every link relayed so far ends at both sides; ``block()``:
-    cut, and nothing listens on the port until ``unblock()``. ``trip``: called once, in place of relaying it,
-    with the first bytes from the engine that carry a long job's progress note (the job is then running)."""
-
-    def __init__(self, upstream: int):
-        self.upstream = upstream
-        self.stalled = threading.Event()
-        self.trip = None
-        self.pairs: list[tuple[socket.socket, socket.socket]] = []
-        self.port = 0
-        self._listen()
-
-    def url(self, url: str) -> str:
-        return url.replace(f":{self.upstream}/", f":{self.port}/")
-
-    def _listen(self) -> None:
-        self.listener = socket.create_server(("127.0.0.1", self.port))  # the same port again after a block
-        self.port = self.listener.getsockname()[1]
-        threading.Thread(target=self._accept, args=(self.listener,), daemon=True).start()
-
-    def _accept(self, listener) -> None:
-        while True:
-            try:
-                a, _ = listener.accept()
-            except OSError:  # closed: blocked, or the test is over
-                return
-            try:
-                b = socket.create_connection(("127.0.0.1", self.upstream))
-            except OSError:  # no engine behind (stopped, not yet restarted): the window's attempt fails as it would
-                a.close()
-                continue
-            self.pairs.append((a, b))
-            threading.Thread(target=self._pipe, args=(a, b, False), daemon=True).start()
-            threading.Thread(target=self._pipe, args=(b, a, True), daemon=True).start()
-
-    def _pipe(self, src, dst, from_engine: bool) -> None:
-        try:
-            while data := src.recv(65536):
-                trip = self.trip if from_engine and b'"progress"' in data else None
-                if trip is not None:
-                    self.trip = None
-                    trip()
-                if not self.stalled.is_set():
-                    dst.sendall(data)
-        except OSError:
-            pass
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
-
-    def cut(self) -> None:
-        for pair in self.pairs:
-            for s in pair:
-                try:
-                    s.shutdown(socket.SHUT_RDWR)
-                    s.close()
-                except OSError:
-                    pass
-        self.pairs.clear()
-
-    def _stop_listening(self) -> None:
-        try:  # wakes the thread blocked in accept(), which a close alone leaves listening
-            self.listener.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.listener.close()
-
-    def block(self) -> None:
-        self._stop_listening()
-        self.cut()
-
-    def unblock(self) -> None:
-        self._listen()
-
-    def close(self) -> None:
-        self._stop_listening()
-        self.cut()
-
-
-@pytest.fixture
-def relay():
-    made: list[Relay] = []
-
-    def make_relay(port: int) -> Relay:
-        made.append(Relay(port))
-        return made[-1]
-
-    yield make_relay
-    for r in made:
-        r.close()
 
 
 def _lost_within(qtbot, win, seconds: float) -> None:
@@ -153,9 +55,9 @@ def _stepped(qtbot, win, n: int):
 
 
 def test_a_link_pulled_during_a_kv_lab_run_is_the_windows_band_and_the_next_run_is_the_first_ones(
-    server, window, relay, local_lm, qtbot, no_dialogs
+    server, window, proxy, local_lm, qtbot, no_dialogs
 ):
-    link = relay(server.port)
+    link = proxy(server.port)
     win, r = window(link.url(server.url))
     before = _stepped(qtbot, win, 2)
     panel = win.kvlab_panel
@@ -201,9 +103,9 @@ def test_a_link_pulled_during_a_kv_lab_run_is_the_windows_band_and_the_next_run_
 
 
 def test_a_link_cut_during_a_comparison_with_the_port_closed_keeps_it_and_compares_again_when_back(
-    server, window, relay, local_lm, qtbot, no_dialogs
+    server, window, proxy, local_lm, qtbot, no_dialogs
 ):
-    link = relay(server.port)
+    link = proxy(server.port)
     win, r = window(link.url(server.url))
     _stepped(qtbot, win, 2)
     panel = win.compare_panel
@@ -241,12 +143,12 @@ def test_a_link_cut_during_a_comparison_with_the_port_closed_keeps_it_and_compar
 
 
 def test_an_idle_drop_while_a_beam_is_shown_is_said_within_seconds_and_the_beam_comes_back(
-    server, window, relay, local_lm, qtbot, no_dialogs
+    server, window, proxy, local_lm, qtbot, no_dialogs
 ):
     import gpt_inspector as gi
     from gpt_inspector.gui.viewdata import ViewModel
 
-    link = relay(server.port)
+    link = proxy(server.port)
     win, r = window(link.url(server.url))
     _stepped(qtbot, win, 1)
     panel = win.compare_panel
@@ -290,11 +192,11 @@ def test_an_idle_drop_while_a_beam_is_shown_is_said_within_seconds_and_the_beam_
 
 
 def test_when_the_engine_holds_another_session_after_the_drop_the_window_shows_it_and_the_panels_let_go(
-    server, window, relay, qtbot, no_dialogs
+    server, window, proxy, qtbot, no_dialogs
 ):
     from gpt_inspector.remote.client import RemoteSession
 
-    link = relay(server.port)
+    link = proxy(server.port)
     win, r = window(link.url(server.url))
     _stepped(qtbot, win, 1)
     panel = win.kvlab_panel
@@ -320,7 +222,7 @@ def test_when_the_engine_holds_another_session_after_the_drop_the_window_shows_i
 
 
 def test_a_cache_probe_that_meets_a_cut_link_is_said_in_the_status_bar_not_a_dialog(
-    server, window, relay, local_lm, qtbot, no_dialogs
+    server, window, proxy, local_lm, qtbot, no_dialogs
 ):
     import gpt_inspector as gi
     from gpt_inspector.core.probe import probe_session
@@ -328,7 +230,7 @@ def test_a_cache_probe_that_meets_a_cut_link_is_said_in_the_status_bar_not_a_dia
     # the panels whose errors are dialogs (cache probe, math check, assisted) share one report: a dropped
     # link is not one of their errors (the band says it; the status bar, unless the band's own words came
     # later), and the result shown stays
-    link = relay(server.port)
+    link = proxy(server.port)
     win, r = window(link.url(server.url))
     _stepped(qtbot, win, 1)
     probe = win.probe_panel
@@ -368,11 +270,11 @@ def test_a_cache_probe_that_meets_a_cut_link_is_said_in_the_status_bar_not_a_dia
 
 
 def test_an_engine_restarted_behind_the_link_is_said_once_with_what_to_do_and_not_retried(
-    serve, window, relay, qtbot, no_dialogs
+    serve, window, proxy, qtbot, no_dialogs
 ):
     # a restarted serve prints a fresh token: the window's URL can never get in again, and its session is gone
     first = serve()
-    link = relay(first.port)
+    link = proxy(first.port)
     win, _ = window(link.url(first.url))
     before = _stepped(qtbot, win, 1)
     assert first.interrupt() == 0  # Ctrl+C on the server: it stops and saves its recipe
