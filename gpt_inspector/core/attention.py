@@ -160,3 +160,87 @@ def equation(
         return torch.softmax(torch.cat([masked, col], dim=-1), dim=-1)[..., :-1]  # (..., n, T)
     check_kind(kind)  # raises: every known kind returned above
     raise AssertionError(f"kind {kind!r} is known but equation() does not compute it")
+
+
+def causal_bin_mass(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    scaling: float,
+    softcap: float | None,
+    p0: int,
+    size: int,
+    key_block: int,
+    cells: int = 0,
+    work: torch.Tensor | None = None,
+) -> torch.Tensor:
+    """Each query row's ``probs`` summed into key bins, under the plain causal mask, key block by key block.
+
+    q: (g, n, d) query rows p0..p0+n of g heads that read the same keys; k: (>= p0 + n, d) those
+    keys. Returns (g, n, ceil((p0 + n) / size)) float32: row i's probability mass in keys
+    b·size .. (b+1)·size of every bin b (``equation(..., "probs")`` summed over each bin's keys).
+
+    The same softmax as ``equation``'s, split along the keys (flash attention's online softmax):
+    each block of at most about ``key_block`` keys is scored (``scores``), masked and soft-maxed in
+    a buffer that stays in the core's cache, its bins summed, and the blocks' row maxima and sums
+    put the pieces on one denominator. At long T the whole row's product and softmax went through
+    memory several times; in the cache each pass is nearly free and the product itself a third
+    faster (``benchmarks/bench_overview.py``). The numbers agree with a whole-row softmax to
+    float32 rounding. ``key_block``, ``cells``: at least this many keys and rows x keys per block
+    (``tiles`` sizes them to the cache). ``work``: a flat float32 buffer the blocks are computed in
+    (grown when short).
+    """
+    import torch
+
+    g, n, d = q.shape
+    p1 = p0 + n
+    rows = q.float().reshape(g * n, d)  # (g*n, d): head by head, each head's n rows
+    # about ``cells`` per block whatever the rows (a short run of rows gets longer blocks: the
+    # calls per block cost as much as a small block's arithmetic); each holds whole bins, or lies
+    # in one bin but its last; the last starts at or before p0, so that every row has an allowed
+    # key in every block (no row of -inf)
+    key_block = max(key_block, cells // (g * n))
+    kb = key_block // size * size if size <= key_block else (key_block if size % key_block == 0 else size)
+    starts = list(range(0, p0 + 1, kb))
+    ends = [*starts[1:], p1]
+    need = g * n * (ends[-1] - starts[-1])
+    if work is None or work.numel() < need:
+        work = torch.empty(need, dtype=torch.float32)
+    maxes = torch.empty(len(starts), g * n)  # (blocks, g*n): each block's row maxima
+    peaks = torch.empty(len(starts), g * n)  # (blocks, g*n): each block's largest probability, 1 / its row sum
+    parts = []
+    for i, (j, je) in enumerate(zip(starts, ends)):
+        s = scores(rows, k[j:je].float(), scaling, softcap, None, work[: g * n * (je - j)].view(g * n, je - j))
+        if je > p0 + 1:  # keys past a row's own position, in the last block only
+            c = max(j, p0 + 1)
+            hidden = torch.arange(c, je)[None, :] > torch.arange(p0, p1)[:, None]  # (n, je - c)
+            s.view(g, n, je - j)[:, :, c - j :].masked_fill_(hidden, -math.inf)
+        torch.amax(s, -1, out=maxes[i])
+        torch.softmax(s, -1, out=s)
+        torch.amax(s, -1, out=peaks[i])  # the row maximum's exp(0) / sum
+        parts.append(_bin_sums_from(s, j, size))  # (g*n, bins the block touches)
+    top = maxes.amax(0)  # (g*n,)
+    weight = (maxes - top).exp_().div_(peaks)  # (blocks, g*n): each block's row sum, on one scale
+    weight.div_(weight.sum(0))
+    mass = rows.new_zeros(g * n, -(-p1 // size))  # (g*n, key bins)
+    for i, (j, part) in enumerate(zip(starts, parts)):
+        b0 = j // size
+        mass[:, b0 : b0 + part.shape[1]].addcmul_(part, weight[i][:, None])
+    return mass.view(g, n, -1)
+
+
+def _bin_sums_from(s: torch.Tensor, j: int, size: int) -> torch.Tensor:
+    """(m, w) cells of keys j..j+w -> (m, bins): their sums over the bins of ``size`` keys they touch."""
+    w = s.shape[-1]
+    head = min(w, (-j) % size)  # keys before the first bin boundary past j
+    parts = [] if head == 0 else [s[:, :head].sum(-1, keepdim=True)]  # (m, 1)
+    rest = s[:, head:]
+    full = rest.shape[-1] // size
+    if full:
+        parts.append(rest[:, : full * size].unflatten(-1, (full, size)).sum(-1))  # (m, full)
+    if rest.shape[-1] > full * size:
+        parts.append(rest[:, full * size :].sum(-1, keepdim=True))  # (m, 1)
+    if len(parts) == 1:
+        return parts[0]
+    import torch
+
+    return torch.cat(parts, dim=-1)

@@ -343,16 +343,22 @@ class RunSource(ViewTiles):
         evicted = self._kv_evicted(layer, p0, p1, t)  # (H, n, T) or None
         return allowed if evicted is None else allowed & ~evicted
 
+    def plain_causal(self, layer: int, p0: int, p1: int) -> bool:
+        """Whether query rows p0..p1 of ``layer`` see exactly the keys up to themselves, at every
+        head: no mask row of the model's own (sliding windows, padding), no edit, no cache policy."""
+        if self.kv_policy is not None or any(p0 <= p < p1 for p in self.records.mask_rows(layer)):
+            return False
+        edits = self.records.edits
+        if edits is not None and layer in edits.heads:
+            rows = edits.rows[layer]
+            return not bool(((rows >= p0) & (rows < p1)).any())
+        return True
+
     def _allowed_from(self, layer: int, p0: int, p1: int, t: int) -> tuple[torch.Tensor, int]:
         """(allowed (H, n, t - c), c): ``allowed_rows`` from key column c on; every key before c is
         allowed to every row and head. Plain causal rows (no mask row of the model's own, no edit,
         no cache policy) have c = p0 + 1, so the equation masks n x n cells instead of n x t."""
-        plain = not any(p0 <= p < p1 for p in self.records.mask_rows(layer))
-        edits = self.records.edits
-        if plain and edits is not None and layer in edits.heads:
-            rows = edits.rows[layer]
-            plain = not bool(((rows >= p0) & (rows < p1)).any())
-        if plain and self.kv_policy is None:
+        if self.plain_causal(layer, p0, p1):
             c = min(p0 + 1, t)
             pos = torch.arange(p0, p1)  # (n,)
             tail = torch.arange(c, t)[None, :] <= pos[:, None]  # (n, t - c) causal

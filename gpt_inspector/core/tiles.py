@@ -26,6 +26,8 @@ from . import pooling
 from .pooling import pool_max
 
 _LOCAL = threading.local()
+KEY_BLOCK = 1024  # keys per block of the overview's plain causal rows (attention.causal_bin_mass)
+BLOCK_NUMBERS = 1 << 18  # rows x keys per such block: 1 MB of float32, within a core's L2 cache
 
 
 def work_buffer(numbers: int) -> torch.Tensor:
@@ -115,20 +117,42 @@ class ViewTiles:
         # rows in chunks, so a first build at long T never holds H x T x T for a layer at once
         chunk = max(1, pooling.ROWS_BUDGET // max(1, h * p1))
 
+        def add(layer: int, heads: slice, a: int, b: int, r: torch.Tensor) -> None:
+            """Add rows a..b's key-bin sums r (h, b - a or 1 if summed already, key bins) of ``heads`` to their row bins."""
+            r0, r1 = a // size, (b - 1) // size
+            if r0 == r1:  # the usual chunk, inside one row bin: sum its rows first (n times less to bin)
+                sums = r.sum(1, keepdim=True)  # (h, 1, key bins)
+            else:
+                rb = torch.arange(a, b) // size - r0  # (n,) each row's bin
+                sums = r.new_zeros(r.shape[0], r1 - r0 + 1, r.shape[2]).index_add_(1, rb, r)  # (h, row bins, key bins)
+            out[layer, heads, r0 - first : r1 - first + 1, : sums.shape[2]] += sums.double().numpy()
+
+        def add_layer_blocked(layer: int) -> None:
+            # plain causal rows: each KV head's query heads in key blocks that stay in the cache
+            q, k = src.records.queries(layer), src.records.keys(layer)  # (H, T, d), (Hkv, T, d)
+            hkv = k.shape[0]
+            g = h // hkv  # query heads h*g .. h*g+g-1 read KV head h
+            n = max(1, BLOCK_NUMBERS // (g * KEY_BLOCK))
+            work = work_buffer(2 * BLOCK_NUMBERS + g * n * (size + n))
+            scaling, cap = src.scaling(layer), src.softcap(layer)
+            for a in range(p0, p1, n):
+                b = min(p1, a + n)
+                for kv in range(hkv):
+                    mass = eq.causal_bin_mass(q[kv * g : kv * g + g, a:b], k[kv, :b], scaling, cap, a, size, KEY_BLOCK,
+                                              BLOCK_NUMBERS, work)  # fmt: skip
+                    add(layer, slice(kv * g, kv * g + g), a, b, mass)
+
         def add_layer(layer: int) -> None:
+            if src.sink(layer) is None and src.score_bias(layer) is None and src.plain_causal(layer, p0, p1):
+                return add_layer_blocked(layer)
             work = work_buffer(min(chunk, p1 - p0) * h * p1)
             for a in range(p0, p1, chunk):
                 b = min(p1, a + chunk)
                 # keys past the last row get probability 0 at every head: leaving them out halves a full pass
                 r = src.attention_rows(layer, a, b, "probs", keys=b, work=work)  # (H, n, b)
-                r0, r1 = a // size, (b - 1) // size
-                if r0 == r1:  # the usual chunk, inside one row bin: sum its rows first (n times less to bin)
-                    sums = key_bin_sums(r.sum(1, keepdim=True), size)  # (H, 1, nbk)
-                else:
-                    rb = torch.arange(a, b) // size - r0  # (n,) each row's bin
-                    kb = key_bin_sums(r, size)  # (H, n, nbk)
-                    sums = kb.new_zeros(h, r1 - r0 + 1, kb.shape[2]).index_add_(1, rb, kb)  # (H, row bins, nbk)
-                out[layer, :, r0 - first : r1 - first + 1, : sums.shape[2]] += sums.double().numpy()
+                if a // size == (b - 1) // size:  # one row bin: its rows summed before the keys are binned
+                    r = r.sum(1, keepdim=True)  # (H, 1, b)
+                add(layer, slice(None), a, b, key_bin_sums(r, size))
 
         in_layers(add_layer, src.attention_layers)
         return out

@@ -87,6 +87,77 @@ def test_overview_bins_are_the_equation_binned_in_chunks_and_on_threads(runs, fa
             np.testing.assert_allclose(a[layer], binned(want[layer], p0, p1, size), rtol=1e-5, atol=1e-6)
 
 
+@pytest.mark.parametrize(
+    "p0, n, size, key_block, cells, cap",
+    [
+        (0, 40, 4, 8, 0, None),  # blocks of two bins, the last one longer (it starts at or before p0)
+        (17, 9, 5, 8, 0, None),  # a bin that is no power of two, a block size that is no multiple of it
+        (30, 6, 16, 4, 0, 2.5),  # bins longer than a block (blocks inside one bin) and a soft-cap
+        (30, 6, 12, 5, 0, None),  # bins longer than a block and no multiple of it: one bin per block
+        (3, 2, 4, 4, 64, None),  # few rows: longer blocks to hold ``cells``
+        (50, 14, 64, 1024, 0, None),  # one block
+    ],
+)
+def test_causal_bin_mass_is_the_softmax_binned(p0, n, size, key_block, cells, cap):
+    """attention.causal_bin_mass (the overview's plain causal rows, key block by key block) against the
+    equation written out in float64 over whole rows, with rows far from uniform (large scores)."""
+    from gpt_inspector.core.attention import causal_bin_mass
+
+    g, d, t = 3, 8, p0 + n
+    gen = torch.Generator().manual_seed(p0 + n)
+    q, k = torch.randn(g, n, d, generator=gen) * 2, torch.randn(t + 5, d, generator=gen) * 2
+    scaling = d**-0.5
+    x = np.einsum("gnd,td->gnt", q.double().numpy(), k[:t].double().numpy()) * scaling  # (g, n, t)
+    if cap is not None:
+        x = np.tanh(x / cap) * cap
+    x = np.where(np.arange(t)[None, :] <= np.arange(p0, t)[:, None], x, -np.inf)  # causal
+    e = np.exp(x - x.max(-1, keepdims=True))
+    probs = e / e.sum(-1, keepdims=True)  # (g, n, t)
+    bins = np.arange(t) // size
+    want = np.stack([probs[..., bins == b].sum(-1) for b in range(bins[-1] + 1)], axis=-1)  # (g, n, key bins)
+    work = torch.full((4,), float("nan"))  # too short: grown, and never read before it is written
+    got = causal_bin_mass(q, k[:t], scaling, cap, p0, size, key_block, cells, work)
+    assert got.shape == want.shape
+    np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
+
+
+@pytest.mark.parametrize("family", [*FAMILIES, "qwen2"])
+def test_the_overview_takes_key_blocks_where_rows_are_plain_causal(runs, tiny_dir, family, monkeypatch):
+    """Plain causal layers go through ``causal_bin_mass`` in blocks of a few keys here (as many as at
+    32k); sliding-window rows (Gemma 2's odd layers past the window) and mask edits take whole rows."""
+    import gpt_inspector.core.attention as eq
+    import gpt_inspector.core.tiles as tiles
+    from gpt_inspector import load_model
+    from gpt_inspector.core.edits import MaskEdit
+
+    s = runs.get(family) or Session(load_model(tiny_dir[family], device="cpu"), PROMPT)
+    if family not in runs:
+        s.run(3)
+    monkeypatch.setattr(tiles, "KEY_BLOCK", 3)
+    monkeypatch.setattr(tiles, "BLOCK_NUMBERS", 4 * 3 * 2)  # two rows of four heads per block of three keys
+    blocked = []
+    real = eq.causal_bin_mass
+    # the keys each call reads name the layer and KV head it is for
+    monkeypatch.setattr(eq, "causal_bin_mass", lambda *a, **kw: blocked.append(a[1].data_ptr()) or real(*a, **kw))
+    t = s.cache_length
+    for edits in ([], [MaskEdit(t - 2, 3, layer=1)]):
+        s.set_mask_edits(edits)
+        want = {layer: written_out(s, layer, "probs") for layer in range(s.n_layers)}
+        for p0, p1, size in [(0, t, 4), (t - 7, t, 2), (5, 6, 8)]:
+            blocked.clear()
+            got = s.overview_bins(p0, p1, size)
+            for layer in range(s.n_layers):
+                np.testing.assert_allclose(got[layer], binned(want[layer], p0, p1, size), rtol=1e-5, atol=1e-6)
+            plain = [layer for layer in range(s.n_layers) if s.plain_causal(layer, p0, p1)]
+            if family == "gemma2" and p1 == t:
+                assert len(plain) < s.n_layers  # a sliding-window layer's rows past its window
+            if edits and p1 == t:
+                assert 1 not in plain
+            keys = {s.records.keys(layer)[kv].data_ptr() for layer in plain for kv in range(s.n_kv_heads)}
+            assert set(blocked) == keys  # every plain layer took the blocks, the others whole rows
+    s.set_mask_edits([])
+
+
 @pytest.mark.parametrize("family", FAMILIES)
 @pytest.mark.parametrize("kind", ["raw", "scores", "masked_scores", "probs"])
 def test_pooled_rows_and_blocks_are_the_equation(runs, family, kind):
