@@ -96,6 +96,8 @@ def test_overview_bins_are_the_equation_binned_in_chunks_and_on_threads(runs, fa
         (30, 6, 12, 5, 0, None),  # bins longer than a block and no multiple of it: one bin per block
         (3, 2, 4, 4, 64, None),  # few rows: longer blocks to hold ``cells``
         (50, 14, 64, 1024, 0, None),  # one block
+        (40, 1, 8, 1024, 0, 2.0),  # a step's newest row: few rows, the keys as the product's rows
+        (37, 2, 8, 4, 0, None),  # two newest rows: the causal mask in that layout
     ],
 )
 def test_causal_bin_mass_is_the_softmax_binned(p0, n, size, key_block, cells, cap):
@@ -121,10 +123,12 @@ def test_causal_bin_mass_is_the_softmax_binned(p0, n, size, key_block, cells, ca
     np.testing.assert_allclose(got.numpy(), want, rtol=1e-5, atol=1e-7)
 
 
+@pytest.mark.parametrize("few_rows", [0, 8])
 @pytest.mark.parametrize("family", [*FAMILIES, "qwen2"])
-def test_the_overview_takes_key_blocks_where_rows_are_plain_causal(runs, tiny_dir, family, monkeypatch):
+def test_the_overview_takes_key_blocks_where_rows_are_plain_causal(runs, tiny_dir, family, few_rows, monkeypatch):
     """Plain causal layers go through ``causal_bin_mass`` in blocks of a few keys here (as many as at
-    32k); sliding-window rows (Gemma 2's odd layers past the window) and mask edits take whole rows."""
+    32k), or (``few_rows``) two rows at a time with the keys as the product's rows; sliding-window
+    rows (Gemma 2's odd layers past the window) and mask edits take whole rows."""
     import gpt_inspector.core.attention as eq
     import gpt_inspector.core.tiles as tiles
     from gpt_inspector import load_model
@@ -135,6 +139,7 @@ def test_the_overview_takes_key_blocks_where_rows_are_plain_causal(runs, tiny_di
         s.run(3)
     monkeypatch.setattr(tiles, "KEY_BLOCK", 3)
     monkeypatch.setattr(tiles, "BLOCK_NUMBERS", 4 * 3 * 2)  # two rows of four heads per block of three keys
+    monkeypatch.setattr(eq, "FEW_ROWS", few_rows)
     blocked = []
     real = eq.causal_bin_mass
     # the keys each call reads name the layer and KV head it is for

@@ -80,16 +80,31 @@ class TokenAxis(pg.AxisItem):
         self.chars = chars
         self.enableAutoSIPrefix(False)
 
+    # the labels object last given to any token axis, as the list they keep, and its longest label:
+    # a snapshot's labels go to a dozen axes (each softmax row has one), and at 32k tokens copying
+    # and comparing them once per axis cost 2 ms of the GUI thread's step
+    _last: tuple = (None, [], 1)
+
     def set_labels(self, labels) -> None:
-        labels, old = list(labels), self.labels
-        if labels == old:
-            return
-        n = len(old)
-        if 0 < n < len(labels) and labels[:n] == old:  # a step appended: measure only the new labels
-            self.longest = max(self.longest, *map(len, labels[n:]))
+        given, as_list, longest = TokenAxis._last
+        if labels is given:  # a tuple (a list could have changed since)
+            if self.labels is as_list:
+                return
+            self.labels, self.longest = as_list, longest
         else:
-            self.longest = max(map(len, labels), default=1)
-        self.labels = labels
+            new, old = list(labels), self.labels
+            if new == old:
+                if isinstance(labels, tuple):
+                    TokenAxis._last = (labels, old, self.longest)
+                return
+            n = len(old)
+            if 0 < n < len(new) and new[:n] == old:  # a step appended: measure only the new labels
+                self.longest = max(self.longest, *map(len, new[n:]))
+            else:
+                self.longest = max(map(len, new), default=1)
+            self.labels = new
+            if isinstance(labels, tuple):
+                TokenAxis._last = (labels, new, self.longest)
         self.picture = None
         self.update()
 
