@@ -184,3 +184,33 @@ def test_the_workers_signed_levels_are_the_views_own(spoil):
         k[7, 3] = spoil
     assert _symmetric(q, k) == symmetric_levels(np.concatenate([q, k.ravel()]))
     assert _symmetric(k) == symmetric_levels(k)
+
+
+def test_a_changed_part_keeps_its_unchanged_arrays_and_their_pixels(tiny_lm):
+    """A part with one field changed (a pooled matrix's row count, as when a step's overview row
+    follows) is a new part whose equal arrays are the old objects, their pixels the old pixels; an
+    array with one cell changed, or a NaN where there was a number, is new and painted again."""
+    import dataclasses
+
+    from gpt_inspector.gui import paint
+    from gpt_inspector.gui.viewdata import Selection, ViewModel
+
+    s = Session(tiny_lm("llama"), PROMPT)
+    s.run(2)
+    vm = ViewModel(s)
+    first = paint.prepare(None, vm.build(Selection(layer=1, head=0)))
+    again = vm.build(Selection(layer=1, head=0))
+    assert again.scores.matrix is not first.scores.matrix  # each build makes fresh arrays
+    fresh = dataclasses.replace(
+        again, scores=dataclasses.replace(again.scores, matrix_rows=first.scores.matrix_rows + 1)
+    )
+    kept = paint.prepare(first, fresh)
+    assert kept.scores is not first.scores and kept.scores.matrix_rows == first.scores.matrix_rows + 1
+    assert kept.scores.matrix is first.scores.matrix and kept.painted.matrix is first.painted.matrix
+    assert kept.qkv is first.qkv and kept.painted.qkv_k is first.painted.qkv_k  # unchanged: the whole part
+    for change in (lambda m: m.__setitem__((-1, 0), m[-1, 0] + 1e-6), lambda m: m.__setitem__((-1, 0), np.nan)):
+        m = first.scores.matrix.copy()
+        change(m)
+        other = paint.prepare(first, dataclasses.replace(again, scores=dataclasses.replace(again.scores, matrix=m)))
+        assert other.scores.matrix is m and other.painted.matrix is not first.painted.matrix
+        assert other.painted.matrix.values is m
