@@ -408,7 +408,11 @@ class RunSource(ViewTiles):
         if heads is not None:
             idx = torch.as_tensor([self.check_head(h) for h in heads], dtype=torch.long)
             kv = torch.as_tensor([self.kv_head_of(int(h), layer) for h in idx], dtype=torch.long)
-            q, k, allowed = q[idx], k_all[kv], allowed[idx]
+            if len(idx) == 1:  # views, not copies: indexing with a tensor copied T x d keys per call
+                h0, kv0 = int(idx[0]), int(kv[0])
+                q, k, allowed = q[h0 : h0 + 1], k_all[kv0 : kv0 + 1], allowed[h0 : h0 + 1]
+            else:
+                q, k, allowed = q[idx], k_all[kv], allowed[idx]
             sink = None if sink is None else sink[idx]
             block = None if bias is None or kind == "raw" else bias.block(p0, p1, k.shape[-2], idx)  # (h, n, T)
             out = buffer(len(idx), p1 - p0, kt)  # (h, n, T) or None

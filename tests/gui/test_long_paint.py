@@ -36,3 +36,24 @@ def test_token_axis_spaces_its_ticks_by_the_longest_label(qtbot):
     long = axis.tickValues(0, 1000, 500)[0][0]
     axis.set_labels(["abcdef"] * 2 + ["a"] * 998)
     assert long > short and axis.tickValues(0, 1000, 500)[0][0] == long
+
+
+def test_token_axes_given_one_snapshots_labels_each_show_them(qtbot):
+    """Axes handed the same labels (one snapshot's, as a dozen views do) share the work of reading
+    them, yet each shows its own: after an axis that saw other labels, after a step, after a list."""
+    a, b, c = (TokenAxis("bottom", chars=6) for _ in range(3))
+    first = tuple(f"t{i}" for i in range(500))
+    for ax in (a, b):
+        ax.set_labels(first)
+    c.set_labels(["other"] * 3)
+    stepped = (*first, "abcdefgh")  # a step appends a longer label
+    for ax in (a, b, c):
+        ax.set_labels(stepped)
+        assert ax.labels == list(stepped) and ax.longest == 8
+    assert a.tickStrings([500.5], 1, 1) == b.tickStrings([500.5], 1, 1) == c.tickStrings([500.5], 1, 1)
+    given = ["x"] * 4
+    a.set_labels(given)
+    given[0] = "changed"  # a list may change after it was given: it is read again
+    a.set_labels(given)
+    b.set_labels(given)
+    assert a.labels == b.labels == given and a.longest == b.longest == 7
