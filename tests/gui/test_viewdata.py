@@ -92,22 +92,35 @@ def test_selected_matrix_grows_by_one_row_and_matches_the_engine(tiny_lm, kind):
     check(vm.build(sel))
 
 
-def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch):
-    """A first build at long T goes through rows in chunks; the bins are the same as in one pass."""
+@pytest.mark.parametrize("path", ["key blocks", "whole rows"])
+def test_overview_built_in_row_chunks_equals_one_pass(tiny_lm, monkeypatch, path):
+    """A first build at long T goes through rows in chunks of three (plain causal rows in key blocks,
+    the others whole); the bins are the same as in one pass."""
+    import gpt_inspector.core.attention as eq
     import gpt_inspector.core.pooling as pooled_mod
+    import gpt_inspector.core.tiles as tiles
 
     s = Session(tiny_lm("llama"), "She eats an apple. He reads a book every evening.")
     s.step()
     one = full_thumbnails(s, max_bins=4).image()
     seen = []
-    rows = s.attention_rows
+    if path == "key blocks":
+        real = eq.causal_bin_mass
+        g = s.n_heads // s.n_kv_heads
+        monkeypatch.setattr(eq, "FEW_ROWS", 0)
+        monkeypatch.setattr(tiles, "KEY_BLOCK", 4)
+        monkeypatch.setattr(tiles, "BLOCK_NUMBERS", 3 * g * 4)  # three rows of a KV head's queries per block
+        monkeypatch.setattr(eq, "causal_bin_mass", lambda q, *a, **k: seen.append(q.shape[1]) or real(q, *a, **k))
+    else:
+        rows = s.attention_rows
 
-    def spy(layer, p0, p1, *a, **k):
-        seen.append(p1 - p0)
-        return rows(layer, p0, p1, *a, **k)
+        def spy(layer, p0, p1, *a, **k):
+            seen.append(p1 - p0)
+            return rows(layer, p0, p1, *a, **k)
 
-    monkeypatch.setattr(pooled_mod, "ROWS_BUDGET", 3 * s.n_heads * s.cache_length)  # three rows per evaluation
-    monkeypatch.setattr(s, "attention_rows", spy)
+        monkeypatch.setattr(s, "plain_causal", lambda *a: False)
+        monkeypatch.setattr(pooled_mod, "ROWS_BUDGET", 3 * s.n_heads * s.cache_length)  # three rows per evaluation
+        monkeypatch.setattr(s, "attention_rows", spy)
     chunked = full_thumbnails(s, max_bins=4).image()
     assert max(seen) == 3 and len(seen) > s.n_layers
     np.testing.assert_allclose(chunked, one, atol=1e-6)
