@@ -204,7 +204,7 @@ def causal_bin_mass(
         if n > 1:
             hidden = torch.arange(p0 + 1, p1)[:, None] > torch.arange(p0, p1)  # (keys past p0, n)
             s.view(p1, g, n)[p0 + 1 :].masked_fill_(hidden[:, None, :], -math.inf)
-        return _bin_sums_from(torch.softmax(s, dim=0).T, 0, size).view(g, n, -1)  # (g, n, key bins)
+        return key_bin_sums(torch.softmax(s, dim=0).T, size).view(g, n, -1)  # (g, n, key bins)
     # about ``cells`` per block whatever the rows (a short run of rows gets longer blocks: the
     # calls per block cost as much as a small block's arithmetic); each holds whole bins, or lies
     # in one bin but its last; the last starts at or before p0, so that every row has an allowed
@@ -228,7 +228,7 @@ def causal_bin_mass(
         torch.amax(s, -1, out=maxes[i])
         torch.softmax(s, -1, out=s)
         torch.amax(s, -1, out=peaks[i])  # the row maximum's exp(0) / sum
-        parts.append(_bin_sums_from(s, j, size))  # (g*n, bins the block touches)
+        parts.append(key_bin_sums(s, size, j))  # (g*n, bins the block touches)
     top = maxes.amax(0)  # (g*n,)
     weight = (maxes - top).exp_().div_(peaks)  # (blocks, g*n): each block's row sum, on one scale
     weight.div_(weight.sum(0))
@@ -239,19 +239,18 @@ def causal_bin_mass(
     return mass.view(g, n, -1)
 
 
-def _bin_sums_from(s: torch.Tensor, j: int, size: int) -> torch.Tensor:
-    """(m, w) cells of keys j..j+w -> (m, bins): their sums over the bins of ``size`` keys they touch."""
-    w = s.shape[-1]
-    head = min(w, (-j) % size)  # keys before the first bin boundary past j
-    parts = [] if head == 0 else [s[:, :head].sum(-1, keepdim=True)]  # (m, 1)
-    rest = s[:, head:]
-    full = rest.shape[-1] // size
-    if full:
-        parts.append(rest[:, : full * size].unflatten(-1, (full, size)).sum(-1))  # (m, full)
-    if rest.shape[-1] > full * size:
-        parts.append(rest[:, full * size :].sum(-1, keepdim=True))  # (m, 1)
-    if len(parts) == 1:
-        return parts[0]
+def key_bin_sums(cells: torch.Tensor, size: int, start: int = 0) -> torch.Tensor:
+    """(..., n, w) cells of keys start..start+w -> (..., n, bins): their sums over the bins of
+    ``size`` keys they touch (bin b holds keys b·size .. (b+1)·size; the first and last may be short)."""
     import torch
 
-    return torch.cat(parts, dim=-1)
+    w = cells.shape[-1]
+    head = min(w, (-start) % size)  # keys before the first bin boundary past start
+    parts = [] if head == 0 else [cells[..., :head].sum(-1, keepdim=True)]  # (..., n, 1)
+    rest = cells[..., head:]
+    full = rest.shape[-1] // size
+    if full:
+        parts.append(rest[..., : full * size].unflatten(-1, (full, size)).sum(-1))  # (..., n, full)
+    if rest.shape[-1] > full * size:
+        parts.append(rest[..., full * size :].sum(-1, keepdim=True))  # (..., n, 1)
+    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)

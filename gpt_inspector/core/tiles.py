@@ -42,18 +42,6 @@ def work_buffer(numbers: int) -> torch.Tensor:
     return w
 
 
-def key_bin_sums(rows: torch.Tensor, size: int) -> torch.Tensor:
-    """(..., n, k) -> (..., n, ceil(k / size)): each row's sum over every ``size`` keys (the last bin may be short)."""
-    k = rows.shape[-1]
-    full = k // size
-    parts = []
-    if full:
-        parts.append(rows[..., : full * size].unflatten(-1, (full, size)).sum(-1))  # (..., n, full)
-    if k > full * size:
-        parts.append(rows[..., full * size :].sum(-1, keepdim=True))  # (..., n, 1)
-    return parts[0] if len(parts) == 1 else torch.cat(parts, dim=-1)
-
-
 def block_max(cells: torch.Tensor, block: int) -> torch.Tensor:
     """(n, k) -> (ceil(n / block), ceil(k / block)): the maximum of each ``block`` x ``block``
     cells (the last blocks may be short); -inf where every cell is -inf."""
@@ -133,6 +121,8 @@ class ViewTiles:
             hkv = k.shape[0]
             g = h // hkv  # query heads h*g .. h*g+g-1 read KV head h
             n = max(1, BLOCK_NUMBERS // (g * KEY_BLOCK))
+            # a block: about BLOCK_NUMBERS cells, twice where a short last run widens it, the last block
+            # of a run longer by its rows (causal_bin_mass grows its own where this is short)
             work = work_buffer(2 * BLOCK_NUMBERS + g * n * (size + n))
             scaling, cap = src.scaling(layer), src.softcap(layer)
             for a in range(p0, p1, n):
@@ -152,7 +142,7 @@ class ViewTiles:
                 r = src.attention_rows(layer, a, b, "probs", keys=b, work=work)  # (H, n, b)
                 if a // size == (b - 1) // size:  # one row bin: its rows summed before the keys are binned
                     r = r.sum(1, keepdim=True)  # (H, 1, b)
-                add(layer, slice(None), a, b, key_bin_sums(r, size))
+                add(layer, slice(None), a, b, eq.key_bin_sums(r, size))
 
         in_layers(add_layer, src.attention_layers)
         return out
