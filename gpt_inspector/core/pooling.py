@@ -35,9 +35,8 @@ from .attention import MASKING_KINDS
 EXACT_BUDGET = 1 << 32  # multiply-adds the exact block maxima of a whole figure may cost (~a few s on a CPU)
 ROWS_BUDGET = 1 << 23  # numbers per evaluation of a chunk of rows (32 MB of float32)
 CHUNK_ROWS = 16  # rows per streamed chunk of the overview: the unit of its refinement order
-FILL_NUMBERS = (
-    1 << 23
-)  # rows x heads x keys per layer in a chunk once the overview is readable (~0.1 s for 8 layers on 2 threads)
+# rows x heads x keys per layer in a chunk once the overview is readable (~0.1 s for 8 layers on 2 threads)
+FILL_NUMBERS = 1 << 23
 
 
 # ------------------------------------------------------------------------------- block sizes
